@@ -1,0 +1,21 @@
+//! Parcae's baselines (spec 5): the reactive throughput-optimised system that restarts from a
+//! checkpoint on every availability change, and the free-reconfiguration ideal (both run by
+//! [`crate::sim`]).
+
+use crate::config::ParallelConfig;
+use crate::cost::CostModel;
+use crate::cost::spec::RestartKind;
+
+/// Saving and loading a checkpoint in the reactive baseline, ms.
+pub const CHECKPOINT_MS: f64 = 14_000.0;
+
+/// Cost of the reactive baseline's restart into `to`: the restart itself, the checkpoint
+/// round trip when resuming, and every stage's state reloaded one after another.
+pub fn restart_ms(model: &CostModel, to: ParallelConfig, kind: RestartKind, resume: bool) -> f64 {
+    let reload: f64 = model
+        .stage_params(to.p)
+        .iter()
+        .map(|&s| model.state_transfer_ms(s))
+        .sum();
+    model.spec.restart.restart_ms(to, kind) + if resume { CHECKPOINT_MS } else { 0.0 } + reload
+}

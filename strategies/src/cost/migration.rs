@@ -1,0 +1,480 @@
+//! Migration costs (spec 3.3): what moving from one configuration to another costs when an
+//! interval's event preempts `removed` of the `nodes` alive, in expectation over which
+//! nodes are hit.
+//!
+//! The cost of one scenario depends only on how many active nodes each old stage lost, so
+//! scenarios are kept as per-stage loss vectors: enumerated exactly with their
+//! hypergeometric weights when there are few, sampled with a seeded generator otherwise.
+//! Results are memoised per event.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::spec::RestartKind;
+use super::{CostModel, RepartitionRule};
+use crate::config::ParallelConfig;
+
+/// Loss vectors are enumerated exactly up to this many, sampled beyond.
+const EXACT_SCENARIOS: u64 = 600;
+/// Monte Carlo samples per event when scenarios are many.
+const SAMPLES: usize = 400;
+
+/// What happens at the start of an interval, seen from the running configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MigrationEvent {
+    /// Nodes alive before the event.
+    pub nodes: u32,
+    /// Configuration running before the event.
+    pub from: ParallelConfig,
+    /// Nodes that arrive.
+    pub added: u32,
+    /// Nodes preempted (any of the `nodes`, spares included).
+    pub removed: u32,
+}
+
+impl MigrationEvent {
+    /// Nodes alive after the event.
+    pub fn nodes_after(&self) -> u32 {
+        (self.nodes + self.added).saturating_sub(self.removed)
+    }
+}
+
+/// The kinds of migration Parcae distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MigrationKind {
+    /// Nothing changes.
+    None,
+    /// Same depth, every stage keeps enough replicas: pipelines re-formed, nothing moves.
+    Intra,
+    /// Same depth, some stage lacks replicas: its state is copied from surviving replicas.
+    Inter,
+    /// New depth: layers move between nodes.
+    Repartition,
+    /// Restart from a checkpoint (the reactive baseline).
+    Restart,
+}
+
+/// Per-stage active-node losses of one scenario, with its probability.
+#[derive(Clone, Debug)]
+struct Scenario {
+    weight: f64,
+    lost: Vec<u32>,
+}
+
+/// Memoised expected migration costs for one cost model.
+pub struct MigrationCosts {
+    model: Arc<CostModel>,
+    seed: u64,
+    scenarios: HashMap<MigrationEvent, Arc<Vec<Scenario>>>,
+    per_event: HashMap<MigrationEvent, Vec<f64>>,
+    preference: HashMap<(u32, u32), Arc<Vec<Vec<(u32, f64)>>>>,
+    fetch: HashMap<(MigrationEvent, u32), f64>,
+}
+
+impl MigrationCosts {
+    /// Costs for `model`; sampling is seeded with `seed`.
+    pub fn new(model: Arc<CostModel>, seed: u64) -> Self {
+        Self {
+            model,
+            seed,
+            scenarios: HashMap::new(),
+            per_event: HashMap::new(),
+            preference: HashMap::new(),
+            fetch: HashMap::new(),
+        }
+    }
+
+    /// The cost model.
+    pub fn model(&self) -> &Arc<CostModel> {
+        &self.model
+    }
+
+    /// Expected costs (ms) of moving after `ev` to the model's candidates, aligned with
+    /// [`CostModel::candidates`]: computed for the candidates at `wanted` indices (which must
+    /// fit the nodes left), `NaN` for those never asked for.
+    pub fn expected_for(&mut self, ev: MigrationEvent, wanted: &[usize]) -> &[f64] {
+        let missing: Vec<usize> = match self.per_event.get(&ev) {
+            Some(costs) if wanted.iter().all(|&i| !costs[i].is_nan()) => Vec::new(),
+            Some(costs) => wanted.iter().copied().filter(|&i| costs[i].is_nan()).collect(),
+            None => wanted.to_vec(),
+        };
+        if !missing.is_empty() {
+            let model = self.model.clone();
+            let computed: Vec<(usize, f64)> = missing
+                .into_iter()
+                .map(|i| (i, self.expected(ev, model.candidates()[i])))
+                .collect();
+            let costs = self
+                .per_event
+                .entry(ev)
+                .or_insert_with(|| vec![f64::NAN; model.candidates().len()]);
+            for (i, c) in computed {
+                costs[i] = c;
+            }
+        }
+        self.per_event.get(&ev).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Expected cost (ms) of moving to `to` after `ev`.
+    pub fn expected(&mut self, ev: MigrationEvent, to: ParallelConfig) -> f64 {
+        match self.shape(ev, to) {
+            Shape::Fixed(_, cost) => cost,
+            Shape::SameDepth => {
+                let scenarios = self.scenarios(ev);
+                scenarios
+                    .iter()
+                    .map(|s| s.weight * self.same_depth(ev, to, &s.lost).1)
+                    .sum()
+            }
+            Shape::Repartition { fixed_ms } => fixed_ms + self.expected_fetch_ms(ev, to.p),
+        }
+    }
+
+    /// Expected cost (ms) of moving to `to` after `ev`, with the kind of its most probable
+    /// scenario.
+    pub fn expected_with_kind(&mut self, ev: MigrationEvent, to: ParallelConfig) -> (f64, MigrationKind) {
+        let cost = self.expected(ev, to);
+        let kind = match self.shape(ev, to) {
+            Shape::Fixed(kind, _) => kind,
+            Shape::Repartition { .. } => MigrationKind::Repartition,
+            Shape::SameDepth => {
+                let scenarios = self.scenarios(ev);
+                let likely = scenarios.iter().max_by(|a, b| a.weight.total_cmp(&b.weight));
+                likely.map_or(MigrationKind::None, |s| self.same_depth(ev, to, &s.lost).0)
+            }
+        };
+        (cost, kind)
+    }
+
+    fn scenarios(&mut self, ev: MigrationEvent) -> Arc<Vec<Scenario>> {
+        let key = MigrationEvent { added: 0, ..ev };
+        if let Some(s) = self.scenarios.get(&key) {
+            return s.clone();
+        }
+        let s = Arc::new(build_scenarios(ev, self.seed));
+        self.scenarios.insert(key, s.clone());
+        s
+    }
+
+    /// For each new stage of a `from_p -> to_p` repartition, the old stages ordered by how many
+    /// parameters of the new stage they lack (fewest first, then lower index).
+    fn preference(&mut self, from_p: u32, to_p: u32) -> Arc<Vec<Vec<(u32, f64)>>> {
+        if let Some(p) = self.preference.get(&(from_p, to_p)) {
+            return p.clone();
+        }
+        let m = &self.model;
+        let old = m.spec.partition(from_p);
+        let new = m.spec.partition(to_p);
+        let mut lists = Vec::with_capacity(new.len().saturating_sub(1));
+        if from_p > 0 && to_p > 0 {
+            for w in new.windows(2) {
+                let need = m.params_between(w[0], w[1]);
+                let mut l: Vec<(u32, f64)> = old
+                    .windows(2)
+                    .enumerate()
+                    .map(|(j, o)| {
+                        let overlap = m.params_between(w[0].max(o[0]), w[1].min(o[1]));
+                        (j as u32, need - overlap)
+                    })
+                    .collect();
+                l.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                lists.push(l);
+            }
+        }
+        let lists = Arc::new(lists);
+        self.preference.insert((from_p, to_p), lists.clone());
+        lists
+    }
+
+    /// Which formula of spec 3.3 prices a move, with its scenario-independent part.
+    fn shape(&self, ev: MigrationEvent, to: ParallelConfig) -> Shape {
+        let m = &self.model;
+        let from = ev.from;
+        if to.is_idle() || (ev.removed == 0 && to == from) {
+            return Shape::Fixed(MigrationKind::None, 0.0);
+        }
+        let broadcast = if to.d > 1 {
+            m.stage_params(to.p)
+                .iter()
+                .map(|&s| m.state_transfer_ms(s))
+                .fold(0.0, f64::max)
+        } else {
+            0.0
+        };
+        if from.is_idle() {
+            let start = m.state_transfer_ms(0.0) + broadcast + m.spec.restart.restart_ms(to, RestartKind::Add);
+            return Shape::Fixed(MigrationKind::Repartition, start);
+        }
+        if to.p == from.p {
+            return Shape::SameDepth;
+        }
+        Shape::Repartition {
+            fixed_ms: broadcast + m.spec.restart.restart_ms(to, restart_kind(ev, to)),
+        }
+    }
+
+    /// Same-depth move in one scenario: intra-stage when every stage kept `to.d` replicas,
+    /// inter-stage otherwise (spec 3.3 case 2), ms.
+    fn same_depth(&self, ev: MigrationEvent, to: ParallelConfig, lost: &[u32]) -> (MigrationKind, f64) {
+        let m = &self.model;
+        let survivors = lost.iter().map(|&k| ev.from.d - k);
+        if survivors.clone().min().unwrap_or(0) >= to.d {
+            let cost = m.spec.restart.groups_ms(to, RestartKind::Remove) + m.spec.restart.proc_ms();
+            return (MigrationKind::Intra, cost);
+        }
+        let stages = m.stage_params(to.p);
+        let (mut stage_cost, mut redundant) = (0.0f64, 0.0);
+        for (s, r) in survivors.enumerate() {
+            let need = to.d.saturating_sub(r);
+            if need == 0 {
+                continue;
+            }
+            let c = m.state_transfer_ms(stages.get(s).copied().unwrap_or(0.0));
+            stage_cost = stage_cost.max(c);
+            if need == to.d || (s as u32 + 1 == to.p && need + 1 == to.d) {
+                redundant += c;
+            }
+        }
+        let restart = m.spec.restart.restart_ms(to, restart_kind(ev, to));
+        (MigrationKind::Inter, stage_cost.max(redundant) + restart)
+    }
+
+    /// Expected time to fetch the layers new stages of depth `to_p` lack, ms; the same for
+    /// every data-parallel degree, so memoised per depth.
+    fn expected_fetch_ms(&mut self, ev: MigrationEvent, to_p: u32) -> f64 {
+        let key = (MigrationEvent { added: 0, ..ev }, to_p);
+        if let Some(v) = self.fetch.get(&key) {
+            return *v;
+        }
+        let scenarios = self.scenarios(ev);
+        let pref = self.preference(ev.from.p, to_p);
+        let m = &self.model;
+        let stages = m.stage_params(to_p);
+        let v = scenarios
+            .iter()
+            .map(|s| {
+                let missing = repartition_missing(m.repartition, &pref, &s.lost, ev.from.d, stages);
+                s.weight * m.state_transfer_ms(missing)
+            })
+            .sum();
+        self.fetch.insert(key, v);
+        v
+    }
+}
+
+/// Formula that prices a move (spec 3.3).
+enum Shape {
+    /// No scenario dependence: nothing to do, or a start from idle.
+    Fixed(MigrationKind, f64),
+    /// Same depth: intra- or inter-stage depending on the scenario.
+    SameDepth,
+    /// New depth: scenario-independent broadcast and restart plus the layer fetch.
+    Repartition {
+        /// Broadcast to replicas plus restart, ms.
+        fixed_ms: f64,
+    },
+}
+
+/// A restart needs new nodes (rendezvous) when the target uses more nodes than the old
+/// configuration keeps after the preemptions (spares that were hit count too).
+fn restart_kind(ev: MigrationEvent, to: ParallelConfig) -> RestartKind {
+    if to.nodes() + ev.removed > ev.from.nodes() {
+        RestartKind::Add
+    } else {
+        RestartKind::Remove
+    }
+}
+
+/// Parameters the new stages must fetch: each new stage takes the surviving node whose old
+/// layers cover it best.
+fn repartition_missing(
+    rule: RepartitionRule,
+    pref: &[Vec<(u32, f64)>],
+    lost: &[u32],
+    old_d: u32,
+    new_stages: &[f64],
+) -> f64 {
+    let mut left: Vec<u32> = lost.iter().map(|&k| old_d - k).collect();
+    let mut sum = 0.0;
+    let mut last = 0.0;
+    for (s, choices) in pref.iter().enumerate() {
+        let miss = choices
+            .iter()
+            .find(|(j, _)| left[*j as usize] > 0)
+            .map(|&(j, miss)| {
+                left[j as usize] -= 1;
+                miss
+            })
+            .unwrap_or_else(|| new_stages.get(s).copied().unwrap_or(0.0));
+        sum += miss;
+        last = miss;
+    }
+    match rule {
+        RepartitionRule::Sum => sum,
+        RepartitionRule::LastStage => last,
+    }
+}
+
+/// Binomial coefficient as a float (exact for the sizes used here).
+fn choose(n: u32, k: u32) -> f64 {
+    if k > n {
+        return 0.0;
+    }
+    let k = k.min(n - k);
+    (0..k).fold(1.0, |acc, i| acc * f64::from(n - i) / f64::from(i + 1))
+}
+
+/// Number of loss vectors over `groups` groups of `size` plus `spares`, summing to `r`.
+fn count_vectors(groups: u32, size: u32, spares: u32, r: u32) -> u64 {
+    let mut ways = vec![0u64; r as usize + 1];
+    for k in 0..=spares.min(r) {
+        ways[k as usize] = 1;
+    }
+    for _ in 0..groups {
+        let mut next = vec![0u64; r as usize + 1];
+        for (t, &w) in ways.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            for k in 0..=size.min(r - t as u32) {
+                let i = t + k as usize;
+                next[i] = next[i].saturating_add(w);
+            }
+        }
+        ways = next;
+    }
+    ways[r as usize]
+}
+
+fn build_scenarios(ev: MigrationEvent, seed: u64) -> Vec<Scenario> {
+    let (d, p) = (ev.from.d, ev.from.p);
+    let r = ev.removed.min(ev.nodes);
+    if p == 0 || r == 0 {
+        return vec![Scenario {
+            weight: 1.0,
+            lost: vec![0; p as usize],
+        }];
+    }
+    let spares = ev.nodes.saturating_sub(d * p);
+    if count_vectors(p, d, spares, r) <= EXACT_SCENARIOS {
+        let total = choose(ev.nodes, r);
+        let mut out = Vec::new();
+        let mut lost = vec![0u32; p as usize];
+        enumerate(0, r, d, spares, 1.0 / total, &mut lost, &mut out);
+        return out;
+    }
+    sample_scenarios(ev, r, seed)
+}
+
+fn enumerate(stage: usize, left: u32, d: u32, spares: u32, w: f64, lost: &mut Vec<u32>, out: &mut Vec<Scenario>) {
+    if stage == lost.len() {
+        if left <= spares {
+            out.push(Scenario {
+                weight: w * choose(spares, left),
+                lost: lost.clone(),
+            });
+        }
+        return;
+    }
+    for k in 0..=d.min(left) {
+        lost[stage] = k;
+        enumerate(stage + 1, left - k, d, spares, w * choose(d, k), lost, out);
+    }
+    lost[stage] = 0;
+}
+
+fn sample_scenarios(ev: MigrationEvent, r: u32, seed: u64) -> Vec<Scenario> {
+    let mut h = seed ^ 0x9E37_79B9_7F4A_7C15;
+    for v in [ev.nodes, ev.from.d, ev.from.p, r] {
+        h = (h ^ u64::from(v)).wrapping_mul(0x1000_0000_01B3);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(h);
+    let (d, p) = (ev.from.d, ev.from.p);
+    let active = d * p;
+    let mut counts: HashMap<Vec<u32>, usize> = HashMap::new();
+    let mut pool: Vec<u32> = (0..ev.nodes).collect();
+    for _ in 0..SAMPLES {
+        let mut lost = vec![0u32; p as usize];
+        for i in 0..r as usize {
+            let j = rng.random_range(i..pool.len());
+            pool.swap(i, j);
+            let node = pool[i];
+            if node < active {
+                lost[(node % p) as usize] += 1;
+            }
+        }
+        *counts.entry(lost).or_default() += 1;
+    }
+    let mut out: Vec<Scenario> = counts
+        .into_iter()
+        .map(|(lost, n)| Scenario {
+            weight: n as f64 / SAMPLES as f64,
+            lost,
+        })
+        .collect();
+    out.sort_by(|a, b| a.lost.cmp(&b.lost));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs() -> MigrationCosts {
+        MigrationCosts::new(Arc::new(CostModel::builtin("gpt-1.5b").unwrap()), 7)
+    }
+
+    fn ev(nodes: u32, d: u32, p: u32, added: u32, removed: u32) -> MigrationEvent {
+        MigrationEvent {
+            nodes,
+            from: ParallelConfig::new(d, p),
+            added,
+            removed,
+        }
+    }
+
+    #[test]
+    fn spec_examples() {
+        let mut c = costs();
+        let e = ev(32, 4, 8, 0, 1);
+        let intra = c.expected(e, ParallelConfig::new(3, 8));
+        assert!((intra - 1689.8).abs() < 0.1, "{intra}");
+        assert_eq!(c.expected(ev(18, 2, 9, 1, 0), ParallelConfig::new(2, 9)), 0.0);
+        // The spec's figure uses the artifact's last-stage rule: the new last stage is covered.
+        let model = CostModel::builtin("gpt-1.5b").unwrap().with_repartition(RepartitionRule::LastStage);
+        let mut last = MigrationCosts::new(Arc::new(model), 7);
+        let to_1_18 = last.expected(e, ParallelConfig::new(1, 18));
+        assert!((to_1_18 - 3293.0).abs() < 5.0, "{to_1_18}");
+        assert!(c.expected(e, ParallelConfig::new(1, 18)) > to_1_18);
+    }
+
+    #[test]
+    fn weights_sum_to_one_exact_and_sampled() {
+        for e in [ev(10, 2, 4, 0, 2), ev(32, 4, 8, 0, 5)] {
+            let s = build_scenarios(e, 1);
+            let w: f64 = s.iter().map(|s| s.weight).sum();
+            assert!((w - 1.0).abs() < 1e-9, "{e:?}: {w}");
+            let mean_lost: f64 = s
+                .iter()
+                .map(|s| s.weight * s.lost.iter().sum::<u32>() as f64)
+                .sum();
+            let expect = f64::from(e.removed) * f64::from(e.from.nodes()) / f64::from(e.nodes);
+            assert!((mean_lost - expect).abs() < 0.25, "{mean_lost} vs {expect}");
+        }
+    }
+
+    #[test]
+    fn sum_rule_costs_at_least_last_stage_rule() {
+        let model = CostModel::builtin("gpt-1.5b").unwrap();
+        let mut sum = MigrationCosts::new(Arc::new(model.clone()), 3);
+        let mut last = MigrationCosts::new(Arc::new(model.with_repartition(RepartitionRule::LastStage)), 3);
+        let e = ev(27, 2, 13, 0, 1);
+        for to in [ParallelConfig::new(2, 12), ParallelConfig::new(1, 24)] {
+            assert!(sum.expected(e, to) >= last.expected(e, to));
+        }
+    }
+}

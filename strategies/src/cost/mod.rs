@@ -1,0 +1,132 @@
+//! Cost models: how fast a configuration trains and what changing configuration costs.
+//!
+//! * [`throughput`]: samples/s per `(D, P)` from a profile table;
+//! * [`analytic`]: the same table computed from per-layer costs (1F1B simulation plus memory
+//!   feasibility), so any model the nodes have measured can be planned;
+//! * [`migration`]: intra-stage, inter-stage, repartition and restart costs, in expectation
+//!   over which nodes a preemption hits;
+//! * [`builtin`]: the paper's five profiled models.
+
+pub mod analytic;
+pub mod builtin;
+pub mod migration;
+pub mod restart;
+pub mod spec;
+pub mod throughput;
+pub mod transfer;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ParallelConfig;
+use spec::ModelSpec;
+use throughput::ThroughputTable;
+use transfer::TransferModel;
+
+/// How the missing layers of a repartition are counted (spec 4.6).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RepartitionRule {
+    /// Sum the parameters every new stage lacks (what is really moved).
+    #[default]
+    Sum,
+    /// Only the last new stage's missing parameters, as the artifact's code does.
+    LastStage,
+}
+
+/// Throughput and migration costs of one job on one cluster.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    /// The job.
+    pub spec: ModelSpec,
+    /// Samples/s per configuration.
+    pub throughput: ThroughputTable,
+    /// Transfer time between nodes.
+    pub transfer: TransferModel,
+    /// Repartition volume rule.
+    pub repartition: RepartitionRule,
+    candidates: Vec<ParallelConfig>,
+    stage_params: Vec<Vec<f64>>,
+    prefix_params: Vec<f64>,
+}
+
+impl CostModel {
+    /// A cost model; the configurations it plans with are the table's rows the job admits.
+    pub fn new(spec: ModelSpec, throughput: ThroughputTable, transfer: TransferModel) -> Self {
+        let candidates = throughput
+            .configs()
+            .map(|(c, _)| c)
+            .filter(|c| spec.admits(c.d, c.p))
+            .collect();
+        let mut prefix_params = vec![0.0];
+        for l in &spec.layers {
+            prefix_params.push(prefix_params.last().copied().unwrap_or(0.0) + l.params);
+        }
+        let stage_params = (0..=spec.layers.len())
+            .map(|p| {
+                if p == 0 {
+                    return Vec::new();
+                }
+                spec.partition(p as u32)
+                    .windows(2)
+                    .map(|w| prefix_params[w[1]] - prefix_params[w[0]])
+                    .collect()
+            })
+            .collect();
+        Self {
+            spec,
+            throughput,
+            transfer,
+            repartition: RepartitionRule::default(),
+            candidates,
+            stage_params,
+            prefix_params,
+        }
+    }
+
+    /// A built-in model with its profiled table on Parcae's 10 Gb/s network.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let (spec, profile) = builtin::builtin(name)?;
+        Some(Self::new(spec, profile.table, TransferModel::Profiled10Gbps))
+    }
+
+    /// The same model with another repartition rule.
+    pub fn with_repartition(mut self, rule: RepartitionRule) -> Self {
+        self.repartition = rule;
+        self
+    }
+
+    /// Samples per second of `c`.
+    pub fn samples_per_sec(&self, c: ParallelConfig) -> f64 {
+        self.throughput.samples_per_sec(c)
+    }
+
+    /// Every configuration the planner may choose, in `(d, p)` order.
+    pub fn candidates(&self) -> &[ParallelConfig] {
+        &self.candidates
+    }
+
+    /// The throughput-optimal configuration on `nodes` nodes.
+    pub fn best(&self, nodes: u32) -> ParallelConfig {
+        self.throughput.best(nodes)
+    }
+
+    /// Parameters of each stage of a `p`-stage pipeline (empty for `p = 0`).
+    pub fn stage_params(&self, p: u32) -> &[f64] {
+        self.stage_params
+            .get(p as usize)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// Parameters of layers `[a, b)`.
+    pub fn params_between(&self, a: usize, b: usize) -> f64 {
+        if b <= a {
+            return 0.0;
+        }
+        self.prefix_params[b] - self.prefix_params[a]
+    }
+
+    /// Time to move the weights and optimizer state of `params` parameters, ms.
+    pub fn state_transfer_ms(&self, params: f64) -> f64 {
+        self.transfer.cost_ms(self.spec.state_bytes(params))
+    }
+}

@@ -1,0 +1,349 @@
+//! Trace-driven simulation of planning strategies (spec 4.3, 5): replays an availability trace
+//! interval by interval and books the samples each strategy trains, its configurations and
+//! the time it spends migrating.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::baselines;
+use crate::config::ParallelConfig;
+use crate::cost::CostModel;
+use crate::cost::migration::{MigrationEvent, MigrationKind};
+use crate::cost::spec::RestartKind;
+use crate::liveput::{LiveputOptimizer, PlanState};
+use crate::predict::{self, Bounds, ForecastInput, NoticeAhead, Predictor};
+use crate::trace::{Interval, Trace};
+
+/// Where a liveput strategy's view of the future comes from.
+pub enum Forecast {
+    /// The true future (an oracle: Parcae's "liveput-truth").
+    Truth,
+    /// A predictor fed with the real past (Parcae's "liveput-predict").
+    Predicted(Box<dyn Predictor>),
+    /// A predictor, with the upcoming interval's event known when the decision is taken:
+    /// preemptions from their notices, arrivals from their joins. This is what a node's
+    /// planner sees, since it re-plans on membership events and notices come ahead.
+    Observed(Box<dyn Predictor>),
+}
+
+/// How a strategy picks configurations and pays for changes.
+pub enum Plan {
+    /// Throughput-optimal configuration every interval, reconfiguration for free.
+    Ideal,
+    /// Throughput-optimal configuration, checkpoint-restart on every change (spec 5).
+    Reactive,
+    /// The liveput optimizer with the given forecast.
+    Liveput(Forecast),
+}
+
+/// A named strategy to simulate.
+pub struct Strategy {
+    /// Name in reports.
+    pub name: String,
+    /// Its rule.
+    pub plan: Plan,
+}
+
+impl Strategy {
+    /// A strategy called `name`.
+    pub fn new(name: impl Into<String>, plan: Plan) -> Self {
+        Self {
+            name: name.into(),
+            plan,
+        }
+    }
+}
+
+/// Migrations of one run by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationCounts {
+    /// Intra-stage migrations.
+    pub intra: u32,
+    /// Inter-stage migrations.
+    pub inter: u32,
+    /// Repartitions.
+    pub repartition: u32,
+    /// Restarts.
+    pub restart: u32,
+}
+
+impl MigrationCounts {
+    /// Count one migration of `kind`.
+    pub fn record(&mut self, kind: MigrationKind) {
+        match kind {
+            MigrationKind::Intra => self.intra += 1,
+            MigrationKind::Inter => self.inter += 1,
+            MigrationKind::Repartition => self.repartition += 1,
+            MigrationKind::Restart => self.restart += 1,
+            MigrationKind::None => {}
+        }
+    }
+
+    /// All migrations.
+    pub fn total(&self) -> u32 {
+        self.intra + self.inter + self.repartition + self.restart
+    }
+}
+
+/// What one strategy achieved on a trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StrategyRun {
+    /// Strategy name.
+    pub name: String,
+    /// Samples trained.
+    pub samples: f64,
+    /// Migrations started.
+    pub migrations: u32,
+    /// Migrations by kind.
+    pub kinds: MigrationCounts,
+    /// Seconds spent migrating instead of training.
+    pub migration_secs: f64,
+    /// Configuration of every interval.
+    pub configs: Vec<ParallelConfig>,
+    /// Cumulative samples at the end of every interval.
+    pub cumulative: Vec<f64>,
+}
+
+/// Simulation parameters shared by all strategies of a run.
+#[derive(Clone, Debug)]
+pub struct SimSetup {
+    /// The job's cost model.
+    pub model: Arc<CostModel>,
+    /// Intervals of the forecast.
+    pub lookahead: usize,
+    /// Seed of the scenario sampling.
+    pub seed: u64,
+}
+
+/// Books one interval of a run.
+struct Ledger {
+    run: StrategyRun,
+    interval_ms: f64,
+}
+
+impl Ledger {
+    fn new(name: &str, interval_ms: f64) -> Self {
+        Self {
+            run: StrategyRun {
+                name: name.to_string(),
+                samples: 0.0,
+                migrations: 0,
+                kinds: MigrationCounts::default(),
+                migration_secs: 0.0,
+                configs: Vec::new(),
+                cumulative: Vec::new(),
+            },
+            interval_ms,
+        }
+    }
+
+    /// The interval ran `config` at `samples_per_sec` after `busy_ms` of migration.
+    fn book(&mut self, config: ParallelConfig, samples_per_sec: f64, busy_ms: f64) {
+        let work_ms = (self.interval_ms - busy_ms).max(0.0);
+        self.run.samples += samples_per_sec * work_ms / 1000.0;
+        self.run.migration_secs += busy_ms.min(self.interval_ms) / 1000.0;
+        self.run.configs.push(config);
+        self.run.cumulative.push(self.run.samples);
+    }
+
+    fn migration(&mut self, kind: MigrationKind) {
+        self.run.migrations += 1;
+        self.run.kinds.record(kind);
+    }
+}
+
+/// Simulate `strategy` on `trace.intervals[range]`.
+pub fn simulate(setup: &SimSetup, trace: &Trace, range: Range<usize>, strategy: Strategy) -> StrategyRun {
+    let interval_ms = trace.interval_secs as f64 * 1000.0;
+    let mut ledger = Ledger::new(&strategy.name, interval_ms);
+    let model = &setup.model;
+    match strategy.plan {
+        Plan::Ideal => {
+            for i in range {
+                let c = model.best(trace.intervals[i].nodes);
+                ledger.book(c, model.samples_per_sec(c), 0.0);
+            }
+        }
+        Plan::Reactive => {
+            let mut leftover_ms = 0.0;
+            for i in range.clone() {
+                let iv = trace.intervals[i];
+                let c = model.best(iv.nodes);
+                let first = i == range.start;
+                if first || iv.added + iv.removed > 0 {
+                    let kind = if first || iv.added > 0 {
+                        RestartKind::Add
+                    } else {
+                        RestartKind::Remove
+                    };
+                    let cost = baselines::restart_ms(model, c, kind, !first);
+                    leftover_ms = if leftover_ms > 0.0 {
+                        cost + model.spec.restart.restart_ms(c, kind)
+                    } else {
+                        cost
+                    };
+                    ledger.migration(MigrationKind::Restart);
+                }
+                ledger.book(c, model.samples_per_sec(c), leftover_ms);
+                leftover_ms = (leftover_ms - interval_ms).max(0.0);
+            }
+        }
+        Plan::Liveput(mut forecast) => {
+            let mut opt = LiveputOptimizer::new(model.clone(), trace.interval_secs as f64, setup.seed);
+            let mut now = PlanState {
+                nodes: 0,
+                config: ParallelConfig::IDLE,
+                leftover_ms: 0.0,
+            };
+            for i in range.clone() {
+                let first = i == range.start;
+                let real = trace.intervals[i];
+                let real_event = if first {
+                    Interval {
+                        nodes: real.nodes,
+                        added: real.nodes,
+                        removed: 0,
+                    }
+                } else {
+                    real
+                };
+                let future = forecast.future(trace, i, first, real_event, setup.lookahead);
+                let decision = opt.decide(now, &future);
+                let to = decision.config.clamp_to(real.nodes);
+                let ev = MigrationEvent {
+                    nodes: now.nodes,
+                    from: now.config,
+                    added: real_event.added,
+                    removed: real_event.removed,
+                };
+                let (cost, kind) = opt.costs().expected_with_kind(ev, to);
+                let mut leftover_ms = now.leftover_ms;
+                if cost > 0.0 {
+                    leftover_ms = if leftover_ms > 0.0 {
+                        cost + model.spec.restart.restart_ms(to, RestartKind::Remove)
+                    } else {
+                        cost
+                    };
+                    ledger.migration(kind);
+                }
+                ledger.book(to, model.samples_per_sec(to), leftover_ms);
+                now = PlanState {
+                    nodes: real.nodes,
+                    config: to,
+                    leftover_ms: (leftover_ms - interval_ms).max(0.0),
+                };
+            }
+        }
+    }
+    ledger.run
+}
+
+impl Forecast {
+    /// The forecast used at the start of interval `i`; `event` is interval `i`'s true event as
+    /// the job sees it.
+    fn future(&mut self, trace: &Trace, i: usize, first: bool, event: Interval, horizon: usize) -> Vec<Interval> {
+        match self {
+            Forecast::Truth => {
+                let mut f = trace.future(i, horizon).to_vec();
+                if let Some(head) = f.first_mut() {
+                    *head = event;
+                }
+                f
+            }
+            Forecast::Predicted(p) => {
+                let known_next = first.then_some(event.nodes);
+                let input = ForecastInput {
+                    history: trace.history(i),
+                    known_next,
+                    notices: &[],
+                    horizon,
+                };
+                p.forecast(&input)
+            }
+            Forecast::Observed(p) => {
+                let notices = [NoticeAhead {
+                    offset: 0,
+                    nodes: event.removed,
+                }];
+                let input = ForecastInput {
+                    history: trace.history(i),
+                    known_next: Some(event.nodes),
+                    notices: if event.removed > 0 { &notices } else { &[] },
+                    horizon,
+                };
+                rebase(event, &p.forecast(&input))
+            }
+        }
+    }
+}
+
+/// Replace a forecast's first step by the observed event and carry the later steps' changes
+/// over from the observed count.
+fn rebase(event: Interval, forecast: &[Interval]) -> Vec<Interval> {
+    let mut out = Vec::with_capacity(forecast.len());
+    out.push(event);
+    let mut nodes = event.nodes;
+    for step in forecast.iter().skip(1) {
+        let after = (nodes + step.added).saturating_sub(step.removed);
+        out.push(Interval {
+            nodes: after,
+            added: after.saturating_sub(nodes),
+            removed: nodes.saturating_sub(after),
+        });
+        nodes = after;
+    }
+    out
+}
+
+/// Names of the strategies [`strategy_by_name`] knows, in report order.
+pub const STRATEGIES: [&str; 6] = [
+    "ideal",
+    "reactive",
+    "liveput-truth",
+    "liveput-predict",
+    "liveput-es",
+    "liveput-aware",
+];
+
+/// A strategy name that [`strategy_by_name`] does not know.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown strategy {0:?} (expected one of: {list})", list = STRATEGIES.join(", "))]
+pub struct UnknownStrategy(pub String);
+
+/// The strategy called `name`; forecasts are bounded by the job's `bounds` and seeded.
+///
+/// `liveput-predict` is Parcae (ARIMA rules); `liveput-es` swaps in exponential smoothing;
+/// `liveput-aware` is ours: Parcae's predictor plus the upcoming interval's event as a node
+/// sees it (notices of preemptions, joins of arrivals).
+pub fn strategy_by_name(name: &str, bounds: Bounds, seed: u64) -> Result<Strategy, UnknownStrategy> {
+    let predictor = |spec: &str| {
+        predict::by_name(spec, bounds, seed).map_err(|_| UnknownStrategy(name.to_string()))
+    };
+    let plan = match name {
+        "ideal" => Plan::Ideal,
+        "reactive" => Plan::Reactive,
+        "liveput-truth" => Plan::Liveput(Forecast::Truth),
+        "liveput-predict" => Plan::Liveput(Forecast::Predicted(predictor("arima")?)),
+        "liveput-es" => Plan::Liveput(Forecast::Predicted(predictor("es")?)),
+        "liveput-aware" => Plan::Liveput(Forecast::Observed(predictor("arima+notices")?)),
+        _ => return Err(UnknownStrategy(name.to_string())),
+    };
+    Ok(Strategy::new(name, plan))
+}
+
+/// Forecast bounds of a job: its smallest feasible configuration and the cluster it asked for
+/// (Parcae's 8 and 32 were exactly these for its GPT runs).
+pub fn job_bounds(model: &CostModel, requested_nodes: u32) -> Bounds {
+    let min_nodes = model
+        .candidates()
+        .iter()
+        .map(|c| c.nodes())
+        .min()
+        .unwrap_or(1);
+    Bounds {
+        min_nodes,
+        max_nodes: requested_nodes.max(min_nodes),
+    }
+}

@@ -1,0 +1,189 @@
+//! `parcae-testnet simulate`: every strategy on one trace, as a table, JSON and a plot.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use parcae_strategies::ParallelConfig;
+use parcae_strategies::cost::builtin::MODELS;
+use parcae_strategies::cost::throughput::Profile;
+use parcae_strategies::cost::{CostModel, RepartitionRule};
+use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
+use parcae_strategies::trace::{self, Trace};
+use serde::Serialize;
+
+/// Options of `simulate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Trace file (event, count or replay format) or `synthetic:BAND[:SEED]`, BAND in hh, hl,
+    /// lh, ll.
+    #[arg(long, default_value = "synthetic:hh")]
+    trace: String,
+    /// Profiled model: gpt-1.5b, gpt-6.7b, bert, resnet152 or vgg19.
+    #[arg(long, default_value = "gpt-1.5b")]
+    model: String,
+    /// Throughput profile CSV replacing the model's table (columns as throughput_profiles.csv).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Look-ahead of the liveput optimizer, intervals.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=64))]
+    lookahead: u16,
+    /// Length of one planning interval, seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    interval_secs: u64,
+    /// Start of the simulated window, hours from the trace start.
+    #[arg(long, default_value_t = 0.0)]
+    start_hour: f64,
+    /// End of the simulated window, hours from the trace start (default: the trace end).
+    #[arg(long)]
+    end_hour: Option<f64>,
+    /// Comma-separated strategies (default: all).
+    #[arg(long, value_delimiter = ',')]
+    strategies: Option<Vec<String>>,
+    /// Repartition volume: `sum` of every stage's missing layers, or the artifact's `last`.
+    #[arg(long, default_value = "sum", value_parser = ["sum", "last"])]
+    repartition: String,
+    /// Seed of the scenario sampling and of the predictors.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write a PNG plot here (availability, configurations, cumulative samples).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// The JSON document `--json` writes.
+#[derive(Serialize)]
+pub struct Report {
+    /// Trace source.
+    pub trace: String,
+    /// Model name.
+    pub model: String,
+    /// Intervals simulated.
+    pub intervals: usize,
+    /// One entry per strategy.
+    pub strategies: Vec<StrategyJson>,
+}
+
+/// One strategy's results in [`Report`].
+#[derive(Serialize)]
+pub struct StrategyJson {
+    /// Strategy name.
+    pub name: String,
+    /// Samples trained.
+    pub samples: f64,
+    /// Migrations started.
+    pub migrations: u32,
+    /// Seconds spent migrating.
+    pub migration_secs: f64,
+    /// `[d, p]` of every interval.
+    pub configs: Vec<[u32; 2]>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let trace = trace::load(&args.trace, args.interval_secs)?;
+    let model = cost_model(&args)?;
+    let names = match &args.strategies {
+        Some(list) => list.clone(),
+        None => STRATEGIES.iter().map(|s| s.to_string()).collect(),
+    };
+    if names.is_empty() {
+        bail!("--strategies names no strategy");
+    }
+    let end = args.end_hour.unwrap_or(trace.hours());
+    let range = trace.window(args.start_hour, end)?;
+    if range.is_empty() {
+        bail!(
+            "{}: window {}..{} h holds no interval (the trace covers {:.2} h)",
+            trace.source,
+            args.start_hour,
+            end,
+            trace.hours()
+        );
+    }
+    let bounds = sim::job_bounds(&model, trace.max_nodes());
+    let setup = SimSetup {
+        model: Arc::new(model),
+        lookahead: usize::from(args.lookahead),
+        seed: args.seed,
+    };
+    let mut runs = Vec::with_capacity(names.len());
+    for name in &names {
+        let strategy = sim::strategy_by_name(name, bounds, args.seed)?;
+        runs.push(sim::simulate(&setup, &trace, range.clone(), strategy));
+    }
+    print_table(&trace, &args.model, &runs);
+    let report = Report {
+        trace: trace.source.clone(),
+        model: args.model.clone(),
+        intervals: range.len(),
+        strategies: runs.iter().map(strategy_json).collect(),
+    };
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        let avail: Vec<u32> = trace.intervals[range].iter().map(|i| i.nodes).collect();
+        crate::plot::simulation(path, &trace.source, trace.interval_secs, &avail, &runs)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn cost_model(args: &Args) -> Result<CostModel> {
+    let mut model = CostModel::builtin(&args.model)
+        .with_context(|| format!("unknown model `{}` (expected one of {})", args.model, MODELS.join(", ")))?;
+    if let Some(path) = &args.profile {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).with_context(|| format!("{name}: cannot read"))?;
+        let profile = Profile::parse(&text, &name)?;
+        model = CostModel::new(model.spec, profile.table, model.transfer);
+    }
+    let rule = match args.repartition.as_str() {
+        "last" => RepartitionRule::LastStage,
+        _ => RepartitionRule::Sum,
+    };
+    Ok(model.with_repartition(rule))
+}
+
+fn strategy_json(r: &StrategyRun) -> StrategyJson {
+    StrategyJson {
+        name: r.name.clone(),
+        samples: r.samples,
+        migrations: r.migrations,
+        migration_secs: r.migration_secs,
+        configs: r.configs.iter().map(|c: &ParallelConfig| [c.d, c.p]).collect(),
+    }
+}
+
+fn print_table(trace: &Trace, model: &str, runs: &[StrategyRun]) {
+    let ideal = runs.iter().find(|r| r.name == "ideal").map(|r| r.samples);
+    let reactive = runs.iter().find(|r| r.name == "reactive").map(|r| r.samples);
+    let ratio = |x: f64, base: Option<f64>| match base {
+        Some(b) if b > 0.0 => format!("{:.3}", x / b),
+        _ => "-".to_string(),
+    };
+    println!("trace {} ({} intervals of {} s), model {model}", trace.source, trace.len(), trace.interval_secs);
+    println!(
+        "{:<16} {:>14} {:>9} {:>11} {:>10} {:>13}",
+        "strategy", "samples", "% ideal", "x reactive", "migrations", "migrating (s)"
+    );
+    for r in runs {
+        let pct = match ideal {
+            Some(i) if i > 0.0 => format!("{:.1}", 100.0 * r.samples / i),
+            _ => "-".to_string(),
+        };
+        println!(
+            "{:<16} {:>14.0} {:>9} {:>11} {:>10} {:>13.0}",
+            r.name,
+            r.samples,
+            pct,
+            ratio(r.samples, reactive),
+            r.migrations,
+            r.migration_secs
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! `parcae-testnet simulate` end to end: output on the embedded default, JSON schema, and a
+//! one-line error with exit code 2 for every kind of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn testnet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_parcae-testnet"))
+        .args(args)
+        .output()
+        .expect("run parcae-testnet")
+}
+
+fn scratch(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("parcae-testnet-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn assert_one_line_error(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+#[test]
+fn default_run_prints_every_strategy_and_writes_json_and_plot() {
+    let json = std::env::temp_dir().join(format!("sim-{}.json", std::process::id()));
+    let png = std::env::temp_dir().join(format!("sim-{}.png", std::process::id()));
+    let out = testnet(&[
+        "simulate",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for name in ["ideal", "reactive", "liveput-truth", "liveput-predict", "liveput-aware"] {
+        assert!(table.contains(name), "{name} missing: {table}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["trace"], "synthetic:hh:0");
+    assert_eq!(v["model"], "gpt-1.5b");
+    let intervals = v["intervals"].as_u64().unwrap();
+    assert!(intervals > 0);
+    let strategies = v["strategies"].as_array().unwrap();
+    let ideal = &strategies[0];
+    assert_eq!(ideal["name"], "ideal");
+    for s in strategies {
+        assert_eq!(s["configs"].as_array().unwrap().len() as u64, intervals);
+        assert!(s["samples"].as_f64().unwrap() <= ideal["samples"].as_f64().unwrap() + 1e-6);
+        assert!(s["migration_secs"].as_f64().unwrap() >= 0.0);
+        assert!(s["migrations"].as_u64().is_some());
+    }
+    let png_bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&png_bytes[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn bad_inputs_give_one_line_errors_with_exit_code_2() {
+    let out = testnet(&["simulate", "--model", "gpt-9b"]);
+    assert_one_line_error(&out, &["unknown model", "gpt-9b"]);
+
+    let missing = Path::new("/nonexistent/trace.csv");
+    let out = testnet(&["simulate", "--trace", missing.to_str().unwrap()]);
+    assert_one_line_error(&out, &["/nonexistent/trace.csv"]);
+
+    let empty = scratch("empty.csv", "");
+    let out = testnet(&["simulate", "--trace", empty.to_str().unwrap()]);
+    assert_one_line_error(&out, &["empty.csv", "empty"]);
+
+    let unsorted = scratch("unsorted.csv", "0,add,a\n120000,add,b\n60000,add,c\n");
+    let out = testnet(&["simulate", "--trace", unsorted.to_str().unwrap()]);
+    assert_one_line_error(&out, &["unsorted.csv:3"]);
+
+    let negative = scratch("negative.csv", "0,5\n60000,-2\n");
+    let out = testnet(&["simulate", "--trace", negative.to_str().unwrap()]);
+    assert_one_line_error(&out, &["negative.csv:2"]);
+
+    let malformed = scratch("malformed.csv", "0,add,a\nnot a line\n");
+    let out = testnet(&["simulate", "--trace", malformed.to_str().unwrap()]);
+    assert_one_line_error(&out, &["malformed.csv:2"]);
+
+    let profile = scratch("profile.csv", "model,train_batch_size\n");
+    let out = testnet(&["simulate", "--profile", profile.to_str().unwrap()]);
+    assert_one_line_error(&out, &["profile.csv:1"]);
+
+    let out = testnet(&["simulate", "--strategies", "ideal,magic"]);
+    assert_one_line_error(&out, &["magic"]);
+}
