@@ -28,7 +28,11 @@ fn forecast(n: u32, h: usize) -> Vec<Interval> {
             _ => (0, 0),
         };
         nodes = nodes + added - removed;
-        out.push(Interval { nodes, added, removed });
+        out.push(Interval {
+            nodes,
+            added,
+            removed,
+        });
     }
     out
 }
@@ -55,8 +59,17 @@ fn decisions(c: &mut Criterion) {
     });
 
     let base = CostModel::builtin("gpt-1.5b").expect("built-in model");
-    let t512 = throughput_table(&base.spec, Hardware::default(), &TransferModel::Profiled10Gbps, 512);
-    let analytic = Arc::new(CostModel::new(base.spec.clone(), t512, TransferModel::Profiled10Gbps));
+    let t512 = throughput_table(
+        &base.spec,
+        Hardware::default(),
+        &TransferModel::Profiled10Gbps,
+        512,
+    );
+    let analytic = Arc::new(CostModel::new(
+        base.spec.clone(),
+        t512,
+        TransferModel::Profiled10Gbps,
+    ));
     let start = analytic.best(512);
     let now512 = PlanState {
         nodes: 512,

@@ -124,7 +124,9 @@ pub fn assign<Id: Clone + Ord>(
         (bytes as i64).saturating_mul(WEIGHT_SCALE) + keep
     };
     // Kuhn-Munkres wants rows <= columns: slots are rows, nodes columns.
-    let weights = Matrix::from_fn(slots.len(), nodes.len(), |(r, c)| held(&nodes[c], &slots[r]));
+    let weights = Matrix::from_fn(slots.len(), nodes.len(), |(r, c)| {
+        held(&nodes[c], &slots[r])
+    });
     let chosen: Vec<usize> = if slots.is_empty() {
         Vec::new()
     } else {
@@ -191,7 +193,13 @@ mod tests {
     #[test]
     fn unchanged_config_keeps_every_slot_and_moves_nothing() {
         let nodes: Vec<_> = (0..4)
-            .map(|i| holding(i, Some((i / 2, i % 2)), if i % 2 == 0 { 0..2 } else { 2..4 }))
+            .map(|i| {
+                holding(
+                    i,
+                    Some((i / 2, i % 2)),
+                    if i % 2 == 0 { 0..2 } else { 2..4 },
+                )
+            })
             .collect();
         let a = assign(&nodes, ParallelConfig::new(2, 2), &[0, 2, 4], &[1.0; 4]).unwrap();
         assert_eq!(a.moved_bytes, 0.0);

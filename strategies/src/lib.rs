@@ -10,10 +10,10 @@
 //! * [`cost`]: throughput of a `(D, P)` configuration and the cost of migrating between
 //!   configurations.
 
-pub mod config;
-pub mod cost;
 pub mod assign;
 pub mod baselines;
+pub mod config;
+pub mod cost;
 pub mod error;
 pub mod liveput;
 pub mod predict;

@@ -49,7 +49,8 @@ impl Node {
             self.samples > other.samples
                 || (self.samples == other.samples && self.leftover_ms < other.leftover_ms)
         } else {
-            self.samples > other.samples || (self.samples == other.samples && parent_p < other_parent_p)
+            self.samples > other.samples
+                || (self.samples == other.samples && parent_p < other_parent_p)
         }
     }
 }
@@ -122,7 +123,11 @@ impl LiveputOptimizer {
                 }
                 if fitting.is_empty() {
                     let idle = ParallelConfig::IDLE;
-                    let cost = if pred.migrating { pred.leftover_ms } else { 0.0 };
+                    let cost = if pred.migrating {
+                        pred.leftover_ms
+                    } else {
+                        0.0
+                    };
                     self.relax(&mut table, idle_slot * 2, pred, pi, prev, idle, cost, 0.0);
                 }
             }
@@ -157,7 +162,13 @@ impl LiveputOptimizer {
         if !pred.migrating {
             expected_ms
         } else if expected_ms > 0.0 {
-            expected_ms + self.costs.model().spec.restart.restart_ms(to, RestartKind::Remove)
+            expected_ms
+                + self
+                    .costs
+                    .model()
+                    .spec
+                    .restart
+                    .restart_ms(to, RestartKind::Remove)
         } else {
             pred.leftover_ms
         }
@@ -300,7 +311,9 @@ mod tests {
         };
         let d = o.decide(now, &steady(26, 4));
         assert_eq!(d.config, ParallelConfig::new(2, 13));
-        let t = CostModel::builtin("gpt-1.5b").unwrap().samples_per_sec(d.config);
+        let t = CostModel::builtin("gpt-1.5b")
+            .unwrap()
+            .samples_per_sec(d.config);
         assert!((d.expected_samples - 4.0 * 60.0 * t).abs() < 1e-6);
     }
 

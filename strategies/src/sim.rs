@@ -155,7 +155,12 @@ impl Ledger {
 }
 
 /// Simulate `strategy` on `trace.intervals[range]`.
-pub fn simulate(setup: &SimSetup, trace: &Trace, range: Range<usize>, strategy: Strategy) -> StrategyRun {
+pub fn simulate(
+    setup: &SimSetup,
+    trace: &Trace,
+    range: Range<usize>,
+    strategy: Strategy,
+) -> StrategyRun {
     let interval_ms = trace.interval_secs as f64 * 1000.0;
     let mut ledger = Ledger::new(&strategy.name, interval_ms);
     let model = &setup.model;
@@ -191,7 +196,8 @@ pub fn simulate(setup: &SimSetup, trace: &Trace, range: Range<usize>, strategy: 
             }
         }
         Plan::Liveput(mut forecast) => {
-            let mut opt = LiveputOptimizer::new(model.clone(), trace.interval_secs as f64, setup.seed);
+            let mut opt =
+                LiveputOptimizer::new(model.clone(), trace.interval_secs as f64, setup.seed);
             let mut now = PlanState {
                 nodes: 0,
                 config: ParallelConfig::IDLE,
@@ -243,7 +249,14 @@ pub fn simulate(setup: &SimSetup, trace: &Trace, range: Range<usize>, strategy: 
 impl Forecast {
     /// The forecast used at the start of interval `i`; `event` is interval `i`'s true event as
     /// the job sees it.
-    fn future(&mut self, trace: &Trace, i: usize, first: bool, event: Interval, horizon: usize) -> Vec<Interval> {
+    fn future(
+        &mut self,
+        trace: &Trace,
+        i: usize,
+        first: bool,
+        event: Interval,
+        horizon: usize,
+    ) -> Vec<Interval> {
         match self {
             Forecast::Truth => {
                 let mut f = trace.future(i, horizon).to_vec();
@@ -298,13 +311,14 @@ fn rebase(event: Interval, forecast: &[Interval]) -> Vec<Interval> {
 }
 
 /// Names of the strategies [`strategy_by_name`] knows, in report order.
-pub const STRATEGIES: [&str; 6] = [
+pub const STRATEGIES: [&str; 7] = [
     "ideal",
     "reactive",
     "liveput-truth",
     "liveput-predict",
     "liveput-es",
     "liveput-aware",
+    "liveput-persist",
 ];
 
 /// A strategy name that [`strategy_by_name`] does not know.
@@ -316,8 +330,14 @@ pub struct UnknownStrategy(pub String);
 ///
 /// `liveput-predict` is Parcae (ARIMA rules); `liveput-es` swaps in exponential smoothing;
 /// `liveput-aware` is ours: Parcae's predictor plus the upcoming interval's event as a node
-/// sees it (notices of preemptions, joins of arrivals).
-pub fn strategy_by_name(name: &str, bounds: Bounds, seed: u64) -> Result<Strategy, UnknownStrategy> {
+/// sees it (notices of preemptions, joins of arrivals); `liveput-persist` is ours too: the same
+/// observed event with a persistence forecast, which is more accurate than ARIMA on real spot
+/// traces.
+pub fn strategy_by_name(
+    name: &str,
+    bounds: Bounds,
+    seed: u64,
+) -> Result<Strategy, UnknownStrategy> {
     let predictor = |spec: &str| {
         predict::by_name(spec, bounds, seed).map_err(|_| UnknownStrategy(name.to_string()))
     };
@@ -328,6 +348,9 @@ pub fn strategy_by_name(name: &str, bounds: Bounds, seed: u64) -> Result<Strateg
         "liveput-predict" => Plan::Liveput(Forecast::Predicted(predictor("arima")?)),
         "liveput-es" => Plan::Liveput(Forecast::Predicted(predictor("es")?)),
         "liveput-aware" => Plan::Liveput(Forecast::Observed(predictor("arima+notices")?)),
+        "liveput-persist" => {
+            Plan::Liveput(Forecast::Observed(predictor("last+nopoisson+notices")?))
+        }
         _ => return Err(UnknownStrategy(name.to_string())),
     };
     Ok(Strategy::new(name, plan))

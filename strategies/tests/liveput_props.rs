@@ -14,7 +14,8 @@ use proptest::prelude::*;
 
 fn model() -> Arc<CostModel> {
     static M: OnceLock<Arc<CostModel>> = OnceLock::new();
-    M.get_or_init(|| Arc::new(CostModel::builtin("gpt-1.5b").unwrap())).clone()
+    M.get_or_init(|| Arc::new(CostModel::builtin("gpt-1.5b").unwrap()))
+        .clone()
 }
 
 /// A consistent forecast from `start` following signed changes.
@@ -37,7 +38,12 @@ fn forecast(start: u32, changes: &[i8]) -> Vec<Interval> {
 
 /// Samples of keeping `config` through the whole forecast, with the optimizer's accounting;
 /// `None` when it stops fitting.
-fn stay_put(costs: &mut MigrationCosts, now: PlanState, future: &[Interval], interval_ms: f64) -> Option<f64> {
+fn stay_put(
+    costs: &mut MigrationCosts,
+    now: PlanState,
+    future: &[Interval],
+    interval_ms: f64,
+) -> Option<f64> {
     let m = costs.model().clone();
     let c = now.config;
     let (mut nodes, mut leftover, mut samples) = (now.nodes, now.leftover_ms, 0.0);

@@ -14,7 +14,9 @@ const P3: &str = concat!(
 
 fn errors(name: &str, intervals: &[trace::Interval], horizon: usize, stride: usize) -> StepErrors {
     let mut p = predict::by_name(name, Bounds::PARCAE, 0).unwrap();
-    predict::mean_l1_per_step(&mut p, intervals, horizon, stride)
+    // Notices reach the planner for the upcoming interval only (25 s notices, 60 s intervals).
+    let notice_steps = if name.contains("notices") { 1 } else { 0 };
+    predict::mean_l1_per_step(&mut p, intervals, horizon, stride, notice_steps)
 }
 
 #[test]
@@ -36,13 +38,15 @@ fn mean_l1_per_step_on_p3() {
         ("arima", 12, 10, 0.75, 3.3),
         ("es", 12, 10, 0.9, 3.4),
         ("last+nopoisson", 12, 1, 0.55, 2.6),
+        ("arima+notices", 12, 1, 0.6, 3.0),
+        ("last+nopoisson+notices", 12, 1, 0.45, 2.6),
     ];
-    println!("predictor         H  every  forecasts  mean   per step");
+    println!("predictor               H  every  forecasts  mean   per step");
     for (name, horizon, stride, first, mean) in cases {
         let e = errors(name, &t.intervals, horizon, stride);
         let steps: Vec<String> = e.per_step.iter().map(|v| format!("{v:.2}")).collect();
         println!(
-            "{name:<16} {horizon:>2} {stride:>6} {:>10}  {:.3}  {}",
+            "{name:<22} {horizon:>2} {stride:>6} {:>10}  {:.3}  {}",
             e.forecasts,
             e.mean(),
             steps.join(" ")

@@ -27,13 +27,24 @@ const BOUNDS: Bounds = Bounds {
     max_nodes: 32,
 };
 
-fn run(model: &CostModel, trace: &Trace, range: std::ops::Range<usize>, lookahead: usize, name: &str) -> StrategyRun {
+fn run(
+    model: &CostModel,
+    trace: &Trace,
+    range: std::ops::Range<usize>,
+    lookahead: usize,
+    name: &str,
+) -> StrategyRun {
     let setup = SimSetup {
         model: Arc::new(model.clone()),
         lookahead,
         seed: 1,
     };
-    simulate(&setup, trace, range, strategy_by_name(name, BOUNDS, 1).unwrap())
+    simulate(
+        &setup,
+        trace,
+        range,
+        strategy_by_name(name, BOUNDS, 1).unwrap(),
+    )
 }
 
 #[test]
@@ -51,7 +62,10 @@ fn gpt_1_5b_baselines_match_reference() {
     // With the artifact's last-stage repartition rule the reference got 1,424,655 (spec 4.5).
     let last = m.clone().with_repartition(RepartitionRule::LastStage);
     let truth_last = run(&last, &trace, all, 12, "liveput-truth").samples;
-    assert!((truth_last / 1_424_655.0 - 1.0).abs() < 0.005, "{truth_last}");
+    assert!(
+        (truth_last / 1_424_655.0 - 1.0).abs() < 0.005,
+        "{truth_last}"
+    );
 }
 
 /// Look-ahead of Parcae's own predictor evaluation (`prediction_unit_test`) and README runs;
@@ -67,10 +81,19 @@ fn parcae_prediction_beats_reactive_and_ours_beats_parcae() {
     for model in MODELS {
         let m = CostModel::builtin(model).unwrap();
         let reactive = run(&m, &trace, all.clone(), 12, "reactive").samples;
-        let predict8 = run(&m, &trace, all.clone(), PREDICT_LOOKAHEAD, "liveput-predict").samples;
+        let predict8 = run(
+            &m,
+            &trace,
+            all.clone(),
+            PREDICT_LOOKAHEAD,
+            "liveput-predict",
+        )
+        .samples;
         let predict = run(&m, &trace, all.clone(), 12, "liveput-predict").samples;
         let ours = run(&m, &trace, all.clone(), 12, "liveput-aware").samples;
-        eprintln!("{model}: reactive {reactive:.0} predict(H=8) {predict8:.0} predict {predict:.0} ours {ours:.0}");
+        eprintln!(
+            "{model}: reactive {reactive:.0} predict(H=8) {predict8:.0} predict {predict:.0} ours {ours:.0}"
+        );
         assert!(predict8 >= reactive, "{model}: {predict8} < {reactive}");
         assert!(predict >= reactive, "{model}: {predict} < {reactive}");
         assert!(ours >= predict, "{model}: {ours} < {predict}");
@@ -86,11 +109,19 @@ fn prediction_holds_up_on_the_one_hour_windows() {
     let Some(trace) = p3() else { return };
     for model in MODELS {
         let m = CostModel::builtin(model).unwrap();
-        for (name, a, b) in [("hh", 5.5, 6.5), ("hl", 1.5, 2.5), ("lh", 8.0, 9.0), ("ll", 10.0, 11.0)] {
+        for (name, a, b) in [
+            ("hh", 5.5, 6.5),
+            ("hl", 1.5, 2.5),
+            ("lh", 8.0, 9.0),
+            ("ll", 10.0, 11.0),
+        ] {
             let w = trace.window(a, b).unwrap();
             let reactive = run(&m, &trace, w.clone(), PREDICT_LOOKAHEAD, "reactive").samples;
             let predict = run(&m, &trace, w.clone(), PREDICT_LOOKAHEAD, "liveput-predict").samples;
-            assert!(predict >= 0.98 * reactive, "{model} {name}: {predict} < 0.98 x {reactive}");
+            assert!(
+                predict >= 0.98 * reactive,
+                "{model} {name}: {predict} < 0.98 x {reactive}"
+            );
         }
     }
 }

@@ -21,7 +21,13 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 }
 
 /// Availability with the nodes each strategy uses, pipeline depths, and cumulative samples.
-pub fn simulation(path: &Path, title: &str, interval_secs: u64, avail: &[u32], runs: &[StrategyRun]) -> Result<()> {
+pub fn simulation(
+    path: &Path,
+    title: &str,
+    interval_secs: u64,
+    avail: &[u32],
+    runs: &[StrategyRun],
+) -> Result<()> {
     fonts();
     let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -32,7 +38,10 @@ pub fn simulation(path: &Path, title: &str, interval_secs: u64, avail: &[u32], r
 
     let n_max = f64::from(avail.iter().copied().max().unwrap_or(1).max(1)) * 1.1;
     let mut chart = ChartBuilder::on(&panels[0])
-        .caption(format!("{title}: nodes available and used"), ("sans-serif", 20))
+        .caption(
+            format!("{title}: nodes available and used"),
+            ("sans-serif", 20),
+        )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(50)
@@ -41,7 +50,10 @@ pub fn simulation(path: &Path, title: &str, interval_secs: u64, avail: &[u32], r
     chart.configure_mesh().y_desc("nodes").draw().map_err(err)?;
     chart
         .draw_series(LineSeries::new(
-            avail.iter().enumerate().map(|(i, n)| (minutes(i), f64::from(*n))),
+            avail
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (minutes(i), f64::from(*n))),
             BLACK.stroke_width(2),
         ))
         .map_err(err)?
@@ -51,7 +63,10 @@ pub fn simulation(path: &Path, title: &str, interval_secs: u64, avail: &[u32], r
         let color = palette(k);
         chart
             .draw_series(LineSeries::new(
-                r.configs.iter().enumerate().map(|(i, c)| (minutes(i), f64::from(c.nodes()))),
+                r.configs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (minutes(i), f64::from(c.nodes()))),
                 color,
             ))
             .map_err(err)?
@@ -82,7 +97,10 @@ pub fn simulation(path: &Path, title: &str, interval_secs: u64, avail: &[u32], r
     for (k, r) in runs.iter().enumerate() {
         chart
             .draw_series(LineSeries::new(
-                r.configs.iter().enumerate().map(|(i, c)| (minutes(i), f64::from(c.p))),
+                r.configs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (minutes(i), f64::from(c.p))),
                 palette(k),
             ))
             .map_err(err)?;
@@ -109,7 +127,10 @@ pub fn simulation(path: &Path, title: &str, interval_secs: u64, avail: &[u32], r
     for (k, r) in runs.iter().enumerate() {
         chart
             .draw_series(LineSeries::new(
-                r.cumulative.iter().enumerate().map(|(i, s)| (minutes(i + 1), *s)),
+                r.cumulative
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (minutes(i + 1), *s)),
                 palette(k),
             ))
             .map_err(err)?;

@@ -134,8 +134,13 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn cost_model(args: &Args) -> Result<CostModel> {
-    let mut model = CostModel::builtin(&args.model)
-        .with_context(|| format!("unknown model `{}` (expected one of {})", args.model, MODELS.join(", ")))?;
+    let mut model = CostModel::builtin(&args.model).with_context(|| {
+        format!(
+            "unknown model `{}` (expected one of {})",
+            args.model,
+            MODELS.join(", ")
+        )
+    })?;
     if let Some(path) = &args.profile {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).with_context(|| format!("{name}: cannot read"))?;
@@ -155,18 +160,30 @@ fn strategy_json(r: &StrategyRun) -> StrategyJson {
         samples: r.samples,
         migrations: r.migrations,
         migration_secs: r.migration_secs,
-        configs: r.configs.iter().map(|c: &ParallelConfig| [c.d, c.p]).collect(),
+        configs: r
+            .configs
+            .iter()
+            .map(|c: &ParallelConfig| [c.d, c.p])
+            .collect(),
     }
 }
 
 fn print_table(trace: &Trace, model: &str, runs: &[StrategyRun]) {
     let ideal = runs.iter().find(|r| r.name == "ideal").map(|r| r.samples);
-    let reactive = runs.iter().find(|r| r.name == "reactive").map(|r| r.samples);
+    let reactive = runs
+        .iter()
+        .find(|r| r.name == "reactive")
+        .map(|r| r.samples);
     let ratio = |x: f64, base: Option<f64>| match base {
         Some(b) if b > 0.0 => format!("{:.3}", x / b),
         _ => "-".to_string(),
     };
-    println!("trace {} ({} intervals of {} s), model {model}", trace.source, trace.len(), trace.interval_secs);
+    println!(
+        "trace {} ({} intervals of {} s), model {model}",
+        trace.source,
+        trace.len(),
+        trace.interval_secs
+    );
     println!(
         "{:<16} {:>14} {:>9} {:>11} {:>10} {:>13}",
         "strategy", "samples", "% ideal", "x reactive", "migrations", "migrating (s)"

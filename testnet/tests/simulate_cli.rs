@@ -39,12 +39,23 @@ fn default_run_prints_every_strategy_and_writes_json_and_plot() {
         "--plot",
         png.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let table = String::from_utf8_lossy(&out.stdout);
-    for name in ["ideal", "reactive", "liveput-truth", "liveput-predict", "liveput-aware"] {
+    for name in [
+        "ideal",
+        "reactive",
+        "liveput-truth",
+        "liveput-predict",
+        "liveput-aware",
+    ] {
         assert!(table.contains(name), "{name} missing: {table}");
     }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["trace"], "synthetic:hh:0");
     assert_eq!(v["model"], "gpt-1.5b");
     let intervals = v["intervals"].as_u64().unwrap();

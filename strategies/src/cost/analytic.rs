@@ -38,7 +38,12 @@ struct StageCost {
 }
 
 /// Builds the throughput table of every `(d, p)` with `d * p <= max_nodes` that fits in memory.
-pub fn throughput_table(spec: &ModelSpec, hw: Hardware, transfer: &TransferModel, max_nodes: u32) -> ThroughputTable {
+pub fn throughput_table(
+    spec: &ModelSpec,
+    hw: Hardware,
+    transfer: &TransferModel,
+    max_nodes: u32,
+) -> ThroughputTable {
     let max_p = spec.layers.len().saturating_sub(1).max(1) as u32;
     let mut rows = Vec::new();
     for p in 1..=max_p.min(max_nodes) {
@@ -58,7 +63,9 @@ pub fn throughput_table(spec: &ModelSpec, hw: Hardware, transfer: &TransferModel
 }
 
 fn micro_batches(spec: &ModelSpec, d: u32) -> u32 {
-    (spec.global_batch / spec.micro_batch.max(1)).div_ceil(d).max(1)
+    (spec.global_batch / spec.micro_batch.max(1))
+        .div_ceil(d)
+        .max(1)
 }
 
 /// Stage sums for depth `p`, or `None` when a stage does not fit in memory.
@@ -81,7 +88,9 @@ fn stage_costs(spec: &ModelSpec, hw: Hardware, p: u32) -> Option<Vec<StageCost>>
         let peak_block = layers.iter().map(|l| l.activation_mb).fold(0.0, f64::max);
         let recompute_mb = match spec.family {
             Family::Transformer => (1..=layers.len())
-                .map(|chunk| chunk as f64 * peak_block + (layers.len().div_ceil(chunk)) as f64 * boundary_mb)
+                .map(|chunk| {
+                    chunk as f64 * peak_block + (layers.len().div_ceil(chunk)) as f64 * boundary_mb
+                })
                 .fold(f64::INFINITY, f64::min),
             Family::Cnn => acts,
         };
@@ -98,7 +107,13 @@ fn stage_costs(spec: &ModelSpec, hw: Hardware, p: u32) -> Option<Vec<StageCost>>
 }
 
 /// One training iteration of `d` pipelines over `stages`, ms.
-fn iteration_ms(spec: &ModelSpec, hw: Hardware, transfer: &TransferModel, stages: &[StageCost], d: u32) -> f64 {
+fn iteration_ms(
+    spec: &ModelSpec,
+    hw: Hardware,
+    transfer: &TransferModel,
+    stages: &[StageCost],
+    d: u32,
+) -> f64 {
     let m = micro_batches(spec, d) as usize;
     let comm = if stages.len() > 1 {
         transfer.cost_ms(spec.boundary_bytes)
@@ -160,7 +175,11 @@ fn one_f_one_b(stages: &[StageCost], m: usize, comm: f64) -> Vec<f64> {
         for s in 0..p {
             while let Some(&(is_fwd, i)) = orders[s].get(next[s]) {
                 let ready = if is_fwd {
-                    if s == 0 { Some(0.0) } else { ready_after(fwd_end[s - 1][i], comm) }
+                    if s == 0 {
+                        Some(0.0)
+                    } else {
+                        ready_after(fwd_end[s - 1][i], comm)
+                    }
                 } else if s + 1 == p {
                     ready_after(fwd_end[s][i], 0.0)
                 } else {
@@ -225,7 +244,12 @@ mod tests {
     #[test]
     fn gpt_small_depths_do_not_fit_and_deep_ones_do() {
         let (spec, _) = builtin("gpt-1.5b").unwrap();
-        let t = throughput_table(&spec, Hardware::default(), &TransferModel::Profiled10Gbps, 32);
+        let t = throughput_table(
+            &spec,
+            Hardware::default(),
+            &TransferModel::Profiled10Gbps,
+            32,
+        );
         assert_eq!(t.samples_per_sec(ParallelConfig::new(1, 2)), 0.0);
         let deep = t.samples_per_sec(ParallelConfig::new(4, 8));
         assert!(deep > 10.0 && deep < 200.0, "{deep}");

@@ -23,7 +23,13 @@ fn profile_text(name: &str) -> Option<&'static str> {
     })
 }
 
-fn layer(forward_ms: f64, backward_ms: f64, optimizer_ms: f64, activation_mb: f64, params: f64) -> LayerCost {
+fn layer(
+    forward_ms: f64,
+    backward_ms: f64,
+    optimizer_ms: f64,
+    activation_mb: f64,
+    params: f64,
+) -> LayerCost {
     LayerCost {
         forward_ms,
         backward_ms,
@@ -34,7 +40,12 @@ fn layer(forward_ms: f64, backward_ms: f64, optimizer_ms: f64, activation_mb: f6
 }
 
 /// Embedding, `blocks` identical blocks, head.
-fn transformer_layers(embed: LayerCost, block: LayerCost, head: LayerCost, blocks: usize) -> Vec<LayerCost> {
+fn transformer_layers(
+    embed: LayerCost,
+    block: LayerCost,
+    head: LayerCost,
+    blocks: usize,
+) -> Vec<LayerCost> {
     let mut v = Vec::with_capacity(blocks + 2);
     v.push(embed);
     v.extend(std::iter::repeat_n(block, blocks));
@@ -196,7 +207,11 @@ pub fn builtin(name: &str) -> Option<(ModelSpec, Profile)> {
             family: Family::Cnn,
             layers: {
                 let mut v = vec![cnn_layer(1_251_524.0); 16];
-                v.extend([cnn_layer(102_764_544.0), cnn_layer(16_781_312.0), cnn_layer(409_700.0)]);
+                v.extend([
+                    cnn_layer(102_764_544.0),
+                    cnn_layer(16_781_312.0),
+                    cnn_layer(409_700.0),
+                ]);
                 v
             },
             optimizer_states: 2,
@@ -254,7 +269,10 @@ mod tests {
         let rm = spec.restart.restart_ms(c, RestartKind::Remove);
         assert!((add - 32_189.8).abs() < 0.1, "{add}");
         assert!((rm - 4_858.3).abs() < 0.1, "{rm}");
-        let intra = spec.restart.groups_ms(ParallelConfig::new(3, 8), RestartKind::Remove) + spec.restart.proc_ms();
+        let intra = spec
+            .restart
+            .groups_ms(ParallelConfig::new(3, 8), RestartKind::Remove)
+            + spec.restart.proc_ms();
         assert!((intra - 1689.8).abs() < 0.01, "{intra}");
     }
 }

@@ -65,13 +65,16 @@ struct Scenario {
     lost: Vec<u32>,
 }
 
+/// Per new stage, the old stages ranked by how many of its parameters they lack.
+type Preference = Arc<Vec<Vec<(u32, f64)>>>;
+
 /// Memoised expected migration costs for one cost model.
 pub struct MigrationCosts {
     model: Arc<CostModel>,
     seed: u64,
     scenarios: HashMap<MigrationEvent, Arc<Vec<Scenario>>>,
     per_event: HashMap<MigrationEvent, Vec<f64>>,
-    preference: HashMap<(u32, u32), Arc<Vec<Vec<(u32, f64)>>>>,
+    preference: HashMap<(u32, u32), Preference>,
     fetch: HashMap<(MigrationEvent, u32), f64>,
 }
 
@@ -99,7 +102,11 @@ impl MigrationCosts {
     pub fn expected_for(&mut self, ev: MigrationEvent, wanted: &[usize]) -> &[f64] {
         let missing: Vec<usize> = match self.per_event.get(&ev) {
             Some(costs) if wanted.iter().all(|&i| !costs[i].is_nan()) => Vec::new(),
-            Some(costs) => wanted.iter().copied().filter(|&i| costs[i].is_nan()).collect(),
+            Some(costs) => wanted
+                .iter()
+                .copied()
+                .filter(|&i| costs[i].is_nan())
+                .collect(),
             None => wanted.to_vec(),
         };
         if !missing.is_empty() {
@@ -136,14 +143,20 @@ impl MigrationCosts {
 
     /// Expected cost (ms) of moving to `to` after `ev`, with the kind of its most probable
     /// scenario.
-    pub fn expected_with_kind(&mut self, ev: MigrationEvent, to: ParallelConfig) -> (f64, MigrationKind) {
+    pub fn expected_with_kind(
+        &mut self,
+        ev: MigrationEvent,
+        to: ParallelConfig,
+    ) -> (f64, MigrationKind) {
         let cost = self.expected(ev, to);
         let kind = match self.shape(ev, to) {
             Shape::Fixed(kind, _) => kind,
             Shape::Repartition { .. } => MigrationKind::Repartition,
             Shape::SameDepth => {
                 let scenarios = self.scenarios(ev);
-                let likely = scenarios.iter().max_by(|a, b| a.weight.total_cmp(&b.weight));
+                let likely = scenarios
+                    .iter()
+                    .max_by(|a, b| a.weight.total_cmp(&b.weight));
                 likely.map_or(MigrationKind::None, |s| self.same_depth(ev, to, &s.lost).0)
             }
         };
@@ -162,7 +175,7 @@ impl MigrationCosts {
 
     /// For each new stage of a `from_p -> to_p` repartition, the old stages ordered by how many
     /// parameters of the new stage they lack (fewest first, then lower index).
-    fn preference(&mut self, from_p: u32, to_p: u32) -> Arc<Vec<Vec<(u32, f64)>>> {
+    fn preference(&mut self, from_p: u32, to_p: u32) -> Preference {
         if let Some(p) = self.preference.get(&(from_p, to_p)) {
             return p.clone();
         }
@@ -206,7 +219,9 @@ impl MigrationCosts {
             0.0
         };
         if from.is_idle() {
-            let start = m.state_transfer_ms(0.0) + broadcast + m.spec.restart.restart_ms(to, RestartKind::Add);
+            let start = m.state_transfer_ms(0.0)
+                + broadcast
+                + m.spec.restart.restart_ms(to, RestartKind::Add);
             return Shape::Fixed(MigrationKind::Repartition, start);
         }
         if to.p == from.p {
@@ -219,7 +234,12 @@ impl MigrationCosts {
 
     /// Same-depth move in one scenario: intra-stage when every stage kept `to.d` replicas,
     /// inter-stage otherwise (spec 3.3 case 2), ms.
-    fn same_depth(&self, ev: MigrationEvent, to: ParallelConfig, lost: &[u32]) -> (MigrationKind, f64) {
+    fn same_depth(
+        &self,
+        ev: MigrationEvent,
+        to: ParallelConfig,
+        lost: &[u32],
+    ) -> (MigrationKind, f64) {
         let m = &self.model;
         let survivors = lost.iter().map(|&k| ev.from.d - k);
         if survivors.clone().min().unwrap_or(0) >= to.d {
@@ -370,7 +390,15 @@ fn build_scenarios(ev: MigrationEvent, seed: u64) -> Vec<Scenario> {
     sample_scenarios(ev, r, seed)
 }
 
-fn enumerate(stage: usize, left: u32, d: u32, spares: u32, w: f64, lost: &mut Vec<u32>, out: &mut Vec<Scenario>) {
+fn enumerate(
+    stage: usize,
+    left: u32,
+    d: u32,
+    spares: u32,
+    w: f64,
+    lost: &mut Vec<u32>,
+    out: &mut Vec<Scenario>,
+) {
     if stage == lost.len() {
         if left <= spares {
             out.push(Scenario {
@@ -443,9 +471,14 @@ mod tests {
         let e = ev(32, 4, 8, 0, 1);
         let intra = c.expected(e, ParallelConfig::new(3, 8));
         assert!((intra - 1689.8).abs() < 0.1, "{intra}");
-        assert_eq!(c.expected(ev(18, 2, 9, 1, 0), ParallelConfig::new(2, 9)), 0.0);
+        assert_eq!(
+            c.expected(ev(18, 2, 9, 1, 0), ParallelConfig::new(2, 9)),
+            0.0
+        );
         // The spec's figure uses the artifact's last-stage rule: the new last stage is covered.
-        let model = CostModel::builtin("gpt-1.5b").unwrap().with_repartition(RepartitionRule::LastStage);
+        let model = CostModel::builtin("gpt-1.5b")
+            .unwrap()
+            .with_repartition(RepartitionRule::LastStage);
         let mut last = MigrationCosts::new(Arc::new(model), 7);
         let to_1_18 = last.expected(e, ParallelConfig::new(1, 18));
         assert!((to_1_18 - 3293.0).abs() < 5.0, "{to_1_18}");
@@ -471,7 +504,10 @@ mod tests {
     fn sum_rule_costs_at_least_last_stage_rule() {
         let model = CostModel::builtin("gpt-1.5b").unwrap();
         let mut sum = MigrationCosts::new(Arc::new(model.clone()), 3);
-        let mut last = MigrationCosts::new(Arc::new(model.with_repartition(RepartitionRule::LastStage)), 3);
+        let mut last = MigrationCosts::new(
+            Arc::new(model.with_repartition(RepartitionRule::LastStage)),
+            3,
+        );
         let e = ev(27, 2, 13, 0, 1);
         for to in [ParallelConfig::new(2, 12), ParallelConfig::new(1, 24)] {
             assert!(sum.expected(e, to) >= last.expected(e, to));

@@ -85,7 +85,11 @@ impl CostModel {
     /// A built-in model with its profiled table on Parcae's 10 Gb/s network.
     pub fn builtin(name: &str) -> Option<Self> {
         let (spec, profile) = builtin::builtin(name)?;
-        Some(Self::new(spec, profile.table, TransferModel::Profiled10Gbps))
+        Some(Self::new(
+            spec,
+            profile.table,
+            TransferModel::Profiled10Gbps,
+        ))
     }
 
     /// The same model with another repartition rule.

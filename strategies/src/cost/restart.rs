@@ -40,7 +40,9 @@ impl RestartCost {
                     let n = d + p + 1.0 + d * p;
                     n * if add { add_ms } else { other_ms }
                 }
-                GroupCost::PerNode { add_ms, other_ms } => d * p * if add { add_ms } else { other_ms },
+                GroupCost::PerNode { add_ms, other_ms } => {
+                    d * p * if add { add_ms } else { other_ms }
+                }
                 GroupCost::ByWidth => {
                     let base = if to.d >= 12 {
                         2000.0
@@ -80,7 +82,11 @@ impl BuildCost {
                 let above = table.range(p..).next();
                 match (below, above) {
                     (Some((&b, &vb)), Some((&a, &va))) => {
-                        if p - b <= a - p { vb } else { va }
+                        if p - b <= a - p {
+                            vb
+                        } else {
+                            va
+                        }
                     }
                     (Some((_, &v)), None) | (None, Some((_, &v))) => v,
                     (None, None) => 0.0,

@@ -78,7 +78,10 @@ impl Profile {
     /// Parse a profile CSV (header line as `throughput_profiles.csv`); `source` names the file
     /// in errors. Only rows of the first model named are kept.
     pub fn parse(text: &str, source: &str) -> Result<Self, ParseError> {
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
         let (_, header) = lines
             .next()
             .ok_or_else(|| ParseError::new(source, 0, "empty profile"))?;
@@ -103,7 +106,11 @@ impl Profile {
             }
             let int = |k: usize| -> Result<u32, ParseError> {
                 f[k].parse::<u32>().map_err(|_| {
-                    ParseError::new(source, lineno, format!("{} `{}` is not a count", HEADER[k], f[k]))
+                    ParseError::new(
+                        source,
+                        lineno,
+                        format!("{} `{}` is not a count", HEADER[k], f[k]),
+                    )
                 })
             };
             let real = |k: usize| -> Result<f64, ParseError> {
@@ -119,7 +126,11 @@ impl Profile {
             let (gbs, mbs, d, p) = (int(1)?, int(2)?, int(3)?, int(4)?);
             let (_iter_ms, tput) = (real(5)?, real(6)?);
             if d == 0 || p == 0 {
-                return Err(ParseError::new(source, lineno, "dp and pp must be positive"));
+                return Err(ParseError::new(
+                    source,
+                    lineno,
+                    "dp and pp must be positive",
+                ));
             }
             let entry = profile.get_or_insert_with(|| Profile {
                 model: f[0].to_string(),

@@ -1,6 +1,6 @@
 //! Forecast accuracy on a trace: mean L1 error of the predicted node count per step.
 
-use super::{ForecastInput, Predictor};
+use super::{ForecastInput, NoticeAhead, Predictor};
 use crate::trace::Interval;
 
 /// Mean absolute error of the predicted count, by forecast step.
@@ -22,12 +22,15 @@ impl StepErrors {
 /// Runs `predictor` as a simulator would, at every `stride`-th interval whose next `horizon`
 /// intervals are all in the trace (the history is everything before it, the first interval's
 /// count is known at the start), and averages the L1 error of each forecast step. Parcae's
-/// own check (`prediction_unit_test`) used `stride = 10`.
+/// own check (`prediction_unit_test`) used `stride = 10`. The true preemptions of the next
+/// `notice_steps` intervals are passed as notices (1 models notices shorter than an interval,
+/// like the 25 s ones of Parcae's replay, which reach the planner only for the upcoming one).
 pub fn mean_l1_per_step(
     predictor: &mut dyn Predictor,
     intervals: &[Interval],
     horizon: usize,
     stride: usize,
+    notice_steps: usize,
 ) -> StepErrors {
     let mut per_step = vec![0.0; horizon];
     let mut forecasts = 0;
@@ -38,10 +41,20 @@ pub fn mean_l1_per_step(
         };
     }
     for i in (0..=intervals.len() - horizon).step_by(stride.max(1)) {
+        let notices: Vec<NoticeAhead> = intervals[i..]
+            .iter()
+            .take(notice_steps)
+            .enumerate()
+            .filter(|(_, iv)| iv.removed > 0)
+            .map(|(offset, iv)| NoticeAhead {
+                offset,
+                nodes: iv.removed,
+            })
+            .collect();
         let input = ForecastInput {
             history: &intervals[..i],
             known_next: (i == 0).then(|| intervals[0].nodes),
-            notices: &[],
+            notices: &notices,
             horizon,
         };
         let forecast = predictor.forecast(&input);

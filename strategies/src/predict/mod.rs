@@ -22,7 +22,10 @@
 //! | `arima` | 12 | 0.60 | 4.28 | 2.77 |
 //! | `es` | 12 | 0.71 | 4.45 | 2.86 |
 //! | `last+nopoisson` | 12 | 0.48 | 3.70 | 2.35 |
+//! | `arima+notices` | 12 | 0.38 | 4.23 | 2.65 |
+//! | `last+nopoisson+notices` | 12 | 0.24 | 3.62 | 2.19 |
 //!
+//! (`+notices`: the true preemptions of the upcoming interval are known, as with 25 s notices.)
 //! Persistence is the most accurate in L1 on this trace; Parcae's models (and their Poisson
 //! injection) trade accuracy for anticipating churn, which is what the optimizer plans for.
 
