@@ -1,0 +1,466 @@
+//! Validation and effects of each command. Every check runs before the first mutation, so a
+//! rejected command never leaves a partial change behind.
+
+use std::collections::BTreeSet;
+
+use super::ControlState;
+use super::command::{Command, Rejection, StateEvent};
+use super::limits;
+use super::types::{
+    AvailabilitySample, CheckpointRecord, Digest32, LayerCost, LayerRange, LossRecord, Member,
+    MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, StageSlot,
+};
+use crate::ids::NodeId;
+
+pub(super) fn apply(
+    state: &mut ControlState,
+    command: &Command,
+) -> Result<Vec<StateEvent>, Rejection> {
+    match command {
+        Command::Join { node, peer } => join(state, *node, peer),
+        Command::Notice { node, deadline_ms } => notice(state, *node, *deadline_ms),
+        Command::Lost { node } => lost(state, *node),
+        Command::Leave { node } => leave(state, *node),
+        Command::AvailabilityTick { interval, count } => availability(state, *interval, *count),
+        Command::Reconfigure { plan } => reconfigure(state, plan),
+        Command::StepCommitted {
+            step,
+            epoch,
+            sample_start,
+            samples,
+            loss,
+            stage_digests,
+            optimizer,
+        } => step_committed(
+            state,
+            StepReport {
+                step: *step,
+                epoch: *epoch,
+                sample_start: *sample_start,
+                samples: *samples,
+                loss: *loss,
+                stage_digests,
+                optimizer: *optimizer,
+            },
+        ),
+        Command::Checkpointed {
+            step,
+            epoch,
+            layers,
+            holders,
+            digest,
+        } => checkpointed(state, *step, *epoch, *layers, holders, *digest),
+        Command::CostReport {
+            node,
+            step,
+            layers,
+            bandwidth,
+        } => cost_report(state, *node, *step, layers, bandwidth),
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Rejection {
+    Rejection::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn validate_peer(node: NodeId, peer: &PeerInfo) -> Result<(), Rejection> {
+    if peer.peer_id.is_empty() || peer.peer_id.len() > limits::MAX_PEER_ID_BYTES {
+        return Err(invalid("peer_id", format!("{} bytes", peer.peer_id.len())));
+    }
+    if NodeId::from_peer_bytes(&peer.peer_id) != node {
+        return Err(invalid("node", "does not match the peer id"));
+    }
+    if peer.addrs.len() > limits::MAX_ADDRS {
+        return Err(invalid("addrs", format!("{} addresses", peer.addrs.len())));
+    }
+    if let Some(a) = peer.addrs.iter().find(|a| a.len() > limits::MAX_ADDR_BYTES) {
+        return Err(invalid("addrs", format!("address of {} bytes", a.len())));
+    }
+    if peer.caps.label.len() > limits::MAX_ADDR_BYTES {
+        return Err(invalid(
+            "caps.label",
+            format!("{} bytes", peer.caps.label.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn join(
+    state: &mut ControlState,
+    node: NodeId,
+    peer: &PeerInfo,
+) -> Result<Vec<StateEvent>, Rejection> {
+    validate_peer(node, peer)?;
+    if let Some(existing) = state.members.get_mut(&node) {
+        if existing.peer.peer_id != peer.peer_id {
+            return Err(Rejection::IdCollision(node));
+        }
+        existing.peer = peer.clone();
+        if !existing.status.is_healthy() {
+            // Back after a loss or a cancelled notice: a fresh, least stable member.
+            existing.status = MemberStatus::Spare;
+            existing.join_seq = state.next_join_seq;
+            state.next_join_seq += 1;
+        }
+        return Ok(vec![StateEvent::Joined {
+            node,
+            rejoined: true,
+        }]);
+    }
+    if state.members.len() >= limits::MAX_MEMBERS {
+        return Err(Rejection::ClusterFull(state.members.len()));
+    }
+    state.members.insert(
+        node,
+        Member {
+            id: node,
+            peer: peer.clone(),
+            role: RaftRole::Absent,
+            status: MemberStatus::Spare,
+            join_seq: state.next_join_seq,
+        },
+    );
+    state.next_join_seq += 1;
+    Ok(vec![StateEvent::Joined {
+        node,
+        rejoined: false,
+    }])
+}
+
+fn notice(
+    state: &mut ControlState,
+    node: NodeId,
+    deadline_ms: u64,
+) -> Result<Vec<StateEvent>, Rejection> {
+    let member = state
+        .members
+        .get_mut(&node)
+        .ok_or(Rejection::UnknownNode(node))?;
+    let deadline_ms = match member.status {
+        MemberStatus::Lost => return Err(Rejection::AlreadyLost(node)),
+        MemberStatus::Leaving { deadline_ms: d } => d.min(deadline_ms),
+        MemberStatus::Active | MemberStatus::Spare => deadline_ms,
+    };
+    member.status = MemberStatus::Leaving { deadline_ms };
+    Ok(vec![StateEvent::NoticeRecorded { node, deadline_ms }])
+}
+
+fn lost(state: &mut ControlState, node: NodeId) -> Result<Vec<StateEvent>, Rejection> {
+    let member = state
+        .members
+        .get_mut(&node)
+        .ok_or(Rejection::UnknownNode(node))?;
+    if member.status == MemberStatus::Lost {
+        return Err(Rejection::AlreadyLost(node));
+    }
+    member.status = MemberStatus::Lost;
+    Ok(vec![StateEvent::MarkedLost { node }])
+}
+
+fn leave(state: &mut ControlState, node: NodeId) -> Result<Vec<StateEvent>, Rejection> {
+    state
+        .members
+        .remove(&node)
+        .ok_or(Rejection::UnknownNode(node))?;
+    state.costs.remove(&node);
+    Ok(vec![StateEvent::Left { node }])
+}
+
+fn availability(
+    state: &mut ControlState,
+    interval: u64,
+    count: u32,
+) -> Result<Vec<StateEvent>, Rejection> {
+    if let Some(last) = state.availability.back()
+        && interval <= last.interval
+    {
+        return Err(Rejection::StaleInterval {
+            last: last.interval,
+            got: interval,
+        });
+    }
+    if state.availability.len() >= limits::MAX_AVAILABILITY {
+        state.availability.pop_front();
+    }
+    state
+        .availability
+        .push_back(AvailabilitySample { interval, count });
+    Ok(vec![StateEvent::AvailabilityRecorded { interval }])
+}
+
+fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {
+    let latest = state
+        .pending_plan
+        .as_ref()
+        .or(state.plan.as_ref())
+        .map_or(0, |p| p.epoch);
+    let expected = latest.saturating_add(1);
+    if plan.epoch != expected {
+        return Err(Rejection::WrongEpoch {
+            expected,
+            got: plan.epoch,
+        });
+    }
+    let (d, p) = (plan.data_parallel, plan.pipeline_stages);
+    if d == 0 || p == 0 || d > limits::MAX_PLAN_DIM || p > limits::MAX_PLAN_DIM {
+        return Err(invalid("config", format!("D={d} x P={p}")));
+    }
+    if plan.partition.len() != p as usize + 1
+        || plan.partition[0] != 0
+        || plan.partition.windows(2).any(|w| w[0] >= w[1])
+    {
+        return Err(invalid(
+            "partition",
+            format!("{:?} for P={p}", plan.partition),
+        ));
+    }
+    if plan.assignment.len() as u64 != u64::from(d) * u64::from(p) {
+        return Err(invalid(
+            "assignment",
+            format!(
+                "{} nodes for {} slots",
+                plan.assignment.len(),
+                u64::from(d) * u64::from(p)
+            ),
+        ));
+    }
+    let mut slots = BTreeSet::<StageSlot>::new();
+    for (node, slot) in &plan.assignment {
+        let member = state
+            .members
+            .get(node)
+            .ok_or(Rejection::UnknownNode(*node))?;
+        if !member.status.is_healthy() {
+            return Err(invalid("assignment", format!("node {node} is not healthy")));
+        }
+        if slot.pipeline >= d || slot.stage >= p || !slots.insert(*slot) {
+            return Err(invalid(
+                "assignment",
+                format!("bad or duplicate slot {slot:?}"),
+            ));
+        }
+    }
+    let next_step = state.progress.next_step();
+    if plan.at_step < next_step {
+        return Err(Rejection::StepInPast {
+            at_step: plan.at_step,
+            next_step,
+        });
+    }
+    Ok(())
+}
+
+fn reconfigure(state: &mut ControlState, plan: &Plan) -> Result<Vec<StateEvent>, Rejection> {
+    validate_plan(state, plan)?;
+    let mut events = vec![StateEvent::PlanScheduled {
+        epoch: plan.epoch,
+        at_step: plan.at_step,
+    }];
+    state.pending_plan = Some(plan.clone());
+    events.extend(activate_due_plan(state));
+    Ok(events)
+}
+
+/// Makes the pending plan current once training reached its effective step, and marks assigned
+/// healthy members active and the other healthy members spare.
+fn activate_due_plan(state: &mut ControlState) -> Option<StateEvent> {
+    let due = state
+        .pending_plan
+        .as_ref()
+        .is_some_and(|p| p.at_step <= state.progress.next_step());
+    if !due {
+        return None;
+    }
+    let plan = state.pending_plan.take()?;
+    for (id, member) in state.members.iter_mut() {
+        if member.status.is_healthy() {
+            member.status = if plan.assignment.contains_key(id) {
+                MemberStatus::Active
+            } else {
+                MemberStatus::Spare
+            };
+        }
+    }
+    let epoch = plan.epoch;
+    state.plan = Some(plan);
+    Some(StateEvent::PlanActivated { epoch })
+}
+
+struct StepReport<'a> {
+    step: u64,
+    epoch: u64,
+    sample_start: u64,
+    samples: u64,
+    loss: f64,
+    stage_digests: &'a [Digest32],
+    optimizer: OptimizerScalars,
+}
+
+fn step_committed(
+    state: &mut ControlState,
+    r: StepReport<'_>,
+) -> Result<Vec<StateEvent>, Rejection> {
+    let plan = state.plan.as_ref().ok_or(Rejection::NoPlan)?;
+    let expected = state.progress.next_step();
+    if r.step < expected {
+        return Err(Rejection::AlreadyCommitted(r.step));
+    }
+    if r.step > expected {
+        return Err(Rejection::StepGap {
+            expected,
+            got: r.step,
+        });
+    }
+    if r.epoch != plan.epoch {
+        return Err(Rejection::StaleEpoch {
+            current: plan.epoch,
+            got: r.epoch,
+        });
+    }
+    if r.sample_start != state.progress.sample_cursor {
+        return Err(Rejection::CursorMismatch {
+            cursor: state.progress.sample_cursor,
+            got: r.sample_start,
+        });
+    }
+    let cursor = r
+        .sample_start
+        .checked_add(r.samples)
+        .filter(|_| r.samples > 0)
+        .ok_or_else(|| invalid("samples", r.samples.to_string()))?;
+    if !r.loss.is_finite() {
+        return Err(invalid("loss", r.loss.to_string()));
+    }
+    if r.stage_digests.len() != plan.pipeline_stages as usize {
+        return Err(invalid(
+            "stage_digests",
+            format!(
+                "{} digests for P={}",
+                r.stage_digests.len(),
+                plan.pipeline_stages
+            ),
+        ));
+    }
+    let progress = &mut state.progress;
+    progress.last_committed_step = Some(r.step);
+    progress.sample_cursor = cursor;
+    progress.optimizer = r.optimizer;
+    progress.stage_digests = r.stage_digests.to_vec();
+    if progress.recent_losses.len() >= limits::MAX_RECENT_LOSSES {
+        progress.recent_losses.pop_front();
+    }
+    progress.recent_losses.push_back(LossRecord {
+        step: r.step,
+        loss: r.loss,
+    });
+    let mut events = vec![StateEvent::StepCommitted { step: r.step }];
+    events.extend(activate_due_plan(state));
+    Ok(events)
+}
+
+fn checkpointed(
+    state: &mut ControlState,
+    step: u64,
+    epoch: u64,
+    layers: LayerRange,
+    holders: &[NodeId],
+    digest: Digest32,
+) -> Result<Vec<StateEvent>, Rejection> {
+    if state
+        .progress
+        .last_committed_step
+        .is_none_or(|last| step > last)
+    {
+        return Err(Rejection::FutureStep(step));
+    }
+    if layers.start >= layers.end {
+        return Err(invalid(
+            "layers",
+            format!("{}..{}", layers.start, layers.end),
+        ));
+    }
+    if holders.is_empty() || holders.len() > limits::MAX_HOLDERS {
+        return Err(invalid("holders", format!("{} holders", holders.len())));
+    }
+    if let Some(h) = holders.iter().find(|h| !state.members.contains_key(h)) {
+        return Err(Rejection::UnknownNode(*h));
+    }
+    if !state.checkpoints.contains_key(&layers)
+        && state.checkpoints.len() >= limits::MAX_CHECKPOINT_RANGES
+    {
+        return Err(invalid("layers", "checkpoint registry is full"));
+    }
+    let records = state.checkpoints.entry(layers).or_default();
+    let mut holders: Vec<NodeId> = holders.to_vec();
+    if let Some(same) = records
+        .iter_mut()
+        .find(|r| r.step == step && r.digest == digest)
+    {
+        holders.extend_from_slice(&same.holders);
+        holders.sort_unstable();
+        holders.dedup();
+        holders.truncate(limits::MAX_HOLDERS);
+        same.holders = holders;
+    } else {
+        holders.sort_unstable();
+        holders.dedup();
+        records.push(CheckpointRecord {
+            step,
+            epoch,
+            layers,
+            holders,
+            digest,
+        });
+        records.sort_by_key(|r| std::cmp::Reverse(r.step));
+        records.truncate(limits::MAX_CHECKPOINTS_PER_RANGE);
+    }
+    Ok(vec![StateEvent::CheckpointRegistered { layers, step }])
+}
+
+fn cost_report(
+    state: &mut ControlState,
+    node: NodeId,
+    step: u64,
+    layers: &[(u32, LayerCost)],
+    bandwidth: &[(NodeId, f64)],
+) -> Result<Vec<StateEvent>, Rejection> {
+    if !state.members.contains_key(&node) {
+        return Err(Rejection::UnknownNode(node));
+    }
+    if layers.len() > limits::MAX_COST_LAYERS || bandwidth.len() > limits::MAX_COST_PEERS {
+        return Err(invalid(
+            "costs",
+            format!("{} layers, {} peers", layers.len(), bandwidth.len()),
+        ));
+    }
+    let valid = |x: f64| x.is_finite() && x >= 0.0;
+    if let Some((layer, _)) = layers
+        .iter()
+        .find(|(_, c)| !(valid(c.forward_s) && valid(c.backward_s) && valid(c.optimizer_s)))
+    {
+        return Err(invalid(
+            "layers",
+            format!("layer {layer} has a negative or non-finite cost"),
+        ));
+    }
+    if let Some((peer, _)) = bandwidth.iter().find(|(_, r)| !valid(*r)) {
+        return Err(invalid(
+            "bandwidth",
+            format!("rate to {peer} is negative or non-finite"),
+        ));
+    }
+    // A report replaces the node's previous one (it measures what it runs now), which also keeps
+    // the stored costs bounded by the per-report limits.
+    state.costs.insert(
+        node,
+        NodeCosts {
+            step,
+            layers: layers.iter().copied().collect(),
+            bandwidth: bandwidth.iter().copied().collect(),
+        },
+    );
+    Ok(vec![StateEvent::CostsRecorded { node }])
+}

@@ -1,0 +1,477 @@
+//! Unit tests of the state machine rules.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn peer(i: u8) -> PeerInfo {
+    PeerInfo {
+        peer_id: vec![i, i, i],
+        addrs: vec![format!("/ip4/10.0.0.{i}/tcp/4000")],
+        caps: Capabilities::default(),
+    }
+}
+
+fn id(i: u8) -> NodeId {
+    NodeId::from_peer_bytes(&peer(i).peer_id)
+}
+
+fn join(i: u8) -> Command {
+    Command::Join {
+        node: id(i),
+        peer: peer(i),
+    }
+}
+
+fn state_with(n: u8) -> ControlState {
+    let mut s = ControlState::default();
+    for i in 1..=n {
+        s.apply(&join(i)).unwrap();
+    }
+    s
+}
+
+/// Plan of epoch `epoch`: D x P over nodes 1.., 4 layers per stage.
+fn plan(epoch: u64, d: u32, p: u32, at_step: u64) -> Plan {
+    let mut assignment = BTreeMap::new();
+    let mut next = 1u8;
+    for pipeline in 0..d {
+        for stage in 0..p {
+            assignment.insert(id(next), StageSlot { pipeline, stage });
+            next += 1;
+        }
+    }
+    Plan {
+        epoch,
+        data_parallel: d,
+        pipeline_stages: p,
+        partition: (0..=p).map(|s| s * 4).collect(),
+        assignment,
+        at_step,
+    }
+}
+
+fn step(step: u64, epoch: u64, sample_start: u64, p: usize) -> Command {
+    Command::StepCommitted {
+        step,
+        epoch,
+        sample_start,
+        samples: 8,
+        loss: 2.5,
+        stage_digests: vec![[7; 32]; p],
+        optimizer: OptimizerScalars {
+            step_count: step + 1,
+            schedule_position: step + 1,
+        },
+    }
+}
+
+/// Applies `cmd` expecting a rejection, and checks that the state did not change.
+fn rejected(state: &mut ControlState, cmd: &Command) -> Rejection {
+    let before = state.clone();
+    let err = state.apply(cmd).unwrap_err();
+    assert_eq!(*state, before, "rejected {cmd:?} changed the state");
+    err
+}
+
+#[test]
+fn join_validates_identity_and_rejoins_after_loss() {
+    let mut s = state_with(2);
+    assert_eq!(s.members[&id(1)].join_seq, 0);
+    assert_eq!(s.members[&id(2)].status, MemberStatus::Spare);
+    let forged = Command::Join {
+        node: id(9),
+        peer: peer(1),
+    };
+    assert!(matches!(
+        rejected(&mut s, &forged),
+        Rejection::Invalid { field: "node", .. }
+    ));
+    let mut many = peer(3);
+    many.addrs = vec!["a".into(); limits::MAX_ADDRS + 1];
+    assert!(matches!(
+        rejected(
+            &mut s,
+            &Command::Join {
+                node: id(3),
+                peer: many
+            }
+        ),
+        Rejection::Invalid { field: "addrs", .. }
+    ));
+    s.apply(&Command::Lost { node: id(1) }).unwrap();
+    assert_eq!(
+        rejected(&mut s, &Command::Lost { node: id(1) }),
+        Rejection::AlreadyLost(id(1))
+    );
+    assert_eq!(
+        s.apply(&join(1)).unwrap(),
+        vec![StateEvent::Joined {
+            node: id(1),
+            rejoined: true
+        }]
+    );
+    let m = &s.members[&id(1)];
+    assert_eq!((m.status, m.join_seq), (MemberStatus::Spare, 2));
+}
+
+#[test]
+fn notice_keeps_earliest_deadline_and_leave_forgets() {
+    let mut s = state_with(2);
+    s.apply(&Command::Notice {
+        node: id(1),
+        deadline_ms: 500,
+    })
+    .unwrap();
+    s.apply(&Command::Notice {
+        node: id(1),
+        deadline_ms: 900,
+    })
+    .unwrap();
+    assert_eq!(
+        s.members[&id(1)].status,
+        MemberStatus::Leaving { deadline_ms: 500 }
+    );
+    s.apply(&Command::Leave { node: id(1) }).unwrap();
+    assert!(!s.members.contains_key(&id(1)));
+    assert_eq!(
+        rejected(&mut s, &Command::Leave { node: id(1) }),
+        Rejection::UnknownNode(id(1))
+    );
+}
+
+#[test]
+fn availability_is_strictly_increasing_and_bounded() {
+    let mut s = ControlState::default();
+    s.apply(&Command::AvailabilityTick {
+        interval: 3,
+        count: 4,
+    })
+    .unwrap();
+    assert_eq!(
+        rejected(
+            &mut s,
+            &Command::AvailabilityTick {
+                interval: 3,
+                count: 5
+            }
+        ),
+        Rejection::StaleInterval { last: 3, got: 3 }
+    );
+    for i in 4..4 + limits::MAX_AVAILABILITY as u64 {
+        s.apply(&Command::AvailabilityTick {
+            interval: i,
+            count: 1,
+        })
+        .unwrap();
+    }
+    assert_eq!(s.availability.len(), limits::MAX_AVAILABILITY);
+    assert_eq!(s.availability.front().unwrap().interval, 4);
+}
+
+#[test]
+fn plans_activate_at_their_step_and_steps_advance_the_cursor() {
+    let mut s = state_with(6);
+    assert_eq!(rejected(&mut s, &step(0, 1, 0, 2)), Rejection::NoPlan);
+    assert_eq!(
+        rejected(
+            &mut s,
+            &Command::Reconfigure {
+                plan: plan(2, 2, 2, 0)
+            }
+        ),
+        Rejection::WrongEpoch {
+            expected: 1,
+            got: 2
+        }
+    );
+    let events = s
+        .apply(&Command::Reconfigure {
+            plan: plan(1, 2, 2, 0),
+        })
+        .unwrap();
+    assert_eq!(events[1], StateEvent::PlanActivated { epoch: 1 });
+    assert_eq!(s.members[&id(1)].status, MemberStatus::Active);
+    assert_eq!(s.members[&id(5)].status, MemberStatus::Spare);
+
+    s.apply(&step(0, 1, 0, 2)).unwrap();
+    assert_eq!(
+        rejected(&mut s, &step(0, 1, 8, 2)),
+        Rejection::AlreadyCommitted(0)
+    );
+    assert_eq!(
+        rejected(&mut s, &step(2, 1, 8, 2)),
+        Rejection::StepGap {
+            expected: 1,
+            got: 2
+        }
+    );
+    assert_eq!(
+        rejected(&mut s, &step(1, 1, 0, 2)),
+        Rejection::CursorMismatch { cursor: 8, got: 0 }
+    );
+    assert!(matches!(
+        rejected(&mut s, &step(1, 1, 8, 3)),
+        Rejection::Invalid {
+            field: "stage_digests",
+            ..
+        }
+    ));
+
+    // A 3 x 2 plan from step 3: pending until step 2 is committed.
+    s.apply(&Command::Reconfigure {
+        plan: plan(2, 3, 2, 3),
+    })
+    .unwrap();
+    assert_eq!(s.pending_plan.as_ref().map(|p| p.epoch), Some(2));
+    s.apply(&step(1, 1, 8, 2)).unwrap();
+    assert_eq!(s.plan.as_ref().unwrap().epoch, 1);
+    let events = s.apply(&step(2, 1, 16, 2)).unwrap();
+    assert_eq!(
+        events,
+        vec![
+            StateEvent::StepCommitted { step: 2 },
+            StateEvent::PlanActivated { epoch: 2 }
+        ]
+    );
+    assert_eq!(s.members[&id(5)].status, MemberStatus::Active);
+    assert_eq!(
+        rejected(&mut s, &step(3, 1, 24, 2)),
+        Rejection::StaleEpoch { current: 2, got: 1 }
+    );
+    s.apply(&step(3, 2, 24, 2)).unwrap();
+    assert_eq!(s.progress.sample_cursor, 32);
+    assert_eq!(s.progress.optimizer.step_count, 4);
+    assert_eq!(s.progress.recent_losses.len(), 4);
+    assert_eq!(
+        rejected(
+            &mut s,
+            &Command::Reconfigure {
+                plan: plan(3, 1, 1, 2)
+            }
+        ),
+        Rejection::StepInPast {
+            at_step: 2,
+            next_step: 4
+        }
+    );
+}
+
+#[test]
+fn invalid_plans_are_rejected() {
+    let mut s = state_with(4);
+    let mut p = plan(1, 2, 2, 0);
+    p.partition = vec![0, 4, 4];
+    assert!(matches!(
+        rejected(&mut s, &Command::Reconfigure { plan: p }),
+        Rejection::Invalid {
+            field: "partition",
+            ..
+        }
+    ));
+    let mut p = plan(1, 2, 2, 0);
+    p.assignment.insert(
+        id(1),
+        StageSlot {
+            pipeline: 1,
+            stage: 1,
+        },
+    );
+    p.assignment.insert(
+        id(4),
+        StageSlot {
+            pipeline: 1,
+            stage: 1,
+        },
+    );
+    assert!(matches!(
+        rejected(&mut s, &Command::Reconfigure { plan: p }),
+        Rejection::Invalid {
+            field: "assignment",
+            ..
+        }
+    ));
+    s.apply(&Command::Lost { node: id(2) }).unwrap();
+    assert!(matches!(
+        rejected(
+            &mut s,
+            &Command::Reconfigure {
+                plan: plan(1, 2, 2, 0)
+            }
+        ),
+        Rejection::Invalid {
+            field: "assignment",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn checkpoint_registry_keeps_newest_and_merges_holders() {
+    let mut s = state_with(4);
+    s.apply(&Command::Reconfigure {
+        plan: plan(1, 2, 2, 0),
+    })
+    .unwrap();
+    let layers = LayerRange { start: 0, end: 4 };
+    let ckpt = |step: u64, holders: Vec<NodeId>| Command::Checkpointed {
+        step,
+        epoch: 1,
+        layers,
+        holders,
+        digest: [step as u8; 32],
+    };
+    assert_eq!(
+        rejected(&mut s, &ckpt(0, vec![id(3)])),
+        Rejection::FutureStep(0)
+    );
+    for i in 0..3 {
+        s.apply(&step(i, 1, i * 8, 2)).unwrap();
+    }
+    s.apply(&ckpt(0, vec![id(3)])).unwrap();
+    s.apply(&ckpt(1, vec![id(3)])).unwrap();
+    s.apply(&ckpt(1, vec![id(4)])).unwrap();
+    s.apply(&ckpt(2, vec![id(4)])).unwrap();
+    let records = &s.checkpoints[&layers];
+    assert_eq!(
+        records.iter().map(|r| r.step).collect::<Vec<_>>(),
+        vec![2, 1]
+    );
+    let mut both = vec![id(3), id(4)];
+    both.sort();
+    assert_eq!(records[1].holders, both);
+    assert!(matches!(
+        rejected(&mut s, &ckpt(2, vec![id(9)])),
+        Rejection::UnknownNode(_)
+    ));
+}
+
+#[test]
+fn cost_reports_replace_and_validate() {
+    let mut s = state_with(2);
+    let cost = LayerCost {
+        forward_s: 0.1,
+        backward_s: 0.2,
+        optimizer_s: 0.01,
+    };
+    s.apply(&Command::CostReport {
+        node: id(1),
+        step: 5,
+        layers: vec![(0, cost), (1, cost)],
+        bandwidth: vec![(id(2), 1e9)],
+    })
+    .unwrap();
+    s.apply(&Command::CostReport {
+        node: id(1),
+        step: 6,
+        layers: vec![(2, cost)],
+        bandwidth: vec![],
+    })
+    .unwrap();
+    let c = &s.costs[&id(1)];
+    assert_eq!((c.step, c.layers.len(), c.bandwidth.len()), (6, 1, 0));
+    let bad = LayerCost {
+        forward_s: f64::NAN,
+        ..cost
+    };
+    assert!(matches!(
+        rejected(
+            &mut s,
+            &Command::CostReport {
+                node: id(1),
+                step: 7,
+                layers: vec![(0, bad)],
+                bandwidth: vec![]
+            }
+        ),
+        Rejection::Invalid {
+            field: "layers",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn snapshot_roundtrip_preserves_digest_and_roles_follow_raft() {
+    let mut s = state_with(3);
+    s.set_raft_roles(&[id(1).0, id(2).0], &[id(3).0]);
+    assert_eq!(s.members[&id(1)].role, RaftRole::Voter);
+    assert_eq!(s.members[&id(3)].role, RaftRole::Learner);
+    s.apply(&Command::Reconfigure {
+        plan: plan(1, 1, 2, 0),
+    })
+    .unwrap();
+    let bytes = s.encode_snapshot().unwrap();
+    let back = ControlState::decode_snapshot(&bytes).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(back.digest(), s.digest());
+    s.apply(&Command::AvailabilityTick {
+        interval: 0,
+        count: 3,
+    })
+    .unwrap();
+    assert_ne!(back.digest(), s.digest());
+}
+
+#[test]
+fn undecodable_entry_is_rejected_without_change() {
+    let mut s = state_with(1);
+    let before = s.clone();
+    let (cmd, outcome) = s.apply_bytes(&[1, 0, 0xff, 0xff]);
+    assert!(cmd.is_none());
+    assert!(matches!(outcome, Err(Rejection::Undecodable(_))));
+    assert_eq!(s, before);
+    let mut v2 = join(2).encode().unwrap();
+    v2[0] = 2;
+    assert!(matches!(
+        s.apply_bytes(&v2).1,
+        Err(Rejection::Undecodable(_))
+    ));
+}
+
+proptest! {
+    #[test]
+    fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        let _ = Command::decode(&bytes);
+        let _ = ControlState::decode_snapshot(&bytes);
+        let mut s = state_with(2);
+        let before = s.clone();
+        if s.apply_bytes(&bytes).1.is_err() {
+            prop_assert_eq!(s, before);
+        }
+    }
+
+    #[test]
+    fn commands_roundtrip(interval in any::<u64>(), count in any::<u32>(), deadline in any::<u64>(), i in 1u8..50) {
+        for cmd in [
+            Command::AvailabilityTick { interval, count },
+            Command::Notice { node: id(i), deadline_ms: deadline },
+            join(i),
+        ] {
+            prop_assert_eq!(Command::decode(&cmd.encode().unwrap()).unwrap(), cmd);
+        }
+    }
+
+    /// Any sequence of commands leaves two replicas equal (determinism).
+    #[test]
+    fn apply_is_deterministic(ops in proptest::collection::vec((0u8..6, 1u8..6, any::<u64>()), 0..60)) {
+        let cmds: Vec<Command> = ops.iter().map(|(kind, n, x)| match kind {
+            0 => join(*n),
+            1 => Command::Notice { node: id(*n), deadline_ms: *x },
+            2 => Command::Lost { node: id(*n) },
+            3 => Command::Leave { node: id(*n) },
+            4 => Command::AvailabilityTick { interval: *x % 100, count: *n as u32 },
+            _ => Command::Reconfigure { plan: plan(*x % 3, 1, 1, 0) },
+        }).collect();
+        let mut a = ControlState::default();
+        let mut b = ControlState::default();
+        for c in &cmds {
+            let ra = a.apply(c);
+            let rb = b.apply(c);
+            prop_assert_eq!(ra, rb);
+        }
+        prop_assert_eq!(a.digest(), b.digest());
+    }
+}

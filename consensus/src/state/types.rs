@@ -1,0 +1,218 @@
+//! Plain data types held by the replicated [`ControlState`](super::ControlState).
+//!
+//! Every collection is ordered (`BTreeMap`, `VecDeque`, sorted `Vec`) so that the bincode
+//! encoding of the state, and therefore its digest, is identical on every node.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::NodeId;
+
+/// A SHA-256 digest (state digests, stage parameter digests, checkpoint digests).
+pub type Digest32 = [u8; 32];
+
+/// How to reach a node and what it brings; carried by `Join`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PeerInfo {
+    /// The libp2p `PeerId::to_bytes()` of the node; its [`NodeId`] is derived from these bytes.
+    pub peer_id: Vec<u8>,
+    /// Multiaddrs (as strings) the node listens on.
+    pub addrs: Vec<String>,
+    /// Resources the planner may take into account.
+    pub caps: Capabilities,
+}
+
+/// Resources of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Capabilities {
+    /// Number of accelerators (0 for CPU-only nodes).
+    pub accelerators: u32,
+    /// Memory available for training, in bytes.
+    pub memory_bytes: u64,
+    /// Free-form label (instance type, zone), for status output only.
+    pub label: String,
+}
+
+/// The node's role in the raft configuration, as applied through the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftRole {
+    /// Counts in quorums and may lead.
+    Voter,
+    /// Receives the log, never votes.
+    Learner,
+    /// Known to the state machine but not (or no longer) in the raft configuration.
+    Absent,
+}
+
+/// The node's health and duty as far as the cluster knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberStatus {
+    /// Assigned a stage in the current plan.
+    Active,
+    /// Healthy, not assigned.
+    Spare,
+    /// Announced its preemption; gone after `deadline_ms` (unix milliseconds).
+    Leaving {
+        /// Wall-clock deadline in unix milliseconds, as reported by the notice.
+        deadline_ms: u64,
+    },
+    /// Vanished without notice.
+    Lost,
+}
+
+impl MemberStatus {
+    /// Whether the node can take work and be promoted to voter.
+    pub fn is_healthy(self) -> bool {
+        matches!(self, MemberStatus::Active | MemberStatus::Spare)
+    }
+}
+
+/// One cluster member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Raft id, derived from `peer.peer_id`.
+    pub id: NodeId,
+    /// Identity and addresses.
+    pub peer: PeerInfo,
+    /// Role in the applied raft configuration.
+    pub role: RaftRole,
+    /// Health and duty.
+    pub status: MemberStatus,
+    /// Join order: smaller means member for longer (more stable); renewed on a re-join after loss.
+    pub join_seq: u64,
+}
+
+/// Number of nodes available during one planning interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AvailabilitySample {
+    /// Interval number (strictly increasing).
+    pub interval: u64,
+    /// Nodes available in that interval.
+    pub count: u32,
+}
+
+/// A node's place in a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StageSlot {
+    /// Data-parallel pipeline index in `0..D`.
+    pub pipeline: u32,
+    /// Pipeline stage index in `0..P`.
+    pub stage: u32,
+}
+
+/// A parallel configuration: D x P, the layer partition and who runs what, from `at_step` on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Strictly increasing plan number; messages of older epochs are stale.
+    pub epoch: u64,
+    /// D: number of data-parallel pipelines.
+    pub data_parallel: u32,
+    /// P: number of pipeline stages.
+    pub pipeline_stages: u32,
+    /// P + 1 strictly increasing layer boundaries starting at 0: stage `s` owns layers
+    /// `partition[s]..partition[s + 1]`.
+    pub partition: Vec<u32>,
+    /// Node -> slot; exactly one node per slot.
+    pub assignment: BTreeMap<NodeId, StageSlot>,
+    /// First training step run under this plan (the effective step).
+    pub at_step: u64,
+}
+
+impl Plan {
+    /// Layers owned by `stage`, if the stage exists.
+    pub fn stage_layers(&self, stage: u32) -> Option<LayerRange> {
+        let s = stage as usize;
+        Some(LayerRange {
+            start: *self.partition.get(s)?,
+            end: *self.partition.get(s + 1)?,
+        })
+    }
+}
+
+/// Half-open range of model layers `start..end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LayerRange {
+    /// First layer.
+    pub start: u32,
+    /// One past the last layer.
+    pub end: u32,
+}
+
+/// Optimizer scalars that must survive any reconfiguration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct OptimizerScalars {
+    /// Optimizer steps taken (Adam's bias-correction `t`).
+    pub step_count: u64,
+    /// Position in the learning-rate schedule.
+    pub schedule_position: u64,
+}
+
+/// Loss of one committed step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LossRecord {
+    /// Training step.
+    pub step: u64,
+    /// Mean loss of the step.
+    pub loss: f64,
+}
+
+/// Training progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Progress {
+    /// Last committed step, `None` before the first.
+    pub last_committed_step: Option<u64>,
+    /// Index of the next sample to train: the samples of step `s` start where step `s - 1`
+    /// ended, which gives exactly-once data across reconfigurations.
+    pub sample_cursor: u64,
+    /// Optimizer scalars after the last committed step.
+    pub optimizer: OptimizerScalars,
+    /// Losses of the most recent steps, oldest first (bounded).
+    pub recent_losses: std::collections::VecDeque<LossRecord>,
+    /// Digest of every stage's state after the last committed step (index = stage).
+    pub stage_digests: Vec<Digest32>,
+}
+
+impl Progress {
+    /// The step the cluster trains next.
+    pub fn next_step(&self) -> u64 {
+        self.last_committed_step.map_or(0, |s| s + 1)
+    }
+}
+
+/// A stage checkpoint stored on peers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// Step whose end state was saved.
+    pub step: u64,
+    /// Plan epoch the step ran under.
+    pub epoch: u64,
+    /// Layers saved.
+    pub layers: LayerRange,
+    /// Nodes holding a copy (sorted, unique).
+    pub holders: Vec<NodeId>,
+    /// Digest of the saved state.
+    pub digest: Digest32,
+}
+
+/// Measured cost of one layer on one node, in seconds per micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LayerCost {
+    /// Forward time.
+    pub forward_s: f64,
+    /// Backward time.
+    pub backward_s: f64,
+    /// Optimizer step time.
+    pub optimizer_s: f64,
+}
+
+/// Costs measured by one node (see `Command::CostReport`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct NodeCosts {
+    /// Step at which the latest report was taken.
+    pub step: u64,
+    /// Layer index -> cost.
+    pub layers: BTreeMap<u32, LayerCost>,
+    /// Peer -> measured transfer rate in bytes per second.
+    pub bandwidth: BTreeMap<NodeId, f64>,
+}
