@@ -1,0 +1,262 @@
+//! Node configuration: an optional TOML file; every field has a default.
+//!
+//! The command line names the things that differ per node (data dir, addresses, key); the file
+//! holds tuning that is usually shared by a whole cluster. Unknown keys are errors so that a typo
+//! does not silently fall back to a default.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::net::swarm::NetLimits;
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parse error (with line and column).
+        source: Box<toml::de::Error>,
+    },
+    /// A value is out of its allowed range.
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+/// Everything tunable about a node.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Seconds a node keeps serving after a SIGTERM/SIGINT notice before it exits.
+    pub grace_secs: f64,
+    /// Most raft voters; all other members are learners.
+    pub max_voters: usize,
+    /// Raft timing.
+    pub raft: RaftConfig,
+    /// Leader-side planning.
+    pub planner: PlannerConfig,
+    /// Cloud metadata pollers.
+    pub notices: NoticeConfig,
+    /// Network bounds.
+    pub net: NetConfig,
+}
+
+/// Raft timing.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Milliseconds per raft tick.
+    pub tick_ms: u64,
+    /// Election timeout in ticks (randomised by raft between this and twice this).
+    pub election_ticks: usize,
+    /// Leader heartbeat interval in ticks.
+    pub heartbeat_ticks: usize,
+    /// Milliseconds a member may stay unreachable before the leader proposes `Lost`.
+    pub lost_timeout_ms: u64,
+}
+
+/// Leader-side planning.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlannerConfig {
+    /// Seconds between availability ticks (one planning interval).
+    pub interval_secs: f64,
+}
+
+/// Cloud metadata pollers; a poller runs only when its base URL is set.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct NoticeConfig {
+    /// Milliseconds between metadata polls.
+    pub poll_interval_ms: Option<u64>,
+    /// AWS IMDS base URL, e.g. `http://169.254.169.254`.
+    pub aws_base_url: Option<String>,
+    /// GCE metadata base URL, e.g. `http://metadata.google.internal`.
+    pub gce_base_url: Option<String>,
+    /// Azure IMDS base URL, e.g. `http://169.254.169.254`.
+    pub azure_base_url: Option<String>,
+}
+
+/// Network bounds (see [`NetLimits`]).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetConfig {
+    /// Largest control frame in bytes.
+    pub max_control_frame: u32,
+    /// Most established connections.
+    pub max_connections: u32,
+    /// Milliseconds allowed for a connection handshake.
+    pub handshake_timeout_ms: u64,
+    /// Milliseconds allowed for one control request.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            grace_secs: 30.0,
+            max_voters: 5,
+            raft: RaftConfig::default(),
+            planner: PlannerConfig::default(),
+            notices: NoticeConfig::default(),
+            net: NetConfig::default(),
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        Self {
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            lost_timeout_ms: 3000,
+        }
+    }
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            interval_secs: 60.0,
+        }
+    }
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        let d = NetLimits::default();
+        Self {
+            max_control_frame: d.max_control_frame,
+            max_connections: d.max_connections,
+            handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
+            request_timeout_ms: d.request_timeout.as_millis() as u64,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
+        let config: NodeConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse(&text, &shown)
+    }
+
+    /// Checks ranges that serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !(self.grace_secs.is_finite() && self.grace_secs >= 0.0) {
+            return Err(ConfigError::Invalid("grace_secs must be >= 0".into()));
+        }
+        if !positive(self.planner.interval_secs) {
+            return Err(ConfigError::Invalid(
+                "planner.interval_secs must be > 0".into(),
+            ));
+        }
+        if self.max_voters.is_multiple_of(2) {
+            return Err(ConfigError::Invalid(
+                "max_voters must be odd (an even count adds no fault tolerance)".into(),
+            ));
+        }
+        let r = &self.raft;
+        if r.tick_ms == 0 || r.heartbeat_ticks == 0 || r.election_ticks <= r.heartbeat_ticks {
+            return Err(ConfigError::Invalid(
+                "raft: tick_ms and heartbeat_ticks must be > 0 and election_ticks > heartbeat_ticks"
+                    .into(),
+            ));
+        }
+        if self.net.max_control_frame < 1024 {
+            return Err(ConfigError::Invalid(
+                "net.max_control_frame must be >= 1024".into(),
+            ));
+        }
+        if self.notices.poll_interval_ms == Some(0) {
+            return Err(ConfigError::Invalid(
+                "notices.poll_interval_ms must be > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The grace period as a duration.
+    pub fn grace(&self) -> Duration {
+        Duration::from_secs_f64(self.grace_secs)
+    }
+
+    /// Network bounds for the swarm.
+    pub fn net_limits(&self) -> NetLimits {
+        NetLimits {
+            max_control_frame: self.net.max_control_frame,
+            max_connections: self.net.max_connections,
+            handshake_timeout: Duration::from_millis(self.net.handshake_timeout_ms),
+            request_timeout: Duration::from_millis(self.net.request_timeout_ms),
+            ..NetLimits::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = NodeConfig::parse("", "x").unwrap();
+        assert_eq!(c, NodeConfig::default());
+        assert_eq!(c.grace(), Duration::from_secs(30));
+        let c = NodeConfig::parse(
+            "grace_secs = 2.5\n[raft]\ntick_ms = 50\n[notices]\naws_base_url = \"http://127.0.0.1:1\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.grace(), Duration::from_millis(2500));
+        assert_eq!(c.raft.tick_ms, 50);
+        assert_eq!(c.raft.election_ticks, 10);
+        assert_eq!(
+            c.notices.aws_base_url.as_deref(),
+            Some("http://127.0.0.1:1")
+        );
+    }
+
+    #[test]
+    fn rejects_typos_and_bad_ranges() {
+        assert!(matches!(
+            NodeConfig::parse("grace_sec = 1", "x"),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(matches!(
+            NodeConfig::parse("[raft]\nelection_ticks = 1", "x"),
+            Err(ConfigError::Invalid(_))
+        ));
+        assert!(matches!(
+            NodeConfig::parse("grace_secs = -1.0", "x"),
+            Err(ConfigError::Invalid(_))
+        ));
+    }
+}

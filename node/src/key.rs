@@ -1,0 +1,177 @@
+//! The cluster key: the shared secret that decides who may join a cluster.
+//!
+//! Every node of one cluster is started with the same 32-byte key (made by `parcae-node keygen`).
+//! It never travels over the network: peers prove that they hold it through the admission
+//! handshake in [`crate::net::admission`]. The file format is one line of 64 hex digits so that
+//! operators can create, copy and compare keys with ordinary tools.
+
+use std::fmt;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+/// Length of a cluster key in bytes.
+pub const CLUSTER_KEY_LEN: usize = 32;
+
+/// Why a cluster key could not be loaded or stored.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key file could not be read or written.
+    #[error("cluster key file {path}: {source}")]
+    Io {
+        /// The file that failed.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file does not hold exactly 64 hex digits.
+    #[error("cluster key file {path}: expected {expected} hex digits, found {found} characters")]
+    Length {
+        /// The file that failed.
+        path: String,
+        /// Number of hex digits expected.
+        expected: usize,
+        /// Number of characters found (after trimming whitespace).
+        found: usize,
+    },
+    /// The file holds a character that is not a hex digit.
+    #[error("cluster key file {path}: invalid hex character at position {position}")]
+    Hex {
+        /// The file that failed.
+        path: String,
+        /// Zero-based position of the offending character.
+        position: usize,
+    },
+}
+
+/// A 32-byte pre-shared cluster key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterKey([u8; CLUSTER_KEY_LEN]);
+
+impl ClusterKey {
+    /// Wraps raw key bytes.
+    pub fn from_bytes(bytes: [u8; CLUSTER_KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// Draws a fresh key from the operating system's random source.
+    pub fn generate() -> Self {
+        Self(rand::random())
+    }
+
+    /// The raw key bytes, for the admission MAC.
+    pub fn as_bytes(&self) -> &[u8; CLUSTER_KEY_LEN] {
+        &self.0
+    }
+
+    /// A short, non-secret fingerprint (first 8 bytes of SHA-256 of the key, in hex) that is
+    /// safe to log, so that operators can check that two nodes use the same key.
+    pub fn fingerprint(&self) -> String {
+        let digest = Sha256::digest(self.0);
+        to_hex(&digest[..8])
+    }
+
+    /// Parses the file format: 64 hex digits, surrounding whitespace ignored.
+    pub fn parse(text: &str, path: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
+        if text.len() != CLUSTER_KEY_LEN * 2 {
+            return Err(KeyError::Length {
+                path: path.to_owned(),
+                expected: CLUSTER_KEY_LEN * 2,
+                found: text.chars().count(),
+            });
+        }
+        let mut out = [0u8; CLUSTER_KEY_LEN];
+        let digits = text.as_bytes();
+        for (i, byte) in out.iter_mut().enumerate() {
+            let hi = hex_value(digits[2 * i]).ok_or_else(|| KeyError::Hex {
+                path: path.to_owned(),
+                position: 2 * i,
+            })?;
+            let lo = hex_value(digits[2 * i + 1]).ok_or_else(|| KeyError::Hex {
+                path: path.to_owned(),
+                position: 2 * i + 1,
+            })?;
+            *byte = (hi << 4) | lo;
+        }
+        Ok(Self(out))
+    }
+
+    /// Reads a key file.
+    pub fn load(path: &Path) -> Result<Self, KeyError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse(&text, &shown)
+    }
+
+    /// Writes the key file, readable by its owner only, refusing to overwrite an existing file
+    /// (overwriting would silently lock this node out of its cluster).
+    pub fn store(&self, path: &Path) -> Result<(), KeyError> {
+        crate::fsutil::write_private_new(path, format!("{}\n", to_hex(&self.0)).as_bytes()).map_err(
+            |source| KeyError::Io {
+                path: path.display().to_string(),
+                source,
+            },
+        )
+    }
+}
+
+impl fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterKey(fingerprint {})", self.fingerprint())
+    }
+}
+
+fn hex_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.key");
+        let key = ClusterKey::generate();
+        key.store(&path).unwrap();
+        assert_eq!(ClusterKey::load(&path).unwrap(), key);
+        assert!(matches!(key.store(&path), Err(KeyError::Io { .. })));
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        assert!(matches!(
+            ClusterKey::parse("abcd", "k"),
+            Err(KeyError::Length { found: 4, .. })
+        ));
+        let mut text = "0".repeat(64);
+        text.replace_range(10..11, "g");
+        assert!(matches!(
+            ClusterKey::parse(&text, "k"),
+            Err(KeyError::Hex { position: 10, .. })
+        ));
+        let key = ClusterKey::parse(&format!("  {}\n", "ab".repeat(32)), "k").unwrap();
+        assert_eq!(key.as_bytes(), &[0xab; 32]);
+    }
+
+    #[test]
+    fn fingerprint_does_not_reveal_key() {
+        let key = ClusterKey::from_bytes([7; 32]);
+        assert_eq!(key.fingerprint().len(), 16);
+        assert!(!format!("{key:?}").contains("0707"));
+    }
+}

@@ -1,0 +1,290 @@
+//! The `Status` actor and the HTTP endpoints `/status` (JSON) and `/metrics` (Prometheus text).
+//!
+//! The raft actor pushes a [`StatusSnapshot`] whenever something visible changes; the `Status`
+//! actor renders it to JSON once and publishes it in a shared cell. The HTTP server runs on its
+//! own thread (tiny_http) and only reads that cell and the metrics atomics, so a slow or hostile
+//! HTTP client can never block an actor.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use actix::prelude::*;
+use serde::Serialize;
+
+use crate::metrics::Metrics;
+
+/// The node's raft role as shown on `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleView {
+    /// Raft leader.
+    Leader,
+    /// Voter following a leader.
+    Follower,
+    /// Non-voting member, or not yet a member.
+    Learner,
+    /// Voter campaigning for leadership.
+    Candidate,
+}
+
+/// A member as shown on `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberView {
+    /// libp2p peer id.
+    pub peer_id: String,
+    /// Whether it is a raft voter.
+    pub voter: bool,
+    /// "active", "spare", "leaving" or "lost".
+    pub status: &'static str,
+    /// Its deadline when leaving (unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_unix_ms: Option<u64>,
+}
+
+/// A gossiped notice as this node received it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NoticeView {
+    /// The leaving node.
+    pub peer_id: String,
+    /// Its deadline (unix ms).
+    pub deadline_unix_ms: u64,
+    /// When the leaving node issued it (unix ms).
+    pub issued_unix_ms: u64,
+    /// When this node received it (unix ms); `received - issued` is the propagation time.
+    pub received_unix_ms: u64,
+}
+
+/// Everything `/status` shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Message)]
+#[rtype(result = "()")]
+pub struct StatusSnapshot {
+    /// This node's peer id.
+    pub peer_id: String,
+    /// Raft role.
+    pub role: RoleView,
+    /// Current leader's peer id, if known.
+    pub leader: Option<String>,
+    /// Raft term.
+    pub term: u64,
+    /// Replicated membership.
+    pub members: Vec<MemberView>,
+    /// Plan epoch (0 before the first plan).
+    pub epoch: u64,
+    /// Current (D, P), if a plan exists.
+    pub config: Option<(u32, u32)>,
+    /// Last committed training step.
+    pub step: u64,
+    /// Raft commit index.
+    pub commit_index: u64,
+    /// Raft applied index.
+    pub applied_index: u64,
+    /// Listen addresses with `/p2p/<id>`.
+    pub listen_addrs: Vec<String>,
+    /// Peers connected right now.
+    pub connected_peers: Vec<String>,
+    /// This node's own leave deadline, once it got a notice.
+    pub leaving_deadline_unix_ms: Option<u64>,
+    /// Notices received by gossip (or issued locally).
+    pub notices: Vec<NoticeView>,
+    /// Latency from proposal to local apply of the commands this node proposed.
+    pub commit_latency_us: LatencySummary,
+}
+
+/// Quantiles of a latency sample, in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LatencySummary {
+    /// Number of samples.
+    pub count: usize,
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Largest sample.
+    pub max: u64,
+}
+
+impl LatencySummary {
+    /// Summarises an ascending sample (nearest-rank quantiles).
+    pub fn of_sorted(sorted: &[u64]) -> Self {
+        let q = |p: f64| {
+            let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+            sorted[rank - 1]
+        };
+        if sorted.is_empty() {
+            return Self::default();
+        }
+        Self {
+            count: sorted.len(),
+            p50: q(0.5),
+            p99: q(0.99),
+            max: sorted[sorted.len() - 1],
+        }
+    }
+}
+
+impl StatusSnapshot {
+    /// The snapshot of a node that has not joined anything yet.
+    pub fn initial(peer_id: String) -> Self {
+        Self {
+            peer_id,
+            role: RoleView::Learner,
+            leader: None,
+            term: 0,
+            members: Vec::new(),
+            epoch: 0,
+            config: None,
+            step: 0,
+            commit_index: 0,
+            applied_index: 0,
+            listen_addrs: Vec::new(),
+            connected_peers: Vec::new(),
+            leaving_deadline_unix_ms: None,
+            notices: Vec::new(),
+            commit_latency_us: LatencySummary::default(),
+        }
+    }
+}
+
+/// The rendered JSON, shared with the HTTP thread.
+pub type SharedJson = Arc<RwLock<String>>;
+
+/// The actor: renders snapshots into the shared cell.
+pub struct Status {
+    json: SharedJson,
+}
+
+impl Status {
+    /// An actor publishing into `json`.
+    pub fn new(json: SharedJson) -> Self {
+        Self { json }
+    }
+}
+
+impl Actor for Status {
+    type Context = Context<Self>;
+}
+
+impl Handler<StatusSnapshot> for Status {
+    type Result = ();
+
+    fn handle(&mut self, snapshot: StatusSnapshot, _: &mut Context<Self>) {
+        match serde_json::to_string(&snapshot) {
+            Ok(text) => match self.json.write() {
+                Ok(mut cell) => *cell = text,
+                Err(poisoned) => *poisoned.into_inner() = text,
+            },
+            Err(e) => tracing::error!("cannot render status: {e}"),
+        }
+    }
+}
+
+/// Why the HTTP server could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("status server on {addr}: {reason}")]
+pub struct HttpError {
+    addr: SocketAddr,
+    reason: String,
+}
+
+/// Starts the HTTP server on its own thread; returns the bound address (useful with port 0).
+pub fn serve_http(
+    addr: SocketAddr,
+    json: SharedJson,
+    metrics: Arc<Metrics>,
+) -> Result<SocketAddr, HttpError> {
+    let server = tiny_http::Server::http(addr).map_err(|e| HttpError {
+        addr,
+        reason: e.to_string(),
+    })?;
+    let bound = server.server_addr().to_ip().ok_or_else(|| HttpError {
+        addr,
+        reason: "not an IP listener".into(),
+    })?;
+    std::thread::Builder::new()
+        .name("status-http".into())
+        .spawn(move || {
+            for request in server.incoming_requests() {
+                let (code, ctype, body) = route(request.method(), request.url(), &json, &metrics);
+                let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes())
+                    .expect("static header is valid");
+                let response = tiny_http::Response::from_string(body)
+                    .with_status_code(code)
+                    .with_header(header);
+                if let Err(e) = request.respond(response) {
+                    tracing::debug!("status response failed: {e}");
+                }
+            }
+        })
+        .map_err(|e| HttpError {
+            addr,
+            reason: e.to_string(),
+        })?;
+    Ok(bound)
+}
+
+fn route(
+    method: &tiny_http::Method,
+    url: &str,
+    json: &SharedJson,
+    metrics: &Metrics,
+) -> (u16, &'static str, String) {
+    if *method != tiny_http::Method::Get {
+        return (405, "text/plain", "method not allowed\n".into());
+    }
+    match url.split('?').next().unwrap_or("") {
+        "/status" => {
+            let text = match json.read() {
+                Ok(cell) => cell.clone(),
+                Err(poisoned) => poisoned.into_inner().clone(),
+            };
+            (200, "application/json", text)
+        }
+        "/metrics" => (200, "text/plain; version=0.0.4", metrics.render()),
+        _ => (404, "text/plain", "not found\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_json_has_the_documented_fields() {
+        let mut s = StatusSnapshot::initial("12D3Koo".into());
+        s.role = RoleView::Leader;
+        s.config = Some((2, 3));
+        s.members.push(MemberView {
+            peer_id: "p".into(),
+            voter: true,
+            status: "active",
+            deadline_unix_ms: None,
+        });
+        let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["role"], "leader");
+        assert_eq!(v["leader"], serde_json::Value::Null);
+        assert_eq!(v["config"], serde_json::json!([2, 3]));
+        assert_eq!(v["members"][0]["voter"], true);
+        assert_eq!(v["members"][0]["status"], "active");
+        for key in ["peer_id", "term", "epoch", "step"] {
+            assert!(v.get(key).is_some(), "{key}");
+        }
+    }
+
+    #[test]
+    fn latency_quantiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        let s = LatencySummary::of_sorted(&v);
+        assert_eq!((s.count, s.p50, s.p99, s.max), (100, 50, 99, 100));
+        assert_eq!(LatencySummary::of_sorted(&[]), LatencySummary::default());
+    }
+
+    #[test]
+    fn routes() {
+        let json: SharedJson = Arc::new(RwLock::new("{}".into()));
+        let m = Metrics::default();
+        assert_eq!(route(&tiny_http::Method::Get, "/status", &json, &m).0, 200);
+        assert_eq!(route(&tiny_http::Method::Get, "/metrics", &json, &m).0, 200);
+        assert_eq!(route(&tiny_http::Method::Get, "/nope", &json, &m).0, 404);
+        assert_eq!(route(&tiny_http::Method::Post, "/status", &json, &m).0, 405);
+    }
+}

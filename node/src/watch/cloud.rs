@@ -1,0 +1,412 @@
+//! Cloud metadata pollers: AWS IMDSv2 spot instance-action, GCE preemption, Azure Scheduled
+//! Events. Each answers "is this machine about to go, and when?".
+//!
+//! Base URLs are configurable so that tests can point them at a local fake server. The pollers
+//! are blocking (ureq) and run on their own threads: a slow metadata endpoint must never stall
+//! an actor. Responses are untrusted: bodies are size-capped and every parse error is typed.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+use crate::notice::NoticeSource;
+
+/// Largest metadata response body read.
+const MAX_BODY: u64 = 64 * 1024;
+/// Lead time assumed when the provider does not say (GCE gives 30 s, Azure Spot at least 30 s).
+const DEFAULT_LEAD: Duration = Duration::from_secs(30);
+/// IMDSv2 token lifetime requested.
+const AWS_TOKEN_TTL_SECS: u32 = 21600;
+
+/// A preemption announced by the cloud.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudNotice {
+    /// Which provider said so.
+    pub source: NoticeSource,
+    /// When the machine will be taken.
+    pub deadline: SystemTime,
+}
+
+/// Why a poll failed (the poller logs it and tries again at the next interval).
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    /// The HTTP request failed.
+    #[error("metadata request {url}: {source}")]
+    Http {
+        /// The URL.
+        url: String,
+        /// The client error.
+        source: Box<ureq::Error>,
+    },
+    /// The endpoint answered with an unexpected status.
+    #[error("metadata request {url}: unexpected status {status}")]
+    Status {
+        /// The URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The body could not be parsed.
+    #[error("metadata response {url}: {reason}")]
+    Parse {
+        /// The URL.
+        url: String,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// One provider's metadata check.
+pub trait MetadataPoller: Send {
+    /// Checks once; `Ok(None)` means no preemption is scheduled.
+    fn check(&mut self) -> Result<Option<CloudNotice>, PollError>;
+    /// Provider name for logs.
+    fn name(&self) -> &'static str;
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .http_status_as_error(false)
+            .build(),
+    )
+}
+
+fn read_body(
+    url: &str,
+    mut resp: ureq::http::Response<ureq::Body>,
+) -> Result<(u16, String), PollError> {
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(MAX_BODY)
+        .read_to_string()
+        .map_err(|e| PollError::Http {
+            url: url.to_owned(),
+            source: Box::new(e),
+        })?;
+    Ok((status, body))
+}
+
+fn http_err(url: &str) -> impl FnOnce(ureq::Error) -> PollError + '_ {
+    move |e| PollError::Http {
+        url: url.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+/// AWS IMDSv2: `PUT /latest/api/token`, then `GET /latest/meta-data/spot/instance-action`
+/// (404 until AWS schedules an interruption, then `{"action": "...", "time": "RFC 3339"}`).
+pub struct AwsPoller {
+    base: String,
+    agent: ureq::Agent,
+}
+
+#[derive(Deserialize)]
+struct AwsInstanceAction {
+    action: String,
+    time: String,
+}
+
+impl AwsPoller {
+    /// A poller against `base` (no trailing slash needed).
+    pub fn new(base: &str, timeout: Duration) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            agent: agent(timeout),
+        }
+    }
+}
+
+impl MetadataPoller for AwsPoller {
+    fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
+        let token_url = format!("{}/latest/api/token", self.base);
+        let resp = self
+            .agent
+            .put(&token_url)
+            .header(
+                "X-aws-ec2-metadata-token-ttl-seconds",
+                AWS_TOKEN_TTL_SECS.to_string(),
+            )
+            .send_empty()
+            .map_err(http_err(&token_url))?;
+        let (status, token) = read_body(&token_url, resp)?;
+        if status != 200 {
+            return Err(PollError::Status {
+                url: token_url,
+                status,
+            });
+        }
+        let url = format!("{}/latest/meta-data/spot/instance-action", self.base);
+        let resp = self
+            .agent
+            .get(&url)
+            .header("X-aws-ec2-metadata-token", token.trim())
+            .call()
+            .map_err(http_err(&url))?;
+        let (status, body) = read_body(&url, resp)?;
+        match status {
+            404 => Ok(None),
+            200 => {
+                let action: AwsInstanceAction =
+                    serde_json::from_str(&body).map_err(|e| PollError::Parse {
+                        url: url.clone(),
+                        reason: e.to_string(),
+                    })?;
+                let deadline = parse_rfc3339_utc(&action.time).ok_or_else(|| PollError::Parse {
+                    url: url.clone(),
+                    reason: format!("bad time {:?} for action {}", action.time, action.action),
+                })?;
+                Ok(Some(CloudNotice {
+                    source: NoticeSource::Aws,
+                    deadline,
+                }))
+            }
+            status => Err(PollError::Status { url, status }),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "aws"
+    }
+}
+
+/// GCE: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` answers
+/// `TRUE` once the instance is being preempted (30 s before it stops).
+pub struct GcePoller {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl GcePoller {
+    /// A poller against `base`.
+    pub fn new(base: &str, timeout: Duration) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            agent: agent(timeout),
+        }
+    }
+}
+
+impl MetadataPoller for GcePoller {
+    fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
+        let url = format!("{}/computeMetadata/v1/instance/preempted", self.base);
+        let resp = self
+            .agent
+            .get(&url)
+            .header("Metadata-Flavor", "Google")
+            .call()
+            .map_err(http_err(&url))?;
+        let (status, body) = read_body(&url, resp)?;
+        if status != 200 {
+            return Err(PollError::Status { url, status });
+        }
+        match body.trim() {
+            "TRUE" => Ok(Some(CloudNotice {
+                source: NoticeSource::Gce,
+                deadline: SystemTime::now() + DEFAULT_LEAD,
+            })),
+            "FALSE" => Ok(None),
+            other => Err(PollError::Parse {
+                url,
+                reason: format!("expected TRUE or FALSE, got {:?}", truncate(other)),
+            }),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "gce"
+    }
+}
+
+/// Azure: `GET /metadata/scheduledevents?api-version=2020-07-01` with `Metadata: true`; an event
+/// of type `Preempt` or `Terminate` means the machine is going (Spot gives at least 30 s).
+pub struct AzurePoller {
+    base: String,
+    agent: ureq::Agent,
+}
+
+#[derive(Deserialize)]
+struct AzureEvents {
+    #[serde(rename = "Events")]
+    events: Vec<AzureEvent>,
+}
+
+#[derive(Deserialize)]
+struct AzureEvent {
+    #[serde(rename = "EventType")]
+    event_type: String,
+}
+
+impl AzurePoller {
+    /// A poller against `base`.
+    pub fn new(base: &str, timeout: Duration) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            agent: agent(timeout),
+        }
+    }
+}
+
+impl MetadataPoller for AzurePoller {
+    fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
+        let url = format!(
+            "{}/metadata/scheduledevents?api-version=2020-07-01",
+            self.base
+        );
+        let resp = self
+            .agent
+            .get(&url)
+            .header("Metadata", "true")
+            .call()
+            .map_err(http_err(&url))?;
+        let (status, body) = read_body(&url, resp)?;
+        if status != 200 {
+            return Err(PollError::Status { url, status });
+        }
+        let events: AzureEvents = serde_json::from_str(&body).map_err(|e| PollError::Parse {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
+        let going = events
+            .events
+            .iter()
+            .any(|e| matches!(e.event_type.as_str(), "Preempt" | "Terminate"));
+        Ok(going.then(|| CloudNotice {
+            source: NoticeSource::Azure,
+            deadline: SystemTime::now() + DEFAULT_LEAD,
+        }))
+    }
+
+    fn name(&self) -> &'static str {
+        "azure"
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// Parses `YYYY-MM-DDTHH:MM:SSZ` (the form AWS uses), with optional fractional seconds.
+pub fn parse_rfc3339_utc(s: &str) -> Option<SystemTime> {
+    let s = s.trim().strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
+    let time = time.split('.').next()?;
+    let mut t = time.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (h, m, sec) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    if h < 0 || m < 0 || sec < 0 {
+        return None;
+    }
+    let secs = days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + sec;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-route fake metadata server answering `status` and `body` to every request that
+    /// carries `header`, 403 otherwise; returns its base URL.
+    fn fake(header: (&'static str, &'static str), status: u16, body: &'static str) -> String {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", server.server_addr().to_ip().unwrap());
+        std::thread::spawn(move || {
+            for req in server.incoming_requests() {
+                let ok = req.headers().iter().any(|h| {
+                    h.field.as_str().as_str().eq_ignore_ascii_case(header.0)
+                        && h.value.as_str() == header.1
+                });
+                let (code, text) = if ok { (status, body) } else { (403, "") };
+                let _ = req.respond(tiny_http::Response::from_string(text).with_status_code(code));
+            }
+        });
+        base
+    }
+
+    #[test]
+    fn gce_preempted_flag() {
+        let t = Duration::from_secs(2);
+        let yes = fake(("Metadata-Flavor", "Google"), 200, "TRUE");
+        let n = GcePoller::new(&yes, t).check().unwrap().unwrap();
+        assert_eq!(n.source, NoticeSource::Gce);
+        assert!(n.deadline > SystemTime::now());
+        let no = fake(("Metadata-Flavor", "Google"), 200, "FALSE");
+        assert_eq!(GcePoller::new(&no, t).check().unwrap(), None);
+        let junk = fake(("Metadata-Flavor", "Google"), 200, "maybe");
+        assert!(matches!(
+            GcePoller::new(&junk, t).check(),
+            Err(PollError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn azure_scheduled_events() {
+        let t = Duration::from_secs(2);
+        let preempt = fake(
+            ("Metadata", "true"),
+            200,
+            r#"{"DocumentIncarnation": 1, "Events": [{"EventId": "x", "EventType": "Preempt", "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT"}]}"#,
+        );
+        let n = AzurePoller::new(&preempt, t).check().unwrap().unwrap();
+        assert_eq!(n.source, NoticeSource::Azure);
+        let reboot = fake(
+            ("Metadata", "true"),
+            200,
+            r#"{"Events": [{"EventType": "Reboot"}]}"#,
+        );
+        assert_eq!(AzurePoller::new(&reboot, t).check().unwrap(), None);
+        let broken = fake(("Metadata", "true"), 500, "");
+        assert!(matches!(
+            AzurePoller::new(&broken, t).check(),
+            Err(PollError::Status { status: 500, .. })
+        ));
+    }
+
+    #[test]
+    fn unreachable_endpoint_is_an_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let base = format!("http://127.0.0.1:{port}");
+        assert!(matches!(
+            AwsPoller::new(&base, Duration::from_millis(500)).check(),
+            Err(PollError::Http { .. })
+        ));
+    }
+
+    #[test]
+    fn parses_aws_times() {
+        let t = parse_rfc3339_utc("2017-09-18T08:22:00Z").unwrap();
+        assert_eq!(
+            t.duration_since(UNIX_EPOCH).unwrap().as_secs(),
+            1_505_722_920
+        );
+        let t = parse_rfc3339_utc("1970-01-01T00:00:01.500Z").unwrap();
+        assert_eq!(t.duration_since(UNIX_EPOCH).unwrap().as_secs(), 1);
+        assert!(parse_rfc3339_utc("2017-13-18T08:22:00Z").is_none());
+        assert!(parse_rfc3339_utc("garbage").is_none());
+        assert!(parse_rfc3339_utc("2017-09-18T08:22:00").is_none());
+    }
+}

@@ -1,0 +1,55 @@
+//! The node's control-channel messages (inside the length-prefixed frames of
+//! [`crate::net::codec`]), encoded with the project codec (`parcae_consensus::codec`).
+
+use parcae_consensus::codec::{self, CodecError};
+use serde::{Deserialize, Serialize};
+
+/// Largest raft message accepted (must match `RaftConfig::max_message_bytes`).
+pub const MAX_RAFT_MESSAGE: usize = 16 << 20;
+/// Largest encoded control message: a raft message plus envelope slack.
+pub const MAX_CONTROL_MESSAGE: usize = MAX_RAFT_MESSAGE + 4096;
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ControlMessage {
+    /// A raft protobuf message, opaque here.
+    Raft(Vec<u8>),
+    /// An encoded `Command` about the sender itself (`Join`, `Notice`, `Leave`), for the leader.
+    Propose(Vec<u8>),
+    /// A `Propose` relayed by a member that is not the leader: `origin` is the peer id bytes of
+    /// the node the command came from, checked by the leader like a direct proposal.
+    Forwarded {
+        /// The proposing node's peer id bytes.
+        origin: Vec<u8>,
+        /// The encoded command.
+        command: Vec<u8>,
+    },
+}
+
+impl ControlMessage {
+    /// Encodes the message.
+    pub fn encode(&self) -> Result<Vec<u8>, CodecError> {
+        codec::encode::<_, MAX_CONTROL_MESSAGE>(self)
+    }
+
+    /// Decodes an untrusted frame.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
+        codec::decode::<_, MAX_CONTROL_MESSAGE>(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_garbage() {
+        let m = ControlMessage::Forwarded {
+            origin: vec![1, 2],
+            command: vec![3],
+        };
+        assert_eq!(ControlMessage::decode(&m.encode().unwrap()).unwrap(), m);
+        assert!(ControlMessage::decode(&[0xff, 0xff, 0xff]).is_err());
+        assert!(ControlMessage::decode(&[]).is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! Cluster benchmark: notice propagation and raft commit latency over libp2p, with real
+//! `parcae-node` processes on 127.0.0.1. Prints a table.
+//!
+//! `parcae-bench-cluster [NODES] [ROUNDS]` (defaults 10 and 6). Commit latency is measured by
+//! the leader from proposal to local apply of its planner's `AvailabilityTick`s (one every
+//! 50 ms), over libp2p with fsync'd raft storage. Notice propagation is `received - issued` on
+//! every other node for a SIGTERM notice; each round terminates a non-leader and restarts it
+//! from its data directory.
+
+use std::time::Duration;
+
+use parcae_tests::{TestCluster, wait_for};
+
+const CONFIG: &str = "grace_secs = 1.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 3000\n[planner]\ninterval_secs = 0.05\n";
+
+fn quantile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let nodes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(6);
+    let mut c = TestCluster::start(CONFIG, nodes);
+    let all: Vec<usize> = (0..nodes).collect();
+    let mut leader = c
+        .wait_converged(&all, nodes, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("cluster did not converge\n{}", c.logs()));
+
+    let mut notice_ms: Vec<u64> = Vec::new();
+    for round in 0..rounds {
+        let li = c.index_of(&leader).expect("leader");
+        let vi = (round % nodes + 1..nodes + round % nodes + 1)
+            .map(|i| i % nodes)
+            .find(|&i| i != li)
+            .expect("a follower");
+        let victim = c.nodes[vi].peer_id().expect("victim id");
+        c.nodes[vi].signal(libc::SIGTERM);
+        let samples = wait_for(Duration::from_secs(10), || {
+            all.iter()
+                .filter(|&&i| i != vi)
+                .map(|&i| {
+                    let s = c.nodes[i].status()?;
+                    let n = s["notices"]
+                        .as_array()?
+                        .iter()
+                        .rev()
+                        .find(|n| n["peer_id"] == victim.as_str())?
+                        .clone();
+                    Some(n["received_unix_ms"].as_u64()? - n["issued_unix_ms"].as_u64()?)
+                })
+                .collect::<Option<Vec<u64>>>()
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "round {round}: notice not delivered everywhere\n{}",
+                c.logs()
+            )
+        });
+        notice_ms.extend(samples);
+        c.nodes[vi]
+            .wait_exit(Duration::from_secs(10))
+            .expect("victim exits");
+        // Let the leader forget it, then bring it back from its data directory.
+        wait_for(Duration::from_secs(10), || {
+            let s = c.nodes[li].status()?;
+            let known = s["members"]
+                .as_array()?
+                .iter()
+                .any(|m| m["peer_id"] == victim.as_str());
+            (!known).then_some(())
+        });
+        c.nodes[vi].restart();
+        leader = c
+            .wait_converged(&all, nodes, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("round {round}: no reconvergence\n{}", c.logs()));
+    }
+
+    let li = c.index_of(&leader).expect("leader");
+    let lat = wait_for(Duration::from_secs(60), || {
+        let s = c.nodes[li].status()?;
+        let l = s["commit_latency_us"].clone();
+        (l["count"].as_u64()? >= 200).then_some(l)
+    })
+    .expect("200 commits measured");
+
+    notice_ms.sort_unstable();
+    println!("| metric ({nodes} nodes, 127.0.0.1, 2 cores) | samples | p50 | p99 | max |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| notice propagation (SIGTERM -> gossip receipt) | {} | {} ms | {} ms | {} ms |",
+        notice_ms.len(),
+        quantile(&notice_ms, 0.5),
+        quantile(&notice_ms, 0.99),
+        notice_ms.last().copied().unwrap_or(0)
+    );
+    let us = |k: &str| lat[k].as_u64().unwrap_or(0) as f64 / 1000.0;
+    println!(
+        "| raft commit (leader propose -> apply, fsync) | {} | {:.2} ms | {:.2} ms | {:.2} ms |",
+        lat["count"],
+        us("p50"),
+        us("p99"),
+        us("max")
+    );
+}

@@ -1,0 +1,382 @@
+//! Harness for multi-process tests: real `parcae-node` processes on 127.0.0.1.
+//!
+//! Finding the binary: `CARGO_BIN_EXE_*` only exists inside the crate that owns a binary, so this
+//! crate looks for `parcae-node` in the profile directory of its own executable
+//! (`target/<profile>/`), after
+//! asking cargo to build it once per test process (`$CARGO build --workspace --bin
+//! parcae-node`, a no-op when up to date). `PARCAE_NODE_BIN` overrides both.
+//!
+//! Every spawned process is killed (SIGKILL) and reaped when its [`NodeProcess`] is dropped, so
+//! a failing assertion never leaves nodes behind. Tests that start clusters take [`serial`] so
+//! that at most one cluster runs at a time on a small machine.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Serialises cluster tests within one test binary.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Path of the `parcae-node` binary (built on first use).
+pub fn node_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("PARCAE_NODE_BIN") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test> (tests) or target/<profile>/<bin> (bench binary).
+        let mut profile_dir = exe.parent().expect("executable directory").to_path_buf();
+        if profile_dir.file_name().is_some_and(|n| n == "deps") {
+            profile_dir.pop();
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        // --workspace: same feature unification as `cargo test --workspace`, so in a workspace
+        // run this is a no-op instead of a second build of every dependency.
+        build.args(["build", "--workspace", "--bin", "parcae-node"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo build for parcae-node");
+        assert!(status.success(), "building parcae-node failed");
+        let bin = profile_dir.join("parcae-node");
+        assert!(bin.exists(), "{} not found after build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; fine for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Fetches `http://addr/path` with a short timeout; `None` on any failure.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let agent = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(1000)))
+            .build(),
+    );
+    let mut resp = agent.get(&format!("http://{addr}{path}")).call().ok()?;
+    resp.body_mut().read_to_string().ok()
+}
+
+/// A `parcae-node run` process.
+pub struct NodeProcess {
+    child: Option<Child>,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    /// Its HTTP status address.
+    pub status_addr: SocketAddr,
+    /// Its libp2p listen address (without `/p2p`).
+    pub listen: String,
+    /// Its log file (stderr).
+    pub log: PathBuf,
+    args: Vec<String>,
+}
+
+impl NodeProcess {
+    /// Starts `parcae-node run` with the given arguments.
+    pub fn spawn(
+        data_dir: PathBuf,
+        listen: String,
+        status_addr: SocketAddr,
+        extra: Vec<String>,
+    ) -> Self {
+        let log = data_dir.with_extension("log");
+        let mut args = vec![
+            "run".to_string(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--listen".into(),
+            listen.clone(),
+            "--status-addr".into(),
+            status_addr.to_string(),
+        ];
+        args.extend(extra);
+        let mut node = Self {
+            child: None,
+            data_dir,
+            status_addr,
+            listen,
+            log,
+            args,
+        };
+        node.start();
+        node
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(node_binary())
+            .args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("PARCAE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning parcae-node");
+        self.child = Some(child);
+    }
+
+    /// Starts the process again with the same arguments (same data dir and ports).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start();
+    }
+
+    /// The OS process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// `GET /status` as JSON.
+    pub fn status(&self) -> Option<Value> {
+        serde_json::from_str(&http_get(self.status_addr, "/status")?).ok()
+    }
+
+    /// The node's peer id (from `/status`).
+    pub fn peer_id(&self) -> Option<String> {
+        Some(self.status()?["peer_id"].as_str()?.to_string())
+    }
+
+    /// `listen/p2p/peer id`, for `--bootstrap`.
+    pub fn p2p_addr(&self) -> Option<String> {
+        Some(format!("{}/p2p/{}", self.listen, self.peer_id()?))
+    }
+
+    /// Sends a signal (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) on a child we spawned and have not reaped yet.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let status = wait_for(timeout, || {
+            self.child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+        })?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The last `lines` lines of the node's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A set of nodes sharing one cluster key in one temporary directory.
+pub struct TestCluster {
+    /// Temporary directory holding keys, data dirs and logs.
+    pub dir: tempfile::TempDir,
+    /// The cluster key file.
+    pub key: PathBuf,
+    /// The config file given to every node.
+    pub config: PathBuf,
+    /// The nodes, in start order.
+    pub nodes: Vec<NodeProcess>,
+}
+
+/// Configuration used by the tests: fast raft timing and planning, short grace.
+pub const TEST_CONFIG: &str = "grace_secs = 4.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 2000\n[planner]\ninterval_secs = 1.0\n";
+
+impl TestCluster {
+    /// A cluster directory with a fresh key and `config` (TOML) for every node.
+    pub fn new(config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = dir.path().join("cluster.key");
+        parcae_node::key::ClusterKey::generate()
+            .store(&key)
+            .expect("key");
+        let config_path = dir.path().join("node.toml");
+        std::fs::write(&config_path, config).expect("config");
+        Self {
+            dir,
+            key,
+            config: config_path,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Starts node `nodes.len()`, bootstrapping through `bootstrap` (p2p addresses); uses
+    /// `key` instead of the cluster key when given.
+    pub fn spawn(&mut self, bootstrap: &[String], key: Option<&Path>) -> usize {
+        let config = self.config.clone();
+        self.spawn_with(bootstrap, key, &config)
+    }
+
+    /// Like [`TestCluster::spawn`] with a node-specific config text.
+    pub fn spawn_with_config(&mut self, bootstrap: &[String], config: &str) -> usize {
+        let path = self
+            .dir
+            .path()
+            .join(format!("node{}.toml", self.nodes.len()));
+        std::fs::write(&path, config).expect("config");
+        self.spawn_with(bootstrap, None, &path)
+    }
+
+    fn spawn_with(&mut self, bootstrap: &[String], key: Option<&Path>, config: &Path) -> usize {
+        let i = self.nodes.len();
+        let data_dir = self.dir.path().join(format!("node{i}"));
+        let listen = format!("/ip4/127.0.0.1/tcp/{}", free_port());
+        let status: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let mut extra = vec![
+            "--cluster-key".to_string(),
+            key.unwrap_or(&self.key).display().to_string(),
+            "--config".into(),
+            config.display().to_string(),
+        ];
+        for b in bootstrap {
+            extra.push("--bootstrap".into());
+            extra.push(b.clone());
+        }
+        self.nodes
+            .push(NodeProcess::spawn(data_dir, listen, status, extra));
+        i
+    }
+
+    /// Starts a founder and `n - 1` nodes bootstrapping through it; returns when every node
+    /// answers `/status`.
+    pub fn start(config: &str, n: usize) -> Self {
+        let mut c = Self::new(config);
+        c.spawn(&[], None);
+        let founder =
+            wait_for(Duration::from_secs(10), || c.nodes[0].p2p_addr()).expect("founder status");
+        for _ in 1..n {
+            c.spawn(std::slice::from_ref(&founder), None);
+        }
+        for node in &c.nodes {
+            wait_for(Duration::from_secs(10), || node.status()).expect("node status");
+        }
+        c
+    }
+
+    /// Statuses of the running nodes (index, JSON).
+    pub fn statuses(&self) -> Vec<(usize, Value)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((i, n.status()?)))
+            .collect()
+    }
+
+    /// Waits until the nodes at `indices` agree on one leader and on a membership of exactly
+    /// `members` healthy entries; returns the leader's peer id.
+    pub fn wait_converged(
+        &self,
+        indices: &[usize],
+        members: usize,
+        timeout: Duration,
+    ) -> Option<String> {
+        wait_for(timeout, || {
+            let mut leader = None;
+            let mut view: Option<Vec<String>> = None;
+            for &i in indices {
+                let s = self.nodes[i].status()?;
+                let l = s["leader"].as_str()?.to_string();
+                if leader.get_or_insert(l.clone()) != &l {
+                    return None;
+                }
+                let mut ids: Vec<String> = s["members"]
+                    .as_array()?
+                    .iter()
+                    .filter(|m| matches!(m["status"].as_str(), Some("active" | "spare")))
+                    .filter_map(|m| Some(m["peer_id"].as_str()?.to_string()))
+                    .collect();
+                ids.sort();
+                if ids.len() != members || view.get_or_insert(ids.clone()) != &ids {
+                    return None;
+                }
+            }
+            let leaders = indices
+                .iter()
+                .filter(|&&i| {
+                    self.nodes[i]
+                        .status()
+                        .is_some_and(|s| s["role"] == "leader")
+                })
+                .count();
+            (leaders == 1).then(|| leader.expect("checked"))
+        })
+    }
+
+    /// Index of the node whose peer id is `peer`.
+    pub fn index_of(&self, peer: &str) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.peer_id().as_deref() == Some(peer))
+    }
+
+    /// Log tails of every node, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("--- node{i} ---\n{}", n.log_tail(30)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}

@@ -1,0 +1,186 @@
+//! Cluster formation, leader failure, graceful leave and restart with real `parcae-node`
+//! processes on 127.0.0.1 (see the harness in `parcae_tests`).
+
+use std::time::{Duration, Instant};
+
+use parcae_tests::{TEST_CONFIG, TestCluster, node_binary, serial, wait_for};
+use serde_json::Value;
+
+fn member<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
+    status["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["peer_id"] == peer)
+}
+
+#[test]
+fn five_nodes_form_a_cluster_and_survive_leader_kill() {
+    let _serial = serial();
+    // Build (or find) the binary first: the 10 s budget is for the cluster, not for cargo.
+    let _ = node_binary();
+    let started = Instant::now();
+    let mut c = TestCluster::start(TEST_CONFIG, 5);
+    let all: Vec<usize> = (0..5).collect();
+    let leader = c
+        .wait_converged(
+            &all,
+            5,
+            Duration::from_secs(10).saturating_sub(started.elapsed()),
+        )
+        .unwrap_or_else(|| panic!("no single leader with 5 members within 10 s\n{}", c.logs()));
+    // Every node lists the same 5 members (checked by wait_converged) and they are ours.
+    let mut ids: Vec<String> = c.nodes.iter().filter_map(|n| n.peer_id()).collect();
+    ids.sort();
+    let s0 = c.nodes[0].status().expect("status");
+    let mut listed: Vec<String> = s0["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| m["peer_id"].as_str().expect("peer id").to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, ids);
+
+    // Let the planner commit a few availability ticks, then kill the leader.
+    let li = c.index_of(&leader).expect("leader index");
+    let committed = wait_for(Duration::from_secs(5), || {
+        let s = c.nodes[li].status()?;
+        let ci = s["commit_index"].as_u64()?;
+        (ci >= 10).then_some(ci)
+    })
+    .expect("leader commits");
+    c.nodes[li].kill();
+    let killed = Instant::now();
+    let rest: Vec<usize> = all.iter().copied().filter(|&i| i != li).collect();
+    let new_leader = wait_for(Duration::from_secs(5), || {
+        let s = c.nodes[rest[0]].status()?;
+        let l = s["leader"].as_str()?.to_string();
+        (l != leader && s["term"].as_u64()? > 0).then_some(l)
+    })
+    .unwrap_or_else(|| panic!("no new leader within 5 s\n{}", c.logs()));
+    eprintln!("new leader after {:?}", killed.elapsed());
+    assert_ne!(new_leader, leader);
+
+    // The old leader is marked lost; every committed entry survives on the survivors.
+    wait_for(Duration::from_secs(10), || {
+        rest.iter()
+            .all(|&i| {
+                c.nodes[i].status().is_some_and(|s| {
+                    member(&s, &leader).is_some_and(|m| m["status"] == "lost")
+                        && s["commit_index"].as_u64().unwrap_or(0) >= committed
+                        && s["members"].as_array().map_or(0, |m| m.len()) == 5
+                })
+            })
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("old leader not marked lost everywhere\n{}", c.logs()));
+}
+
+#[test]
+fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
+    let _serial = serial();
+    let mut c = TestCluster::start(TEST_CONFIG, 6);
+    let all: Vec<usize> = (0..6).collect();
+    let leader = c
+        .wait_converged(&all, 6, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("6 nodes did not converge\n{}", c.logs()));
+    // 5 voters and 1 learner, agreed by the leader.
+    let li = c.index_of(&leader).expect("leader");
+    let (learner, victim) = wait_for(Duration::from_secs(10), || {
+        let s = c.nodes[li].status()?;
+        let members = s["members"].as_array()?;
+        let learners: Vec<&Value> = members.iter().filter(|m| m["voter"] == false).collect();
+        if members.len() != 6 || learners.len() != 1 {
+            return None;
+        }
+        let learner = learners[0]["peer_id"].as_str()?.to_string();
+        let victim = members
+            .iter()
+            .filter(|m| m["voter"] == true && m["peer_id"] != leader.as_str())
+            .map(|m| m["peer_id"].as_str().map(str::to_string))
+            .next()??;
+        Some((learner, victim))
+    })
+    .unwrap_or_else(|| panic!("no 5 voters + 1 learner\n{}", c.logs()));
+    let vi = c.index_of(&victim).expect("victim");
+
+    c.nodes[vi].signal(libc::SIGTERM);
+    let others: Vec<usize> = all.iter().copied().filter(|&i| i != vi).collect();
+    let propagation: Vec<u64> = wait_for(Duration::from_secs(3), || {
+        others
+            .iter()
+            .map(|&i| {
+                let s = c.nodes[i].status()?;
+                let n = s["notices"]
+                    .as_array()?
+                    .iter()
+                    .find(|n| n["peer_id"] == victim.as_str())?
+                    .clone();
+                Some(n["received_unix_ms"].as_u64()? - n["issued_unix_ms"].as_u64()?)
+            })
+            .collect::<Option<Vec<u64>>>()
+    })
+    .unwrap_or_else(|| panic!("notice did not reach every node\n{}", c.logs()));
+    eprintln!("notice propagation per node (ms): {propagation:?}");
+    assert!(
+        propagation.iter().all(|&ms| ms < 1000),
+        "notice took >= 1 s somewhere: {propagation:?}"
+    );
+
+    // The learner becomes a voter while the victim is still running.
+    wait_for(Duration::from_secs(3), || {
+        let s = c.nodes[li].status()?;
+        let promoted = member(&s, &learner)?["voter"] == true;
+        let demoted = member(&s, &victim)?["status"] == "leaving";
+        (promoted && demoted).then_some(())
+    })
+    .unwrap_or_else(|| panic!("learner not promoted\n{}", c.logs()));
+    assert!(
+        c.nodes[vi].running(),
+        "victim exited before its replacement was promoted"
+    );
+
+    let exit = c.nodes[vi]
+        .wait_exit(Duration::from_secs(10))
+        .expect("victim exits after its grace period");
+    assert!(exit.success(), "graceful leave exits 0, got {exit:?}");
+    // Once it is gone the leader forgets it.
+    wait_for(Duration::from_secs(6), || {
+        let s = c.nodes[li].status()?;
+        member(&s, &victim).is_none().then_some(())
+    })
+    .unwrap_or_else(|| panic!("departed node not removed\n{}", c.logs()));
+}
+
+#[test]
+fn restart_with_same_data_dir_keeps_identity_and_catches_up() {
+    let _serial = serial();
+    let mut c = TestCluster::start(TEST_CONFIG, 3);
+    let leader = c
+        .wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
+    let li = c.index_of(&leader).expect("leader");
+    let vi = (0..3).find(|&i| i != li).expect("follower");
+    let peer = c.nodes[vi].peer_id().expect("peer id");
+    c.nodes[vi].kill();
+    // Down long enough to be declared lost, while the others keep committing.
+    wait_for(Duration::from_secs(10), || {
+        let s = c.nodes[li].status()?;
+        (member(&s, &peer)?["status"] == "lost").then_some(())
+    })
+    .unwrap_or_else(|| panic!("killed node not marked lost\n{}", c.logs()));
+    let commit_before = c.nodes[li].status().expect("status")["commit_index"]
+        .as_u64()
+        .expect("commit");
+
+    c.nodes[vi].restart();
+    let s = wait_for(Duration::from_secs(15), || {
+        let s = c.nodes[vi].status()?;
+        let me = member(&s, &peer)?;
+        let healthy = matches!(me["status"].as_str(), Some("active" | "spare"));
+        (healthy && s["applied_index"].as_u64()? >= commit_before).then_some(s)
+    })
+    .unwrap_or_else(|| panic!("restarted node did not catch up\n{}", c.logs()));
+    assert_eq!(s["peer_id"], peer.as_str(), "same data dir, same peer id");
+    assert_eq!(s["leader"], leader.as_str());
+}

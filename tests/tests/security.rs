@@ -1,0 +1,171 @@
+//! Admission and hostile input against real `parcae-node` processes.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use futures::StreamExt;
+use libp2p::identity::Keypair;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{Multiaddr, PeerId, Swarm};
+use parcae_node::key::ClusterKey;
+use parcae_node::net::codec::ControlRequest;
+use parcae_node::net::swarm::{Behaviour, BehaviourEvent, NetLimits, build_swarm};
+use parcae_node::wire::ControlMessage;
+use parcae_tests::{TEST_CONFIG, TestCluster, http_get, serial, wait_for};
+
+fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
+    http_get(addr, "/metrics")
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")).map(str::to_string))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn member_count(c: &TestCluster, i: usize) -> usize {
+    c.nodes[i]
+        .status()
+        .and_then(|s| s["members"].as_array().map(|m| m.len()))
+        .unwrap_or(0)
+}
+
+#[test]
+fn node_with_another_key_cannot_connect_or_join() {
+    let _serial = serial();
+    let mut c = TestCluster::start(TEST_CONFIG, 3);
+    c.wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
+    let admitted_before = metric(
+        c.nodes[0].status_addr,
+        "parcae_connections_established_total",
+    );
+
+    let other_key = c.dir.path().join("other.key");
+    ClusterKey::generate().store(&other_key).expect("key");
+    let founder = c.nodes[0].p2p_addr().expect("addr");
+    let intruder = c.spawn(&[founder], Some(&other_key));
+    wait_for(Duration::from_secs(5), || c.nodes[intruder].status()).expect("intruder runs");
+    // It keeps trying (redial every second); give it several attempts.
+    wait_for(Duration::from_secs(10), || {
+        (metric(c.nodes[0].status_addr, "parcae_connections_failed_total") >= 3).then_some(())
+    })
+    .unwrap_or_else(|| panic!("no refused connections seen\n{}", c.logs()));
+
+    let s = c.nodes[intruder].status().expect("intruder status");
+    assert_eq!(s["connected_peers"].as_array().map(|a| a.len()), Some(0));
+    assert_eq!(s["members"].as_array().map(|a| a.len()), Some(0));
+    for i in 0..3 {
+        assert_eq!(member_count(&c, i), 3, "membership changed on node {i}");
+    }
+    assert_eq!(
+        metric(
+            c.nodes[0].status_addr,
+            "parcae_connections_established_total"
+        ),
+        admitted_before,
+        "the intruder's connection was admitted"
+    );
+}
+
+/// An authenticated attacker: holds the cluster key, speaks the control protocol.
+fn attacker(key: &ClusterKey) -> Swarm<Behaviour> {
+    let limits = NetLimits {
+        max_control_frame: 64 << 20,
+        ..NetLimits::default()
+    };
+    build_swarm(Keypair::generate_ed25519(), key.clone(), &limits).expect("swarm")
+}
+
+/// Connects, sends `frame`, and waits until the node closes the connection.
+async fn send_and_expect_disconnect(
+    swarm: &mut Swarm<Behaviour>,
+    target: PeerId,
+    addr: &Multiaddr,
+    frame: Vec<u8>,
+) {
+    swarm.dial(addr.clone()).expect("dial");
+    let deadline = tokio::time::sleep(Duration::from_secs(10));
+    tokio::pin!(deadline);
+    let mut sent = false;
+    loop {
+        tokio::select! {
+            ev = swarm.select_next_some() => match ev {
+                SwarmEvent::ConnectionEstablished { peer_id, .. } if peer_id == target && !sent => {
+                    swarm.behaviour_mut().control.send_request(&target, ControlRequest::Frame(frame.clone()));
+                    sent = true;
+                }
+                SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } if peer_id == target && sent => return,
+                SwarmEvent::OutgoingConnectionError { error, .. } => panic!("attacker could not connect: {error}"),
+                SwarmEvent::Behaviour(BehaviourEvent::Control(_)) => {}
+                _ => {}
+            },
+            _ = &mut deadline => panic!("node did not disconnect the peer within 10 s"),
+        }
+    }
+}
+
+#[test]
+fn hostile_input_is_dropped_and_the_node_keeps_serving() {
+    let _serial = serial();
+    let mut c = TestCluster::new(&format!("{TEST_CONFIG}[net]\nmax_control_frame = 65536\n"));
+    c.spawn(&[], None);
+    let node = &c.nodes[0];
+    let target: PeerId = wait_for(Duration::from_secs(10), || node.peer_id())
+        .expect("node up")
+        .parse()
+        .expect("peer id");
+    let addr: Multiaddr = node.listen.parse().expect("listen addr");
+
+    // 1. Random bytes to the TCP port, several connections.
+    let port: u16 = node
+        .listen
+        .rsplit('/')
+        .next()
+        .expect("port")
+        .parse()
+        .expect("port");
+    for i in 0..5u8 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("tcp connect");
+        let junk: Vec<u8> = (0..4096u32)
+            .map(|j| (j as u8).wrapping_mul(31).wrapping_add(i))
+            .collect();
+        let _ = s.write_all(&junk);
+    }
+    wait_for(Duration::from_secs(5), || {
+        (metric(node.status_addr, "parcae_connections_failed_total") >= 5).then_some(())
+    })
+    .expect("garbage connections refused");
+    assert!(
+        node.status().is_some(),
+        "node stopped serving after garbage"
+    );
+
+    // 2. An authenticated peer sending malformed and oversized messages.
+    let key = ClusterKey::load(&c.key).expect("key");
+    let frames = vec![
+        vec![0xff; 64], // not a control message
+        ControlMessage::Raft(vec![0xde, 0xad, 0xbe, 0xef])
+            .encode()
+            .expect("encode"), // not raft protobuf
+        ControlMessage::Propose(vec![1, 2, 3])
+            .encode()
+            .expect("encode"), // not a command
+        vec![0u8; 200_000], // over the 64 KiB frame limit
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        for frame in frames {
+            let mut swarm = attacker(&key);
+            send_and_expect_disconnect(&mut swarm, target, &addr, frame).await;
+        }
+    });
+    assert!(metric(node.status_addr, "parcae_bad_input_disconnects_total") >= 4);
+    let s = c.nodes[0].status().expect("node still serves /status");
+    assert_eq!(s["role"], "leader", "the node still leads its cluster");
+    assert_eq!(s["members"].as_array().map(|m| m.len()), Some(1));
+}
