@@ -55,6 +55,7 @@
 //! workspace lock. The APIs used here are the same in both.
 
 pub mod config;
+pub mod dataplane;
 pub mod fsutil;
 pub mod identity;
 pub mod key;

@@ -1,0 +1,201 @@
+//! Ring all-reduce (reduce-scatter then all-gather) of f32 gradients over data-plane channels,
+//! so each replica sends and receives `2 (n - 1) / n` of the buffer whatever the group size.
+
+use tokio::try_join;
+
+use super::DataplaneError;
+use super::channel::{SecureReader, SecureWriter};
+
+/// Identifies one collective: messages of another epoch, step or phase are refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Round {
+    /// Configuration epoch.
+    pub epoch: u64,
+    /// Training step.
+    pub step: u64,
+}
+
+/// A member's links in the ring: it sends to its successor and receives from its predecessor.
+pub struct RingLinks<'a> {
+    /// Position of this member in the ring.
+    pub rank: usize,
+    /// Members in the ring.
+    pub size: usize,
+    /// Channel to `rank + 1`.
+    pub next: &'a mut SecureWriter,
+    /// Channel from `rank - 1`.
+    pub prev: &'a mut SecureReader,
+}
+
+const HEADER: usize = 8 + 8 + 4;
+
+fn chunk_range(len: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
+    let base = len / parts;
+    let extra = len % parts;
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+fn frame(round: Round, seq: u32, values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + values.len() * 4);
+    out.extend_from_slice(&round.epoch.to_le_bytes());
+    out.extend_from_slice(&round.step.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+fn unframe(
+    round: Round,
+    seq: u32,
+    bytes: &[u8],
+    want: usize,
+) -> Result<impl Iterator<Item = f32> + '_, DataplaneError> {
+    if bytes.len() != HEADER + want * 4 {
+        return Err(DataplaneError::Protocol(
+            "all-reduce chunk of the wrong size",
+        ));
+    }
+    let epoch = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or_default());
+    let step = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
+    let got_seq = u32::from_le_bytes(bytes[16..20].try_into().unwrap_or_default());
+    if (Round { epoch, step }) != round || got_seq != seq {
+        return Err(DataplaneError::Protocol(
+            "all-reduce chunk of another round",
+        ));
+    }
+    Ok(bytes[HEADER..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+}
+
+/// Replace `values` by their mean over the ring (every member ends with identical bytes).
+pub async fn all_reduce_mean(
+    values: &mut [f32],
+    links: RingLinks<'_>,
+    round: Round,
+) -> Result<(), DataplaneError> {
+    let n = links.size;
+    if n <= 1 {
+        return Ok(());
+    }
+    let len = values.len();
+    let RingLinks {
+        rank, next, prev, ..
+    } = links;
+    let max = (HEADER + (len / n + 1) * 4) as u64;
+    let mut seq = 0u32;
+    // Reduce-scatter: after n-1 steps member r holds the full sum of chunk (r + 1) mod n.
+    for k in 0..n - 1 {
+        let send = (rank + n - k) % n;
+        let recv = (rank + n - k - 1) % n;
+        let out = frame(round, seq, &values[chunk_range(len, n, send)]);
+        let (_, got) = try_join!(next.send(&out), prev.recv(max))?;
+        let r = chunk_range(len, n, recv);
+        for (v, add) in values[r.clone()]
+            .iter_mut()
+            .zip(unframe(round, seq, &got, r.len())?)
+        {
+            *v += add;
+        }
+        seq += 1;
+    }
+    // All-gather: circulate the reduced chunks.
+    for k in 0..n - 1 {
+        let send = (rank + 1 + n - k) % n;
+        let recv = (rank + n - k) % n;
+        let out = frame(round, seq, &values[chunk_range(len, n, send)]);
+        let (_, got) = try_join!(next.send(&out), prev.recv(max))?;
+        let r = chunk_range(len, n, recv);
+        for (v, x) in values[r.clone()]
+            .iter_mut()
+            .zip(unframe(round, seq, &got, r.len())?)
+        {
+            *v = x;
+        }
+        seq += 1;
+    }
+    let scale = 1.0 / n as f32;
+    for v in values.iter_mut() {
+        *v *= scale;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{accept, connect};
+    use super::*;
+    use crate::key::ClusterKey;
+    use libp2p::identity::Keypair;
+
+    async fn ring(n: usize) -> Vec<(SecureReader, SecureWriter)> {
+        let secret = ClusterKey::from_bytes([1u8; 32]);
+        let keys: Vec<Keypair> = (0..n).map(|_| Keypair::generate_ed25519()).collect();
+        let mut writers = Vec::new();
+        let mut readers = Vec::new();
+        for i in 0..n {
+            let j = (i + 1) % n;
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let kj = keys[j].clone();
+            let s2 = secret.clone();
+            let acc = tokio::spawn(async move {
+                let (s, _) = l.accept().await.unwrap();
+                accept(s, &kj, &s2, |_| true).await.unwrap().1
+            });
+            let out = connect(addr, &keys[i], keys[j].public().to_peer_id(), &secret)
+                .await
+                .unwrap();
+            let inb = acc.await.unwrap();
+            writers.push(out.split().1);
+            readers.push((j, inb.split().0));
+        }
+        readers.sort_by_key(|(j, _)| *j);
+        readers.into_iter().map(|(_, r)| r).zip(writers).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ring_mean_matches_direct_mean() {
+        for n in [1usize, 2, 3, 4] {
+            let len = 1001;
+            let data: Vec<Vec<f32>> = (0..n)
+                .map(|r| {
+                    (0..len)
+                        .map(|i| (i * (r + 1)) as f32 * 0.001 - r as f32)
+                        .collect()
+                })
+                .collect();
+            let mean: Vec<f32> = (0..len)
+                .map(|i| data.iter().map(|d| d[i]).sum::<f32>() / n as f32)
+                .collect();
+            let links = ring(n).await;
+            let round = Round { epoch: 3, step: 9 };
+            let mut tasks = Vec::new();
+            for (rank, ((mut prev, mut next), mut v)) in links.into_iter().zip(data).enumerate() {
+                tasks.push(tokio::spawn(async move {
+                    let l = RingLinks {
+                        rank,
+                        size: n,
+                        next: &mut next,
+                        prev: &mut prev,
+                    };
+                    all_reduce_mean(&mut v, l, round).await.unwrap();
+                    v
+                }));
+            }
+            let mut results = Vec::new();
+            for t in tasks {
+                results.push(t.await.unwrap());
+            }
+            for r in &results {
+                assert_eq!(r, &results[0], "replicas differ");
+                for (a, b) in r.iter().zip(&mean) {
+                    assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+                }
+            }
+        }
+    }
+}
