@@ -81,47 +81,68 @@ pub async fn all_reduce_mean(
     if n <= 1 {
         return Ok(());
     }
-    let len = values.len();
     let RingLinks {
         rank, next, prev, ..
     } = links;
-    let max = (HEADER + (len / n + 1) * 4) as u64;
-    let mut seq = 0u32;
+    let mut ring = Ring {
+        next,
+        prev,
+        round,
+        seq: 0,
+        parts: n,
+    };
     // Reduce-scatter: after n-1 steps member r holds the full sum of chunk (r + 1) mod n.
     for k in 0..n - 1 {
-        let send = (rank + n - k) % n;
-        let recv = (rank + n - k - 1) % n;
-        let out = frame(round, seq, &values[chunk_range(len, n, send)]);
-        let (_, got) = try_join!(next.send(&out), prev.recv(max))?;
-        let r = chunk_range(len, n, recv);
-        for (v, add) in values[r.clone()]
-            .iter_mut()
-            .zip(unframe(round, seq, &got, r.len())?)
-        {
-            *v += add;
-        }
-        seq += 1;
+        let (send, recv) = ((rank + n - k) % n, (rank + n - k - 1) % n);
+        ring.exchange(values, send, recv, |v, x| *v += x).await?;
     }
     // All-gather: circulate the reduced chunks.
     for k in 0..n - 1 {
-        let send = (rank + 1 + n - k) % n;
-        let recv = (rank + n - k) % n;
-        let out = frame(round, seq, &values[chunk_range(len, n, send)]);
-        let (_, got) = try_join!(next.send(&out), prev.recv(max))?;
-        let r = chunk_range(len, n, recv);
-        for (v, x) in values[r.clone()]
-            .iter_mut()
-            .zip(unframe(round, seq, &got, r.len())?)
-        {
-            *v = x;
-        }
-        seq += 1;
+        let (send, recv) = ((rank + 1 + n - k) % n, (rank + n - k) % n);
+        ring.exchange(values, send, recv, |v, x| *v = x).await?;
     }
     let scale = 1.0 / n as f32;
     for v in values.iter_mut() {
         *v *= scale;
     }
     Ok(())
+}
+
+/// One member's position in a running all-reduce.
+struct Ring<'a, 'b> {
+    next: &'a mut SecureWriter,
+    prev: &'b mut SecureReader,
+    round: Round,
+    seq: u32,
+    parts: usize,
+}
+
+impl Ring<'_, '_> {
+    /// Send chunk `send` to the successor while receiving chunk `recv` from the predecessor,
+    /// folding the received values into ours with `combine`.
+    async fn exchange(
+        &mut self,
+        values: &mut [f32],
+        send: usize,
+        recv: usize,
+        combine: impl Fn(&mut f32, f32),
+    ) -> Result<(), DataplaneError> {
+        let len = values.len();
+        let max = (HEADER + (len / self.parts + 1) * 4) as u64;
+        let out = frame(
+            self.round,
+            self.seq,
+            &values[chunk_range(len, self.parts, send)],
+        );
+        let (_, got) = try_join!(self.next.send(&out), self.prev.recv(max))?;
+        let r = chunk_range(len, self.parts, recv);
+        let incoming = unframe(self.round, self.seq, &got, r.len())?;
+        for (v, x) in values[r].iter_mut().zip(incoming) {
+            combine(v, x);
+        }
+        self.seq += 1;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
