@@ -1,0 +1,261 @@
+//! `cargo bench -p parcae-model`: training throughput of the `small` GPT through the stage
+//! executor against a plain Burn loop, state and wire-tensor serialization speeds, and where the
+//! time of a step goes per layer. Prints markdown tables.
+//!
+//! `PARCAE_BENCH_STEPS` (default 4) measured steps per configuration after 1 warm-up step;
+//! `PARCAE_BENCH_PRESET=tiny` for a quick smoke run; `PARCAE_BENCH_IO_ONLY=1` skips the training
+//! and per-layer tables.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::tensor::{Device, Tensor};
+use parcae_model::{
+    Batch, Dataset, Gpt, GptConfig, GptLayer, Pipeline, PipelineModel, Sampler, Stage, StageConfig,
+    StageRng, SyntheticTask, WireDType, WireLimits, WireTensor, even_ranges, init_layers,
+    token_batch,
+};
+
+const BATCH: usize = 8;
+const SEED: u64 = 1;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn steps() -> usize {
+    std::env::var("PARCAE_BENCH_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4)
+}
+
+fn config() -> GptConfig {
+    match std::env::var("PARCAE_BENCH_PRESET").as_deref() {
+        Ok("tiny") => GptConfig::tiny(),
+        _ => GptConfig::small(),
+    }
+}
+
+fn batches(model: &Gpt, step: usize, micro: usize) -> Vec<Batch> {
+    let c = model.config();
+    let task = SyntheticTask::default_for(3, c.vocab_size, c.seq_len).expect("task");
+    let sampler = Sampler::new(4, task.len()).expect("sampler");
+    let size = BATCH / micro;
+    (0..micro)
+        .map(|k| {
+            let first = (step * BATCH + k * size) as u64;
+            token_batch(&task, &sampler, first, size, &Device::flex().autodiff()).expect("batch")
+        })
+        .collect()
+}
+
+/// Seconds per step of a closure that runs one training step.
+fn time_steps(mut step: impl FnMut(usize)) -> f64 {
+    step(0);
+    median(
+        (1..=steps())
+            .map(|s| {
+                let t = Instant::now();
+                step(s);
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+#[derive(Module, Debug)]
+struct Full {
+    layers: Vec<GptLayer>,
+}
+
+/// The same model in a plain Burn training loop: one graph, `ModuleOptimizer` AdamW.
+fn plain_burn(model: &Arc<Gpt>) -> f64 {
+    let device = Device::flex().autodiff();
+    let opt = StageConfig::default().optimizer;
+    let mut full = Full {
+        layers: init_layers(model.as_ref(), 0..model.num_layers(), SEED, &device),
+    };
+    let mut optim = AdamWConfig::new()
+        .with_beta_1(opt.beta_1)
+        .with_beta_2(opt.beta_2)
+        .with_epsilon(opt.epsilon)
+        .with_weight_decay(opt.weight_decay)
+        .init();
+    let mut rng = StageRng::from_seed_u64(0);
+    time_steps(|s| {
+        let b = batches(model, s, 1).remove(0);
+        let mut x = b.inputs;
+        for (i, l) in full.layers.iter().enumerate() {
+            x = model.forward(i, l, x, &mut rng).expect("forward");
+        }
+        let loss = model.loss(x, &b.targets).expect("loss");
+        let grads = GradientsParams::from_grads(loss.backward(), &full);
+        full = optim.step(opt.lr_at(s as u64), full.clone(), grads);
+    })
+}
+
+fn executor(model: &Arc<Gpt>, stages: usize, micro: usize) -> f64 {
+    let ranges = even_ranges(model.num_layers(), stages).expect("ranges");
+    let mut p = Pipeline::new(
+        model.clone(),
+        &ranges,
+        SEED,
+        &Device::flex().autodiff(),
+        StageConfig::default(),
+    )
+    .expect("pipeline");
+    time_steps(|s| {
+        p.train_step(&batches(model, s, micro)).expect("step");
+    })
+}
+
+fn state_speed(model: &Arc<Gpt>) {
+    let mut p = Pipeline::new(
+        model.clone(),
+        &even_ranges(model.num_layers(), 1).expect("ranges"),
+        SEED,
+        &Device::flex().autodiff(),
+        StageConfig::default(),
+    )
+    .expect("pipeline");
+    p.train_step(&batches(model, 0, 1)).expect("step");
+    let stage = &mut p.stages_mut()[0];
+    let range = stage.layer_range();
+    let (mut exp, mut imp) = (Vec::new(), Vec::new());
+    let mut len = 0;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let bytes = stage.export_state(range.clone()).expect("export");
+        exp.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        stage.import_state(&bytes, range.clone()).expect("import");
+        imp.push(t.elapsed().as_secs_f64());
+        len = bytes.len();
+    }
+    let (e, i) = (median(exp), median(imp));
+    let bytes = stage.export_state(range).expect("export");
+    let memcpy = median(
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                let copy = bytes.to_vec();
+                let s = t.elapsed().as_secs_f64();
+                assert_eq!(copy.len(), bytes.len());
+                s
+            })
+            .collect(),
+    );
+    let gb = len as f64 / 1e9;
+    println!(
+        "\n| state ({} params, {:.1} MB) | s | GB/s |",
+        stage.num_params(),
+        len as f64 / 1e6
+    );
+    println!("|---|---|---|");
+    println!("| export | {e:.3} | {:.2} |", gb / e);
+    println!("| import | {i:.3} | {:.2} |", gb / i);
+    println!("| export + import | {:.3} | {:.2} |", e + i, gb / (e + i));
+    println!(
+        "| baseline: copy into a fresh Vec | {memcpy:.3} | {:.2} |",
+        gb / memcpy
+    );
+}
+
+fn wire_speed() {
+    let device = Device::flex();
+    println!("\n| wire tensor | dtype | encode GB/s | decode GB/s |");
+    println!("|---|---|---|---|");
+    for shape in [[8usize, 128, 512], [8, 128, 4096]] {
+        let t = Tensor::<3>::random(shape, burn::tensor::Distribution::Default, &device);
+        for dtype in [WireDType::F32, WireDType::Bf16] {
+            let (mut enc, mut dec) = (Vec::new(), Vec::new());
+            let mut bytes = Vec::new();
+            for _ in 0..5 {
+                let s = Instant::now();
+                bytes = WireTensor::encode_tensor(&t, dtype).expect("encode");
+                enc.push(s.elapsed().as_secs_f64());
+                let s = Instant::now();
+                let back = WireTensor::decode(&bytes, &WireLimits::default())
+                    .expect("decode")
+                    .into_tensor::<3>(&device)
+                    .expect("tensor");
+                dec.push(s.elapsed().as_secs_f64());
+                drop(back);
+            }
+            let gb = (shape.iter().product::<usize>() * 4) as f64 / 1e9;
+            println!(
+                "| {shape:?} ({:.0} MiB f32, {} B on wire) | {dtype:?} | {:.2} | {:.2} |",
+                gb * 1e9 / 1048576.0,
+                bytes.len(),
+                gb / median(enc),
+                gb / median(dec)
+            );
+        }
+    }
+}
+
+fn layer_costs(model: &Arc<Gpt>) {
+    let stage = Stage::new(
+        model.clone(),
+        0..model.num_layers(),
+        SEED,
+        &Device::flex().autodiff(),
+        StageConfig::default(),
+    )
+    .expect("stage");
+    let b = batches(model, 0, 1).remove(0);
+    let costs = stage
+        .measure_layer_costs(b.inputs, Some(&b.targets), 2)
+        .expect("costs");
+    println!("\n| layer | forward ms | backward ms | AdamW ms | params | output bytes |");
+    println!("|---|---|---|---|---|---|");
+    for c in costs {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            c.name, c.forward_ms, c.backward_ms, c.optimizer_ms, c.param_count, c.output_bytes
+        );
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let model = Arc::new(Gpt::new(config()).expect("config"));
+    let c = model.config();
+    let tokens = (BATCH * c.seq_len) as f64;
+    println!(
+        "model {:?}, batch {BATCH} x seq {}, {} measured steps (median), rayon threads {}",
+        c,
+        c.seq_len,
+        steps(),
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "default".into())
+    );
+    if std::env::var("PARCAE_BENCH_IO_ONLY").is_ok() {
+        state_speed(&model);
+        wire_speed();
+        return;
+    }
+    let plain = plain_burn(&model);
+    println!("\n| training step | s/step | tokens/s | vs plain Burn |");
+    println!("|---|---|---|---|");
+    println!(
+        "| plain Burn loop | {plain:.3} | {:.0} | 1.000 |",
+        tokens / plain
+    );
+    for (p, m) in [(1, 1), (2, 1), (2, 4)] {
+        let t = executor(&model, p, m);
+        println!(
+            "| stage executor P={p}, {m} micro-batch(es) | {t:.3} | {:.0} | {:.3} |",
+            tokens / t,
+            t / plain
+        );
+    }
+    layer_costs(&model);
+    state_speed(&model);
+    wire_speed();
+}

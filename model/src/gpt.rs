@@ -1,0 +1,371 @@
+//! The reference model: a GPT-2-style decoder cut into `embedding, block 1..N, head` layers.
+//!
+//! Pre-norm transformer blocks with explicit causal attention (matmul, mask, softmax: measured
+//! faster on Flex than Burn's fused attention op, see `notes/burn-0.22.md`), a GELU MLP, learned
+//! position embeddings, and an untied language-model head whose loss is the mean token
+//! cross-entropy.
+
+use burn::module::{Initializer, Module};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::activation::{gelu, log_softmax, softmax};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+
+use crate::activation::Activation;
+use crate::error::{ModelError, Result};
+use crate::pipeline_model::PipelineModel;
+use crate::rng::StageRng;
+
+/// Sizes of a [`Gpt`]. Use a preset or set any field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptConfig {
+    /// Number of token ids.
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
+    pub n_heads: usize,
+    /// Transformer blocks; the model has `n_blocks + 2` pipeline layers.
+    pub n_blocks: usize,
+    /// Longest sequence (positions learned).
+    pub seq_len: usize,
+    /// Hidden width of the MLP.
+    pub d_ff: usize,
+}
+
+impl GptConfig {
+    /// The test model: 4 pipeline layers, 30,080 parameters, trains in seconds.
+    pub fn tiny() -> Self {
+        Self {
+            vocab_size: 64,
+            d_model: 32,
+            n_heads: 4,
+            n_blocks: 2,
+            seq_len: 16,
+            d_ff: 128,
+        }
+    }
+
+    /// The benchmark model: d 512, 8 heads, 6 blocks, seq 128, vocab 4096 (23,175,168
+    /// parameters).
+    pub fn small() -> Self {
+        Self {
+            vocab_size: 4096,
+            d_model: 512,
+            n_heads: 8,
+            n_blocks: 6,
+            seq_len: 128,
+            d_ff: 2048,
+        }
+    }
+
+    /// Checks that the sizes make a model.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("seq_len", self.seq_len),
+            ("d_ff", self.d_ff),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(ModelError::InvalidConfig(format!(
+                "{name} must be positive"
+            )));
+        }
+        if !self.d_model.is_multiple_of(self.n_heads) {
+            return Err(ModelError::InvalidConfig(format!(
+                "n_heads {} does not divide d_model {}",
+                self.n_heads, self.d_model
+            )));
+        }
+        if self.vocab_size > u32::MAX as usize {
+            return Err(ModelError::InvalidConfig("vocab_size exceeds u32".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Token and position embeddings: layer 0.
+#[derive(Module, Debug)]
+pub struct GptEmbedding {
+    token: Embedding,
+    position: Embedding,
+}
+
+/// One pre-norm transformer block.
+#[derive(Module, Debug)]
+pub struct GptBlock {
+    ln_attn: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    ln_mlp: LayerNorm,
+    fc_in: Linear,
+    fc_out: Linear,
+}
+
+/// Final norm and the language-model head: the last layer.
+#[derive(Module, Debug)]
+pub struct GptHead {
+    ln: LayerNorm,
+    lm_head: Linear,
+}
+
+/// One pipeline layer of a [`Gpt`].
+#[derive(Module, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a handful of long-lived layers per stage; boxing only adds an indirection"
+)]
+pub enum GptLayer {
+    /// Layer 0.
+    Embedding(GptEmbedding),
+    /// Layers 1..=n_blocks.
+    Block(GptBlock),
+    /// The last layer.
+    Head(GptHead),
+}
+
+/// The reference GPT-2-style decoder as a [`PipelineModel`].
+#[derive(Debug, Clone)]
+pub struct Gpt {
+    config: GptConfig,
+}
+
+impl Gpt {
+    /// A model of the given sizes.
+    pub fn new(config: GptConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+
+    /// Its sizes.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    fn check_hidden(&self, what: &str, x: &Tensor<3>, width: usize) -> Result<()> {
+        let [b, t, d] = x.dims();
+        if b == 0 || t == 0 || t > self.config.seq_len || d != width {
+            return Err(ModelError::ShapeMismatch {
+                what: what.to_string(),
+                expected: format!("[batch >= 1, 1..={}, {width}]", self.config.seq_len),
+                found: vec![b, t, d],
+            });
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, what: &str, tokens: &Tensor<2, Int>) -> Result<()> {
+        let [b, t] = tokens.dims();
+        if b == 0 || t == 0 || t > self.config.seq_len {
+            return Err(ModelError::ShapeMismatch {
+                what: what.to_string(),
+                expected: format!("[batch >= 1, 1..={}]", self.config.seq_len),
+                found: vec![b, t],
+            });
+        }
+        let lo = tokens.clone().min().into_scalar::<i64>();
+        let hi = tokens.clone().max().into_scalar::<i64>();
+        for v in [lo, hi] {
+            if v < 0 || v as u64 >= self.config.vocab_size as u64 {
+                return Err(ModelError::TokenOutOfRange {
+                    token: v.clamp(0, u32::MAX as i64) as u32,
+                    vocab_size: self.config.vocab_size,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn embed(&self, layer: &GptEmbedding, tokens: Tensor<2, Int>) -> Result<Tensor<3>> {
+        self.check_tokens("embedding input", &tokens)?;
+        let [b, t] = tokens.dims();
+        let device = tokens.device();
+        let positions = Tensor::<1, Int>::arange(0..t as i64, &device)
+            .unsqueeze::<2>()
+            .expand([b, t]);
+        Ok(layer.token.forward(tokens) + layer.position.forward(positions))
+    }
+
+    fn block(&self, layer: &GptBlock, x: Tensor<3>) -> Tensor<3> {
+        let [b, t, d] = x.dims();
+        let h = self.config.n_heads;
+        let dh = d / h;
+        let qkv = layer.qkv.forward(layer.ln_attn.forward(x.clone()));
+        let heads = |i: usize| {
+            qkv.clone()
+                .narrow(2, i * d, d)
+                .reshape([b, t, h, dh])
+                .swap_dims(1, 2)
+        };
+        let (q, k, v) = (heads(0), heads(1), heads(2));
+        let scores = q.matmul(k.transpose()).div_scalar((dh as f64).sqrt());
+        let scores = scores.mask_fill(causal_mask(t, &x.device()).expand([b, h, t, t]), -1e9);
+        let attn = softmax(scores, 3)
+            .matmul(v)
+            .swap_dims(1, 2)
+            .reshape([b, t, d]);
+        let x = x + layer.proj.forward(attn);
+        let mlp = layer
+            .fc_out
+            .forward(gelu(layer.fc_in.forward(layer.ln_mlp.forward(x.clone()))));
+        x + mlp
+    }
+}
+
+/// `true` above the diagonal: the positions a query must not attend to.
+fn causal_mask(t: usize, device: &Device) -> Tensor<4, Bool> {
+    let mask: Vec<bool> = (0..t * t).map(|k| k % t > k / t).collect();
+    Tensor::<2, Bool>::from_data(TensorData::new(mask, [t, t]), device).unsqueeze::<4>()
+}
+
+impl PipelineModel for Gpt {
+    type Layer = GptLayer;
+
+    fn num_layers(&self) -> usize {
+        self.config.n_blocks + 2
+    }
+
+    fn architecture(&self) -> String {
+        let c = &self.config;
+        format!(
+            "gpt2-prenorm v{} d{} h{} b{} s{} f{}",
+            c.vocab_size, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff
+        )
+    }
+
+    fn layer_name(&self, index: usize) -> String {
+        match index {
+            0 => "embedding".into(),
+            i if i == self.num_layers() - 1 => "head".into(),
+            i => format!("block {i}"),
+        }
+    }
+
+    fn init_layer(&self, index: usize, device: &Device) -> GptLayer {
+        let c = &self.config;
+        let small = Initializer::Normal {
+            mean: 0.0,
+            std: 0.02,
+        };
+        if index == 0 {
+            GptLayer::Embedding(GptEmbedding {
+                token: EmbeddingConfig::new(c.vocab_size, c.d_model)
+                    .with_initializer(small.clone())
+                    .init(device),
+                position: EmbeddingConfig::new(c.seq_len, c.d_model)
+                    .with_initializer(small)
+                    .init(device),
+            })
+        } else if index == self.num_layers() - 1 {
+            GptLayer::Head(GptHead {
+                ln: LayerNormConfig::new(c.d_model).init(device),
+                lm_head: LinearConfig::new(c.d_model, c.vocab_size)
+                    .with_bias(false)
+                    .init(device),
+            })
+        } else {
+            GptLayer::Block(GptBlock {
+                ln_attn: LayerNormConfig::new(c.d_model).init(device),
+                qkv: LinearConfig::new(c.d_model, 3 * c.d_model).init(device),
+                proj: LinearConfig::new(c.d_model, c.d_model).init(device),
+                ln_mlp: LayerNormConfig::new(c.d_model).init(device),
+                fc_in: LinearConfig::new(c.d_model, c.d_ff).init(device),
+                fc_out: LinearConfig::new(c.d_ff, c.d_model).init(device),
+            })
+        }
+    }
+
+    fn forward(
+        &self,
+        index: usize,
+        layer: &GptLayer,
+        input: Activation,
+        _rng: &mut StageRng,
+    ) -> Result<Activation> {
+        let name = self.layer_name(index);
+        match layer {
+            GptLayer::Embedding(l) => {
+                let tokens = input.into_tokens(&name)?;
+                Ok(Activation::Hidden(self.embed(l, tokens)?))
+            }
+            GptLayer::Block(l) => {
+                let x = input.into_hidden(&name)?;
+                self.check_hidden(&name, &x, self.config.d_model)?;
+                Ok(Activation::Hidden(self.block(l, x)))
+            }
+            GptLayer::Head(l) => {
+                let x = input.into_hidden(&name)?;
+                self.check_hidden(&name, &x, self.config.d_model)?;
+                Ok(Activation::Hidden(l.lm_head.forward(l.ln.forward(x))))
+            }
+        }
+    }
+
+    fn loss(&self, output: Activation, targets: &Activation) -> Result<Tensor<1>> {
+        let logits = output.into_hidden("loss input")?;
+        self.check_hidden("loss input", &logits, self.config.vocab_size)?;
+        let targets = targets.clone().into_tokens("targets")?;
+        self.check_tokens("targets", &targets)?;
+        let [b, t, _] = logits.dims();
+        if targets.dims() != [b, t] {
+            return Err(ModelError::ShapeMismatch {
+                what: "targets".into(),
+                expected: format!("[{b}, {t}]"),
+                found: targets.dims().to_vec(),
+            });
+        }
+        let device = logits.device();
+        let logp = log_softmax(logits, 2);
+        let picked = logp.gather(2, targets.to_device(&device).unsqueeze_dim::<3>(2));
+        Ok(picked.mean().neg())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::init_layers;
+
+    fn logits(model: &Gpt, layers: &[GptLayer], tokens: Vec<i64>) -> Vec<f32> {
+        let device = Device::flex();
+        let t = tokens.len();
+        let mut x = Activation::Tokens(Tensor::from_data(TensorData::new(tokens, [1, t]), &device));
+        let mut rng = StageRng::from_seed_u64(0);
+        for (i, l) in layers.iter().enumerate() {
+            x = model.forward(i, l, x, &mut rng).unwrap();
+        }
+        let out = x.into_hidden("logits").unwrap();
+        out.into_data().try_into_vec_as::<f32>().unwrap()
+    }
+
+    #[test]
+    fn presets_have_the_documented_sizes() {
+        let tiny = Gpt::new(GptConfig::tiny()).unwrap();
+        let layers = init_layers(&tiny, 0..tiny.num_layers(), 0, &Device::flex());
+        let n: usize = layers.iter().map(|l| l.num_params()).sum();
+        assert_eq!(n, 30_080);
+        assert_eq!(tiny.layer_name(3), "head");
+        assert!(Gpt::new(GptConfig::small()).is_ok());
+        let bad = GptConfig {
+            n_heads: 5,
+            ..GptConfig::tiny()
+        };
+        assert!(matches!(Gpt::new(bad), Err(ModelError::InvalidConfig(_))));
+    }
+
+    #[test]
+    fn attention_is_causal() {
+        let model = Gpt::new(GptConfig::tiny()).unwrap();
+        let layers = init_layers(&model, 0..model.num_layers(), 3, &Device::flex());
+        let a = logits(&model, &layers, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        let b = logits(&model, &layers, vec![1, 2, 3, 4, 5, 9, 9, 9]);
+        let v = model.config().vocab_size;
+        assert_eq!(
+            a[..5 * v],
+            b[..5 * v],
+            "a later token changed an earlier output"
+        );
+        assert_ne!(a[5 * v..6 * v], b[5 * v..6 * v]);
+    }
+}
