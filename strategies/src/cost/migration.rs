@@ -65,8 +65,17 @@ struct Scenario {
     lost: Vec<u32>,
 }
 
-/// Per new stage, the old stages ranked by how many of its parameters they lack.
-type Preference = Arc<Vec<Vec<(u32, f64)>>>;
+/// How the new stages of a repartition would like to be served by the old ones.
+struct Ranking {
+    /// Per new stage, the old stages ranked by how many of its parameters they lack.
+    lists: Vec<Vec<(u32, f64)>>,
+    /// Per old stage, how many new stages rank it first.
+    demand: Vec<u32>,
+    /// Missing parameters when every new stage gets its first choice: summed, and the last.
+    first_choice: (f64, f64),
+}
+
+type Preference = Arc<Ranking>;
 
 /// Memoised expected migration costs for one cost model.
 pub struct MigrationCosts {
@@ -198,9 +207,19 @@ impl MigrationCosts {
                 lists.push(l);
             }
         }
-        let lists = Arc::new(lists);
-        self.preference.insert((from_p, to_p), lists.clone());
-        lists
+        let mut demand = vec![0u32; old.len().saturating_sub(1)];
+        let mut first_choice = (0.0, 0.0);
+        for (j, miss) in lists.iter().filter_map(|l| l.first()) {
+            demand[*j as usize] += 1;
+            first_choice = (first_choice.0 + miss, *miss);
+        }
+        let ranking = Arc::new(Ranking {
+            lists,
+            demand,
+            first_choice,
+        });
+        self.preference.insert((from_p, to_p), ranking.clone());
+        ranking
     }
 
     /// Which formula of spec 3.3 prices a move, with its scenario-independent part.
@@ -313,15 +332,24 @@ fn restart_kind(ev: MigrationEvent, to: ParallelConfig) -> RestartKind {
 /// layers cover it best.
 fn repartition_missing(
     rule: RepartitionRule,
-    pref: &[Vec<(u32, f64)>],
+    pref: &Ranking,
     lost: &[u32],
     old_d: u32,
     new_stages: &[f64],
 ) -> f64 {
+    let pick = |(sum, last): (f64, f64)| match rule {
+        RepartitionRule::Sum => sum,
+        RepartitionRule::LastStage => last,
+    };
+    // With enough survivors everywhere every new stage gets its first choice.
+    let plenty = pref.demand.iter().zip(lost).all(|(&want, &k)| old_d - k >= want);
+    if plenty && !pref.lists.is_empty() {
+        return pick(pref.first_choice);
+    }
     let mut left: Vec<u32> = lost.iter().map(|&k| old_d - k).collect();
     let mut sum = 0.0;
     let mut last = 0.0;
-    for (s, choices) in pref.iter().enumerate() {
+    for (s, choices) in pref.lists.iter().enumerate() {
         let miss = choices
             .iter()
             .find(|(j, _)| left[*j as usize] > 0)
@@ -333,10 +361,7 @@ fn repartition_missing(
         sum += miss;
         last = miss;
     }
-    match rule {
-        RepartitionRule::Sum => sum,
-        RepartitionRule::LastStage => last,
-    }
+    pick((sum, last))
 }
 
 /// Binomial coefficient as a float (exact for the sizes used here).
