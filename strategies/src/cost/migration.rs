@@ -342,7 +342,11 @@ fn repartition_missing(
         RepartitionRule::LastStage => last,
     };
     // With enough survivors everywhere every new stage gets its first choice.
-    let plenty = pref.demand.iter().zip(lost).all(|(&want, &k)| old_d - k >= want);
+    let plenty = pref
+        .demand
+        .iter()
+        .zip(lost)
+        .all(|(&want, &k)| old_d - k >= want);
     if plenty && !pref.lists.is_empty() {
         return pick(pref.first_choice);
     }
