@@ -75,9 +75,14 @@ impl RaftNode {
     /// (and reported again as events). An empty directory gives an uninitialized node that waits
     /// for a leader to send it the state after its `Join` was committed.
     pub fn open(dir: &Path, config: RaftConfig) -> Result<RaftNode, RaftError> {
-        config.validate().map_err(RaftError::Config)?;
-        let storage = DiskStorage::open(dir, config.storage)?;
+        let storage = Self::open_storage(dir, &config)?;
         Self::with_storage(storage, config)
+    }
+
+    /// Validates `config` and opens the durable storage in `dir`.
+    fn open_storage(dir: &Path, config: &RaftConfig) -> Result<DiskStorage, RaftError> {
+        config.validate().map_err(RaftError::Config)?;
+        Ok(DiskStorage::open(dir, config.storage)?)
     }
 
     /// Creates a new cluster in the empty directory `dir`. Every bootstrap member must call this
@@ -88,8 +93,7 @@ impl RaftNode {
         config: RaftConfig,
         members: &[PeerInfo],
     ) -> Result<RaftNode, RaftError> {
-        config.validate().map_err(RaftError::Config)?;
-        let storage = DiskStorage::open(dir, config.storage)?;
+        let storage = Self::open_storage(dir, &config)?;
         Self::bootstrap_storage(storage, config, members)
     }
 
@@ -101,8 +105,7 @@ impl RaftNode {
         config: RaftConfig,
         members: &[PeerInfo],
     ) -> Result<RaftNode, RaftError> {
-        config.validate().map_err(RaftError::Config)?;
-        let storage = DiskStorage::open(dir, config.storage)?;
+        let storage = Self::open_storage(dir, &config)?;
         if storage.is_initialized() {
             Self::with_storage(storage, config)
         } else {

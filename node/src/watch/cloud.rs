@@ -64,13 +64,24 @@ pub trait MetadataPoller: Send {
     fn name(&self) -> &'static str;
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::new_with_config(
-        ureq::Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .http_status_as_error(false)
-            .build(),
-    )
+/// A metadata service endpoint: base URL and an HTTP agent with a global timeout.
+struct MetadataClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl MetadataClient {
+    fn new(base: &str, timeout: Duration) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            agent: ureq::Agent::new_with_config(
+                ureq::Agent::config_builder()
+                    .timeout_global(Some(timeout))
+                    .http_status_as_error(false)
+                    .build(),
+            ),
+        }
+    }
 }
 
 fn read_body(
@@ -100,8 +111,7 @@ fn http_err(url: &str) -> impl FnOnce(ureq::Error) -> PollError + '_ {
 /// AWS IMDSv2: `PUT /latest/api/token`, then `GET /latest/meta-data/spot/instance-action`
 /// (404 until AWS schedules an interruption, then `{"action": "...", "time": "RFC 3339"}`).
 pub struct AwsPoller {
-    base: String,
-    agent: ureq::Agent,
+    client: MetadataClient,
 }
 
 #[derive(Deserialize)]
@@ -114,16 +124,16 @@ impl AwsPoller {
     /// A poller against `base` (no trailing slash needed).
     pub fn new(base: &str, timeout: Duration) -> Self {
         Self {
-            base: base.trim_end_matches('/').to_owned(),
-            agent: agent(timeout),
+            client: MetadataClient::new(base, timeout),
         }
     }
 }
 
 impl MetadataPoller for AwsPoller {
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
-        let token_url = format!("{}/latest/api/token", self.base);
+        let token_url = format!("{}/latest/api/token", self.client.base);
         let resp = self
+            .client
             .agent
             .put(&token_url)
             .header(
@@ -139,8 +149,9 @@ impl MetadataPoller for AwsPoller {
                 status,
             });
         }
-        let url = format!("{}/latest/meta-data/spot/instance-action", self.base);
+        let url = format!("{}/latest/meta-data/spot/instance-action", self.client.base);
         let resp = self
+            .client
             .agent
             .get(&url)
             .header("X-aws-ec2-metadata-token", token.trim())
@@ -176,24 +187,23 @@ impl MetadataPoller for AwsPoller {
 /// GCE: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` answers
 /// `TRUE` once the instance is being preempted (30 s before it stops).
 pub struct GcePoller {
-    base: String,
-    agent: ureq::Agent,
+    client: MetadataClient,
 }
 
 impl GcePoller {
     /// A poller against `base`.
     pub fn new(base: &str, timeout: Duration) -> Self {
         Self {
-            base: base.trim_end_matches('/').to_owned(),
-            agent: agent(timeout),
+            client: MetadataClient::new(base, timeout),
         }
     }
 }
 
 impl MetadataPoller for GcePoller {
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
-        let url = format!("{}/computeMetadata/v1/instance/preempted", self.base);
+        let url = format!("{}/computeMetadata/v1/instance/preempted", self.client.base);
         let resp = self
+            .client
             .agent
             .get(&url)
             .header("Metadata-Flavor", "Google")
@@ -224,8 +234,7 @@ impl MetadataPoller for GcePoller {
 /// Azure: `GET /metadata/scheduledevents?api-version=2020-07-01` with `Metadata: true`; an event
 /// of type `Preempt` or `Terminate` means the machine is going (Spot gives at least 30 s).
 pub struct AzurePoller {
-    base: String,
-    agent: ureq::Agent,
+    client: MetadataClient,
 }
 
 #[derive(Deserialize)]
@@ -244,8 +253,7 @@ impl AzurePoller {
     /// A poller against `base`.
     pub fn new(base: &str, timeout: Duration) -> Self {
         Self {
-            base: base.trim_end_matches('/').to_owned(),
-            agent: agent(timeout),
+            client: MetadataClient::new(base, timeout),
         }
     }
 }
@@ -254,9 +262,10 @@ impl MetadataPoller for AzurePoller {
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
         let url = format!(
             "{}/metadata/scheduledevents?api-version=2020-07-01",
-            self.base
+            self.client.base
         );
         let resp = self
+            .client
             .agent
             .get(&url)
             .header("Metadata", "true")
