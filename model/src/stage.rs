@@ -210,6 +210,13 @@ impl<M: PipelineModel> Stage<M> {
         })
     }
 
+    /// Moves the learning-rate schedule to `step` without touching weights or moments: a stage
+    /// restored from an older checkpoint rejoins a job that went on without it, and layers
+    /// fetched from live holders must then agree with the job's step.
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
     /// The layers this stage runs.
     pub fn layer_range(&self) -> Range<usize> {
         self.range.clone()

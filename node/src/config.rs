@@ -51,6 +51,8 @@ pub struct NodeConfig {
     pub notices: NoticeConfig,
     /// Network bounds.
     pub net: NetConfig,
+    /// What to train and how.
+    pub train: TrainConfig,
 }
 
 /// Raft timing.
@@ -73,6 +75,58 @@ pub struct RaftConfig {
 pub struct PlannerConfig {
     /// Seconds between availability ticks (one planning interval).
     pub interval_secs: f64,
+    /// How configurations are chosen: `liveput` (Parcae's look-ahead optimizer on the measured
+    /// cost model, moving state peer to peer) or `reactive` (the throughput-optimal
+    /// configuration for the nodes present, restarting from checkpoints on every change, like
+    /// Parcae's throughput-optimised baseline).
+    pub strategy: PlanStrategy,
+    /// Planning intervals the liveput optimizer looks ahead.
+    pub lookahead: u16,
+    /// A fixed `[D, P]` (experiments, reproducible runs): used whenever enough nodes are
+    /// present; the first plan waits for them.
+    pub pin: Option<[u32; 2]>,
+}
+
+/// See [`PlannerConfig::strategy`].
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PlanStrategy {
+    /// Look-ahead liveput optimization with live migration.
+    Liveput,
+    /// Throughput-optimal configuration, restart on every change.
+    Reactive,
+}
+
+/// What the cluster trains. Every node must use the same values (the model fingerprint and
+/// the layer count are checked when state moves between nodes).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Train at all (a node without training only runs the control plane).
+    pub enabled: bool,
+    /// Built-in GPT preset: `tiny` or `small`.
+    pub model: String,
+    /// `synthetic` (the seeded built-in task) or a path to a text file (byte-level tokens).
+    pub data: String,
+    /// Seed of the weights, the data order and the synthetic task.
+    pub seed: u64,
+    /// Samples per training step over the whole cluster.
+    pub global_batch: u32,
+    /// Samples per micro-batch.
+    pub micro_batch: u32,
+    /// Stop after this many committed steps (0: never).
+    pub max_steps: u64,
+    /// Every this many steps the first replica of each stage checkpoints (0: never).
+    pub checkpoint_every: u64,
+    /// Peak learning rate.
+    pub peak_lr: f64,
+    /// Warmup steps of the learning-rate schedule.
+    pub warmup_steps: u64,
+    /// Seconds a pipeline neighbour or ring peer may take to answer before the step is
+    /// abandoned.
+    pub peer_timeout_secs: f64,
+    /// Port of the data plane (0: any free port), bound on the libp2p listen IP.
+    pub data_port: u16,
 }
 
 /// Cloud metadata pollers; a poller runs only when its base URL is set.
@@ -112,6 +166,26 @@ impl Default for NodeConfig {
             planner: PlannerConfig::default(),
             notices: NoticeConfig::default(),
             net: NetConfig::default(),
+            train: TrainConfig::default(),
+        }
+    }
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            model: "tiny".into(),
+            data: "synthetic".into(),
+            seed: 1,
+            global_batch: 16,
+            micro_batch: 2,
+            max_steps: 0,
+            checkpoint_every: 20,
+            peak_lr: 1e-2,
+            warmup_steps: 10,
+            peer_timeout_secs: 10.0,
+            data_port: 0,
         }
     }
 }
@@ -131,6 +205,9 @@ impl Default for PlannerConfig {
     fn default() -> Self {
         Self {
             interval_secs: 60.0,
+            strategy: PlanStrategy::Liveput,
+            lookahead: 8,
+            pin: None,
         }
     }
 }
@@ -194,6 +271,36 @@ impl NodeConfig {
         if self.net.max_control_frame < 1024 {
             return Err(ConfigError::Invalid(
                 "net.max_control_frame must be >= 1024".into(),
+            ));
+        }
+        let t = &self.train;
+        if t.global_batch == 0 || t.micro_batch == 0 || t.micro_batch > t.global_batch {
+            return Err(ConfigError::Invalid(
+                "train: global_batch and micro_batch must be > 0, micro_batch <= global_batch"
+                    .into(),
+            ));
+        }
+        if !["tiny", "small"].contains(&t.model.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "train.model must be tiny or small, not {:?}",
+                t.model
+            )));
+        }
+        if !(positive(t.peak_lr) && positive(t.peer_timeout_secs)) {
+            return Err(ConfigError::Invalid(
+                "train.peak_lr and train.peer_timeout_secs must be > 0".into(),
+            ));
+        }
+        if let Some([d, p]) = self.planner.pin
+            && (d == 0 || p == 0 || d > t.global_batch)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "planner.pin [{d}, {p}] needs D, P > 0 and D <= train.global_batch"
+            )));
+        }
+        if self.planner.lookahead == 0 || self.planner.lookahead > 64 {
+            return Err(ConfigError::Invalid(
+                "planner.lookahead must be in 1..=64".into(),
             ));
         }
         if self.notices.poll_interval_ms == Some(0) {

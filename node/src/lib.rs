@@ -66,5 +66,6 @@ pub mod planner;
 pub mod raft;
 pub mod runtime;
 pub mod status;
+pub mod train;
 pub mod watch;
 pub mod wire;

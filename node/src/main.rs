@@ -2,14 +2,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use libp2p::Multiaddr;
-use parcae_node::config::NodeConfig;
+use parcae_model::{ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask};
+use parcae_node::config::{NodeConfig, TrainConfig};
 use parcae_node::key::ClusterKey;
 use parcae_node::runtime::{self, RunOptions};
+use parcae_node::train::{Trainer, TrainerLauncher};
 
 #[derive(Parser)]
 #[command(
@@ -82,6 +85,11 @@ fn main() -> anyhow::Result<()> {
                 None => NodeConfig::default(),
             };
             let cluster_key = ClusterKey::load(&cluster_key)?;
+            let trainer = if config.train.enabled {
+                Some(builtin_trainer(&config.train)?)
+            } else {
+                None
+            };
             let code = runtime::run(RunOptions {
                 data_dir,
                 listen,
@@ -89,6 +97,7 @@ fn main() -> anyhow::Result<()> {
                 cluster_key,
                 status_addr,
                 config,
+                trainer,
             })?;
             std::process::exit(code);
         }
@@ -127,5 +136,40 @@ fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&value)?);
             Ok(())
         }
+    }
+}
+
+/// The built-in GPT on the synthetic task or a byte-level text file, as `[train]` says.
+fn builtin_trainer(t: &TrainConfig) -> anyhow::Result<TrainerLauncher> {
+    let mut gpt = match t.model.as_str() {
+        "small" => GptConfig::small(),
+        _ => GptConfig::tiny(),
+    };
+    let optimizer = OptimizerConfig {
+        peak_lr: t.peak_lr,
+        min_lr: t.peak_lr / 10.0,
+        warmup_steps: t.warmup_steps,
+        // Runs that split a batch differently stay within 1e-4 of each other (see the model
+        // crate's OptimizerConfig::epsilon).
+        epsilon: 1e-5,
+        ..OptimizerConfig::default()
+    };
+    let launcher = |gpt: GptConfig, data: Arc<dyn Dataset>| -> anyhow::Result<TrainerLauncher> {
+        Ok(Trainer::with_shared_dataset(Gpt::new(gpt)?, data)
+            .seed(t.seed)
+            .batch(t.global_batch, t.micro_batch)
+            .max_steps(t.max_steps)
+            .checkpoint_every(t.checkpoint_every)
+            .optimizer(optimizer)
+            .launcher())
+    };
+    if t.data == "synthetic" {
+        let task = SyntheticTask::default_for(t.seed, gpt.vocab_size, gpt.seq_len)?;
+        launcher(gpt, Arc::new(task))
+    } else {
+        gpt.vocab_size = 256;
+        let text = ByteTextDataset::from_file(std::path::Path::new(&t.data), gpt.seq_len)
+            .with_context(|| format!("train.data {}", t.data))?;
+        launcher(gpt, Arc::new(text))
     }
 }

@@ -31,7 +31,7 @@ use crate::net::actor::{
     DisconnectPeer, KeepConnected, NetEvent, Network, PublishNotice, SendControl,
 };
 use crate::notice::{Notice, unix_ms};
-use crate::status::{MemberView, NoticeView, RoleView, Status, StatusSnapshot};
+use crate::status::{MemberView, NoticeView, RoleView, Status, StatusSnapshot, StepRecord};
 use crate::watch::LeaveRequested;
 use crate::wire::{ControlMessage, MAX_RAFT_MESSAGE};
 
@@ -84,6 +84,8 @@ pub struct RaftSetup {
     pub listen: Vec<Multiaddr>,
     /// Bootstrap peers (relays for the `Join`).
     pub bootstrap: Vec<PeerId>,
+    /// The trainer's data-plane address, recorded in the membership.
+    pub data_addr: Option<std::net::SocketAddr>,
 }
 
 /// The actor.
@@ -107,6 +109,9 @@ pub struct Raft {
     commit_latency_us: VecDeque<u64>,
     last_status: Option<StatusSnapshot>,
     members_version: Option<Vec<(NodeId, Vec<String>)>>,
+    data_addr: Option<String>,
+    view: tokio::sync::watch::Sender<Arc<parcae_consensus::ControlState>>,
+    view_applied: u64,
 }
 
 /// Opens the raft node in `setup.dir`, founding a one-member cluster there when the directory is
@@ -119,7 +124,11 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
     raft_config.max_voters = config.max_voters;
     raft_config.max_message_bytes = MAX_RAFT_MESSAGE;
     let mut node = if !setup.dir.exists() && setup.found_cluster {
-        let me = peer_info(&setup.peer_id, &setup.listen);
+        let me = peer_info(
+            &setup.peer_id,
+            &setup.listen,
+            setup.data_addr.map(|a| a.to_string()),
+        );
         let mut node = RaftNode::bootstrap(&setup.dir, raft_config, &[me])?;
         node.campaign()?;
         tracing::info!("founded a new cluster");
@@ -140,8 +149,12 @@ impl Raft {
         net: Addr<Network>,
         status: Addr<Status>,
         metrics: Arc<Metrics>,
+        view: tokio::sync::watch::Sender<Arc<parcae_consensus::ControlState>>,
     ) -> Self {
         Self {
+            data_addr: setup.data_addr.map(|a| a.to_string()),
+            view,
+            view_applied: 0,
             my_id: node.id(),
             node,
             me: setup.peer_id,
@@ -185,7 +198,17 @@ impl Raft {
         }
         self.poll_pending();
         self.sync_membership_view();
+        self.publish_view();
         self.publish_status(ctx);
+    }
+
+    /// Hands the applied state to the trainer whenever something was applied.
+    fn publish_view(&mut self) {
+        let applied = self.node.status().applied;
+        if applied != self.view_applied || self.view.borrow().members.is_empty() {
+            self.view_applied = applied;
+            self.view.send_replace(Arc::new(self.node.state().clone()));
+        }
     }
 
     fn on_node_event(&mut self, event: NodeEvent) {
@@ -210,6 +233,26 @@ impl Raft {
                 command,
                 outcome,
             } => {
+                if let (
+                    Ok(_),
+                    Some(Command::StepCommitted {
+                        step,
+                        epoch,
+                        sample_start,
+                        samples,
+                        loss,
+                        ..
+                    }),
+                ) = (&outcome, &command)
+                {
+                    self.status.do_send(StepRecord {
+                        step: *step,
+                        epoch: *epoch,
+                        sample_start: *sample_start,
+                        samples: *samples,
+                        loss: *loss,
+                    });
+                }
                 if let Err(rejection) = &outcome {
                     tracing::debug!(
                         index,
@@ -339,14 +382,11 @@ impl Raft {
             return;
         }
         let addrs: Vec<String> = self.listen_addrs.iter().map(|a| a.to_string()).collect();
-        let current = self
-            .node
-            .state()
-            .members
-            .get(&self.my_id)
-            .is_some_and(|m| m.status.is_healthy() && m.peer.addrs == addrs);
+        let current = self.node.state().members.get(&self.my_id).is_some_and(|m| {
+            m.status.is_healthy() && m.peer.addrs == addrs && m.peer.data_addr == self.data_addr
+        });
         if !current {
-            let peer = peer_info(&self.me, &self.listen_addrs);
+            let peer = peer_info(&self.me, &self.listen_addrs, self.data_addr.clone());
             self.propose_or_forward(
                 Command::Join {
                     node: self.my_id,
@@ -451,9 +491,20 @@ impl Raft {
             Err(e) => return self.punish(from, format!("undecodable proposal: {e}")),
         };
         let origin_id = NodeId::from_peer_bytes(&origin);
+        let state = self.node.state();
         let allowed = match &command {
             Command::Join { node, peer } => *node == origin_id && peer.peer_id == origin,
-            Command::Notice { node, .. } | Command::Leave { node } => *node == origin_id,
+            Command::Notice { node, .. }
+            | Command::Leave { node }
+            | Command::CostReport { node, .. } => *node == origin_id,
+            // Training reports come from nodes of the plan they ran under.
+            Command::StepCommitted { epoch, .. } => state
+                .plan
+                .as_ref()
+                .is_some_and(|p| p.epoch == *epoch && p.assignment.contains_key(&origin_id)),
+            Command::Checkpointed { holders, .. } => {
+                holders.contains(&origin_id) && state.members.contains_key(&origin_id)
+            }
             _ => false,
         };
         if !allowed {
@@ -541,6 +592,8 @@ impl Raft {
                 .as_ref()
                 .map(|p| (p.data_parallel, p.pipeline_stages)),
             step: state.progress.last_committed_step.unwrap_or(0),
+            loss: state.progress.recent_losses.back().map(|l| l.loss),
+            samples: state.progress.sample_cursor,
             commit_index: st.commit,
             applied_index: st.applied,
             listen_addrs: self.listen_addrs.iter().map(|a| a.to_string()).collect(),
@@ -574,10 +627,11 @@ impl Raft {
 }
 
 /// This node's identity and addresses as recorded in the membership.
-fn peer_info(peer: &PeerId, addrs: &[Multiaddr]) -> PeerInfo {
+fn peer_info(peer: &PeerId, addrs: &[Multiaddr], data_addr: Option<String>) -> PeerInfo {
     PeerInfo {
         peer_id: peer.to_bytes(),
         addrs: addrs.iter().map(|a| a.to_string()).collect(),
+        data_addr,
         caps: Capabilities::default(),
     }
 }
@@ -697,6 +751,16 @@ impl Handler<LeaveRequested> for Raft {
             System::current().stop_with_code(0);
         });
     }
+}
+
+/// Commands from the trainer (step reports, checkpoints, cost reports): proposed here when
+/// leading, else forwarded to the leader.
+impl StreamHandler<Command> for Raft {
+    fn handle(&mut self, command: Command, ctx: &mut Context<Self>) {
+        self.propose_or_forward(command, ctx);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 impl Handler<ProposeCommand> for Raft {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use libp2p::Multiaddr;
 
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, PlanStrategy};
 use crate::identity::{self, IdentityError};
 use crate::key::ClusterKey;
 use crate::metrics::Metrics;
@@ -17,14 +17,14 @@ use crate::net::actor::{MissingPeerId, Network, split_peer_addr};
 use crate::net::swarm::{SwarmError, build_swarm};
 use crate::planner::Planner;
 use crate::raft::{Raft, RaftActorError, RaftSetup, open_node};
-use crate::status::{HttpError, Status, StatusSnapshot, serve_http};
+use crate::status::{HttpError, Published, Status, StatusSnapshot, serve_http};
+use crate::train::{TrainError, TrainerContext, TrainerLauncher};
 use crate::watch::NoticeWatcher;
 
 /// Directory of the raft log inside the data directory.
 pub const RAFT_DIR: &str = "raft";
 
 /// What `parcae-node run` was given.
-#[derive(Debug)]
 pub struct RunOptions {
     /// Data directory (identity key, raft log).
     pub data_dir: PathBuf,
@@ -38,6 +38,8 @@ pub struct RunOptions {
     pub status_addr: SocketAddr,
     /// Tuning.
     pub config: NodeConfig,
+    /// The trainer to run beside the control plane (`None`: control plane only).
+    pub trainer: Option<TrainerLauncher>,
 }
 
 /// Why the node could not start.
@@ -61,6 +63,9 @@ pub enum NodeError {
     /// The actor system failed.
     #[error("actor system: {0}")]
     System(#[from] std::io::Error),
+    /// The trainer could not start.
+    #[error("trainer: {0}")]
+    Trainer(#[from] TrainError),
 }
 
 /// Runs a node until it exits; returns the process exit code.
@@ -77,36 +82,102 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let metrics = Arc::new(Metrics::default());
     let initial = serde_json::to_string(&StatusSnapshot::initial(peer_id.to_string()))
         .unwrap_or_else(|_| "{}".into());
-    let json = Arc::new(RwLock::new(initial));
-    let http = serve_http(opts.status_addr, json.clone(), metrics.clone())?;
-    tracing::info!(%http, "status server listening");
-
-    let setup = RaftSetup {
-        peer_id,
-        dir: opts.data_dir.join(RAFT_DIR),
-        found_cluster: bootstrap.is_empty(),
-        listen: opts.listen.clone(),
-        bootstrap: bootstrap.iter().map(|(p, _)| *p).collect(),
+    let cells = Published {
+        status: Arc::new(RwLock::new(initial)),
+        steps: Arc::new(RwLock::new("[]".into())),
     };
-    let raft_node = open_node(&setup, &opts.config)?;
-    let swarm = build_swarm(keypair, opts.cluster_key, &opts.config.net_limits())?;
+    let http = serve_http(opts.status_addr, cells.clone(), metrics.clone())?;
+    tracing::info!(%http, "status server listening");
 
     let system = System::new();
     let config = opts.config;
     let listen = opts.listen;
+    let status = system.block_on(async { Status::new(cells).start() });
+    let (view_tx, view_rx) = tokio::sync::watch::channel(Arc::default());
+    let (submit_tx, submit_rx) = tokio::sync::mpsc::unbounded_channel();
+    let data_addr = match opts.trainer {
+        Some(launch) => {
+            let publish = status.clone().recipient();
+            Some(launch(TrainerContext {
+                me: parcae_consensus::NodeId::from_peer_bytes(&peer_id.to_bytes()),
+                keypair: keypair.clone(),
+                key: opts.cluster_key.clone(),
+                data_dir: opts.data_dir.clone(),
+                bind_ip: listen_ip(&listen),
+                data_port: config.train.data_port,
+                view: view_rx,
+                submit: Arc::new(move |c| {
+                    let _ = submit_tx.send(c);
+                }),
+                publish: Box::new(move |v| publish.do_send(v)),
+                peer_timeout: Duration::from_secs_f64(config.train.peer_timeout_secs),
+                restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
+            })?)
+        }
+        None => None,
+    };
+    if let Some(addr) = data_addr {
+        tracing::info!(%addr, "data plane listening");
+    }
+    let setup = RaftSetup {
+        peer_id,
+        dir: opts.data_dir.join(RAFT_DIR),
+        found_cluster: bootstrap.is_empty(),
+        listen: listen.clone(),
+        bootstrap: bootstrap.iter().map(|(p, _)| *p).collect(),
+        data_addr,
+    };
+    let raft_node = open_node(&setup, &config)?;
+    let swarm = build_swarm(keypair, opts.cluster_key, &config.net_limits())?;
     system.block_on(async move {
-        let status = Status::new(json).start();
         let net_arbiter = Arbiter::new();
         let raft = Raft::create(|ctx| {
+            ctx.add_stream(futures::stream::unfold(submit_rx, |mut rx| async move {
+                rx.recv().await.map(|c| (c, rx))
+            }));
             let events = ctx.address().recipient();
             let net_metrics = metrics.clone();
             let net = Network::start_in_arbiter(&net_arbiter.handle(), move |_| {
                 Network::new(swarm, listen, bootstrap, events, net_metrics)
             });
-            Raft::new(raft_node, setup, config.clone(), net, status, metrics)
+            Raft::new(
+                raft_node,
+                setup,
+                config.clone(),
+                net,
+                status.clone(),
+                metrics,
+                view_tx,
+            )
         });
         NoticeWatcher::new(&config, raft.clone().recipient()).start();
-        Planner::new(raft, Duration::from_secs_f64(config.planner.interval_secs)).start();
+        Planner::new(raft, status, &config).start();
     });
     Ok(system.run_with_code()?)
+}
+
+/// The IP the data plane binds and advertises: the first IP of the libp2p listen addresses; for
+/// an unspecified one (`0.0.0.0`) it binds everything and advertises the address of the
+/// interface that routes outwards.
+fn listen_ip(listen: &[Multiaddr]) -> std::net::IpAddr {
+    use libp2p::multiaddr::Protocol;
+    let ip = listen
+        .iter()
+        .flat_map(|a| a.iter())
+        .find_map(|p| match p {
+            Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
+            Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
+            _ => None,
+        })
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    if !ip.is_unspecified() {
+        return ip;
+    }
+    std::net::UdpSocket::bind((ip, 0))
+        .and_then(|s| {
+            s.connect(("192.0.2.1", 9))?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .unwrap_or(ip)
 }

@@ -1,10 +1,13 @@
-//! The `Status` actor and the HTTP endpoints `/status` (JSON) and `/metrics` (Prometheus text).
+//! The `Status` actor and the HTTP endpoints `/status` (JSON), `/steps` (JSON: the committed
+//! steps applied here) and `/metrics` (Prometheus text).
 //!
-//! The raft actor pushes a [`StatusSnapshot`] whenever something visible changes; the `Status`
-//! actor renders it to JSON once and publishes it in a shared cell. The HTTP server runs on its
+//! The raft actor pushes a [`StatusSnapshot`] whenever something visible changes and a
+//! [`StepRecord`] for every committed step; the trainer pushes its [`TrainingView`]. The `Status`
+//! actor renders them to JSON once and publishes them in shared cells. The HTTP server runs on its
 //! own thread (tiny_http) and only reads that cell and the metrics atomics, so a slow or hostile
 //! HTTP client can never block an actor.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
@@ -74,6 +77,10 @@ pub struct StatusSnapshot {
     pub config: Option<(u32, u32)>,
     /// Last committed training step.
     pub step: u64,
+    /// Loss of the last committed step.
+    pub loss: Option<f64>,
+    /// The replicated sample cursor: samples trained by committed steps.
+    pub samples: u64,
     /// Raft commit index.
     pub commit_index: u64,
     /// Raft applied index.
@@ -89,6 +96,65 @@ pub struct StatusSnapshot {
     /// Latency from proposal to local apply of the commands this node proposed.
     pub commit_latency_us: LatencySummary,
 }
+
+/// One reconfiguration this node took part in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigrationView {
+    /// Epoch of the plan entered.
+    pub epoch: u64,
+    /// `initial`, `intra`, `inter`, `repartition` or `restart`.
+    pub kind: String,
+    /// First step of the plan.
+    pub at_step: u64,
+    /// Seconds from seeing the plan to being ready to train.
+    pub secs: f64,
+    /// State bytes received from other nodes.
+    pub received_bytes: u64,
+}
+
+/// The trainer's side of `/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Default, Message)]
+#[rtype(result = "()")]
+pub struct TrainingView {
+    /// `[pipeline, stage]` of this node in the current plan.
+    pub slot: Option<[u32; 2]>,
+    /// `waiting`, `migrating`, `training`, `spare` or `finished`.
+    pub phase: String,
+    /// Duration of the last step this node trained, ms.
+    pub last_step_ms: f64,
+    /// Reconfigurations this node took part in, oldest first (bounded).
+    pub migrations: Vec<MigrationView>,
+    /// The planner's cost estimates (on the leader): samples/s of the best configurations.
+    pub estimates: Vec<EstimateView>,
+}
+
+/// The planner's throughput estimate of a configuration, from the measured cost model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EstimateView {
+    /// `[D, P]`.
+    pub config: [u32; 2],
+    /// Estimated samples per second.
+    pub samples_per_sec: f64,
+}
+
+/// A committed step as applied on this node (`/steps`).
+#[derive(Debug, Clone, PartialEq, Serialize, Message)]
+#[rtype(result = "()")]
+pub struct StepRecord {
+    /// The step.
+    pub step: u64,
+    /// Plan epoch it ran under.
+    pub epoch: u64,
+    /// First sample.
+    pub sample_start: u64,
+    /// Samples.
+    pub samples: u64,
+    /// Mean loss.
+    pub loss: f64,
+}
+
+/// Step records kept for `/steps`.
+const MAX_STEP_RECORDS: usize = 100_000;
 
 /// Quantiles of a latency sample, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -134,6 +200,8 @@ impl StatusSnapshot {
             epoch: 0,
             config: None,
             step: 0,
+            loss: None,
+            samples: 0,
             commit_index: 0,
             applied_index: 0,
             listen_addrs: Vec::new(),
@@ -148,15 +216,59 @@ impl StatusSnapshot {
 /// The rendered JSON, shared with the HTTP thread.
 pub type SharedJson = Arc<RwLock<String>>;
 
-/// The actor: renders snapshots into the shared cell.
+/// The JSON cells the HTTP thread serves.
+#[derive(Clone, Default)]
+pub struct Published {
+    /// `/status`.
+    pub status: SharedJson,
+    /// `/steps`.
+    pub steps: SharedJson,
+}
+
+/// The actor: renders snapshots into the shared cells.
 pub struct Status {
-    json: SharedJson,
+    cells: Published,
+    snapshot: Option<StatusSnapshot>,
+    training: TrainingView,
+    steps: VecDeque<StepRecord>,
 }
 
 impl Status {
-    /// An actor publishing into `json`.
-    pub fn new(json: SharedJson) -> Self {
-        Self { json }
+    /// An actor publishing into `cells`.
+    pub fn new(cells: Published) -> Self {
+        Self {
+            cells,
+            snapshot: None,
+            training: TrainingView::default(),
+            steps: VecDeque::new(),
+        }
+    }
+
+    fn render_status(&self) {
+        #[derive(Serialize)]
+        struct Full<'a> {
+            #[serde(flatten)]
+            raft: &'a StatusSnapshot,
+            training: &'a TrainingView,
+            migrations: &'a [MigrationView],
+        }
+        let Some(raft) = &self.snapshot else { return };
+        let full = Full {
+            raft,
+            training: &self.training,
+            migrations: &self.training.migrations,
+        };
+        store(&self.cells.status, serde_json::to_string(&full));
+    }
+}
+
+fn store(cell: &SharedJson, text: serde_json::Result<String>) {
+    match text {
+        Ok(text) => match cell.write() {
+            Ok(mut c) => *c = text,
+            Err(poisoned) => *poisoned.into_inner() = text,
+        },
+        Err(e) => tracing::error!("cannot render status: {e}"),
     }
 }
 
@@ -168,13 +280,47 @@ impl Handler<StatusSnapshot> for Status {
     type Result = ();
 
     fn handle(&mut self, snapshot: StatusSnapshot, _: &mut Context<Self>) {
-        match serde_json::to_string(&snapshot) {
-            Ok(text) => match self.json.write() {
-                Ok(mut cell) => *cell = text,
-                Err(poisoned) => *poisoned.into_inner() = text,
-            },
-            Err(e) => tracing::error!("cannot render status: {e}"),
+        self.snapshot = Some(snapshot);
+        self.render_status();
+    }
+}
+
+impl Handler<TrainingView> for Status {
+    type Result = ();
+
+    fn handle(&mut self, view: TrainingView, _: &mut Context<Self>) {
+        let estimates = std::mem::take(&mut self.training.estimates);
+        self.training = view;
+        if self.training.estimates.is_empty() {
+            self.training.estimates = estimates;
         }
+        self.render_status();
+    }
+}
+
+/// The planner's latest estimates.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct Estimates(pub Vec<EstimateView>);
+
+impl Handler<Estimates> for Status {
+    type Result = ();
+
+    fn handle(&mut self, e: Estimates, _: &mut Context<Self>) {
+        self.training.estimates = e.0;
+        self.render_status();
+    }
+}
+
+impl Handler<StepRecord> for Status {
+    type Result = ();
+
+    fn handle(&mut self, record: StepRecord, _: &mut Context<Self>) {
+        if self.steps.len() == MAX_STEP_RECORDS {
+            self.steps.pop_front();
+        }
+        self.steps.push_back(record);
+        store(&self.cells.steps, serde_json::to_string(&self.steps));
     }
 }
 
@@ -189,7 +335,7 @@ pub struct HttpError {
 /// Starts the HTTP server on its own thread; returns the bound address (useful with port 0).
 pub fn serve_http(
     addr: SocketAddr,
-    json: SharedJson,
+    json: Published,
     metrics: Arc<Metrics>,
 ) -> Result<SocketAddr, HttpError> {
     let server = tiny_http::Server::http(addr).map_err(|e| HttpError {
@@ -225,20 +371,19 @@ pub fn serve_http(
 fn route(
     method: &tiny_http::Method,
     url: &str,
-    json: &SharedJson,
+    json: &Published,
     metrics: &Metrics,
 ) -> (u16, &'static str, String) {
+    let read = |cell: &SharedJson| match cell.read() {
+        Ok(c) => c.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
     if *method != tiny_http::Method::Get {
         return (405, "text/plain", "method not allowed\n".into());
     }
     match url.split('?').next().unwrap_or("") {
-        "/status" => {
-            let text = match json.read() {
-                Ok(cell) => cell.clone(),
-                Err(poisoned) => poisoned.into_inner().clone(),
-            };
-            (200, "application/json", text)
-        }
+        "/status" => (200, "application/json", read(&json.status)),
+        "/steps" => (200, "application/json", read(&json.steps)),
         "/metrics" => (200, "text/plain; version=0.0.4", metrics.render()),
         _ => (404, "text/plain", "not found\n".into()),
     }
@@ -280,10 +425,11 @@ mod tests {
 
     #[test]
     fn routes() {
-        let json: SharedJson = Arc::new(RwLock::new("{}".into()));
+        let json = Published::default();
         let m = Metrics::default();
         assert_eq!(route(&tiny_http::Method::Get, "/status", &json, &m).0, 200);
         assert_eq!(route(&tiny_http::Method::Get, "/metrics", &json, &m).0, 200);
+        assert_eq!(route(&tiny_http::Method::Get, "/steps", &json, &m).0, 200);
         assert_eq!(route(&tiny_http::Method::Get, "/nope", &json, &m).0, 404);
         assert_eq!(route(&tiny_http::Method::Post, "/status", &json, &m).0, 405);
     }

@@ -240,8 +240,13 @@ pub struct TestCluster {
     pub nodes: Vec<NodeProcess>,
 }
 
-/// Configuration used by the tests: fast raft timing and planning, short grace.
-pub const TEST_CONFIG: &str = "grace_secs = 4.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 2000\n[planner]\ninterval_secs = 1.0\n";
+/// Configuration used by the control-plane tests: fast raft timing and planning, short grace,
+/// no training.
+pub const TEST_CONFIG: &str = "grace_secs = 4.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 2000\n[planner]\ninterval_secs = 1.0\n[train]\nenabled = false\n";
+
+/// Raft and grace settings of the training tests (the `[train]` and `[planner]` sections are
+/// added by each test).
+pub const TRAIN_BASE_CONFIG: &str = "grace_secs = 10.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 2000\n";
 
 impl TestCluster {
     /// A cluster directory with a fresh key and `config` (TOML) for every node.

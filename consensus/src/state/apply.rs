@@ -79,6 +79,14 @@ fn validate_peer(node: NodeId, peer: &PeerInfo) -> Result<(), Rejection> {
     if let Some(a) = peer.addrs.iter().find(|a| a.len() > limits::MAX_ADDR_BYTES) {
         return Err(invalid("addrs", format!("address of {} bytes", a.len())));
     }
+    if let Some(a) = peer.data_addr.as_ref()
+        && a.len() > limits::MAX_ADDR_BYTES
+    {
+        return Err(invalid(
+            "data_addr",
+            format!("address of {} bytes", a.len()),
+        ));
+    }
     if peer.caps.label.len() > limits::MAX_ADDR_BYTES {
         return Err(invalid(
             "caps.label",

@@ -10,6 +10,7 @@ fn peer(i: u8) -> PeerInfo {
     PeerInfo {
         peer_id: vec![i, i, i],
         addrs: vec![format!("/ip4/10.0.0.{i}/tcp/4000")],
+        data_addr: None,
         caps: Capabilities::default(),
     }
 }
@@ -355,6 +356,8 @@ fn cost_reports_replace_and_validate() {
         forward_s: 0.1,
         backward_s: 0.2,
         optimizer_s: 0.01,
+        params: 10,
+        output_bytes: 64,
     };
     s.apply(&Command::CostReport {
         node: id(1),

@@ -19,6 +19,8 @@ pub struct PeerInfo {
     pub peer_id: Vec<u8>,
     /// Multiaddrs (as strings) the node listens on.
     pub addrs: Vec<String>,
+    /// `IP:PORT` of the node's data plane (tensors and stage state), once it listens.
+    pub data_addr: Option<String>,
     /// Resources the planner may take into account.
     pub caps: Capabilities,
 }
@@ -204,6 +206,10 @@ pub struct LayerCost {
     pub backward_s: f64,
     /// Optimizer step time.
     pub optimizer_s: f64,
+    /// Trainable parameters of the layer.
+    pub params: u64,
+    /// Bytes of the layer's output activation for one micro-batch.
+    pub output_bytes: u64,
 }
 
 /// Costs measured by one node (see `Command::CostReport`).

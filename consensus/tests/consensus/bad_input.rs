@@ -115,6 +115,8 @@ fn oversized_proposal_is_refused_and_counted() {
                     forward_s: 1.0,
                     backward_s: 2.0,
                     optimizer_s: 0.5,
+                    params: 1,
+                    output_bytes: 1,
                 },
             )
         })

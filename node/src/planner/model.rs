@@ -1,0 +1,100 @@
+//! The planner's cost model, built from what the nodes measured (`CostReport`s in the
+//! replicated state) instead of an offline profiling campaign: per-layer forward, backward and
+//! optimizer times (median over reporting nodes), parameter counts and activation sizes feed
+//! `strategies::cost::analytic`, which simulates 1F1B, the all-reduce and the optimizer step
+//! for every `(D, P)`.
+
+use std::collections::BTreeMap;
+
+use parcae_consensus::ControlState;
+use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::analytic::{Hardware, throughput_table};
+use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
+use parcae_strategies::cost::transfer::TransferModel;
+
+/// Data-plane rate assumed until nodes report measured ones (the 10 Gb/s of Parcae's cluster;
+/// the encrypted data plane measured 1.3-1.5 GB/s on loopback).
+pub const DEFAULT_BYTES_PER_SEC: f64 = 1.25e9;
+
+/// What the job looks like beyond its layers.
+#[derive(Debug, Clone, Copy)]
+pub struct JobShape {
+    /// Samples per step.
+    pub global_batch: u32,
+    /// Samples per micro-batch.
+    pub micro_batch: u32,
+    /// Most nodes planned for.
+    pub max_nodes: u32,
+    /// Cost of a restart, ms (process restart, state reload).
+    pub restart_ms: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The cost model, or `None` until some node reported every layer.
+pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
+    let mut per_layer: BTreeMap<u32, Vec<parcae_consensus::state::LayerCost>> = BTreeMap::new();
+    for costs in state.costs.values() {
+        for (layer, c) in &costs.layers {
+            per_layer.entry(*layer).or_default().push(*c);
+        }
+    }
+    let n = per_layer.len();
+    if n == 0 || per_layer.keys().copied().ne(0..n as u32) {
+        return None;
+    }
+    let layers: Vec<LayerCost> = per_layer
+        .values()
+        .map(|cs| LayerCost {
+            forward_ms: median(cs.iter().map(|c| c.forward_s * 1e3).collect()),
+            backward_ms: median(cs.iter().map(|c| c.backward_s * 1e3).collect()),
+            optimizer_ms: median(cs.iter().map(|c| c.optimizer_s * 1e3).collect()),
+            activation_mb: median(cs.iter().map(|c| c.output_bytes as f64).collect())
+                / (1024.0 * 1024.0),
+            params: median(cs.iter().map(|c| c.params as f64).collect()),
+        })
+        .collect();
+    let boundary_bytes = layers
+        .iter()
+        .map(|l| l.activation_mb * 1024.0 * 1024.0)
+        .fold(0.0, f64::max);
+    let rates: Vec<f64> = state
+        .costs
+        .values()
+        .flat_map(|c| c.bandwidth.values().copied())
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    let bytes_per_sec = if rates.is_empty() {
+        DEFAULT_BYTES_PER_SEC
+    } else {
+        median(rates)
+    };
+    let spec = ModelSpec {
+        name: "measured".into(),
+        family: Family::Transformer,
+        depths: (1..=n as u32).collect(),
+        layers,
+        optimizer_states: 2,
+        global_batch: shape.global_batch,
+        micro_batch: shape.micro_batch,
+        boundary_bytes,
+        min_d: 1,
+        restart: RestartCost::Fixed {
+            ms: shape.restart_ms,
+        },
+    };
+    let transfer = TransferModel::Linear {
+        latency_ms: 1.0,
+        bytes_per_sec,
+    };
+    let hw = Hardware {
+        memory_mb: 64.0 * 1024.0,
+        allreduce_mb_per_ms: bytes_per_sec / (1024.0 * 1024.0) / 1000.0,
+    };
+    let max_nodes = shape.max_nodes.min(shape.global_batch).max(1);
+    let table = throughput_table(&spec, hw, &transfer, max_nodes);
+    Some(CostModel::new(spec, table, transfer))
+}

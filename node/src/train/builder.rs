@@ -1,0 +1,268 @@
+//! [`Trainer`]: how a Burn project trains its own [`PipelineModel`] on a Parcae-rs cluster.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn demo<M: parcae_model::PipelineModel>(model: M, data: impl parcae_model::Dataset + 'static,
+//! #     opts: parcae_node::runtime::RunOptions) -> anyhow::Result<()> {
+//! let code = parcae_node::Trainer::new(model, data)
+//!     .seed(7)
+//!     .batch(32, 4)
+//!     .max_steps(1000)
+//!     .run(opts)?;
+//! # Ok(()) }
+//! ```
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::identity::Keypair;
+use parcae_consensus::state::LayerCost as ReportedCost;
+use parcae_consensus::{Command, ControlState, NodeId};
+use parcae_model::{
+    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, default_device,
+    token_batch,
+};
+use tokio::sync::watch;
+
+use super::TrainError;
+use super::checkpoint::CheckpointStore;
+use super::server::{self, Endpoint};
+use super::step::DataSource;
+use super::worker::{Worker, WorkerSetup};
+use crate::key::ClusterKey;
+use crate::runtime::{NodeError, RunOptions};
+use crate::status::TrainingView;
+
+/// Directory of checkpoints inside the data directory.
+pub const CHECKPOINT_DIR: &str = "checkpoints";
+
+/// What the node gives its trainer when it starts.
+pub struct TrainerContext {
+    /// This node.
+    pub me: NodeId,
+    /// Its identity (data-plane handshakes).
+    pub keypair: Keypair,
+    /// The cluster key.
+    pub key: ClusterKey,
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// IP to bind the data plane on.
+    pub bind_ip: IpAddr,
+    /// Port (0: any).
+    pub data_port: u16,
+    /// The replicated state as applied on this node.
+    pub view: watch::Receiver<Arc<ControlState>>,
+    /// Proposes a command through raft.
+    pub submit: Arc<dyn Fn(Command) + Send + Sync>,
+    /// Shows the trainer's state in `/status`.
+    pub publish: Box<dyn Fn(TrainingView) + Send>,
+    /// Time a neighbour may take.
+    pub peer_timeout: Duration,
+    /// Reactive strategy: restart on every change.
+    pub restart_on_change: bool,
+}
+
+/// Starts a trainer; returns its data-plane address.
+pub type TrainerLauncher = Box<dyn FnOnce(TrainerContext) -> Result<SocketAddr, TrainError> + Send>;
+
+/// A user's model and data, trained by a node of the cluster.
+pub struct Trainer<M: PipelineModel> {
+    model: Arc<M>,
+    dataset: Arc<dyn Dataset>,
+    seed: u64,
+    global_batch: u32,
+    micro_batch: u32,
+    max_steps: u64,
+    checkpoint_every: u64,
+    optimizer: OptimizerConfig,
+    device: burn::tensor::Device,
+}
+
+impl<M: PipelineModel> Trainer<M> {
+    /// Trains `model` on `dataset` with defaults: seed 1, batch 16 in micro-batches of 2, no
+    /// step limit, checkpoints every 20 steps, AdamW defaults, the default device.
+    pub fn new(model: M, dataset: impl Dataset + 'static) -> Self {
+        Self::with_shared_dataset(model, Arc::new(dataset))
+    }
+
+    /// [`Trainer::new`] with a dataset chosen at run time.
+    pub fn with_shared_dataset(model: M, dataset: Arc<dyn Dataset>) -> Self {
+        Self {
+            model: Arc::new(model),
+            dataset,
+            seed: 1,
+            global_batch: 16,
+            micro_batch: 2,
+            max_steps: 0,
+            checkpoint_every: 20,
+            optimizer: OptimizerConfig::default(),
+            device: default_device(),
+        }
+    }
+
+    /// Seed of the weights and of the data order (must be the same on every node).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Samples per step over the cluster and per micro-batch.
+    pub fn batch(mut self, global: u32, micro: u32) -> Self {
+        self.global_batch = global;
+        self.micro_batch = micro;
+        self
+    }
+
+    /// Stop after this many committed steps (0: never).
+    pub fn max_steps(mut self, steps: u64) -> Self {
+        self.max_steps = steps;
+        self
+    }
+
+    /// Checkpoint every this many steps (0: never).
+    pub fn checkpoint_every(mut self, steps: u64) -> Self {
+        self.checkpoint_every = steps;
+        self
+    }
+
+    /// AdamW, schedule and clipping.
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// The Burn device (CPU by default; `Device::cuda(0)` with the `cuda` feature).
+    pub fn device(mut self, device: burn::tensor::Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Runs a full node (control plane and this trainer) until it leaves; returns the exit code.
+    pub fn run(self, mut opts: RunOptions) -> Result<i32, NodeError> {
+        opts.trainer = Some(self.launcher());
+        crate::runtime::run(opts)
+    }
+
+    /// The launcher the node runtime calls once its raft actor is up.
+    pub fn launcher(self) -> TrainerLauncher {
+        Box::new(move |ctx| self.start(ctx))
+    }
+
+    fn start(self, ctx: TrainerContext) -> Result<SocketAddr, TrainError> {
+        if self.global_batch == 0 || self.micro_batch == 0 {
+            return Err(TrainError::Config("batch sizes must be > 0".into()));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("parcae-dataplane")
+            .enable_all()
+            .build()
+            .map_err(|e| TrainError::Storage(format!("tokio runtime: {e}")))?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind((ctx.bind_ip, ctx.data_port)))
+            .map_err(|e| {
+                TrainError::Config(format!(
+                    "data plane cannot listen on {}:{}: {e}",
+                    ctx.bind_ip, ctx.data_port
+                ))
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+        let num_params = Stage::new(
+            self.model.clone(),
+            0..self.model.num_layers(),
+            self.seed,
+            &self.device,
+            StageConfig::default(),
+        )?
+        .num_params() as u64;
+        let endpoint = Arc::new(Endpoint::new(
+            ctx.keypair,
+            ctx.key,
+            ctx.view.clone(),
+            CheckpointStore::new(ctx.data_dir.join(CHECKPOINT_DIR)),
+            num_params * 12 + (16 << 20),
+            ctx.peer_timeout,
+        ));
+        rt.spawn(server::serve(listener, endpoint.clone()));
+        let sampler = Sampler::new(self.seed, self.dataset.len())?;
+        let setup = WorkerSetup {
+            me: ctx.me,
+            model: self.model,
+            data: DataSource {
+                dataset: self.dataset,
+                sampler,
+            },
+            seed: self.seed,
+            global_batch: self.global_batch,
+            micro_batch: self.micro_batch,
+            max_steps: self.max_steps,
+            checkpoint_every: self.checkpoint_every,
+            stage_config: StageConfig {
+                optimizer: self.optimizer,
+                ..StageConfig::default()
+            },
+            device: self.device,
+            peer_timeout: ctx.peer_timeout,
+            restart_on_change: ctx.restart_on_change,
+        };
+        let submit = ctx.submit.clone();
+        let publish = ctx.publish;
+        std::thread::Builder::new()
+            .name("parcae-trainer".into())
+            .spawn(move || {
+                match measure_costs(&setup) {
+                    Ok(layers) => submit(Command::CostReport {
+                        node: setup.me,
+                        step: 0,
+                        layers,
+                        bandwidth: Vec::new(),
+                    }),
+                    Err(e) => tracing::warn!("cannot measure layer costs: {e}"),
+                }
+                Worker::new(setup, rt, endpoint, submit, publish).run();
+            })
+            .map_err(|e| TrainError::Storage(format!("trainer thread: {e}")))?;
+        Ok(addr)
+    }
+}
+
+/// Forward, backward and optimizer time of every layer on one micro-batch, measured on this
+/// node: the planner's cost model is built from these reports, not from an offline profile.
+fn measure_costs<M: PipelineModel>(
+    s: &WorkerSetup<M>,
+) -> Result<Vec<(u32, ReportedCost)>, TrainError> {
+    let stage = Stage::new(
+        s.model.clone(),
+        0..s.model.num_layers(),
+        s.seed,
+        &s.device,
+        s.stage_config.clone(),
+    )?;
+    let probe = token_batch(
+        s.data.dataset.as_ref(),
+        &s.data.sampler,
+        0,
+        s.micro_batch as usize,
+        &s.device,
+    )?;
+    let costs = stage.measure_layer_costs(probe.inputs, Some(&probe.targets), 2)?;
+    Ok(costs
+        .into_iter()
+        .map(|c| {
+            (
+                c.layer as u32,
+                ReportedCost {
+                    forward_s: c.forward_ms / 1e3,
+                    backward_s: c.backward_ms / 1e3,
+                    optimizer_s: c.optimizer_ms / 1e3,
+                    params: c.param_count as u64,
+                    output_bytes: c.output_bytes as u64,
+                },
+            )
+        })
+        .collect())
+}

@@ -1,0 +1,272 @@
+//! Getting the state of a new slot: which layers come from which live holder (several in
+//! parallel, spread over replicas), and which must be restored from a checkpoint because every
+//! holder is gone.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use futures::future::join_all;
+use parcae_consensus::state::MemberStatus;
+use parcae_consensus::{ControlState, NodeId};
+
+use super::TrainError;
+use super::peers::{self, PeerAddr};
+use super::protocol::HeldInfo;
+use super::server::Endpoint;
+
+/// Layers to take from one holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    /// The holder.
+    pub from: NodeId,
+    /// Contiguous layers.
+    pub layers: Range<usize>,
+}
+
+/// Chooses a live holder of step `step` for every layer of `needed`, spreading layers over the
+/// holders (`spread` shifts the choice so that replicas fetching the same stage use different
+/// sources); returns the fetches and the layers nobody holds.
+pub fn plan_fetches(
+    needed: Range<usize>,
+    step: u64,
+    holders: &[(NodeId, HeldInfo)],
+    spread: usize,
+) -> (Vec<Fetch>, Vec<usize>) {
+    let mut fetches: Vec<Fetch> = Vec::new();
+    let mut missing = Vec::new();
+    for layer in needed {
+        let mut candidates: Vec<NodeId> = holders
+            .iter()
+            .filter(|(_, h)| h.step == step && (h.start as usize..h.end as usize).contains(&layer))
+            .map(|(n, _)| *n)
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        if candidates.is_empty() {
+            missing.push(layer);
+            continue;
+        }
+        let from = candidates[(layer + spread) % candidates.len()];
+        match fetches.last_mut() {
+            Some(f) if f.from == from && f.layers.end == layer => f.layers.end += 1,
+            _ => fetches.push(Fetch {
+                from,
+                layers: layer..layer + 1,
+            }),
+        }
+    }
+    (fetches, missing)
+}
+
+/// A state buffer and the layers to import from it.
+pub struct Piece {
+    /// The buffer (a `parcae-model` state with per-layer CRCs).
+    pub bytes: Vec<u8>,
+    /// Layers to take from it.
+    pub layers: Range<usize>,
+}
+
+/// What [`acquire`] brought.
+pub struct Acquired {
+    /// Layers from live holders (and this node's own state), at the job's step.
+    pub live: Vec<Piece>,
+    /// Layers restored from checkpoints, with the steps the checkpoint had taken.
+    pub restored: Vec<(u64, Piece)>,
+    /// Layers nobody held and no checkpoint covered (initialised afresh).
+    pub lost: Vec<usize>,
+    /// Bytes received from other nodes.
+    pub received_bytes: u64,
+}
+
+fn members_to_ask(state: &ControlState, me: NodeId) -> Vec<PeerAddr> {
+    state
+        .members
+        .iter()
+        .filter(|(id, m)| **id != me && m.status != MemberStatus::Lost)
+        .filter_map(|(id, _)| peers::peer_addr(state, *id).ok())
+        .collect()
+}
+
+/// Brings layers `needed` at step `step` to this node: its own held state first, then live
+/// holders in parallel, then checkpoints.
+pub async fn acquire(
+    ep: &Endpoint,
+    state: &ControlState,
+    me: NodeId,
+    needed: Range<usize>,
+    step: u64,
+    spread: usize,
+) -> Result<Acquired, TrainError> {
+    let ask = members_to_ask(state, me);
+    let answers = join_all(ask.iter().map(|p| peers::query(ep, p))).await;
+    let mut holders: Vec<(NodeId, HeldInfo)> = Vec::new();
+    let own = ep.held();
+    let covers_own = own.filter(|h| {
+        h.step == step && h.start as usize <= needed.start && needed.end <= h.end as usize
+    });
+    if let Some(h) = covers_own {
+        holders.push((me, h));
+    } else {
+        if let Some(h) = own {
+            holders.push((me, h));
+        }
+        for (peer, answer) in ask.iter().zip(answers) {
+            match answer {
+                Ok(Some(h)) => holders.push((peer.node, h)),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(node = %peer.node, "state query failed: {e}"),
+            }
+        }
+    }
+    let (mut fetches, missing) = plan_fetches(needed.clone(), step, &holders, spread);
+    // This node's own layers cost nothing: take them wherever they cover a fetch.
+    for f in &mut fetches {
+        if own.is_some_and(|h| {
+            h.step == step && h.start as usize <= f.layers.start && f.layers.end <= h.end as usize
+        }) {
+            f.from = me;
+        }
+    }
+    let by_addr: BTreeMap<NodeId, PeerAddr> = ask.iter().map(|p| (p.node, *p)).collect();
+    let remote = fetches.iter().filter(|f| f.from != me).map(|f| async {
+        let peer = by_addr
+            .get(&f.from)
+            .ok_or_else(|| TrainError::Peer(format!("{} has no address", f.from)))?;
+        let bufs = peers::fetch(ep, peer, step, f.layers.clone()).await?;
+        Ok::<_, TrainError>((f.layers.clone(), bufs))
+    });
+    let mut live = Vec::new();
+    let mut received_bytes = 0u64;
+    for got in join_all(remote).await {
+        let (layers, bufs) = got?;
+        for (layer, bytes) in layers.zip(bufs) {
+            received_bytes += bytes.len() as u64;
+            live.push(Piece {
+                bytes,
+                layers: layer..layer + 1,
+            });
+        }
+    }
+    let local = fetches.iter().filter(|f| f.from == me);
+    live.extend(local.flat_map(|f| ep.held_layers(step, f.layers.clone())));
+    let (restored, lost) = restore(ep, state, me, &missing).await?;
+    Ok(Acquired {
+        live,
+        restored,
+        lost,
+        received_bytes,
+    })
+}
+
+/// Restores `missing` layers from the newest checkpoint covering each.
+async fn restore(
+    ep: &Endpoint,
+    state: &ControlState,
+    me: NodeId,
+    missing: &[usize],
+) -> Result<(Vec<(u64, Piece)>, Vec<usize>), TrainError> {
+    let mut restored = Vec::new();
+    let mut lost = Vec::new();
+    let mut done: Vec<usize> = Vec::new();
+    for &layer in missing {
+        if done.contains(&layer) {
+            continue;
+        }
+        let newest = state
+            .checkpoints
+            .iter()
+            .filter(|(r, _)| (r.start as usize..r.end as usize).contains(&layer))
+            .flat_map(|(_, recs)| recs.iter())
+            .max_by_key(|r| r.step);
+        let Some(record) = newest else {
+            lost.push(layer);
+            continue;
+        };
+        let range = record.layers.start as usize..record.layers.end as usize;
+        let steps = record.step + 1;
+        let mut bytes = None;
+        for holder in &record.holders {
+            let got = if *holder == me {
+                ep.checkpoints.load(steps, &range)
+            } else {
+                match peers::peer_addr(state, *holder) {
+                    Ok(peer) => peers::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
+                    Err(e) => Err(e),
+                }
+            };
+            match got {
+                Ok(b) => {
+                    bytes = Some(b);
+                    break;
+                }
+                Err(e) => tracing::warn!(%holder, "checkpoint fetch failed: {e}"),
+            }
+        }
+        let wanted: Vec<usize> = missing
+            .iter()
+            .copied()
+            .filter(|l| range.contains(l))
+            .collect();
+        match bytes {
+            Some(bytes) => {
+                done.extend(&wanted);
+                // Missing layers are contiguous within a stage; import them in one piece.
+                let first = wanted.iter().min().copied().unwrap_or(layer);
+                let last = wanted.iter().max().copied().unwrap_or(layer);
+                restored.push((
+                    steps,
+                    Piece {
+                        bytes,
+                        layers: first..last + 1,
+                    },
+                ));
+            }
+            None => lost.push(layer),
+        }
+    }
+    Ok((restored, lost))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(step: u64, start: u32, end: u32) -> HeldInfo {
+        HeldInfo { step, start, end }
+    }
+
+    #[test]
+    fn fetches_spread_over_holders_and_report_the_missing() {
+        let holders = [
+            (NodeId(1), held(5, 0, 2)),
+            (NodeId(2), held(5, 0, 2)),
+            (NodeId(3), held(5, 2, 4)),
+            (NodeId(4), held(4, 4, 6)),
+        ];
+        let (f, missing) = plan_fetches(0..6, 5, &holders, 0);
+        assert_eq!(
+            f,
+            vec![
+                Fetch {
+                    from: NodeId(1),
+                    layers: 0..1
+                },
+                Fetch {
+                    from: NodeId(2),
+                    layers: 1..2
+                },
+                Fetch {
+                    from: NodeId(3),
+                    layers: 2..4
+                },
+            ]
+        );
+        assert_eq!(
+            missing,
+            vec![4, 5],
+            "a holder of another step does not count"
+        );
+        let (g, _) = plan_fetches(0..2, 5, &holders, 1);
+        assert_eq!(g[0].from, NodeId(2), "another replica starts elsewhere");
+    }
+}

@@ -1,0 +1,283 @@
+//! What travels on data-plane connections: the request that opens a connection, the answers to
+//! state queries, and the framed messages of a training step.
+//!
+//! Every decoder is bounded and returns a typed error; a peer that breaks the protocol costs
+//! the current step (it is retried under the next view), never the process.
+
+use parcae_consensus::codec;
+use parcae_consensus::state::{Digest32, StageSlot};
+use serde::{Deserialize, Serialize};
+
+use super::TrainError;
+
+/// Largest encoded request or reply (they carry control data, never tensors).
+pub const MAX_CONTROL: usize = 64 * 1024;
+
+/// Which pipeline link a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LinkKind {
+    /// From stage `s` to stage `s + 1` of the same pipeline: activations go forward on it,
+    /// gradients come back, and the clipping norm travels both ways.
+    Pipeline,
+    /// From replica `d` to replica `d + 1` of the same stage: the gradient all-reduce ring.
+    Ring,
+}
+
+/// The first message on every data-plane connection; says what the connection is for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// A link of the plan of `epoch`, opened by the node at `from`.
+    Link {
+        /// Plan epoch; links of other epochs are refused.
+        epoch: u64,
+        /// Pipeline or ring link.
+        kind: LinkKind,
+        /// The opener's slot.
+        from: StageSlot,
+    },
+    /// What stage state does this node hold?
+    Query,
+    /// Send the held state of layers `start..end` after `step` steps, one layer per message.
+    Fetch {
+        /// Optimizer steps the state must have taken.
+        step: u64,
+        /// First layer.
+        start: u32,
+        /// One past the last layer.
+        end: u32,
+    },
+    /// Send the stored checkpoint of layers `start..end` taken after `steps` steps.
+    FetchCheckpoint {
+        /// Steps taken by the checkpointed state.
+        steps: u64,
+        /// First layer.
+        start: u32,
+        /// One past the last layer.
+        end: u32,
+    },
+    /// Store the checkpoint that follows in the next message.
+    PutCheckpoint {
+        /// Steps taken by the state.
+        steps: u64,
+        /// First layer.
+        start: u32,
+        /// One past the last layer.
+        end: u32,
+        /// SHA-256 of the state bytes.
+        digest: Digest32,
+    },
+}
+
+/// State a node can serve: layers `start..end` after `step` optimizer steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldInfo {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// First layer.
+    pub start: u32,
+    /// One past the last layer.
+    pub end: u32,
+}
+
+/// Answer to a request other than `Link`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Answer to `Query`.
+    Held(Option<HeldInfo>),
+    /// The requested state follows, `layers` messages (one per layer).
+    Sending {
+        /// Messages that follow.
+        layers: u32,
+    },
+    /// The request cannot be served.
+    Refused(String),
+    /// A checkpoint was stored.
+    Stored,
+}
+
+/// Encodes a request or reply.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TrainError> {
+    codec::encode::<_, MAX_CONTROL>(value).map_err(|e| TrainError::Protocol(e.to_string()))
+}
+
+/// Decodes a request or reply.
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, TrainError> {
+    codec::decode::<_, MAX_CONTROL>(bytes).map_err(|e| TrainError::Protocol(e.to_string()))
+}
+
+/// Kind of a step message on a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MsgKind {
+    /// Activation of a micro-batch (forward, towards the last stage).
+    Activation = 1,
+    /// Gradient of a micro-batch (backward, towards the first stage).
+    Grad = 2,
+    /// Partial sum of squared gradient norms and the stages' digests so far (forward).
+    NormUp = 3,
+    /// The global squared norm (backward).
+    NormDown = 4,
+}
+
+impl MsgKind {
+    fn from_byte(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => Self::Activation,
+            2 => Self::Grad,
+            3 => Self::NormUp,
+            4 => Self::NormDown,
+            _ => return None,
+        })
+    }
+}
+
+/// Header of a step message: which epoch, step and micro-batch it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepTag {
+    /// Message kind.
+    pub kind: MsgKind,
+    /// Plan epoch.
+    pub epoch: u64,
+    /// Training step.
+    pub step: u64,
+    /// Micro-batch (0 for norm messages).
+    pub micro_batch: u32,
+}
+
+const TAG_LEN: usize = 1 + 8 + 8 + 4;
+
+impl StepTag {
+    /// Prefixes `payload` with the tag.
+    pub fn frame(&self, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(TAG_LEN + payload.len());
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.epoch.to_le_bytes());
+        out.extend_from_slice(&self.step.to_le_bytes());
+        out.extend_from_slice(&self.micro_batch.to_le_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Checks that `bytes` carry exactly this tag and returns the payload. A message of an older
+    /// epoch or another step is refused by name, so the log says what went wrong.
+    pub fn expect<'a>(&self, bytes: &'a [u8]) -> Result<&'a [u8], TrainError> {
+        if bytes.len() < TAG_LEN {
+            return Err(TrainError::Protocol(format!(
+                "step message of {} bytes is shorter than its header",
+                bytes.len()
+            )));
+        }
+        let kind = MsgKind::from_byte(bytes[0]);
+        let word = |r: std::ops::Range<usize>| {
+            let mut b = [0u8; 8];
+            b[..r.len()].copy_from_slice(&bytes[r]);
+            u64::from_le_bytes(b)
+        };
+        let (epoch, step, mb) = (word(1..9), word(9..17), word(17..21) as u32);
+        if epoch != self.epoch {
+            return Err(TrainError::StaleMessage(format!(
+                "message of epoch {epoch} during epoch {}",
+                self.epoch
+            )));
+        }
+        if kind != Some(self.kind) || step != self.step || mb != self.micro_batch {
+            return Err(TrainError::Protocol(format!(
+                "expected {:?} of step {} micro-batch {}, got kind {} step {step} micro-batch {mb}",
+                self.kind, self.step, self.micro_batch, bytes[0]
+            )));
+        }
+        Ok(&bytes[TAG_LEN..])
+    }
+}
+
+/// Payload of `NormUp`: the running sum of squared norms and the digests of stages `0..=s`.
+pub fn norm_up_payload(partial: f64, digests: &[Digest32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + 32 * digests.len());
+    out.extend_from_slice(&partial.to_le_bytes());
+    for d in digests {
+        out.extend_from_slice(d);
+    }
+    out
+}
+
+/// Parses a `NormUp` payload that must carry `stages` digests.
+pub fn parse_norm_up(bytes: &[u8], stages: usize) -> Result<(f64, Vec<Digest32>), TrainError> {
+    if bytes.len() != 8 + 32 * stages {
+        return Err(TrainError::Protocol(format!(
+            "norm message of {} bytes, expected {} for {stages} digests",
+            bytes.len(),
+            8 + 32 * stages
+        )));
+    }
+    let partial = parse_norm(&bytes[..8])?;
+    let digests = bytes[8..]
+        .chunks_exact(32)
+        .map(|c| {
+            let mut d = [0u8; 32];
+            d.copy_from_slice(c);
+            d
+        })
+        .collect();
+    Ok((partial, digests))
+}
+
+/// Parses a squared norm, refusing non-finite or negative values.
+pub fn parse_norm(bytes: &[u8]) -> Result<f64, TrainError> {
+    let arr: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| TrainError::Protocol(format!("norm of {} bytes", bytes.len())))?;
+    let v = f64::from_le_bytes(arr);
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(TrainError::Protocol(format!("squared norm {v}")));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_round_trip_and_refuse_other_steps() {
+        let tag = StepTag {
+            kind: MsgKind::Grad,
+            epoch: 3,
+            step: 9,
+            micro_batch: 2,
+        };
+        let framed = tag.frame(b"xyz");
+        assert_eq!(tag.expect(&framed).unwrap(), b"xyz");
+        let stale = StepTag { epoch: 2, ..tag };
+        assert!(matches!(
+            tag.expect(&stale.frame(b"")),
+            Err(TrainError::StaleMessage(_))
+        ));
+        let other = StepTag { step: 10, ..tag };
+        assert!(matches!(
+            tag.expect(&other.frame(b"")),
+            Err(TrainError::Protocol(_))
+        ));
+        assert!(tag.expect(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn norm_payloads_are_checked() {
+        let d = [[7u8; 32], [9u8; 32]];
+        let p = norm_up_payload(2.5, &d);
+        assert_eq!(parse_norm_up(&p, 2).unwrap(), (2.5, d.to_vec()));
+        assert!(parse_norm_up(&p, 3).is_err());
+        assert!(parse_norm(&f64::NAN.to_le_bytes()).is_err());
+        assert!(parse_norm(&(-1.0f64).to_le_bytes()).is_err());
+    }
+
+    #[test]
+    fn requests_round_trip_and_garbage_is_refused() {
+        let r = Request::Fetch {
+            step: 4,
+            start: 1,
+            end: 3,
+        };
+        assert_eq!(decode::<Request>(&encode(&r).unwrap()).unwrap(), r);
+        assert!(decode::<Request>(&[0xff; 40]).is_err());
+    }
+}

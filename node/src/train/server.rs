@@ -1,0 +1,264 @@
+//! The node's data-plane endpoint: accepts authenticated connections from cluster members and
+//! either hands them to the trainer (pipeline and ring links of a plan) or serves them here
+//! (state queries, layer fetches, checkpoint storage), concurrently with training.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libp2p::PeerId;
+use libp2p::identity::Keypair;
+use parcae_consensus::ControlState;
+use parcae_consensus::NodeId;
+use parcae_consensus::state::StageSlot;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+
+use super::TrainError;
+use super::checkpoint::CheckpointStore;
+use super::handoff::Piece;
+use super::protocol::{self, HeldInfo, LinkKind, MAX_CONTROL, Reply, Request};
+use crate::dataplane::{self, SecureStream};
+use crate::key::ClusterKey;
+
+/// Stage state this node can hand to others: layer `start + i` is `layers[i]`, each a
+/// self-contained state buffer after `step` optimizer steps.
+#[derive(Debug)]
+pub struct Held {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// First layer.
+    pub start: usize,
+    /// One buffer per layer.
+    pub layers: Vec<Vec<u8>>,
+}
+
+impl Held {
+    fn info(&self) -> HeldInfo {
+        HeldInfo {
+            step: self.step,
+            start: self.start as u32,
+            end: (self.start + self.layers.len()) as u32,
+        }
+    }
+}
+
+/// A link waiting for the trainer, keyed by epoch, kind and the opener's slot.
+type LinkKey = (u64, LinkKind, StageSlot);
+
+/// What the server and the trainer share.
+pub struct Endpoint {
+    /// This node's identity (signs the handshake).
+    pub keypair: Keypair,
+    /// The cluster key (admission).
+    pub key: ClusterKey,
+    /// The replicated state as last applied here.
+    pub view: watch::Receiver<Arc<ControlState>>,
+    /// Checkpoints on this node's disk.
+    pub checkpoints: CheckpointStore,
+    /// Largest state message accepted (one layer or one checkpoint), bytes.
+    pub max_state_bytes: u64,
+    /// How long a request may wait for state that is about to be exported.
+    pub timeout: Duration,
+    held: watch::Sender<Option<Arc<Held>>>,
+    inbox: Mutex<BTreeMap<LinkKey, (PeerId, SecureStream)>>,
+    arrived: Notify,
+}
+
+impl Endpoint {
+    /// An endpoint with nothing held and no links waiting.
+    pub fn new(
+        keypair: Keypair,
+        key: ClusterKey,
+        view: watch::Receiver<Arc<ControlState>>,
+        checkpoints: CheckpointStore,
+        max_state_bytes: u64,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            keypair,
+            key,
+            view,
+            checkpoints,
+            max_state_bytes,
+            timeout,
+            held: watch::channel(None).0,
+            inbox: Mutex::new(BTreeMap::new()),
+            arrived: Notify::new(),
+        }
+    }
+
+    /// Publishes the state other nodes may fetch (replacing the previous one).
+    pub fn hold(&self, held: Option<Held>) {
+        self.held.send_replace(held.map(Arc::new));
+    }
+
+    /// What is held now.
+    pub fn held(&self) -> Option<HeldInfo> {
+        self.held.borrow().as_ref().map(|h| h.info())
+    }
+
+    /// Copies of held layers `layers` if the held state is at `step` and covers them.
+    pub fn held_layers(&self, step: u64, layers: Range<usize>) -> Vec<Piece> {
+        let held = self.held.borrow();
+        let Some(h) = held.as_ref().filter(|h| h.step == step) else {
+            return Vec::new();
+        };
+        layers
+            .filter_map(|l| {
+                let bytes = h.layers.get(l.checked_sub(h.start)?)?.clone();
+                Some(Piece {
+                    bytes,
+                    layers: l..l + 1,
+                })
+            })
+            .collect()
+    }
+
+    fn is_member(&self, peer: &PeerId) -> bool {
+        let id = NodeId::from_peer_bytes(&peer.to_bytes());
+        self.view.borrow().members.contains_key(&id)
+    }
+
+    /// Waits for the link `key` opened by `expected`; links of older epochs are dropped.
+    pub async fn take_link(
+        &self,
+        key: LinkKey,
+        expected: PeerId,
+    ) -> Result<SecureStream, TrainError> {
+        let wait = async {
+            loop {
+                let notified = self.arrived.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                {
+                    let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+                    inbox.retain(|k, _| k.0 >= key.0);
+                    if let Some((peer, stream)) = inbox.remove(&key) {
+                        if peer == expected {
+                            return Ok(stream);
+                        }
+                        tracing::error!(%peer, ?key, "link opened by a node not assigned that slot");
+                    }
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(self.timeout, wait)
+            .await
+            .map_err(|_| TrainError::Timeout(format!("{:?} link from {:?}", key.1, key.2)))?
+    }
+
+    async fn held_at(&self, step: u64) -> Option<Arc<Held>> {
+        let mut rx = self.held.subscribe();
+        let wait = rx.wait_for(|h| h.as_ref().is_some_and(|h| h.step >= step));
+        let got = tokio::time::timeout(self.timeout, wait).await.ok()?.ok()?;
+        got.as_ref().filter(|h| h.step == step).cloned()
+    }
+}
+
+/// Accepts connections until the listener fails.
+pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>) {
+    loop {
+        let (socket, addr) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("data plane accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let endpoint = endpoint.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle(socket, &endpoint).await {
+                tracing::warn!(%addr, "data plane connection: {e}");
+            }
+        });
+    }
+}
+
+async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), TrainError> {
+    let (peer, mut stream) = tokio::time::timeout(
+        ep.timeout,
+        dataplane::accept(socket, &ep.keypair, &ep.key, |p| ep.is_member(p)),
+    )
+    .await
+    .map_err(|_| TrainError::Timeout("data plane handshake".into()))??;
+    let request: Request = protocol::decode(&stream.recv(MAX_CONTROL as u64).await?)?;
+    match request {
+        Request::Link { epoch, kind, from } => {
+            ep.inbox
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((epoch, kind, from), (peer, stream));
+            ep.arrived.notify_waiters();
+            Ok(())
+        }
+        Request::Query => reply(&mut stream, &Reply::Held(ep.held())).await,
+        Request::Fetch { step, start, end } => {
+            let Some(held) = ep.held_at(step).await else {
+                return reply(
+                    &mut stream,
+                    &Reply::Refused(format!("no state of step {step}")),
+                )
+                .await;
+            };
+            let info = held.info();
+            if start >= end || start < info.start || end > info.end {
+                return reply(
+                    &mut stream,
+                    &Reply::Refused(format!(
+                        "layers {start}..{end} not held (holding {}..{})",
+                        info.start, info.end
+                    )),
+                )
+                .await;
+            }
+            reply(
+                &mut stream,
+                &Reply::Sending {
+                    layers: end - start,
+                },
+            )
+            .await?;
+            let from = (start - info.start) as usize;
+            for layer in &held.layers[from..from + (end - start) as usize] {
+                stream.send(layer).await?;
+            }
+            Ok(())
+        }
+        Request::FetchCheckpoint { steps, start, end } => {
+            match ep.checkpoints.load(steps, &(start as usize..end as usize)) {
+                Ok(bytes) => {
+                    reply(&mut stream, &Reply::Sending { layers: 1 }).await?;
+                    stream.send(&bytes).await?;
+                    Ok(())
+                }
+                Err(e) => reply(&mut stream, &Reply::Refused(e.to_string())).await,
+            }
+        }
+        Request::PutCheckpoint {
+            steps,
+            start,
+            end,
+            digest,
+        } => {
+            let bytes = stream.recv(ep.max_state_bytes).await?;
+            let got: [u8; 32] = Sha256::digest(&bytes).into();
+            if got != digest || start >= end {
+                tracing::error!(%peer, steps, "checkpoint with a bad digest or range refused");
+                return reply(&mut stream, &Reply::Refused("bad digest or range".into())).await;
+            }
+            ep.checkpoints
+                .save(steps, &(start as usize..end as usize), &bytes)?;
+            reply(&mut stream, &Reply::Stored).await
+        }
+    }
+}
+
+async fn reply(stream: &mut SecureStream, r: &Reply) -> Result<(), TrainError> {
+    stream.send(&protocol::encode(r)?).await?;
+    Ok(())
+}

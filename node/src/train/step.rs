@@ -1,0 +1,304 @@
+//! One training step of this node's stage across processes: 1F1B over the pipeline links, the
+//! gradient all-reduce on the ring, and the global clipping norm (with the stages' digests)
+//! along the pipeline. The optimizer update is not part of it: it is applied only once the
+//! step has committed in raft (see the worker), so a step abandoned half-way changes nothing.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parcae_consensus::state::{Digest32, StageSlot};
+use parcae_model::{
+    Dataset, Op, PipelineModel, Sampler, Stage, WireOutput, one_f_one_b, token_batch,
+};
+use tokio::runtime::Runtime;
+
+use super::TrainError;
+use super::links::{EpochLinks, PipeLink};
+use super::protocol::{MsgKind, StepTag, norm_up_payload, parse_norm, parse_norm_up};
+use crate::dataplane::collective::{RingLinks, Round, all_reduce_mean};
+
+/// Largest activation or gradient message accepted from a pipeline neighbour (the wire decoder
+/// then checks its shape against the stage's limits).
+pub const MAX_STEP_MESSAGE: u64 = 256 << 20;
+
+/// Runs `f` on the trainer's runtime for at most `limit` (the timer is created inside the
+/// runtime, which tokio requires).
+pub fn block_on_timeout<F: std::future::Future>(
+    rt: &Runtime,
+    limit: Duration,
+    f: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    rt.block_on(async { tokio::time::timeout(limit, f).await })
+}
+
+/// Where samples come from.
+pub struct DataSource {
+    /// The dataset.
+    pub dataset: Arc<dyn Dataset>,
+    /// Global sample index -> example.
+    pub sampler: Sampler,
+}
+
+/// What one step is: the plan's shape, this node's slot and the samples.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSpec {
+    /// Plan epoch.
+    pub epoch: u64,
+    /// Training step.
+    pub step: u64,
+    /// This node's slot.
+    pub slot: StageSlot,
+    /// D.
+    pub data_parallel: u32,
+    /// P.
+    pub stages: u32,
+    /// First sample of the step (the replicated cursor).
+    pub sample_start: u64,
+    /// Samples in the step.
+    pub global_batch: u32,
+    /// Samples per micro-batch.
+    pub micro_batch: u32,
+}
+
+/// The samples of pipeline `d`: the global batch cut into `D` contiguous near-equal shares.
+pub fn pipeline_share(start: u64, batch: u32, d: u32, pipelines: u32) -> Range<u64> {
+    let (base, extra) = (u64::from(batch / pipelines), u64::from(batch % pipelines));
+    let d = u64::from(d);
+    let first = start + d * base + d.min(extra);
+    first..first + base + u64::from(d < extra)
+}
+
+/// A share cut into micro-batches of at most `size` samples.
+pub fn micro_batches(share: Range<u64>, size: u32) -> Vec<Range<u64>> {
+    let size = u64::from(size.max(1));
+    (share.start..share.end)
+        .step_by(size as usize)
+        .map(|s| s..(s + size).min(share.end))
+        .collect()
+}
+
+/// The step's result at this node, before the optimizer update.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepResult {
+    /// Sum over stages of the squared gradient norms (after the all-reduce).
+    pub global_sq_norm: f64,
+    /// At the last stage of pipeline 0: the mean loss and every stage's digest, to commit.
+    pub report: Option<(f64, Vec<Digest32>)>,
+}
+
+/// Runs forward and backward of the step and combines gradients and norms with the other
+/// nodes. `digest` is this stage's state digest before the step.
+pub fn run<M: PipelineModel>(
+    rt: &Runtime,
+    stage: &mut Stage<M>,
+    links: &mut EpochLinks,
+    data: &DataSource,
+    spec: &StepSpec,
+    digest: Digest32,
+    timeout: Duration,
+) -> Result<StepResult, TrainError> {
+    let result = run_inner(rt, stage, links, data, spec, digest, timeout);
+    if result.is_err() {
+        stage.abort_in_flight();
+        stage.clear_grads();
+    }
+    result
+}
+
+fn recv(
+    rt: &Runtime,
+    link: Option<&mut PipeLink>,
+    tag: StepTag,
+    timeout: Duration,
+) -> Result<Vec<u8>, TrainError> {
+    let link = link.ok_or_else(|| TrainError::Protocol("missing pipeline link".into()))?;
+    let bytes = block_on_timeout(rt, timeout, link.recv(MAX_STEP_MESSAGE))
+        .map_err(|_| TrainError::Timeout(format!("{:?} of step {}", tag.kind, tag.step)))??;
+    Ok(tag.expect(&bytes)?.to_vec())
+}
+
+fn send(link: Option<&mut PipeLink>, tag: StepTag, payload: &[u8]) -> Result<(), TrainError> {
+    link.ok_or_else(|| TrainError::Protocol("missing pipeline link".into()))?
+        .send(tag.frame(payload))
+}
+
+fn run_inner<M: PipelineModel>(
+    rt: &Runtime,
+    stage: &mut Stage<M>,
+    links: &mut EpochLinks,
+    data: &DataSource,
+    spec: &StepSpec,
+    digest: Digest32,
+    timeout: Duration,
+) -> Result<StepResult, TrainError> {
+    let (s, p) = (spec.slot.stage, spec.stages);
+    let (first, last) = (s == 0, s + 1 == p);
+    let share = pipeline_share(
+        spec.sample_start,
+        spec.global_batch,
+        spec.slot.pipeline,
+        spec.data_parallel,
+    );
+    if share.is_empty() {
+        return Err(TrainError::Config(format!(
+            "{} pipelines for a batch of {}",
+            spec.data_parallel, spec.global_batch
+        )));
+    }
+    let mbs = micro_batches(share, spec.micro_batch);
+    let weight = |r: &Range<u64>| {
+        ((r.end - r.start) as f64 * f64::from(spec.data_parallel) / f64::from(spec.global_batch))
+            as f32
+    };
+    let tag = |kind, micro_batch: usize| StepTag {
+        kind,
+        epoch: spec.epoch,
+        step: spec.step,
+        micro_batch: micro_batch as u32,
+    };
+    let device = stage.device().clone();
+    let batch = |r: &Range<u64>| {
+        token_batch(
+            data.dataset.as_ref(),
+            &data.sampler,
+            r.start,
+            (r.end - r.start) as usize,
+            &device,
+        )
+    };
+    let mut loss = 0.0f64;
+    for op in one_f_one_b(p as usize, s as usize, mbs.len()) {
+        match op {
+            Op::Forward(i) => {
+                let targets = if last {
+                    Some(batch(&mbs[i])?.targets)
+                } else {
+                    None
+                };
+                let out = if first {
+                    let out = stage.forward(i as u64, batch(&mbs[i])?.inputs, targets.as_ref())?;
+                    stage.encode_output(out)?
+                } else {
+                    let bytes = recv(
+                        rt,
+                        links.prev.as_mut(),
+                        tag(MsgKind::Activation, i),
+                        timeout,
+                    )?;
+                    stage.forward_wire(i as u64, &bytes, targets.as_ref())?
+                };
+                match out {
+                    WireOutput::Activation(bytes) => {
+                        send(links.next.as_mut(), tag(MsgKind::Activation, i), &bytes)?
+                    }
+                    WireOutput::Loss(l) => loss += f64::from(l) * f64::from(weight(&mbs[i])),
+                }
+            }
+            Op::Backward(i) => {
+                let upstream = if last {
+                    None
+                } else {
+                    Some(recv(
+                        rt,
+                        links.next.as_mut(),
+                        tag(MsgKind::Grad, i),
+                        timeout,
+                    )?)
+                };
+                if let Some(g) =
+                    stage.backward_wire(i as u64, upstream.as_deref(), weight(&mbs[i]))?
+                    && !first
+                {
+                    send(links.prev.as_mut(), tag(MsgKind::Grad, i), &g)?;
+                }
+            }
+        }
+    }
+    if let Some(ring) = links.ring.as_mut() {
+        let mut values: Vec<f32> = stage
+            .export_grads()?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        if last {
+            values.push(loss as f32);
+        }
+        let round = Round {
+            epoch: spec.epoch,
+            step: spec.step,
+        };
+        let links = RingLinks {
+            rank: ring.rank,
+            size: ring.size,
+            next: &mut ring.next,
+            prev: &mut ring.prev,
+        };
+        block_on_timeout(rt, timeout, all_reduce_mean(&mut values, links, round))
+            .map_err(|_| TrainError::Timeout(format!("all-reduce of step {}", spec.step)))??;
+        if last {
+            loss = f64::from(values.pop().unwrap_or_default());
+        }
+        let mut bytes = Vec::with_capacity(values.len() * 4);
+        values
+            .iter()
+            .for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
+        stage.import_grads(&bytes)?;
+    }
+    // The global norm: partial sums (and digests) towards the last stage, the total back.
+    let local = stage.grad_sq_norm();
+    let (partial, mut digests) = if first {
+        (0.0, Vec::new())
+    } else {
+        let up = recv(rt, links.prev.as_mut(), tag(MsgKind::NormUp, 0), timeout)?;
+        parse_norm_up(&up, s as usize)?
+    };
+    digests.push(digest);
+    let partial = partial + local;
+    let total = if last {
+        partial
+    } else {
+        send(
+            links.next.as_mut(),
+            tag(MsgKind::NormUp, 0),
+            &norm_up_payload(partial, &digests),
+        )?;
+        parse_norm(&recv(
+            rt,
+            links.next.as_mut(),
+            tag(MsgKind::NormDown, 0),
+            timeout,
+        )?)?
+    };
+    if !first {
+        send(
+            links.prev.as_mut(),
+            tag(MsgKind::NormDown, 0),
+            &total.to_le_bytes(),
+        )?;
+    }
+    Ok(StepResult {
+        global_sq_norm: total,
+        report: (last && spec.slot.pipeline == 0).then_some((loss, digests)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_the_batch_exactly_once() {
+        for d in 1..6u32 {
+            let shares: Vec<_> = (0..d).map(|i| pipeline_share(100, 16, i, d)).collect();
+            assert_eq!(shares[0].start, 100);
+            assert_eq!(shares.last().unwrap().end, 116);
+            assert!(shares.windows(2).all(|w| w[0].end == w[1].start));
+        }
+        assert_eq!(
+            micro_batches(0..5, 2),
+            vec![0..2, 2..4, 4..5],
+            "the last micro-batch takes the rest"
+        );
+    }
+}

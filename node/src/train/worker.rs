@@ -1,0 +1,495 @@
+//! The trainer thread: follows the replicated plan, runs this node's stage step after step,
+//! moves state at every reconfiguration, and checkpoints.
+//!
+//! The replicated state is the only input that decides anything, so every node takes the same
+//! decision at the same step:
+//! * the active plan says who runs which slot; a new epoch means: publish the state this node
+//!   holds (so others can fetch it), get the layers of the new slot (own, live holders,
+//!   checkpoints), open the epoch's links;
+//! * step `k` runs when `k` is the next step of the replicated progress; its optimizer update is
+//!   applied only once `StepCommitted(k)` has committed, and dropped if a new plan replaced the
+//!   epoch first. A step therefore takes effect on every surviving replica or on none, and the
+//!   replicated sample cursor trains every sample exactly once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parcae_consensus::state::{Digest32, OptimizerScalars, Plan, StageSlot};
+use parcae_consensus::{Command, ControlState, NodeId};
+use parcae_model::{PipelineModel, Stage, StageConfig};
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+
+use super::TrainError;
+use super::handoff::{self, Acquired};
+use super::links::{self, EpochLinks};
+use super::server::{Endpoint, Held};
+use super::step::{self, DataSource, StepSpec, block_on_timeout};
+use crate::status::{MigrationView, TrainingView};
+
+/// How a node's trainer is set up (the same on every node except `me`).
+pub struct WorkerSetup<M: PipelineModel> {
+    /// This node.
+    pub me: NodeId,
+    /// The model.
+    pub model: Arc<M>,
+    /// Training data.
+    pub data: DataSource,
+    /// Seed of the initial weights.
+    pub seed: u64,
+    /// Samples per step.
+    pub global_batch: u32,
+    /// Samples per micro-batch.
+    pub micro_batch: u32,
+    /// Stop after this many steps (0: never).
+    pub max_steps: u64,
+    /// Checkpoint every this many steps (0: never).
+    pub checkpoint_every: u64,
+    /// Optimizer and wire settings.
+    pub stage_config: StageConfig,
+    /// Burn device.
+    pub device: burn::tensor::Device,
+    /// Time a neighbour may take.
+    pub peer_timeout: Duration,
+    /// Move state by restarting (drop everything, fetch the whole stage) on every change.
+    pub restart_on_change: bool,
+}
+
+/// Where this node is.
+struct Current<M: PipelineModel> {
+    epoch: u64,
+    slot: StageSlot,
+    stage: Stage<M>,
+    links: EpochLinks,
+    /// Digest of the stage state entering the next step (pipeline 0 only).
+    digest: Digest32,
+}
+
+/// The worker; [`Worker::run`] never returns while the node lives.
+pub struct Worker<M: PipelineModel> {
+    setup: WorkerSetup<M>,
+    rt: Runtime,
+    ep: Arc<Endpoint>,
+    view: watch::Receiver<Arc<ControlState>>,
+    submit: Arc<dyn Fn(Command) + Send + Sync>,
+    publish: Box<dyn Fn(TrainingView) + Send>,
+    current: Option<Current<M>>,
+    /// The stage of a node that is spare now (kept so its state can seed a later slot).
+    idle_stage: Option<Stage<M>>,
+    last_plan: Option<Plan>,
+    status: TrainingView,
+}
+
+enum Outcome {
+    Committed,
+    Superseded,
+}
+
+impl<M: PipelineModel> Worker<M> {
+    /// A worker. `submit` proposes a command through raft (forwarded to the leader); `publish`
+    /// shows the trainer's state in `/status`.
+    pub fn new(
+        setup: WorkerSetup<M>,
+        rt: Runtime,
+        ep: Arc<Endpoint>,
+        submit: Arc<dyn Fn(Command) + Send + Sync>,
+        publish: Box<dyn Fn(TrainingView) + Send>,
+    ) -> Self {
+        Self {
+            view: ep.view.clone(),
+            setup,
+            rt,
+            ep,
+            submit,
+            publish,
+            current: None,
+            idle_stage: None,
+            last_plan: None,
+            status: TrainingView::default(),
+        }
+    }
+
+    /// Runs forever.
+    pub fn run(mut self) {
+        loop {
+            let state = self.view.borrow_and_update().clone();
+            match self.tick(&state) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(epoch = ?self.current.as_ref().map(|c| c.epoch), "training step abandoned: {e}");
+                    self.abandon();
+                }
+            }
+            let mut view = self.view.clone();
+            let _ = block_on_timeout(&self.rt, Duration::from_millis(500), view.changed());
+        }
+    }
+
+    fn set_phase(&mut self, phase: &str) {
+        if self.status.phase != phase {
+            self.status.phase = phase.to_owned();
+            (self.publish)(self.status.clone());
+        }
+    }
+
+    /// Drops the links of the current epoch; the stage is kept for the next plan.
+    fn abandon(&mut self) {
+        if let Some(c) = self.current.take() {
+            self.idle_stage = Some(c.stage);
+        }
+        self.set_phase("waiting");
+    }
+
+    /// One round of work; `true` when something happened and the loop should go on at once.
+    fn tick(&mut self, state: &ControlState) -> Result<bool, TrainError> {
+        let Some(plan) = state.plan.as_ref() else {
+            return Ok(false);
+        };
+        let next = state.progress.next_step();
+        let slot = plan.assignment.get(&self.setup.me).copied();
+        let in_epoch = self.current.as_ref().is_some_and(|c| {
+            c.epoch == plan.epoch && Some(c.slot) == slot && c.stage.step() == next
+        });
+        if !in_epoch {
+            if self.last_plan.as_ref().map(|p| p.epoch) == Some(plan.epoch)
+                && self.current.is_none()
+                && slot.is_none()
+            {
+                return Ok(false);
+            }
+            self.switch(state, plan, slot, next)?;
+            return Ok(true);
+        }
+        if self.setup.max_steps > 0 && next >= self.setup.max_steps {
+            self.set_phase("finished");
+            return Ok(false);
+        }
+        self.train_step(state, plan, next)?;
+        Ok(true)
+    }
+
+    /// Enters the plan: publish what this node holds, get the new slot's layers, open links.
+    fn switch(
+        &mut self,
+        state: &ControlState,
+        plan: &Plan,
+        slot: Option<StageSlot>,
+        next: u64,
+    ) -> Result<(), TrainError> {
+        let started = Instant::now();
+        self.set_phase("migrating");
+        let old = self
+            .current
+            .take()
+            .map(|c| c.stage)
+            .or(self.idle_stage.take());
+        if let Some(stage) = &old
+            && stage.step() == next
+        {
+            let range = stage.layer_range();
+            let layers = range
+                .clone()
+                .map(|l| stage.export_state(l..l + 1))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.ep.hold(Some(Held {
+                step: next,
+                start: range.start,
+                layers,
+            }));
+        }
+        let previous = self.last_plan.replace(plan.clone());
+        let Some(slot) = slot else {
+            self.idle_stage = old;
+            self.status.slot = None;
+            self.set_phase("spare");
+            return Ok(());
+        };
+        let range = plan
+            .stage_layers(slot.stage)
+            .map(|r| r.start as usize..r.end as usize)
+            .ok_or_else(|| TrainError::Config(format!("plan has no stage {}", slot.stage)))?;
+        let keep = !self.setup.restart_on_change
+            && old
+                .as_ref()
+                .is_some_and(|s| s.layer_range() == range && s.step() == next);
+        let (stage, acquired) = if keep {
+            (old.expect("checked above"), None)
+        } else {
+            let acquired = if next == 0 {
+                None
+            } else {
+                Some(self.rt.block_on(handoff::acquire(
+                    &self.ep,
+                    state,
+                    self.setup.me,
+                    range.clone(),
+                    next,
+                    slot.pipeline as usize,
+                ))?)
+            };
+            (
+                self.build_stage(range.clone(), next, acquired.as_ref())?,
+                acquired,
+            )
+        };
+        let links = self
+            .rt
+            .block_on(links::connect(&self.ep, state, plan, slot))?;
+        let digest = if slot.pipeline == 0 {
+            stage.state_digest()?
+        } else {
+            [0u8; 32]
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let kind = migration_kind(
+            previous.as_ref(),
+            plan,
+            acquired.as_ref(),
+            self.setup.restart_on_change,
+        );
+        tracing::info!(
+            epoch = plan.epoch,
+            ?slot,
+            kind,
+            secs,
+            received_bytes = acquired.as_ref().map_or(0, |a| a.received_bytes),
+            "reconfiguration done"
+        );
+        self.status.slot = Some([slot.pipeline, slot.stage]);
+        self.status.migrations.push(MigrationView {
+            epoch: plan.epoch,
+            kind: kind.to_owned(),
+            at_step: next,
+            secs,
+            received_bytes: acquired.as_ref().map_or(0, |a| a.received_bytes),
+        });
+        if self.status.migrations.len() > 256 {
+            self.status.migrations.remove(0);
+        }
+        self.current = Some(Current {
+            epoch: plan.epoch,
+            slot,
+            stage,
+            links,
+            digest,
+        });
+        self.set_phase("training");
+        (self.publish)(self.status.clone());
+        Ok(())
+    }
+
+    fn build_stage(
+        &self,
+        range: std::ops::Range<usize>,
+        next: u64,
+        acquired: Option<&Acquired>,
+    ) -> Result<Stage<M>, TrainError> {
+        let s = &self.setup;
+        let mut stage = Stage::new(
+            s.model.clone(),
+            range,
+            s.seed,
+            &s.device,
+            s.stage_config.clone(),
+        )?;
+        let Some(a) = acquired else {
+            return Ok(stage);
+        };
+        for (steps, piece) in &a.restored {
+            tracing::warn!(layers = ?piece.layers, steps, "restoring layers from a checkpoint");
+            stage.set_step(0);
+            stage.import_state(&piece.bytes, piece.layers.clone())?;
+        }
+        if !a.lost.is_empty() {
+            tracing::error!(layers = ?a.lost, "no holder and no checkpoint: layers start afresh");
+        }
+        stage.set_step(next);
+        for piece in &a.live {
+            stage.import_state(&piece.bytes, piece.layers.clone())?;
+        }
+        Ok(stage)
+    }
+
+    fn train_step(&mut self, state: &ControlState, plan: &Plan, k: u64) -> Result<(), TrainError> {
+        let cur = self
+            .current
+            .as_mut()
+            .ok_or_else(|| TrainError::Config("no stage".into()))?;
+        let spec = StepSpec {
+            epoch: plan.epoch,
+            step: k,
+            slot: cur.slot,
+            data_parallel: plan.data_parallel,
+            stages: plan.pipeline_stages,
+            sample_start: state.progress.sample_cursor,
+            global_batch: self.setup.global_batch,
+            micro_batch: self.setup.micro_batch,
+        };
+        let started = Instant::now();
+        let result = step::run(
+            &self.rt,
+            &mut cur.stage,
+            &mut cur.links,
+            &self.setup.data,
+            &spec,
+            cur.digest,
+            self.setup.peer_timeout,
+        )?;
+        let report = result
+            .report
+            .map(|(loss, stage_digests)| Command::StepCommitted {
+                step: k,
+                epoch: plan.epoch,
+                sample_start: spec.sample_start,
+                samples: u64::from(spec.global_batch),
+                loss,
+                stage_digests,
+                optimizer: OptimizerScalars {
+                    step_count: k + 1,
+                    schedule_position: k + 1,
+                },
+            });
+        match self.await_commit(k, plan.epoch, report) {
+            Outcome::Committed => {
+                let cur = self.current.as_mut().expect("current slot");
+                cur.stage.optimizer_step(result.global_sq_norm)?;
+                if cur.slot.pipeline == 0 {
+                    cur.digest = cur.stage.state_digest()?;
+                }
+                self.status.last_step_ms = started.elapsed().as_secs_f64() * 1e3;
+                self.checkpoint_if_due(state, plan, k)?;
+                Ok(())
+            }
+            Outcome::Superseded => {
+                if let Some(c) = self.current.as_mut() {
+                    c.stage.clear_grads();
+                }
+                Err(TrainError::Superseded(k))
+            }
+        }
+    }
+
+    /// Waits until step `k` committed or a new plan replaced the epoch, re-proposing the report
+    /// now and then (a proposal can be lost in a leader change).
+    fn await_commit(&mut self, k: u64, epoch: u64, report: Option<Command>) -> Outcome {
+        let mut proposed: Option<Instant> = None;
+        loop {
+            let state = self.view.borrow_and_update().clone();
+            if state.progress.last_committed_step.is_some_and(|s| s >= k) {
+                return Outcome::Committed;
+            }
+            if state.plan.as_ref().map(|p| p.epoch) != Some(epoch) {
+                return Outcome::Superseded;
+            }
+            if let Some(cmd) = &report
+                && proposed.is_none_or(|t| t.elapsed() > Duration::from_secs(2))
+            {
+                (self.submit)(cmd.clone());
+                proposed = Some(Instant::now());
+            }
+            let mut view = self.view.clone();
+            let _ = block_on_timeout(&self.rt, Duration::from_millis(200), view.changed());
+        }
+    }
+
+    /// The first replica of each stage saves its state every `checkpoint_every` steps, locally
+    /// and on one peer outside its stage, then registers both copies in raft.
+    fn checkpoint_if_due(
+        &mut self,
+        state: &ControlState,
+        plan: &Plan,
+        k: u64,
+    ) -> Result<(), TrainError> {
+        let every = self.setup.checkpoint_every;
+        let Some(cur) = self.current.as_ref() else {
+            return Ok(());
+        };
+        if every == 0 || (k + 1) % every != 0 || cur.slot.pipeline != 0 {
+            return Ok(());
+        }
+        let range = cur.stage.layer_range();
+        let bytes = cur.stage.export_state(range.clone())?;
+        let steps = k + 1;
+        let digest = self.ep.checkpoints.save(steps, &range, &bytes)?;
+        let me = self.setup.me;
+        let peer = checkpoint_peer(state, plan, me, cur.slot);
+        let ep = self.ep.clone();
+        let submit = self.submit.clone();
+        let epoch = plan.epoch;
+        self.rt.spawn(async move {
+            let mut holders = vec![me];
+            if let Some(peer) = peer {
+                match super::peers::put_checkpoint(&ep, &peer, steps, range.clone(), &bytes, digest)
+                    .await
+                {
+                    Ok(()) => holders.push(peer.node),
+                    Err(e) => tracing::warn!(node = %peer.node, "checkpoint copy failed: {e}"),
+                }
+            }
+            submit(Command::Checkpointed {
+                step: k,
+                epoch,
+                layers: parcae_consensus::state::LayerRange {
+                    start: range.start as u32,
+                    end: range.end as u32,
+                },
+                holders,
+                digest,
+            });
+        });
+        Ok(())
+    }
+}
+
+/// The peer that keeps a copy of a stage's checkpoint: the first replica of the next stage, or
+/// for a one-stage plan any other member.
+fn checkpoint_peer(
+    state: &ControlState,
+    plan: &Plan,
+    me: NodeId,
+    slot: StageSlot,
+) -> Option<super::peers::PeerAddr> {
+    let other_stage = StageSlot {
+        pipeline: 0,
+        stage: (slot.stage + 1) % plan.pipeline_stages,
+    };
+    let node = if other_stage != slot {
+        plan.assignment
+            .iter()
+            .find(|(_, s)| **s == other_stage)
+            .map(|(n, _)| *n)
+    } else {
+        state
+            .members
+            .iter()
+            .find(|(id, m)| **id != me && m.status.is_healthy())
+            .map(|(id, _)| *id)
+    }?;
+    super::peers::peer_addr(state, node).ok()
+}
+
+/// The kind of a reconfiguration, as Parcae names them: `intra` (pipelines re-formed, nothing
+/// moves), `inter` (nodes take other stages), `repartition` (layer boundaries move), `restart`
+/// (state restored from checkpoints, or the reactive strategy), `initial`.
+pub fn migration_kind(
+    previous: Option<&Plan>,
+    plan: &Plan,
+    acquired: Option<&Acquired>,
+    restart: bool,
+) -> &'static str {
+    let Some(prev) = previous else {
+        return "initial";
+    };
+    if restart || acquired.is_some_and(|a| !a.restored.is_empty() || !a.lost.is_empty()) {
+        return "restart";
+    }
+    if prev.partition != plan.partition {
+        return "repartition";
+    }
+    let same_stages = plan
+        .assignment
+        .iter()
+        .all(|(n, s)| prev.assignment.get(n).is_some_and(|p| p.stage == s.stage));
+    if same_stages { "intra" } else { "inter" }
+}
