@@ -18,6 +18,10 @@
 //!   from the replicated state (so any new leader continues the sequence).
 //! * [`watch::NoticeWatcher`]: SIGTERM/SIGINT (deadline = now + grace, default 30 s) and the
 //!   AWS IMDSv2 / GCE / Azure metadata pollers (configurable base URLs, own threads).
+//! * the trainer ([`train`], a dedicated thread plus a small tokio runtime for the data plane):
+//!   follows the replicated plan, runs its stage with `parcae-model`, moves activations,
+//!   gradients and stage state over the encrypted data plane ([`dataplane`]), commits every step
+//!   through raft before applying it. [`Trainer`] is the library entry point.
 //! * [`status::Status`]: renders `/status` JSON; the HTTP server (tiny_http, own thread) serves
 //!   it and `/metrics` (Prometheus text from [`metrics::Metrics`] atomics).
 //!
@@ -69,3 +73,5 @@ pub mod status;
 pub mod train;
 pub mod watch;
 pub mod wire;
+
+pub use train::Trainer;

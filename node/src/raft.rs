@@ -100,8 +100,14 @@ pub struct Raft {
     listen_addrs: Vec<Multiaddr>,
     bootstrap: Vec<PeerId>,
     connected: HashSet<PeerId>,
-    /// When each member was last seen disconnected (absent: connected or never checked).
+    /// When each member was last seen disconnected or silent (absent: reachable or never
+    /// checked).
     unreachable_since: HashMap<NodeId, Instant>,
+    /// When each peer last sent a control frame: a frozen or cut-off process keeps its TCP
+    /// connections open, so being connected alone does not prove it is alive.
+    last_heard: HashMap<NodeId, Instant>,
+    /// When the leader last re-admitted a lost member that came back.
+    rejoin_proposed: HashMap<NodeId, Instant>,
     peers_by_id: HashMap<NodeId, PeerId>,
     leaving: Option<SystemTime>,
     notices: VecDeque<NoticeView>,
@@ -166,6 +172,8 @@ impl Raft {
             bootstrap: setup.bootstrap,
             connected: HashSet::new(),
             unreachable_since: HashMap::new(),
+            last_heard: HashMap::new(),
+            rejoin_proposed: HashMap::new(),
             peers_by_id: HashMap::new(),
             leaving: None,
             notices: VecDeque::new(),
@@ -219,6 +227,8 @@ impl Raft {
                     // Give every member a fresh grace period before it can be declared lost.
                     let now = Instant::now();
                     self.unreachable_since.clear();
+                    let ids: Vec<NodeId> = self.node.state().members.keys().copied().collect();
+                    self.last_heard.extend(ids.into_iter().map(|id| (id, now)));
                     for (id, _) in self.node.state().members.iter() {
                         if let Some(peer) = self.peer_of(*id)
                             && !self.connected.contains(&peer)
@@ -413,8 +423,27 @@ impl Raft {
             let Some(peer) = self.peer_of(*id) else {
                 continue;
             };
-            if self.connected.contains(&peer) {
+            let heard = self
+                .last_heard
+                .get(id)
+                .is_some_and(|t| now.duration_since(*t) < lost_after);
+            if self.connected.contains(&peer) && heard {
                 self.unreachable_since.remove(id);
+                // Back after being declared lost (a healed partition, a resumed process): it
+                // may have been removed from raft and cannot learn that it must re-join, so
+                // the leader re-admits it with its recorded identity.
+                if m.status == MemberStatus::Lost
+                    && self
+                        .rejoin_proposed
+                        .get(id)
+                        .is_none_or(|t| now.duration_since(*t) >= JOIN_RETRY)
+                {
+                    self.rejoin_proposed.insert(*id, now);
+                    commands.push(Command::Join {
+                        node: *id,
+                        peer: m.peer.clone(),
+                    });
+                }
                 continue;
             }
             let since = *self.unreachable_since.entry(*id).or_insert(now);
@@ -448,6 +477,7 @@ impl Raft {
         // Answers must reach a sender we may not know from the membership yet (a new node
         // learns its leader's peer id this way before it has any state).
         self.peers_by_id.insert(Self::node_id(&from), from);
+        self.last_heard.insert(Self::node_id(&from), Instant::now());
         let message = match ControlMessage::decode(&frame) {
             Ok(m) => m,
             Err(e) => return self.punish(from, format!("undecodable control frame: {e}")),
@@ -597,6 +627,7 @@ impl Raft {
             commit_index: st.commit,
             applied_index: st.applied,
             listen_addrs: self.listen_addrs.iter().map(|a| a.to_string()).collect(),
+            data_addr: self.data_addr.clone(),
             connected_peers: self.connected.iter().map(|p| p.to_string()).collect(),
             leaving_deadline_unix_ms: self.leaving.map(unix_ms),
             notices: self.notices.iter().cloned().collect(),

@@ -87,6 +87,8 @@ pub struct StatusSnapshot {
     pub applied_index: u64,
     /// Listen addresses with `/p2p/<id>`.
     pub listen_addrs: Vec<String>,
+    /// This node's data-plane address (tensors and state), when it trains.
+    pub data_addr: Option<String>,
     /// Peers connected right now.
     pub connected_peers: Vec<String>,
     /// This node's own leave deadline, once it got a notice.
@@ -205,6 +207,7 @@ impl StatusSnapshot {
             commit_index: 0,
             applied_index: 0,
             listen_addrs: Vec::new(),
+            data_addr: None,
             connected_peers: Vec::new(),
             leaving_deadline_unix_ms: None,
             notices: Vec::new(),

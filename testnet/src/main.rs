@@ -1,11 +1,51 @@
-//! `parcae-testnet`: the strategy simulator now, the local multi-process testnet later.
+//! `parcae-testnet`: a local multi-process testnet of real `parcae-node` processes that
+//! replays preemption traces, and the strategy simulator.
+//!
+//! Subcommands:
+//! * `run`: one trace (`--trace synthetic:BAND[:SEED]|PATH`) replayed on 127.0.0.1 with the
+//!   trace's intervals compressed to `--interval-secs`; notices `--grace-secs` ahead (SIGTERM
+//!   or a fake AWS metadata server), SIGKILL at the deadline, new processes on arrivals;
+//!   progress bar, report table, `--json`, `--out` plots, `--check` as a CI gate;
+//! * `compare`: the same trace with `liveput` and `reactive`, their ratio of committed samples
+//!   and the simulator's ratio with the cost model measured on the two runs;
+//! * `chaos`: SIGKILL without notice every `--kill-every` seconds, replaced by new nodes;
+//! * `simulate`: every planning strategy on a trace, without processes.
+//!
+//! Design: [`cluster`] starts and stops node processes through a [`process::Supervisor`] that
+//! kills every child on every exit path (drop, Ctrl-C through [`process::Interrupt`], and the
+//! kernel's parent-death signal if the testnet itself is killed). A [`engine::Scenario`]
+//! ([`replay::Replay`] or [`chaos::Chaos`]) decides when nodes get notices, die or arrive;
+//! [`engine::execute`] drives it and [`monitor::Monitor`] polls the nodes' `/status` and
+//! `/steps` once per second into the [`ledger`]s from which [`report`] computes the run JSON
+//! (lost committed steps, duplicate samples, migrations by kind). Exit codes: 0 success, 2 an
+//! error (one message naming the problem), 130 interrupted.
 
+mod chaos;
+mod cluster;
+mod compare;
+mod engine;
+mod error;
+mod imds;
+mod ledger;
+mod monitor;
+mod node_api;
+mod node_bin;
+mod node_config;
 mod plot;
+mod predicted;
+mod process;
+mod progress;
+mod replay;
+mod report;
+mod run;
 mod simulate;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::error::TestnetError;
+use crate::process::Interrupt;
 
 /// Parcae-rs testnet and strategy simulator.
 #[derive(Parser, Debug)]
@@ -17,6 +57,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Replay a preemption trace on a local cluster of parcae-node processes.
+    Run(run::Args),
+    /// Replay one trace with liveput and with reactive, and compare with the simulator.
+    Compare(compare::Args),
+    /// Kill random nodes without notice and replace them; check nothing committed is lost.
+    Chaos(chaos::Args),
     /// Replay an availability trace through the planning strategies and compare them.
     Simulate(simulate::Args),
 }
@@ -25,12 +71,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
+        Command::Run(args) => with_interrupt(|i| run::run(args, i)),
+        Command::Compare(args) => with_interrupt(|i| compare::run(args, i)),
+        Command::Chaos(args) => with_interrupt(|i| chaos::run(args, i)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            let interrupted = e
+                .chain()
+                .any(|c| matches!(c.downcast_ref(), Some(TestnetError::Interrupted)));
+            ExitCode::from(if interrupted { 130 } else { 2 })
         }
     }
+}
+
+/// Runs a subcommand that starts processes with the signal handlers installed.
+fn with_interrupt(f: impl FnOnce(&Interrupt) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let interrupt = Interrupt::install()?;
+    f(&interrupt)
 }

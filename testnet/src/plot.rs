@@ -138,3 +138,223 @@ pub fn simulation(
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// A testnet run: nodes (running, asked for by the trace, used by the plan) and throughput
+/// over time, loss over the committed steps, every reconfiguration marked by a vertical line.
+pub fn testnet_run(path: &Path, title: &str, obs: &crate::engine::Observed) -> Result<()> {
+    fonts();
+    let timeline = &obs.monitor.timeline;
+    let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let panels = root.split_evenly((3, 1));
+    let x_max = timeline.last().map_or(1.0, |s| s.t).max(1.0);
+    let marks: Vec<f64> = obs
+        .monitor
+        .migrations
+        .migrations()
+        .map(|(_, m)| m.seen_at)
+        .collect();
+    let mark_style = RGBColor(200, 0, 0).mix(0.6).stroke_width(1);
+
+    let n_max = timeline
+        .iter()
+        .map(|s| s.running.max(s.target))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut chart = ChartBuilder::on(&panels[0])
+        .caption(
+            format!("{title}: nodes (reconfigurations in red)"),
+            ("sans-serif", 20),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..x_max, 0.0..f64::from(n_max) * 1.15)
+        .map_err(err)?;
+    chart.configure_mesh().y_desc("nodes").draw().map_err(err)?;
+    // Drawn thick to thin so that equal lines stay visible.
+    let lines: [NodeSeries; 3] = [
+        ("running", BLUE.mix(0.5), 5, |s| f64::from(s.running)),
+        ("used (D x P)", GREEN.mix(0.8), 3, |s| {
+            s.config.map_or(0.0, |(d, p)| f64::from(d * p))
+        }),
+        ("trace", BLACK.to_rgba(), 1, |s| f64::from(s.target)),
+    ];
+    for (name, color, width, value) in lines {
+        chart
+            .draw_series(LineSeries::new(
+                timeline.iter().map(|s| (s.t, value(s))),
+                color.stroke_width(width),
+            ))
+            .map_err(err)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 15, y)], color));
+    }
+    draw_marks(&mut chart, &marks, f64::from(n_max) * 1.15, mark_style)?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+
+    let rate = throughput(timeline);
+    let r_max = rate.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&panels[1])
+        .caption("throughput (committed samples/s)", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..x_max, 0.0..r_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .y_desc("samples/s")
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(rate, BLUE.stroke_width(2)))
+        .map_err(err)?;
+    draw_marks(&mut chart, &marks, r_max, mark_style)?;
+
+    let losses: Vec<(f64, f64)> = obs
+        .final_seq
+        .iter()
+        .filter(|r| r.loss.is_finite())
+        .map(|r| (r.step as f64, r.loss))
+        .collect();
+    let step_max = losses.last().map_or(1.0, |p| p.0).max(1.0);
+    let l_max = losses.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1;
+    let mut chart = ChartBuilder::on(&panels[2])
+        .caption(
+            "loss of the committed steps (grey) and its moving average",
+            ("sans-serif", 20),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..step_max, 0.0..l_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_desc("loss")
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            losses.iter().copied(),
+            RGBColor(160, 160, 160).stroke_width(1),
+        ))
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            moving_average(&losses, (losses.len() / 50).max(1)),
+            BLACK.stroke_width(2),
+        ))
+        .map_err(err)?;
+    let step_marks: Vec<f64> = obs
+        .monitor
+        .migrations
+        .migrations()
+        .map(|(_, m)| m.at_step as f64)
+        .collect();
+    draw_marks(&mut chart, &step_marks, l_max, mark_style)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// A line of the nodes panel: name, colour, width, value of a sample.
+type NodeSeries = (
+    &'static str,
+    RGBAColor,
+    u32,
+    fn(&crate::monitor::Sample) -> f64,
+);
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Vertical lines at `xs` from 0 to `top`.
+fn draw_marks(chart: &mut Chart<'_, '_>, xs: &[f64], top: f64, style: ShapeStyle) -> Result<()> {
+    chart
+        .draw_series(
+            xs.iter()
+                .map(|&x| PathElement::new(vec![(x, 0.0), (x, top)], style)),
+        )
+        .map_err(err)?;
+    Ok(())
+}
+
+/// Trailing mean of the last `window` values.
+fn moving_average(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
+    let mut sum = 0.0;
+    points
+        .iter()
+        .enumerate()
+        .map(|(i, &(x, y))| {
+            sum += y;
+            if i >= window {
+                sum -= points[i - window].1;
+            }
+            (x, sum / (i + 1).min(window) as f64)
+        })
+        .collect()
+}
+
+/// Committed samples per second from the sample cursor, averaged over 5 s windows.
+fn throughput(timeline: &[crate::monitor::Sample]) -> Vec<(f64, f64)> {
+    const WINDOW_SECS: f64 = 5.0;
+    let mut out = Vec::new();
+    let mut from = 0;
+    for (i, s) in timeline.iter().enumerate() {
+        while s.t - timeline[from].t > WINDOW_SECS {
+            from += 1;
+        }
+        let a = &timeline[from];
+        if i > from && s.t > a.t {
+            let done = s.samples.saturating_sub(a.samples) as f64;
+            out.push((s.t, done / (s.t - a.t)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moving_average_is_trailing() {
+        let p = [(0.0, 1.0), (1.0, 3.0), (2.0, 5.0), (3.0, 7.0)];
+        assert_eq!(
+            moving_average(&p, 2),
+            vec![(0.0, 1.0), (1.0, 2.0), (2.0, 4.0), (3.0, 6.0)]
+        );
+        assert_eq!(moving_average(&p, 1), p.to_vec());
+    }
+
+    #[test]
+    fn throughput_over_a_window() {
+        let s = |t: f64, samples| crate::monitor::Sample {
+            t,
+            running: 1,
+            target: 1,
+            epoch: 1,
+            config: Some((1, 1)),
+            step: 0,
+            samples,
+            loss: None,
+        };
+        let rate = throughput(&[s(0.0, 0), s(1.0, 10), s(2.0, 30), s(8.0, 90)]);
+        assert_eq!(rate[0], (1.0, 10.0));
+        assert_eq!(rate[1], (2.0, 15.0));
+        // 8 s is more than 5 s after every earlier sample: no window ends there.
+        assert_eq!(rate.len(), 2);
+    }
+}

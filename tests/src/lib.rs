@@ -24,34 +24,54 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Path of the `parcae-node` binary (built on first use).
+/// `target/<profile>` of this executable: `target/<profile>/deps/<test>` (tests) or
+/// `target/<profile>/<bin>` (bench binaries).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let mut dir = exe.parent().expect("executable directory").to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// Builds `target` (cargo arguments such as `--bin parcae-node`) in this executable's profile
+/// and returns `target/<profile>/<relative>`.
+fn build(target: &[&str], relative: &str) -> PathBuf {
+    let dir = profile_dir();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    // --workspace: same feature unification as `cargo test --workspace`, so in a workspace
+    // run this is a no-op instead of a second build of every dependency.
+    build.args(["build", "--workspace"]).args(target);
+    if dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("running cargo build");
+    assert!(status.success(), "building {target:?} failed");
+    let bin = dir.join(relative);
+    assert!(bin.exists(), "{} not found after build", bin.display());
+    bin
+}
+
+/// Path of the `parcae-node` binary (built on first use; `PARCAE_NODE_BIN` overrides).
 pub fn node_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("PARCAE_NODE_BIN") {
-            return PathBuf::from(p);
-        }
-        let exe = std::env::current_exe().expect("test executable path");
-        // target/<profile>/deps/<test> (tests) or target/<profile>/<bin> (bench binary).
-        let mut profile_dir = exe.parent().expect("executable directory").to_path_buf();
-        if profile_dir.file_name().is_some_and(|n| n == "deps") {
-            profile_dir.pop();
-        }
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        // --workspace: same feature unification as `cargo test --workspace`, so in a workspace
-        // run this is a no-op instead of a second build of every dependency.
-        build.args(["build", "--workspace", "--bin", "parcae-node"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("running cargo build for parcae-node");
-        assert!(status.success(), "building parcae-node failed");
-        let bin = profile_dir.join("parcae-node");
-        assert!(bin.exists(), "{} not found after build", bin.display());
-        bin
+    BIN.get_or_init(|| match std::env::var_os("PARCAE_NODE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => build(&["--bin", "parcae-node"], "parcae-node"),
     })
     .clone()
+}
+
+/// Path of an example of the `parcae-node` crate: `cargo test --workspace` builds examples, so
+/// it is there in a workspace run; otherwise it is built here.
+pub fn node_example(name: &str) -> PathBuf {
+    let built = profile_dir().join("examples").join(name);
+    if built.exists() {
+        return built;
+    }
+    build(&["--example", name], &format!("examples/{name}"))
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; fine for tests).

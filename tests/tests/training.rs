@@ -171,3 +171,337 @@ fn two_by_two_across_processes_matches_one_process() {
         }
     }
 }
+
+/// The longest committed step sequence any running node shows, checked for exactly-once data:
+/// steps `0..n` in order, each starting where the previous ended.
+fn committed_sequence(c: &TestCluster) -> Vec<Value> {
+    let best = (0..c.nodes.len())
+        .map(|i| steps(c, i))
+        .max_by_key(|s| s.len())
+        .unwrap_or_default();
+    for (k, s) in best.iter().enumerate() {
+        assert_eq!(s["step"], k as u64, "no committed step lost or repeated");
+        assert_eq!(
+            s["sample_start"],
+            k as u64 * BATCH,
+            "no sample skipped or repeated"
+        );
+    }
+    best
+}
+
+fn last_step(c: &TestCluster) -> Option<u64> {
+    (0..c.nodes.len())
+        .filter_map(|i| c.nodes[i].status())
+        .filter(|s| s["loss"].is_number())
+        .map(|s| s["step"].as_u64().unwrap_or(0))
+        .max()
+}
+
+/// Index and slot of the running nodes that train, the leader excluded.
+fn workers(c: &TestCluster) -> Vec<(usize, [u64; 2])> {
+    c.statuses()
+        .into_iter()
+        .filter(|(_, s)| s["role"] != "leader")
+        .filter_map(|(i, s)| {
+            let slot = s["training"]["slot"].as_array()?;
+            Some((i, [slot[0].as_u64()?, slot[1].as_u64()?]))
+        })
+        .collect()
+}
+
+fn migrations(c: &TestCluster) -> Vec<Value> {
+    c.statuses()
+        .into_iter()
+        .flat_map(|(_, s)| s["migrations"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn a_noticed_node_is_drained_before_its_deadline() {
+    let _serial = serial();
+    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 4);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= 5)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let (victim, _) = *workers(&c).first().expect("a training non-leader");
+    let victim_peer = c.nodes[victim].peer_id().unwrap();
+    let epoch_before = c.nodes[0].status().unwrap()["epoch"].as_u64().unwrap();
+    let noticed_at = std::time::Instant::now();
+    c.nodes[victim].signal(libc::SIGTERM);
+    // A new plan without the node is in force, and trained under, before the 10 s deadline.
+    let trained_after = wait_for(Duration::from_secs(10), || {
+        let s = c
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(i, _)| *i != victim)?
+            .1
+            .status()?;
+        let epoch = s["epoch"].as_u64()?;
+        let seq = steps(
+            &c,
+            c.nodes
+                .iter()
+                .position(|n| n.status().is_some_and(|x| x["peer_id"] == s["peer_id"]))?,
+        );
+        let under_new = seq.iter().any(|r| r["epoch"].as_u64() == Some(epoch));
+        (epoch > epoch_before && under_new).then_some(noticed_at.elapsed())
+    })
+    .unwrap_or_else(|| panic!("no reconfiguration before the deadline\n{}", c.logs()));
+    assert!(trained_after < Duration::from_secs(10));
+    let status = c.nodes[victim].status();
+    let exit = c.nodes[victim].wait_exit(Duration::from_secs(15));
+    assert_eq!(
+        exit.and_then(|e| e.code()),
+        Some(0),
+        "the noticed node exits cleanly"
+    );
+    assert!(
+        status.is_none_or(|s| s["training"]["phase"] != "training"),
+        "drained"
+    );
+    let m = migrations(&c);
+    assert!(
+        m.iter().any(|x| x["epoch"].as_u64() > Some(epoch_before)
+            && matches!(x["kind"].as_str(), Some("intra" | "inter" | "repartition"))
+            && x["secs"].as_f64().is_some()),
+        "migration kind and duration in /status: {m:?}"
+    );
+    let before = last_step(&c).unwrap();
+    wait_for(Duration::from_secs(30), || {
+        last_step(&c).filter(|s| *s >= before + 3)
+    })
+    .unwrap_or_else(|| panic!("training did not go on\n{}", c.logs()));
+    committed_sequence(&c);
+    assert!(c.logs().contains("reconfiguration done"));
+    let _ = victim_peer;
+}
+
+#[test]
+fn training_resumes_after_a_kill() {
+    let _serial = serial();
+    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 4);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= 5)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let (victim, _) = *workers(&c).first().expect("a training non-leader");
+    let before = last_step(&c).unwrap();
+    let killed_at = std::time::Instant::now();
+    c.nodes[victim].kill();
+    let resumed = wait_for(Duration::from_secs(30), || {
+        last_step(&c)
+            .filter(|s| *s >= before + 2)
+            .map(|_| killed_at.elapsed())
+    })
+    .unwrap_or_else(|| panic!("training did not resume\n{}", c.logs()));
+    assert!(
+        resumed < Duration::from_secs(15),
+        "resumed after {resumed:?}"
+    );
+    let seq = committed_sequence(&c);
+    assert!(seq.len() as u64 > before);
+}
+
+#[test]
+fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
+    let _serial = serial();
+    let mut c = TestCluster::start(&train_config("pin = [1, 2]", "checkpoint_every = 4"), 3);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= 9)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    // Kill the only node of the stage that is not on the leader... or the leader's, whichever
+    // is not the leader: every replica of that stage is gone.
+    let (victim, slot) = *workers(&c).first().expect("a training non-leader");
+    let before = last_step(&c).unwrap();
+    c.nodes[victim].kill();
+    wait_for(Duration::from_secs(60), || {
+        last_step(&c).filter(|s| *s >= before + 2)
+    })
+    .unwrap_or_else(|| panic!("training did not resume\n{}", c.logs()));
+    let m = migrations(&c);
+    assert!(
+        m.iter().any(|x| x["kind"] == "restart"),
+        "stage {slot:?} restored from a checkpoint: {m:?}"
+    );
+    assert!(c.logs().contains("restoring layers from a checkpoint"));
+    committed_sequence(&c);
+}
+
+#[test]
+fn a_joining_node_is_put_to_work() {
+    let _serial = serial();
+    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 2);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= 3)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let founder = c.nodes[0].p2p_addr().unwrap();
+    let new = c.spawn(std::slice::from_ref(&founder), None);
+    let slot = wait_for(Duration::from_secs(60), || {
+        let s = c.nodes[new].status()?;
+        s["training"]["slot"]
+            .as_array()
+            .map(|_| s["config"].clone())
+    })
+    .unwrap_or_else(|| panic!("the new node got no slot\n{}", c.logs()));
+    let nodes = slot[0].as_u64().unwrap() * slot[1].as_u64().unwrap();
+    assert_eq!(
+        nodes, 3,
+        "the larger configuration uses the new node: {slot}"
+    );
+    let before = last_step(&c).unwrap();
+    wait_for(Duration::from_secs(30), || {
+        last_step(&c).filter(|s| *s >= before + 2)
+    })
+    .unwrap_or_else(|| panic!("training did not go on\n{}", c.logs()));
+    committed_sequence(&c);
+}
+
+#[test]
+fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
+    let _serial = serial();
+    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 4);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= 5)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let (victim, _) = *workers(&c).first().expect("a training non-leader");
+    let peer = c.nodes[victim].peer_id().unwrap();
+    // SIGSTOP cuts the node off: its peers see no traffic from it, it sends nothing.
+    c.nodes[victim].signal(libc::SIGSTOP);
+    let before = last_step(&c).unwrap();
+    let others: Vec<usize> = (0..c.nodes.len()).filter(|i| *i != victim).collect();
+    wait_for(Duration::from_secs(60), || {
+        others
+            .iter()
+            .filter_map(|i| c.nodes[*i].status())
+            .map(|s| s["step"].as_u64().unwrap_or(0))
+            .max()
+            .filter(|s| *s >= before + 3)
+    })
+    .unwrap_or_else(|| panic!("the others did not go on without it\n{}", c.logs()));
+    c.nodes[victim].signal(libc::SIGCONT);
+    // Healed: it is a healthy member again and follows the log.
+    wait_for(Duration::from_secs(60), || {
+        let s = c.nodes[others[0]].status()?;
+        let me = s["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["peer_id"] == peer.as_str())?
+            .clone();
+        let mine = c.nodes[victim].status()?;
+        (matches!(me["status"].as_str(), Some("active" | "spare"))
+            && mine["step"].as_u64()? + 2 >= s["step"].as_u64()?)
+        .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the node did not rejoin\n{}", c.logs()));
+    // No two configurations committed the same step: every node's record agrees.
+    let reference = committed_sequence(&c);
+    for i in 0..c.nodes.len() {
+        for r in steps(&c, i) {
+            let k = r["step"].as_u64().unwrap() as usize;
+            if let Some(same) = reference.get(k) {
+                assert_eq!(&r, same, "step {k} on node {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn hostile_data_plane_input_is_refused_and_training_goes_on() {
+    use parcae_node::train::protocol::{self, LinkKind, Reply, Request};
+    let _serial = serial();
+    let mut c = TestCluster::start(&train_config("pin = [1, 2]", "checkpoint_every = 0"), 3);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= 3)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    // Borrow the identity of the spare (a member, but assigned nothing) after stopping it.
+    let spare = (0..3)
+        .find(|i| {
+            c.nodes[*i]
+                .status()
+                .is_some_and(|s| s["training"]["slot"].is_null())
+        })
+        .expect("a spare");
+    let (target, slot) = *workers(&c)
+        .iter()
+        .find(|(i, _)| *i != spare)
+        .expect("a training non-leader");
+    let status = c.nodes[target].status().unwrap();
+    let addr: std::net::SocketAddr = status["data_addr"].as_str().unwrap().parse().unwrap();
+    let target_peer: libp2p::PeerId = status["peer_id"].as_str().unwrap().parse().unwrap();
+    let epoch = status["epoch"].as_u64().unwrap();
+    c.nodes[spare].kill();
+    let keypair = parcae_node::identity::load_or_create(&c.nodes[spare].data_dir).unwrap();
+    let key = parcae_node::key::ClusterKey::load(&c.key).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ask = |req: Request| {
+            let (keypair, key) = (keypair.clone(), key.clone());
+            async move {
+                let mut s = parcae_node::dataplane::connect(addr, &keypair, target_peer, &key)
+                    .await
+                    .unwrap();
+                s.send(&protocol::encode(&req).unwrap()).await.unwrap();
+                s.recv(1 << 16)
+                    .await
+                    .ok()
+                    .map(|b| protocol::decode::<Reply>(&b).unwrap())
+            }
+        };
+        // A link claiming another node's slot, and one of a stale epoch: closed without reply.
+        let other = [slot[0] as u32, 1 - slot[1] as u32];
+        let claim = parcae_node::train::protocol::Request::Link {
+            epoch,
+            kind: LinkKind::Pipeline,
+            from: parcae_node::train::links::slot_at(other[0], other[1]),
+        };
+        assert_eq!(ask(claim).await, None);
+        let stale = Request::Link {
+            epoch: epoch.saturating_sub(1),
+            kind: LinkKind::Ring,
+            from: parcae_node::train::links::slot_at(0, 0),
+        };
+        assert_eq!(ask(stale).await, None);
+        // State it does not hold, an empty range.
+        for (step, start, end) in [(1_000_000, 0, 1), (0, 3, 1)] {
+            let r = ask(Request::Fetch { step, start, end }).await;
+            assert!(matches!(r, Some(Reply::Refused(_))), "{r:?}");
+        }
+        // A checkpoint whose bytes do not match their digest.
+        let mut s = parcae_node::dataplane::connect(addr, &keypair, target_peer, &key)
+            .await
+            .unwrap();
+        let put = Request::PutCheckpoint {
+            steps: 4,
+            start: 0,
+            end: 1,
+            digest: [7; 32],
+        };
+        s.send(&protocol::encode(&put).unwrap()).await.unwrap();
+        s.send(b"not a state").await.unwrap();
+        let r = protocol::decode::<Reply>(&s.recv(1 << 16).await.unwrap()).unwrap();
+        assert!(matches!(r, Reply::Refused(_)), "{r:?}");
+        // Random bytes instead of a handshake.
+        use tokio::io::AsyncWriteExt;
+        let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+        raw.write_all(&[0xAB; 4096]).await.unwrap();
+    });
+    let before = last_step(&c).unwrap();
+    wait_for(Duration::from_secs(60), || {
+        last_step(&c).filter(|s| *s >= before + 3)
+    })
+    .unwrap_or_else(|| panic!("training stopped\n{}", c.logs()));
+    let logs = c.logs();
+    assert!(logs.contains("link refused"), "{logs}");
+    assert!(logs.contains("bad digest"), "{logs}");
+    committed_sequence(&c);
+}

@@ -100,11 +100,15 @@ impl Planner {
         let workers = workers(state);
         let n = workers.len() as u32;
         let current = state.plan.as_ref();
-        let broken = current.is_some_and(|p| {
-            p.assignment
-                .keys()
-                .any(|id| !workers.iter().any(|(w, _)| w == id))
-        });
+        // The reactive baseline does not act on notices: a leaving node works until it is gone,
+        // and only then is the plan broken.
+        let reactive = self.strategy == PlanStrategy::Reactive && self.pin.is_none();
+        let gone = |id: &NodeId| match state.members.get(id).map(|m| m.status) {
+            Some(MemberStatus::Leaving { .. }) => !reactive,
+            Some(s) => !s.is_healthy(),
+            None => true,
+        };
+        let broken = current.is_some_and(|p| p.assignment.keys().any(gone));
         if current.is_some() && !broken && !interval_boundary {
             return None;
         }
@@ -116,7 +120,17 @@ impl Planner {
         let target = match (self.pin, self.strategy) {
             (Some(pin), _) if pin.nodes() <= n => pin,
             (Some(_), _) if current.is_none() => return None,
-            (_, PlanStrategy::Reactive) => cost.best(n),
+            (_, PlanStrategy::Reactive) => {
+                let leaving = state
+                    .members
+                    .values()
+                    .filter(|m| matches!(m.status, MemberStatus::Leaving { .. }))
+                    .count() as u32;
+                if !broken && current.is_some() && cost.best(n + leaving) == now {
+                    return None;
+                }
+                cost.best(n)
+            }
             (_, PlanStrategy::Liveput) => {
                 let future = self.forecast(state, n);
                 let layers = cost.spec.layers.len();

@@ -77,6 +77,11 @@ pub struct EpochLinks {
     pub ring: Option<RingLink>,
 }
 
+/// The slot of pipeline `pipeline`, stage `stage`.
+pub fn slot_at(pipeline: u32, stage: u32) -> StageSlot {
+    StageSlot { pipeline, stage }
+}
+
 /// The node at `slot` in `plan`.
 pub fn node_at(state: &ControlState, plan: &Plan, slot: StageSlot) -> Result<PeerAddr, TrainError> {
     let node = plan
@@ -98,7 +103,7 @@ pub async fn connect(
 ) -> Result<EpochLinks, TrainError> {
     let (d, p) = (plan.data_parallel, plan.pipeline_stages);
     let epoch = plan.epoch;
-    let at = |pipeline: u32, stage: u32| StageSlot { pipeline, stage };
+    let at = slot_at;
     let next = async {
         if slot.stage + 1 >= p {
             return Ok(None);

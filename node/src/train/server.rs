@@ -117,6 +117,29 @@ impl Endpoint {
             .collect()
     }
 
+    /// Refuses links of epochs older than the plan in force, and links whose opener is not the
+    /// node the plan (when this node knows it already) puts at `from`.
+    fn check_link(&self, epoch: u64, from: StageSlot, peer: &PeerId) -> Result<(), String> {
+        let view = self.view.borrow();
+        let current = view.plan.as_ref().map_or(0, |p| p.epoch);
+        if epoch < current {
+            return Err(format!("stale epoch {epoch} (current {current})"));
+        }
+        let plan = [view.plan.as_ref(), view.pending_plan.as_ref()]
+            .into_iter()
+            .flatten()
+            .find(|p| p.epoch == epoch);
+        if let Some(plan) = plan {
+            let id = NodeId::from_peer_bytes(&peer.to_bytes());
+            if plan.assignment.get(&id) != Some(&from) {
+                return Err(format!(
+                    "the plan of epoch {epoch} does not put it at {from:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn is_member(&self, peer: &PeerId) -> bool {
         let id = NodeId::from_peer_bytes(&peer.to_bytes());
         self.view.borrow().members.contains_key(&id)
@@ -189,6 +212,10 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Trai
     let request: Request = protocol::decode(&stream.recv(MAX_CONTROL as u64).await?)?;
     match request {
         Request::Link { epoch, kind, from } => {
+            if let Err(why) = ep.check_link(epoch, from, &peer) {
+                tracing::error!(%peer, epoch, ?from, "link refused: {why}");
+                return Err(TrainError::Peer(why));
+            }
             ep.inbox
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

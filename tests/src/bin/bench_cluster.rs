@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use parcae_tests::{TestCluster, wait_for};
 
-const CONFIG: &str = "grace_secs = 1.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 3000\n[planner]\ninterval_secs = 0.05\n";
+const CONFIG: &str = "grace_secs = 1.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 3000\n[planner]\ninterval_secs = 0.05\n[train]\nenabled = false\n";
 
 fn quantile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {

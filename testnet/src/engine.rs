@@ -1,0 +1,170 @@
+//! The run loop shared by `run`, `compare` and `chaos`: start the initial nodes, wait for the
+//! cluster to form, then until the scenario's end act on its schedule, enforce notice
+//! deadlines with SIGKILL, poll the cluster once per second, and notice crashes and signals.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::cluster::{Cluster, Phase};
+use crate::error::TestnetError;
+use crate::monitor::Monitor;
+use crate::node_api::StepRecord;
+use crate::process::Interrupt;
+use crate::progress::Progress;
+
+/// How long the initial cluster may take to form.
+const FORM_TIMEOUT: Duration = Duration::from_secs(60);
+/// Seconds between polls.
+const POLL_SECS: f64 = 1.0;
+
+/// A script of availability changes.
+pub trait Scenario {
+    /// Nodes running before the replay clock starts.
+    fn initial_nodes(&self) -> usize;
+    /// Seconds of replay.
+    fn duration_secs(&self) -> f64;
+    /// When (seconds since the start) the next action is due, if any is left.
+    fn next_action(&self) -> Option<f64>;
+    /// Performs the action that is due.
+    fn act(&mut self, ctx: &mut Ctx<'_>) -> Result<(), TestnetError>;
+    /// Nodes the scenario wants at `t`.
+    fn target(&self, t: f64) -> u32;
+    /// Planning intervals the replay spans, and the one `t` falls in (for the progress bar).
+    fn interval_at(&self, t: f64) -> (u64, u64);
+}
+
+/// What a scenario acts on.
+pub struct Ctx<'a> {
+    /// The cluster.
+    pub cluster: &'a mut Cluster,
+    /// The observations (a node's committed steps are read before it is killed).
+    pub monitor: &'a mut Monitor,
+    start: Instant,
+    start_wall: SystemTime,
+}
+
+impl Ctx<'_> {
+    /// Seconds since the replay started.
+    pub fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Tells node `i` that it is preempted at `deadline` seconds since the start.
+    pub fn notify(&mut self, i: usize, deadline: f64) {
+        let offset = Duration::from_secs_f64(deadline.max(0.0));
+        self.cluster
+            .notify(i, self.start + offset, self.start_wall + offset);
+    }
+
+    /// SIGKILLs node `i` without notice, after reading its committed steps.
+    pub fn kill(&mut self, i: usize) {
+        self.monitor.observe_steps_of(self.cluster, i);
+        self.cluster.kill(i);
+    }
+}
+
+/// What a run observed.
+pub struct Observed {
+    /// Everything polled.
+    pub monitor: Monitor,
+    /// The final committed sequence (longest `/steps` of a node at the end).
+    pub final_seq: Vec<StepRecord>,
+    /// Unexpected node exits.
+    pub warnings: Vec<String>,
+}
+
+/// Runs `scenario` on `cluster`.
+pub fn execute(
+    cluster: &mut Cluster,
+    scenario: &mut dyn Scenario,
+    interrupt: &Interrupt,
+    progress: &mut Progress,
+) -> Result<Observed, TestnetError> {
+    let initial = scenario.initial_nodes();
+    progress.message(&format!("starting {initial} nodes"));
+    cluster.start_nodes(initial)?;
+    cluster.wait_formed(initial, FORM_TIMEOUT)?;
+    let mut monitor = Monitor::default();
+    let mut warnings = Vec::new();
+    let start = Instant::now();
+    let start_wall = SystemTime::now();
+    let end = scenario.duration_secs();
+    let mut next_poll = 0.0;
+    loop {
+        interrupt.check()?;
+        for w in cluster.reap()? {
+            progress.println(&format!("warning: {w}"));
+            warnings.push(w);
+        }
+        let mut ctx = Ctx {
+            cluster,
+            monitor: &mut monitor,
+            start,
+            start_wall,
+        };
+        enforce_deadlines(&mut ctx);
+        let t = ctx.now();
+        if t >= end {
+            break;
+        }
+        if let Some(due) = scenario.next_action()
+            && due <= t
+        {
+            scenario.act(&mut ctx)?;
+            continue;
+        }
+        if t >= next_poll {
+            monitor.poll(cluster, t, scenario.target(t));
+            if let Some(sample) = monitor.last() {
+                let (pos, len) = scenario.interval_at(t);
+                progress.update(pos, len, sample);
+            }
+            while next_poll <= t {
+                next_poll += POLL_SECS;
+            }
+        }
+        let wake = [
+            Some(next_poll),
+            scenario.next_action(),
+            Some(end),
+            next_deadline(cluster, start),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min);
+        interrupt.sleep_until(start + Duration::from_secs_f64(wake.max(0.0)))?;
+    }
+    let t = start.elapsed().as_secs_f64();
+    progress.message("collecting the committed steps");
+    let final_seq = monitor.finish(cluster, t);
+    Ok(Observed {
+        monitor,
+        final_seq,
+        warnings,
+    })
+}
+
+/// SIGKILLs leaving nodes whose deadline passed (reading their steps first).
+fn enforce_deadlines(ctx: &mut Ctx<'_>) {
+    let now = Instant::now();
+    for i in ctx.cluster.running() {
+        if let Phase::Leaving { deadline } = ctx.cluster.nodes[i].phase
+            && deadline <= now
+        {
+            ctx.kill(i);
+        }
+    }
+}
+
+/// The earliest pending notice deadline, in seconds since `start`.
+fn next_deadline(cluster: &Cluster, start: Instant) -> Option<f64> {
+    cluster
+        .nodes
+        .iter()
+        .filter_map(|n| match n.phase {
+            Phase::Leaving { deadline } => {
+                Some(deadline.saturating_duration_since(start).as_secs_f64())
+            }
+            _ => None,
+        })
+        .reduce(f64::min)
+}

@@ -1,0 +1,306 @@
+//! What the testnet saw during a run, and the safety checks on it.
+//!
+//! * [`StepLedger`]: every committed step any node reported on `/steps` while the run went
+//!   on. A committed step must never disappear or change: `lost_committed_steps` counts those
+//!   that are missing from the final sequence or whose record differs from the first sighting.
+//! * [`sample_overlap`]: exactly-once data: the sample ranges of the final sequence must not
+//!   overlap (duplicates) or leave holes (gaps).
+//! * [`MigrationLedger`]: reconfigurations by epoch, with the kind any node reported and the
+//!   longest duration any node took.
+
+use std::collections::BTreeMap;
+
+use crate::node_api::{Migration, StepRecord};
+
+/// A committed step as first seen, and the first later sighting that differed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SeenStep {
+    record: StepRecord,
+    differing: Option<StepRecord>,
+}
+
+/// A committed step that did not survive as it was.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LostStep {
+    /// The record as first seen.
+    pub seen: StepRecord,
+    /// The record that replaced it (during the run or in the final sequence); `None` when the
+    /// step is missing from the final sequence.
+    pub became: Option<StepRecord>,
+}
+
+impl std::fmt::Display for LostStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |r: &StepRecord| {
+            format!(
+                "epoch {} samples {}+{} loss {}",
+                r.epoch, r.sample_start, r.samples, r.loss
+            )
+        };
+        match &self.became {
+            None => write!(
+                f,
+                "step {} ({}) is missing from the final sequence",
+                self.seen.step,
+                show(&self.seen)
+            ),
+            Some(b) => write!(
+                f,
+                "step {} changed from ({}) to ({})",
+                self.seen.step,
+                show(&self.seen),
+                show(b)
+            ),
+        }
+    }
+}
+
+/// Every step seen during a run.
+#[derive(Debug, Default)]
+pub struct StepLedger {
+    steps: BTreeMap<u64, SeenStep>,
+}
+
+impl StepLedger {
+    /// Records one node's `/steps` answer.
+    pub fn observe(&mut self, records: &[StepRecord]) {
+        for r in records {
+            self.steps
+                .entry(r.step)
+                .and_modify(|seen| {
+                    if seen.differing.is_none() && !same(&seen.record, r) {
+                        seen.differing = Some(*r);
+                    }
+                })
+                .or_insert(SeenStep {
+                    record: *r,
+                    differing: None,
+                });
+        }
+    }
+
+    /// The highest step seen.
+    pub fn last_step(&self) -> Option<u64> {
+        self.steps.keys().next_back().copied()
+    }
+
+    /// Committed steps missing from `final_seq` or whose record changed at any point.
+    pub fn lost(&self, final_seq: &[StepRecord]) -> Vec<LostStep> {
+        let finals: BTreeMap<u64, &StepRecord> = final_seq.iter().map(|r| (r.step, r)).collect();
+        self.steps
+            .iter()
+            .filter_map(|(step, seen)| {
+                let became = match (seen.differing, finals.get(step)) {
+                    (Some(d), _) => Some(d),
+                    (None, None) => None,
+                    (None, Some(f)) if same(&seen.record, f) => return None,
+                    (None, Some(f)) => Some(**f),
+                };
+                Some(LostStep {
+                    seen: seen.record,
+                    became,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Two sightings of one step agree (loss bit for bit: it is the same replicated value).
+fn same(a: &StepRecord, b: &StepRecord) -> bool {
+    a.step == b.step
+        && a.epoch == b.epoch
+        && a.sample_start == b.sample_start
+        && a.samples == b.samples
+        && a.loss.to_bits() == b.loss.to_bits()
+}
+
+/// Samples covered twice or more, and samples skipped between the first and the last step,
+/// of a sequence of steps.
+pub fn sample_overlap(seq: &[StepRecord]) -> (u64, u64) {
+    let mut ranges: Vec<(u64, u64)> = seq
+        .iter()
+        .filter(|r| r.samples > 0)
+        .map(|r| (r.sample_start, r.sample_start.saturating_add(r.samples)))
+        .collect();
+    ranges.sort_unstable();
+    let (mut duplicates, mut gaps) = (0u64, 0u64);
+    let mut covered_to: Option<u64> = None;
+    for (start, end) in ranges {
+        match covered_to {
+            Some(to) if start < to => {
+                duplicates += end.min(to) - start;
+                covered_to = Some(to.max(end));
+            }
+            Some(to) => {
+                gaps += start - to;
+                covered_to = Some(end);
+            }
+            None => covered_to = Some(end),
+        }
+    }
+    (duplicates, gaps)
+}
+
+/// Migration kinds in the run JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MigrationCounts {
+    /// Intra-stage migrations.
+    pub intra: u64,
+    /// Inter-stage migrations.
+    pub inter: u64,
+    /// Repartitions.
+    pub repartition: u64,
+    /// Checkpoint restarts.
+    pub restart: u64,
+}
+
+/// One reconfiguration as the testnet saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochMigration {
+    /// Its kind (first node to report it wins).
+    pub kind: String,
+    /// Longest duration any node reported.
+    pub secs: f64,
+    /// Step at which it took over.
+    pub at_step: u64,
+    /// Seconds since the replay started when it was first seen.
+    pub seen_at: f64,
+}
+
+/// Reconfigurations by epoch.
+#[derive(Debug, Default)]
+pub struct MigrationLedger {
+    epochs: BTreeMap<u64, EpochMigration>,
+}
+
+impl MigrationLedger {
+    /// Records one node's `migrations` list at time `t`.
+    pub fn observe(&mut self, list: &[Migration], t: f64) {
+        for m in list {
+            let secs = if m.secs.is_finite() {
+                m.secs.max(0.0)
+            } else {
+                0.0
+            };
+            self.epochs
+                .entry(m.epoch)
+                .and_modify(|e| e.secs = e.secs.max(secs))
+                .or_insert(EpochMigration {
+                    kind: m.kind.clone(),
+                    secs,
+                    at_step: m.at_step,
+                    seen_at: t,
+                });
+        }
+    }
+
+    /// Reconfigurations that moved a running job (everything but the initial plan).
+    pub fn migrations(&self) -> impl Iterator<Item = (&u64, &EpochMigration)> {
+        self.epochs.iter().filter(|(_, m)| m.kind != "initial")
+    }
+
+    /// Counts by kind; kinds the report does not know are left out.
+    pub fn counts(&self) -> MigrationCounts {
+        let mut c = MigrationCounts::default();
+        for (_, m) in self.migrations() {
+            match m.kind.as_str() {
+                "intra" => c.intra += 1,
+                "inter" => c.inter += 1,
+                "repartition" => c.repartition += 1,
+                "restart" => c.restart += 1,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// Sum over reconfigurations of the longest per-node duration.
+    pub fn total_secs(&self) -> f64 {
+        // A fold from +0.0: an empty `sum()` of floats is -0.0, which would print as such.
+        self.migrations().fold(0.0, |acc, (_, m)| acc + m.secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64, start: u64, samples: u64, loss: f64) -> StepRecord {
+        StepRecord {
+            step,
+            epoch: 1,
+            sample_start: start,
+            samples,
+            loss,
+        }
+    }
+
+    #[test]
+    fn lost_counts_missing_and_changed_steps() {
+        let mut l = StepLedger::default();
+        l.observe(&[step(1, 0, 8, 4.0), step(2, 8, 8, 3.9)]);
+        l.observe(&[step(1, 0, 8, 4.0), step(2, 8, 8, 3.9), step(3, 16, 8, 3.8)]);
+        let all = [step(1, 0, 8, 4.0), step(2, 8, 8, 3.9), step(3, 16, 8, 3.8)];
+        assert!(l.lost(&all).is_empty());
+        let missing = l.lost(&all[..2]);
+        assert_eq!(missing.len(), 1, "step 3 missing");
+        assert_eq!(
+            missing[0].to_string(),
+            "step 3 (epoch 1 samples 16+8 loss 3.8) is missing from the final sequence"
+        );
+        // The final sequence has another record for step 1.
+        let other = [step(1, 0, 8, 4.5), step(2, 8, 8, 3.9), step(3, 16, 8, 3.8)];
+        assert_eq!(l.lost(&other)[0].became, Some(step(1, 0, 8, 4.5)));
+        // Another node reports step 2 with another loss: a committed step changed.
+        l.observe(&[step(2, 8, 8, 3.5)]);
+        let changed = l.lost(&all);
+        assert_eq!(changed.len(), 1);
+        assert_eq!(
+            changed[0].to_string(),
+            "step 2 changed from (epoch 1 samples 8+8 loss 3.9) to (epoch 1 samples 8+8 loss 3.5)"
+        );
+        assert_eq!(l.steps.len(), 3);
+        assert_eq!(l.last_step(), Some(3));
+        assert_eq!(StepLedger::default().last_step(), None);
+    }
+
+    #[test]
+    fn overlap_counts_duplicates_and_gaps() {
+        let clean = [step(1, 0, 8, 1.0), step(2, 8, 8, 1.0), step(3, 16, 4, 1.0)];
+        assert_eq!(sample_overlap(&clean), (0, 0));
+        let dup = [step(1, 0, 8, 1.0), step(2, 4, 8, 1.0), step(3, 12, 8, 1.0)];
+        assert_eq!(sample_overlap(&dup), (4, 0));
+        let gap = [step(1, 0, 8, 1.0), step(2, 10, 8, 1.0)];
+        assert_eq!(sample_overlap(&gap), (0, 2));
+        let contained = [step(1, 0, 16, 1.0), step(2, 4, 4, 1.0), step(3, 16, 1, 1.0)];
+        assert_eq!(sample_overlap(&contained), (4, 0));
+        assert_eq!(sample_overlap(&[]), (0, 0));
+    }
+
+    #[test]
+    fn migrations_by_epoch_take_the_longest_node() {
+        let m = |epoch, kind: &str, secs| Migration {
+            epoch,
+            kind: kind.into(),
+            at_step: epoch * 10,
+            secs,
+        };
+        let mut l = MigrationLedger::default();
+        l.observe(&[m(1, "initial", 2.0), m(2, "intra", 0.1)], 1.0);
+        l.observe(&[m(2, "intra", 0.3), m(3, "repartition", 1.5)], 2.0);
+        l.observe(&[m(4, "restart", f64::NAN), m(5, "inter", 0.5)], 3.0);
+        let c = l.counts();
+        assert_eq!(
+            c,
+            MigrationCounts {
+                intra: 1,
+                inter: 1,
+                repartition: 1,
+                restart: 1
+            }
+        );
+        assert!((l.total_secs() - (0.3 + 1.5 + 0.0 + 0.5)).abs() < 1e-12);
+        let (epoch, first) = l.migrations().next().unwrap();
+        assert_eq!((*epoch, first.seen_at, first.at_step), (2, 1.0, 20));
+    }
+}

@@ -1,0 +1,178 @@
+//! Watching a running cluster: once per second every running node's `/status` (for the
+//! migrations it reports) and the leader's `/steps`, every few seconds every node's `/steps`,
+//! and a timeline of what the leader reports for the progress line and the plots.
+
+use std::time::{Duration, Instant};
+
+use crate::cluster::Cluster;
+use crate::ledger::{MigrationLedger, StepLedger};
+use crate::node_api::{Client, Estimate, Status, StepRecord};
+
+/// Every node's `/steps` is read on every this many polls (the leader's on every poll).
+const ALL_STEPS_EVERY: u64 = 5;
+/// Timeout of the final reads: busy nodes on a small machine may take seconds to answer, and
+/// a missed answer would make the final sequence look shorter than what was committed.
+const FINAL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// One point of the timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Seconds since the replay started.
+    pub t: f64,
+    /// Node processes running.
+    pub running: u32,
+    /// Nodes the trace asks for.
+    pub target: u32,
+    /// Plan epoch.
+    pub epoch: u64,
+    /// `(D, P)` of the plan.
+    pub config: Option<(u32, u32)>,
+    /// Last committed step.
+    pub step: u64,
+    /// Global sample cursor.
+    pub samples: u64,
+    /// Loss of the last committed step.
+    pub loss: Option<f64>,
+}
+
+/// Accumulates everything seen during a run.
+#[derive(Default)]
+pub struct Monitor {
+    /// Committed steps seen.
+    pub steps: StepLedger,
+    /// Reconfigurations seen.
+    pub migrations: MigrationLedger,
+    /// One sample per poll.
+    pub timeline: Vec<Sample>,
+    /// The leader's latest throughput estimates (its measured cost model).
+    pub estimates: Vec<Estimate>,
+    polls: u64,
+}
+
+impl Monitor {
+    /// Polls the cluster at time `t` while the trace asks for `target` nodes.
+    pub fn poll(&mut self, cluster: &Cluster, t: f64, target: u32) {
+        let running = cluster.running();
+        let statuses: Vec<(usize, Status)> = running
+            .iter()
+            .filter_map(|&i| Some((i, cluster.status(i)?)))
+            .collect();
+        for (_, s) in &statuses {
+            self.migrations.observe(&s.migrations, t);
+        }
+        let leader = leader_of(&statuses);
+        let all = self.polls.is_multiple_of(ALL_STEPS_EVERY);
+        let leader_index = leader.map(|(l, _)| l);
+        for (i, _) in &statuses {
+            if all || Some(*i) == leader_index {
+                self.observe_steps_of(cluster, *i);
+            }
+        }
+        self.polls += 1;
+        let view = leader.map(|(_, s)| s);
+        if let Some(t) = view.and_then(|s| s.training.as_ref())
+            && !t.estimates.is_empty()
+        {
+            self.estimates = t.estimates.clone();
+        }
+        self.timeline.push(Sample {
+            t,
+            running: running.len() as u32,
+            target,
+            epoch: view.map_or(0, |s| s.epoch),
+            config: view.and_then(|s| s.config),
+            step: view.map_or(0, |s| s.step),
+            samples: view.map_or(0, |s| s.samples),
+            loss: view.and_then(|s| s.loss),
+        });
+    }
+
+    /// Reads node `i`'s `/steps` (e.g. right before it is killed).
+    pub fn observe_steps_of(&mut self, cluster: &Cluster, i: usize) {
+        if let Some(list) = cluster.client().steps(cluster.nodes[i].status_addr) {
+            self.steps.observe(&list);
+        }
+    }
+
+    /// Final reading of every running node. The final committed sequence is the longest
+    /// `/steps` list (the node with the full history), re-read until it reaches the highest
+    /// step seen anywhere: nodes keep training while they are read one after the other, so
+    /// a list read a moment earlier than another may simply not have applied the newest steps
+    /// yet. Only a step that does not show up within [`FINAL_TIMEOUT`] counts as missing.
+    pub fn finish(&mut self, cluster: &Cluster, t: f64) -> Vec<StepRecord> {
+        let patient = Client::with_timeout(FINAL_TIMEOUT);
+        let mut longest: Option<(usize, Vec<StepRecord>)> = None;
+        for i in cluster.running() {
+            let addr = cluster.nodes[i].status_addr;
+            if let Some(s) = patient.status(addr) {
+                self.migrations.observe(&s.migrations, t);
+            }
+            if let Some(list) = patient.steps(addr) {
+                self.steps.observe(&list);
+                if longest.as_ref().is_none_or(|(_, l)| list.len() > l.len()) {
+                    longest = Some((i, list));
+                }
+            }
+        }
+        let Some((source, mut list)) = longest else {
+            return Vec::new();
+        };
+        let addr = cluster.nodes[source].status_addr;
+        let target = self.steps.last_step();
+        let end = Instant::now() + FINAL_TIMEOUT;
+        loop {
+            list.sort_by_key(|r| r.step);
+            if list.last().map(|r| r.step) >= target || Instant::now() >= end {
+                return list;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            if let Some(newer) = patient.steps(addr) {
+                self.steps.observe(&newer);
+                list = newer;
+            }
+        }
+    }
+
+    /// The latest sample.
+    pub fn last(&self) -> Option<&Sample> {
+        self.timeline.last()
+    }
+}
+
+/// The node that the most nodes name as leader and that answered, with its status; when no
+/// one names a leader that answered, the node with the highest epoch.
+fn leader_of(statuses: &[(usize, Status)]) -> Option<(usize, &Status)> {
+    let named = statuses
+        .iter()
+        .find(|(_, s)| s.role == "leader" && s.leader.as_deref() == Some(s.peer_id.as_str()));
+    named
+        .or_else(|| statuses.iter().max_by_key(|(_, s)| (s.epoch, s.step)))
+        .map(|(i, s)| (*i, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_leader_is_the_node_that_says_so() {
+        let s = |id: &str, role: &str, leader: &str, epoch| Status {
+            peer_id: id.into(),
+            role: role.into(),
+            leader: Some(leader.into()),
+            epoch,
+            ..Status::default()
+        };
+        let list = vec![
+            (0, s("a", "follower", "b", 5)),
+            (3, s("b", "leader", "b", 4)),
+        ];
+        assert_eq!(leader_of(&list).map(|(i, _)| i), Some(3));
+        let headless = vec![
+            (0, s("a", "follower", "x", 5)),
+            (1, s("c", "candidate", "x", 6)),
+        ];
+        assert_eq!(leader_of(&headless).map(|(i, _)| i), Some(1));
+        assert!(leader_of(&[]).is_none());
+    }
+}

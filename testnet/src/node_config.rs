@@ -1,0 +1,228 @@
+//! The TOML configuration every testnet node gets, generated in one place.
+//!
+//! The node rejects unknown keys (a typo must not fall back to a default), so keys that only
+//! newer nodes know are written only when the binary accepts them: [`probe`] asks the binary
+//! once per run by letting it parse the full configuration (it parses the file before it
+//! needs anything else, so the probe starts no node). Those keys are the training section and
+//! the planner's strategy ([`training_keys`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::error::TestnetError;
+
+/// What the nodes of one run share (per-node differences are the metadata URL).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSettings {
+    /// Seconds between a notice and the node's exit (SIGTERM grace).
+    pub grace_secs: f64,
+    /// Planning interval of the compressed trace, seconds.
+    pub interval_secs: f64,
+    /// Milliseconds a member may be unreachable before it is declared lost.
+    pub lost_timeout_ms: u64,
+    /// Planning strategy (`liveput`, `reactive`, ...).
+    pub strategy: String,
+    /// Model preset (`tiny`, `small`).
+    pub model: String,
+    /// `synthetic` or a dataset path.
+    pub data: String,
+    /// Seed of initialisation and data order.
+    pub seed: u64,
+    /// Steps after which training stops (0: no limit).
+    pub max_steps: u64,
+}
+
+/// Which optional keys the node binary understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dialect {
+    /// `[train]` and `[planner] strategy`.
+    pub training: bool,
+}
+
+/// Metadata poll period when notices come from the fake metadata server, ms.
+const METADATA_POLL_MS: u64 = 200;
+
+/// Renders a node's configuration; `aws_base_url` points its metadata poller at a fake server.
+pub fn render(s: &NodeSettings, dialect: Dialect, aws_base_url: Option<&str>) -> String {
+    let mut out = format!(
+        "grace_secs = {grace:?}\n\
+         [raft]\n\
+         tick_ms = 100\n\
+         election_ticks = 10\n\
+         heartbeat_ticks = 2\n\
+         lost_timeout_ms = {lost}\n\
+         [planner]\n\
+         interval_secs = {interval:?}\n",
+        grace = s.grace_secs,
+        lost = s.lost_timeout_ms,
+        interval = s.interval_secs,
+    );
+    if dialect.training {
+        out.push_str(&training_keys(s));
+    }
+    if let Some(url) = aws_base_url {
+        out.push_str(&format!(
+            "[notices]\npoll_interval_ms = {METADATA_POLL_MS}\naws_base_url = {url:?}\n"
+        ));
+    }
+    out
+}
+
+/// The keys of the trainer: `[planner] strategy` (continuing the `[planner]` table that
+/// [`render`] opened) and the `[train]` table.
+fn training_keys(s: &NodeSettings) -> String {
+    format!(
+        "strategy = {strategy:?}\n\
+         [train]\n\
+         model = {model:?}\n\
+         data = {data:?}\n\
+         seed = {seed}\n\
+         max_steps = {max_steps}\n",
+        strategy = s.strategy,
+        model = s.model,
+        data = s.data,
+        seed = s.seed,
+        max_steps = s.max_steps,
+    )
+}
+
+/// Finds out which keys `bin` accepts by letting it parse the configuration in `dir`.
+///
+/// `parcae-node run` loads its config before its cluster key; the probe names a key file that
+/// does not exist, so the node stops right after parsing. "unknown field" in its error output
+/// means the binary predates the training keys; the returned note then quotes that line.
+pub fn probe(
+    bin: &Path,
+    dir: &Path,
+    s: &NodeSettings,
+) -> Result<(Dialect, Option<String>), TestnetError> {
+    let path = dir.join("probe.toml");
+    let attempt = |dialect: Dialect| -> Result<Option<String>, TestnetError> {
+        std::fs::write(&path, render(s, dialect, None)).map_err(|source| TestnetError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
+        let message = run_probe(bin, dir, &path)?;
+        Ok(message
+            .lines()
+            .find(|l| l.contains("unknown field"))
+            .map(|l| l.trim().to_string()))
+    };
+    let full = Dialect { training: true };
+    let basic = Dialect { training: false };
+    let chosen = match attempt(full)? {
+        None => (full, None),
+        Some(refusal) => match attempt(basic)? {
+            None => (basic, Some(refusal)),
+            Some(message) => return Err(TestnetError::ConfigRejected { path, message }),
+        },
+    };
+    let _ = std::fs::remove_file(&path);
+    Ok(chosen)
+}
+
+/// Runs the node on `config` with a missing key file; returns its error output.
+fn run_probe(bin: &Path, dir: &Path, config: &Path) -> Result<String, TestnetError> {
+    let missing_key: PathBuf = dir.join("probe-no-such.key");
+    let out = Command::new(bin)
+        .args(["run", "--data-dir"])
+        .arg(dir.join("probe-data"))
+        .args([
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--status-addr",
+            "127.0.0.1:0",
+            "--cluster-key",
+        ])
+        .arg(&missing_key)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| TestnetError::NodeBinary {
+            path: bin.to_path_buf(),
+            reason: format!("cannot run it: {e}"),
+        })?;
+    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stdout));
+    Ok(text.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> NodeSettings {
+        NodeSettings {
+            grace_secs: 3.0,
+            interval_secs: 10.0,
+            lost_timeout_ms: 2000,
+            strategy: "liveput".into(),
+            model: "tiny".into(),
+            data: "synthetic".into(),
+            seed: 7,
+            max_steps: 0,
+        }
+    }
+
+    #[test]
+    fn basic_dialect_has_only_todays_keys() {
+        let text = render(&settings(), Dialect { training: false }, None);
+        assert!(text.contains("grace_secs = 3.0\n"));
+        assert!(text.contains("[planner]\ninterval_secs = 10.0\n"));
+        assert!(text.contains("lost_timeout_ms = 2000\n"));
+        assert!(!text.contains("[train]"));
+        assert!(!text.contains("strategy"));
+        assert!(!text.contains("[notices]"));
+    }
+
+    #[test]
+    fn training_dialect_and_metadata_url() {
+        let text = render(
+            &settings(),
+            Dialect { training: true },
+            Some("http://127.0.0.1:4000"),
+        );
+        let planner = text.find("[planner]").unwrap();
+        let strategy = text.find("strategy = \"liveput\"").unwrap();
+        let train = text.find("[train]").unwrap();
+        assert!(planner < strategy && strategy < train, "{text}");
+        assert!(text.contains("model = \"tiny\"\ndata = \"synthetic\"\nseed = 7\nmax_steps = 0\n"));
+        assert!(text.contains(
+            "[notices]\npoll_interval_ms = 200\naws_base_url = \"http://127.0.0.1:4000\"\n"
+        ));
+    }
+
+    #[test]
+    fn probe_classifies_the_binarys_answer() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        // Rejects [train] but knows the rest.
+        let old = script(
+            "old",
+            r#"cfg=""; while [ $# -gt 0 ]; do [ "$1" = --config ] && cfg="$2"; shift; done
+               grep -q '\[train\]' "$cfg" && { echo 'unknown field `train`' >&2; exit 1; }
+               echo 'cluster key: no such file' >&2; exit 1"#,
+        );
+        let new = script("new", "echo 'cluster key: no such file' >&2; exit 1");
+        let broken = script("broken", "echo 'unknown field `grace_secs`' >&2; exit 1");
+        let s = settings();
+        let (dialect, note) = probe(&old, dir.path(), &s).unwrap();
+        assert_eq!(dialect, Dialect { training: false });
+        assert!(note.unwrap().contains("unknown field `train`"));
+        assert_eq!(
+            probe(&new, dir.path(), &s).unwrap(),
+            (Dialect { training: true }, None)
+        );
+        let err = probe(&broken, dir.path(), &s).unwrap_err().to_string();
+        assert!(err.contains("rejected the generated config"), "{err}");
+        assert!(err.contains("grace_secs"), "{err}");
+    }
+}

@@ -1,0 +1,299 @@
+//! Child process supervision: every process the testnet starts is registered here and is
+//! SIGKILLed and reaped on every exit path.
+//!
+//! Three layers make orphans impossible in practice:
+//! * [`Supervisor`] kills and reaps every registered child when dropped, so an error returned
+//!   anywhere in a run (or a panic unwinding through it) stops the whole cluster;
+//! * [`Interrupt`] turns SIGINT, SIGTERM and SIGHUP into a flag that the run loop checks, so
+//!   Ctrl-C unwinds through the same drop; a second signal exits at once;
+//! * each child asks the kernel for SIGKILL when the testnet dies (`PR_SET_PDEATHSIG`), which
+//!   covers the testnet itself being SIGKILLed.
+//!
+//! Each child also gets its own process group, so a terminal's Ctrl-C reaches only the testnet
+//! (which then stops the nodes) rather than racing it with SIGINT notices to every node.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::TestnetError;
+
+/// What to start: program, arguments, extra environment, and the file for stdout and stderr.
+pub struct Spawn<'a> {
+    /// Executable.
+    pub program: &'a Path,
+    /// Arguments.
+    pub args: &'a [String],
+    /// Extra environment variables.
+    pub env: &'a [(&'a str, String)],
+    /// Log file receiving stdout and stderr (appended to).
+    pub log: &'a Path,
+}
+
+/// Index of a child in its [`Supervisor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChildId(usize);
+
+struct Managed {
+    child: Option<Child>,
+    started: Instant,
+}
+
+/// Registry of running children; kills them all when dropped.
+#[derive(Default)]
+pub struct Supervisor {
+    children: Vec<Managed>,
+}
+
+impl Supervisor {
+    /// Starts a child in its own process group that dies with the testnet.
+    pub fn spawn(&mut self, s: &Spawn<'_>) -> std::io::Result<ChildId> {
+        let log = File::options().create(true).append(true).open(s.log)?;
+        let err = log.try_clone()?;
+        let parent = std::process::id() as libc::pid_t;
+        let mut cmd = Command::new(s.program);
+        cmd.args(s.args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err);
+        for (k, v) in s.env {
+            cmd.env(k, v);
+        }
+        // SAFETY: only async-signal-safe calls (setpgid, prctl, getppid, _exit) between fork and
+        // exec, as `pre_exec` requires.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The testnet may have died between fork and prctl: then nobody will kill us.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        self.children.push(Managed {
+            child: Some(child),
+            started: Instant::now(),
+        });
+        Ok(ChildId(self.children.len() - 1))
+    }
+
+    /// Sends `sig` to a running child (and its process group).
+    pub fn signal(&self, id: ChildId, sig: libc::c_int) {
+        if let Some(child) = self.children.get(id.0).and_then(|m| m.child.as_ref()) {
+            let pid = child.id() as libc::pid_t;
+            // SAFETY: kill(2) on the process group of a child we spawned and have not reaped,
+            // so the id cannot have been reused.
+            unsafe {
+                libc::kill(-pid, sig);
+            }
+        }
+    }
+
+    /// SIGKILLs a child's process group and reaps it; a no-op for an exited child.
+    pub fn kill(&mut self, id: ChildId) {
+        self.signal(id, libc::SIGKILL);
+        if let Some(mut child) = self.children.get_mut(id.0).and_then(|m| m.child.take()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The child's exit status if it has exited (it is then reaped and forgotten).
+    pub fn try_exit(&mut self, id: ChildId) -> Option<ExitStatus> {
+        let managed = self.children.get_mut(id.0)?;
+        let status = managed.child.as_mut()?.try_wait().ok().flatten()?;
+        managed.child = None;
+        Some(status)
+    }
+
+    /// Time since the child was started.
+    pub fn age(&self, id: ChildId) -> Duration {
+        self.children
+            .get(id.0)
+            .map_or(Duration::ZERO, |m| m.started.elapsed())
+    }
+
+    /// Kills and reaps every child.
+    pub fn kill_all(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(ChildId(i));
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// The last `lines` lines of a log file (empty if unreadable) without terminal colour codes,
+/// for error messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    // Logs can be large; only the end matters.
+    let start = text.len().saturating_sub(64 * 1024);
+    let text = strip_ansi(&String::from_utf8_lossy(&text[start..]));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Removes `ESC [ ... letter` sequences.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Set when SIGINT, SIGTERM or SIGHUP arrived; the run loop then stops and cleans up.
+#[derive(Clone)]
+pub struct Interrupt(Arc<AtomicBool>);
+
+impl Interrupt {
+    /// Installs the handlers. A second signal exits immediately with status 130 (the
+    /// children then die through their parent-death signal).
+    pub fn install() -> std::io::Result<Self> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let flag = Arc::new(AtomicBool::new(false));
+        for sig in [SIGINT, SIGTERM, SIGHUP] {
+            signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())?;
+            signal_hook::flag::register(sig, flag.clone())?;
+        }
+        Ok(Self(flag))
+    }
+
+    /// An interrupt that never fires (unit tests).
+    #[cfg(test)]
+    pub fn never() -> Self {
+        Self(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// `Err(Interrupted)` once a signal arrived.
+    pub fn check(&self) -> Result<(), TestnetError> {
+        if self.0.load(Ordering::Relaxed) {
+            Err(TestnetError::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Sleeps until `until`, waking every 50 ms to notice signals.
+    pub fn sleep_until(&self, until: Instant) -> Result<(), TestnetError> {
+        loop {
+            self.check()?;
+            let now = Instant::now();
+            if now >= until {
+                return Ok(());
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(50)));
+        }
+    }
+}
+
+/// A fresh directory for one run's keys, configs, data and logs.
+pub fn run_dir(explicit: Option<&Path>, label: &str) -> std::io::Result<PathBuf> {
+    let dir = match explicit {
+        Some(d) => d.join(label),
+        None => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            std::env::temp_dir().join(format!(
+                "parcae-testnet-{}-{stamp}-{label}",
+                std::process::id()
+            ))
+        }
+    };
+    if dir.exists() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} already exists", dir.display()),
+        ));
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_the_supervisor_kills_and_reaps_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sleep.log");
+        let mut sup = Supervisor::default();
+        let id = sup
+            .spawn(&Spawn {
+                program: Path::new("/bin/sleep"),
+                args: &["30".to_string()],
+                env: &[],
+                log: &log,
+            })
+            .unwrap();
+        let pid = sup.children[id.0].child.as_ref().unwrap().id();
+        assert!(sup.try_exit(id).is_none(), "still running");
+        drop(sup);
+        // Reaped: the pid no longer exists (not even as a zombie).
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+
+    #[test]
+    fn exit_status_and_log_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sh.log");
+        let mut sup = Supervisor::default();
+        let id = sup
+            .spawn(&Spawn {
+                program: Path::new("/bin/sh"),
+                args: &["-c".into(), "echo one; echo two >&2; exit 3".into()],
+                env: &[],
+                log: &log,
+            })
+            .unwrap();
+        let status = (0..200)
+            .find_map(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                sup.try_exit(id)
+            })
+            .expect("exits");
+        assert_eq!(status.code(), Some(3));
+        assert!(sup.try_exit(id).is_none(), "reaped once");
+        assert_eq!(log_tail(&log, 1), "two");
+        assert_eq!(log_tail(&log, 5), "one\ntwo");
+        assert_eq!(
+            strip_ansi("\u{1b}[2mtime\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m x"),
+            "time  INFO x"
+        );
+    }
+
+    #[test]
+    fn interrupt_is_quiet_until_signalled() {
+        let i = Interrupt::never();
+        assert!(i.check().is_ok());
+        i.0.store(true, Ordering::Relaxed);
+        assert!(matches!(i.check(), Err(TestnetError::Interrupted)));
+        assert!(
+            i.sleep_until(Instant::now() + Duration::from_secs(5))
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! Trace replay: interval `k` of the trace becomes the wall-clock window
+//! `[k * interval_secs, (k + 1) * interval_secs)` of the run.
+//!
+//! The trace's node counts are fitted to `nodes_max` ([`plan`]). Before each boundary `t_k`
+//! the replay compares the nodes that are up with the count of interval `k`:
+//! * `grace` seconds before `t_k`, surplus nodes get their preemption notice (deadline `t_k`;
+//!   the engine SIGKILLs any that are still there at `t_k`), like a spot provider's warning;
+//! * at `t_k`, missing nodes are started and bootstrap to a live node, like arrivals.
+//!
+//! Comparing with the nodes actually up (rather than replaying the trace's deltas) keeps the
+//! cluster on the trace even when a node dies on its own. Which nodes leave is a seeded choice
+//! among all but the founder, which stays so that the run always has a node to bootstrap
+//! through and a continuous raft history to read.
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::engine::{Ctx, Scenario};
+use crate::error::TestnetError;
+use parcae_strategies::trace::Trace;
+
+/// The node counts to replay: the first `intervals` of `trace`, scaled down by
+/// `nodes_max / peak` when the peak exceeds `nodes_max` (rounded, at least 1 node).
+pub fn plan(trace: &Trace, intervals: usize, nodes_max: u32) -> Vec<u32> {
+    let window = &trace.intervals[..intervals.min(trace.len())];
+    let peak = window.iter().map(|i| i.nodes).max().unwrap_or(0);
+    window
+        .iter()
+        .map(|i| {
+            let n = if peak > nodes_max {
+                (f64::from(i.nodes) * f64::from(nodes_max) / f64::from(peak)).round() as u32
+            } else {
+                i.nodes
+            };
+            n.clamp(1, nodes_max.max(1))
+        })
+        .collect()
+}
+
+/// What happens next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    /// Notify surplus nodes for interval `k`.
+    Notice(usize),
+    /// Start missing nodes for interval `k`.
+    Arrive(usize),
+}
+
+/// The replay of a planned trace.
+pub struct Replay {
+    counts: Vec<u32>,
+    interval_secs: f64,
+    steps: Vec<(f64, Step)>,
+    next: usize,
+    rng: ChaCha8Rng,
+}
+
+impl Replay {
+    /// A replay of `counts` with intervals of `interval_secs` and notices `grace_secs` ahead.
+    pub fn new(counts: Vec<u32>, interval_secs: f64, grace_secs: f64, seed: u64) -> Self {
+        let mut steps = Vec::with_capacity(2 * counts.len());
+        for k in 1..counts.len() {
+            let t_k = k as f64 * interval_secs;
+            let notice = (t_k - grace_secs).max((k - 1) as f64 * interval_secs);
+            steps.push((notice, Step::Notice(k)));
+            steps.push((t_k, Step::Arrive(k)));
+        }
+        steps.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Self {
+            counts,
+            interval_secs,
+            steps,
+            next: 0,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// The seeded choice of `n` nodes to preempt among `candidates`.
+    fn victims(&mut self, mut candidates: Vec<usize>, n: usize) -> Vec<usize> {
+        candidates.shuffle(&mut self.rng);
+        candidates.truncate(n);
+        candidates
+    }
+}
+
+impl Scenario for Replay {
+    fn initial_nodes(&self) -> usize {
+        self.counts.first().copied().unwrap_or(1) as usize
+    }
+
+    fn duration_secs(&self) -> f64 {
+        self.counts.len() as f64 * self.interval_secs
+    }
+
+    fn next_action(&self) -> Option<f64> {
+        self.steps.get(self.next).map(|s| s.0)
+    }
+
+    fn act(&mut self, ctx: &mut Ctx<'_>) -> Result<(), TestnetError> {
+        let Some(&(_, step)) = self.steps.get(self.next) else {
+            return Ok(());
+        };
+        self.next += 1;
+        let up = ctx.cluster.up();
+        match step {
+            Step::Notice(k) => {
+                let want = self.counts[k] as usize;
+                if up.len() > want {
+                    let surplus = up.len() - want;
+                    let candidates: Vec<usize> = up.into_iter().filter(|&i| i != 0).collect();
+                    let deadline = k as f64 * self.interval_secs;
+                    for i in self.victims(candidates, surplus) {
+                        ctx.notify(i, deadline);
+                    }
+                }
+            }
+            Step::Arrive(k) => {
+                let want = self.counts[k] as usize;
+                if up.len() < want {
+                    ctx.cluster.start_nodes(want - up.len())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn target(&self, t: f64) -> u32 {
+        let k = (t / self.interval_secs) as usize;
+        self.counts
+            .get(k.min(self.counts.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn interval_at(&self, t: f64) -> (u64, u64) {
+        let len = self.counts.len() as u64;
+        (((t / self.interval_secs) as u64).min(len), len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parcae_strategies::trace::Interval;
+
+    fn trace(counts: &[u32]) -> Trace {
+        Trace {
+            source: "t".into(),
+            interval_secs: 60,
+            intervals: counts
+                .iter()
+                .map(|&nodes| Interval {
+                    nodes,
+                    added: 0,
+                    removed: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn plan_scales_to_the_cap_and_keeps_one_node() {
+        assert_eq!(plan(&trace(&[32, 24, 16, 0]), 4, 6), vec![6, 5, 3, 1]);
+        assert_eq!(plan(&trace(&[4, 5, 3]), 10, 6), vec![4, 5, 3]);
+        assert_eq!(plan(&trace(&[4, 5, 3]), 2, 6), vec![4, 5]);
+    }
+
+    #[test]
+    fn schedule_has_a_notice_grace_before_each_boundary() {
+        let r = Replay::new(vec![3, 2, 4], 10.0, 3.0, 1);
+        assert_eq!(
+            r.steps,
+            vec![
+                (7.0, Step::Notice(1)),
+                (10.0, Step::Arrive(1)),
+                (17.0, Step::Notice(2)),
+                (20.0, Step::Arrive(2)),
+            ]
+        );
+        assert_eq!(r.initial_nodes(), 3);
+        assert_eq!(r.duration_secs(), 30.0);
+        assert_eq!(r.target(9.9), 3);
+        assert_eq!(r.target(10.0), 2);
+        assert_eq!(r.target(99.0), 4);
+        assert_eq!(r.interval_at(25.0), (2, 3));
+        // A grace longer than an interval is cut at the previous boundary.
+        let r = Replay::new(vec![3, 2], 2.0, 5.0, 1);
+        assert_eq!(r.steps[0], (0.0, Step::Notice(1)));
+    }
+
+    #[test]
+    fn victims_are_seeded() {
+        let mut a = Replay::new(vec![1], 1.0, 0.0, 9);
+        let mut b = Replay::new(vec![1], 1.0, 0.0, 9);
+        let pick = a.victims(vec![1, 2, 3, 4, 5], 2);
+        assert_eq!(pick.len(), 2);
+        assert_eq!(pick, b.victims(vec![1, 2, 3, 4, 5], 2));
+        assert!(pick.iter().all(|i| (1..=5).contains(i)));
+    }
+}

@@ -1,0 +1,334 @@
+//! The run report: the JSON document of issue 7 (field names are a contract with CI and
+//! users), the table printed at the end, and writing both.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Observed;
+use crate::ledger::{MigrationCounts, sample_overlap};
+
+/// One run, as `--json` writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Planning strategy of the nodes.
+    pub strategy: String,
+    /// Trace source (or the chaos schedule).
+    pub trace: String,
+    /// Planning intervals replayed.
+    pub intervals: u64,
+    /// Most nodes at once.
+    pub nodes_max: u32,
+    /// Steps in the final committed sequence.
+    pub committed_steps: u64,
+    /// Samples of those steps.
+    pub samples: u64,
+    /// Loss of the first committed step (null without steps).
+    pub loss_first: Option<f64>,
+    /// Loss of the last committed step (null without steps).
+    pub loss_last: Option<f64>,
+    /// Reconfigurations by kind.
+    pub migrations: MigrationCounts,
+    /// Seconds spent in reconfigurations (per epoch the slowest node).
+    pub migration_secs: f64,
+    /// Steps seen committed during the run that are missing from or changed in the end.
+    pub lost_committed_steps: u64,
+    /// Samples trained by more than one committed step.
+    pub duplicate_samples: u64,
+    /// Wall-clock seconds of the run: cluster start-up, replay and collection (not a build of
+    /// the node binary).
+    pub wall_secs: f64,
+}
+
+/// What describes a run besides its observations.
+pub struct RunMeta {
+    /// Strategy.
+    pub strategy: String,
+    /// Trace source.
+    pub trace: String,
+    /// Intervals replayed.
+    pub intervals: u64,
+    /// Most nodes at once.
+    pub nodes_max: u32,
+    /// Wall-clock seconds.
+    pub wall_secs: f64,
+}
+
+/// What the table shows besides the JSON.
+#[derive(Debug, Default)]
+pub struct Details {
+    /// Samples skipped between committed steps.
+    pub gaps: u64,
+    /// The first few lost committed steps, described.
+    pub lost: Vec<String>,
+}
+
+/// Lost steps described in the output (all are counted).
+const LOST_SHOWN: usize = 5;
+
+/// Builds the report and its details.
+pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
+    let seq = &obs.final_seq;
+    let (duplicates, gaps) = sample_overlap(seq);
+    let lost = obs.monitor.steps.lost(seq);
+    let report = RunReport {
+        strategy: meta.strategy,
+        trace: meta.trace,
+        intervals: meta.intervals,
+        nodes_max: meta.nodes_max,
+        committed_steps: seq.len() as u64,
+        samples: seq.iter().map(|r| r.samples).sum(),
+        loss_first: seq.first().map(|r| r.loss).filter(|l| l.is_finite()),
+        loss_last: seq.last().map(|r| r.loss).filter(|l| l.is_finite()),
+        migrations: obs.monitor.migrations.counts(),
+        migration_secs: obs.monitor.migrations.total_secs(),
+        lost_committed_steps: lost.len() as u64,
+        duplicate_samples: duplicates,
+        wall_secs: meta.wall_secs,
+    };
+    let details = Details {
+        gaps,
+        lost: lost
+            .iter()
+            .take(LOST_SHOWN)
+            .map(|l| l.to_string())
+            .collect(),
+    };
+    (report, details)
+}
+
+/// Prints runs side by side.
+pub fn print_table(runs: &[(&RunReport, u64)]) {
+    let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.4}"));
+    let rows: Vec<(&str, Vec<String>)> = vec![
+        ("trace", runs.iter().map(|(r, _)| r.trace.clone()).collect()),
+        ("intervals", col(runs, |r| r.intervals.to_string())),
+        ("nodes max", col(runs, |r| r.nodes_max.to_string())),
+        (
+            "committed steps",
+            col(runs, |r| r.committed_steps.to_string()),
+        ),
+        ("samples", col(runs, |r| r.samples.to_string())),
+        ("loss first", col(runs, |r| opt(r.loss_first))),
+        ("loss last", col(runs, |r| opt(r.loss_last))),
+        (
+            "migrations i/e/r/R",
+            col(runs, |r| {
+                let m = &r.migrations;
+                format!("{}/{}/{}/{}", m.intra, m.inter, m.repartition, m.restart)
+            }),
+        ),
+        (
+            "migrating (s)",
+            col(runs, |r| format!("{:.2}", r.migration_secs)),
+        ),
+        (
+            "lost committed",
+            col(runs, |r| r.lost_committed_steps.to_string()),
+        ),
+        (
+            "duplicate samples",
+            col(runs, |r| r.duplicate_samples.to_string()),
+        ),
+        (
+            "skipped samples",
+            runs.iter().map(|(_, gaps)| gaps.to_string()).collect(),
+        ),
+        ("wall (s)", col(runs, |r| format!("{:.1}", r.wall_secs))),
+    ];
+    print!("{:<20}", "strategy");
+    for (r, _) in runs {
+        print!(" {:>24}", r.strategy);
+    }
+    println!();
+    for (name, values) in rows {
+        print!("{name:<20}");
+        for v in values {
+            print!(" {v:>24}");
+        }
+        println!();
+    }
+    println!("(migrations: intra/inter/repartition/restart)");
+}
+
+/// One sentence on what a run shows: the loss, the reconfigurations and the safety checks.
+pub fn summary(r: &RunReport) -> String {
+    let loss = match (r.loss_first, r.loss_last) {
+        (Some(a), Some(b)) => format!(
+            "loss {a:.3} -> {b:.3} over {} committed steps",
+            r.committed_steps
+        ),
+        _ => "no committed step".to_string(),
+    };
+    let m = &r.migrations;
+    let total = m.intra + m.inter + m.repartition + m.restart;
+    let safety = if r.lost_committed_steps == 0 && r.duplicate_samples == 0 {
+        "no committed step lost, no sample trained twice".to_string()
+    } else {
+        format!(
+            "{} committed steps LOST, {} samples trained twice",
+            r.lost_committed_steps, r.duplicate_samples
+        )
+    };
+    format!(
+        "{}: {loss}; {total} reconfigurations ({} intra, {} inter, {} repartition, {} restart) \
+         taking {:.1} s; {safety}",
+        r.strategy, m.intra, m.inter, m.repartition, m.restart, r.migration_secs
+    )
+}
+
+/// The `--check` gate for CI: the run trained (committed steps, the loss fell), lost no
+/// committed step and trained no sample twice. The error lists every failed condition.
+pub fn check(r: &RunReport) -> Result<(), String> {
+    let mut failed = Vec::new();
+    if r.committed_steps == 0 {
+        failed.push("no step was committed".to_string());
+    }
+    match (r.loss_first, r.loss_last) {
+        (Some(a), Some(b)) if b < a => {}
+        (Some(a), Some(b)) => failed.push(format!("the loss did not fall ({a:.4} -> {b:.4})")),
+        _ => failed.push("no loss was reported".to_string()),
+    }
+    if r.lost_committed_steps > 0 {
+        failed.push(format!(
+            "{} committed steps were lost",
+            r.lost_committed_steps
+        ));
+    }
+    if r.duplicate_samples > 0 {
+        failed.push(format!(
+            "{} samples were trained twice",
+            r.duplicate_samples
+        ));
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} run failed its check: {}",
+            r.strategy,
+            failed.join("; ")
+        ))
+    }
+}
+
+fn col(runs: &[(&RunReport, u64)], f: impl Fn(&RunReport) -> String) -> Vec<String> {
+    runs.iter().map(|(r, _)| f(r)).collect()
+}
+
+/// Writes any serialisable report as pretty JSON.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::Monitor;
+    use crate::node_api::{Migration, StepRecord};
+
+    #[test]
+    fn report_fields_are_the_issue_contract() {
+        let step = |step, start, loss| StepRecord {
+            step,
+            epoch: 1,
+            sample_start: start,
+            samples: 8,
+            loss,
+        };
+        let mut monitor = Monitor::default();
+        monitor.steps.observe(&[step(1, 0, 4.0), step(2, 8, 3.0)]);
+        monitor.migrations.observe(
+            &[Migration {
+                epoch: 2,
+                kind: "inter".into(),
+                at_step: 2,
+                secs: 0.5,
+            }],
+            1.0,
+        );
+        let obs = Observed {
+            monitor,
+            final_seq: vec![step(1, 0, 4.0), step(2, 8, 3.0), step(3, 12, 2.5)],
+            warnings: Vec::new(),
+        };
+        let meta = RunMeta {
+            strategy: "liveput".into(),
+            trace: "synthetic:hh:0".into(),
+            intervals: 15,
+            nodes_max: 6,
+            wall_secs: 170.0,
+        };
+        let (r, details) = build(meta, &obs);
+        assert_eq!(details.gaps, 0);
+        assert!(details.lost.is_empty());
+        assert_eq!(r.committed_steps, 3);
+        assert_eq!(r.samples, 24);
+        assert_eq!(r.duplicate_samples, 4);
+        assert_eq!(r.loss_first, Some(4.0));
+        assert_eq!(r.loss_last, Some(2.5));
+        assert_eq!(r.migrations.inter, 1);
+        assert_eq!(r.migration_secs, 0.5);
+        assert_eq!(r.lost_committed_steps, 0);
+        let v = serde_json::to_value(&r).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "committed_steps",
+                "duplicate_samples",
+                "intervals",
+                "loss_first",
+                "loss_last",
+                "lost_committed_steps",
+                "migration_secs",
+                "migrations",
+                "nodes_max",
+                "samples",
+                "strategy",
+                "trace",
+                "wall_secs"
+            ]
+        );
+        let mut kinds: Vec<&str> = v["migrations"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        kinds.sort_unstable();
+        assert_eq!(kinds, ["inter", "intra", "repartition", "restart"]);
+        let back: RunReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(
+            check(&r).unwrap_err(),
+            "liveput run failed its check: 4 samples were trained twice"
+        );
+        let clean = RunReport {
+            duplicate_samples: 0,
+            ..r.clone()
+        };
+        assert!(check(&clean).is_ok());
+        let idle = RunReport {
+            committed_steps: 0,
+            loss_first: None,
+            loss_last: None,
+            lost_committed_steps: 2,
+            ..clean
+        };
+        assert_eq!(
+            check(&idle).unwrap_err(),
+            "liveput run failed its check: no step was committed; no loss was reported; \
+             2 committed steps were lost"
+        );
+        assert_eq!(
+            summary(&r),
+            "liveput: loss 4.000 -> 2.500 over 3 committed steps; 1 reconfigurations \
+             (0 intra, 1 inter, 0 repartition, 0 restart) taking 0.5 s; 0 committed steps \
+             LOST, 4 samples trained twice"
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! `parcae-testnet run`: one trace replayed on a local cluster, and the pieces `compare` and
+//! `chaos` share with it (node options, output options, one supervised session).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use parcae_strategies::trace;
+
+use crate::cluster::{Cluster, ClusterOptions, NoticeMode, Ports};
+use crate::engine::{self, Observed, Scenario};
+use crate::node_bin;
+use crate::node_config::NodeSettings;
+use crate::process::{self, Interrupt};
+use crate::progress::Progress;
+use crate::replay::{self, Replay};
+use crate::report::{self, RunMeta, RunReport};
+
+/// The embedded default trace: the high-availability, high-preemption band, with a seed whose
+/// first 15 intervals at 6 nodes have two preemptions and two arrivals
+/// (6 6 5 4 4 5 5 5 5 5 6 6 6 6 6).
+pub const DEFAULT_TRACE: &str = "synthetic:hh:15";
+
+/// Planning strategies of the node (`[planner] strategy`).
+pub const STRATEGIES: [&str; 2] = ["liveput", "reactive"];
+
+/// How the nodes are run (shared by every subcommand).
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// The parcae-node executable (default: $PARCAE_NODE_BIN, else parcae-node next to this
+    /// executable, built first when started by `cargo run`).
+    #[arg(long)]
+    pub node_bin: Option<PathBuf>,
+    /// Wall-clock seconds of one planning interval (each trace interval is replayed in this).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub interval_secs: u64,
+    /// Seconds between a preemption notice and the node's deadline (SIGKILL).
+    #[arg(long, default_value_t = 3.0)]
+    pub grace_secs: f64,
+    /// How preemption notices reach the nodes.
+    #[arg(long, value_enum, default_value = "sigterm")]
+    pub notice: NoticeMode,
+    /// Model the nodes train.
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "small"])]
+    pub model: String,
+    /// Training data: `synthetic` or a text file.
+    #[arg(long, default_value = "synthetic")]
+    pub data: String,
+    /// Seed of the model, the data order and the choice of preempted nodes.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Stop training after this many steps (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_steps: u64,
+    /// First port: node k serves /status on BASE+2k and p2p on BASE+2k+1 (default: ephemeral).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
+    pub base_port: Option<u16>,
+    /// Directory for the run directories (default: a fresh temporary directory, removed
+    /// after a successful run).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// Where results go.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Fail (exit code 2) unless every run trained with a falling loss, lost no committed step
+    /// and trained no sample twice (for CI).
+    #[arg(long)]
+    pub check: bool,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write PNG plots into this directory (created if missing).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Which trace is replayed, and how.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TraceArgs {
+    /// Trace file (event, count or replay format) or `synthetic:BAND[:SEED]`, BAND in hh, hl,
+    /// lh, ll.
+    #[arg(long, default_value = DEFAULT_TRACE)]
+    pub trace: String,
+    /// Length of one interval of the trace itself, seconds (Parcae's traces: 60).
+    #[arg(long, default_value_t = 60)]
+    pub trace_interval_secs: u64,
+    /// Intervals to replay (default 15: 150 s at the default --interval-secs).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub intervals: u64,
+    /// Most nodes running at once; larger traces are scaled down to this.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes_max: u32,
+}
+
+/// Options of `run`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// Planning strategy of the nodes: liveput (proactive) or reactive (restart on changes).
+    #[arg(long, default_value = "liveput", value_parser = STRATEGIES)]
+    strategy: String,
+    #[command(flatten)]
+    node: NodeArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+/// A trace fitted to the testnet.
+pub struct Planned {
+    /// Source name for reports.
+    pub source: String,
+    /// Nodes per interval.
+    pub counts: Vec<u32>,
+}
+
+/// Loads the trace and fits it to `nodes_max`. Synthetic traces are generated for a cluster
+/// of `nodes_max` (their event sizes scale with it) unless the spec names its size.
+pub fn plan_trace(args: &TraceArgs) -> Result<Planned> {
+    let spec = if args.trace.starts_with("synthetic:") && !args.trace.contains("nodes=") {
+        format!("{}:nodes={}", args.trace, args.nodes_max)
+    } else {
+        args.trace.clone()
+    };
+    let trace = trace::load(&spec, args.trace_interval_secs)?;
+    let counts = replay::plan(&trace, args.intervals as usize, args.nodes_max);
+    if (counts.len() as u64) < args.intervals {
+        eprintln!(
+            "note: {} has {} intervals; replaying all of them",
+            trace.source,
+            counts.len()
+        );
+    }
+    Ok(Planned {
+        source: trace.source,
+        counts,
+    })
+}
+
+impl NodeArgs {
+    /// Checks what clap cannot.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.grace_secs.is_finite() && (0.0..=600.0).contains(&self.grace_secs)) {
+            bail!("--grace-secs must be between 0 and 600");
+        }
+        if self.data != "synthetic" && !Path::new(&self.data).is_file() {
+            bail!("--data {}: no such file", self.data);
+        }
+        Ok(())
+    }
+
+    fn settings(&self, strategy: &str) -> Result<NodeSettings> {
+        let data = if self.data == "synthetic" {
+            self.data.clone()
+        } else {
+            std::fs::canonicalize(&self.data)
+                .with_context(|| format!("--data {}", self.data))?
+                .display()
+                .to_string()
+        };
+        Ok(NodeSettings {
+            grace_secs: self.grace_secs,
+            interval_secs: self.interval_secs as f64,
+            lost_timeout_ms: 2000,
+            strategy: strategy.to_string(),
+            model: self.model.clone(),
+            data,
+            seed: self.seed,
+            max_steps: self.max_steps,
+        })
+    }
+}
+
+/// A finished session.
+pub struct Outcome {
+    /// The JSON report.
+    pub report: RunReport,
+    /// What the table shows besides the JSON.
+    pub details: report::Details,
+    /// Everything observed.
+    pub observed: Observed,
+}
+
+/// What a session replays and how it is named in the report.
+pub struct SessionSpec<'a> {
+    /// Strategy given to the nodes (and the progress label).
+    pub strategy: &'a str,
+    /// Trace name in the report.
+    pub trace: String,
+    /// Planning intervals in the report.
+    pub intervals: u64,
+    /// Most nodes in the report.
+    pub nodes_max: u32,
+}
+
+/// Runs one supervised cluster session: every node is killed when this returns, whatever
+/// happened. The run directory is removed after success unless `--work-dir` was given.
+pub fn session(
+    node: &NodeArgs,
+    spec: SessionSpec<'_>,
+    scenario: &mut dyn Scenario,
+    interrupt: &Interrupt,
+) -> Result<Outcome> {
+    let bin = node_bin::locate(node.node_bin.as_deref())?;
+    // The wall clock starts after a possible build of the node.
+    let started = Instant::now();
+    let dir = process::run_dir(node.work_dir.as_deref(), spec.strategy)
+        .context("creating the run directory")?;
+    let opts = ClusterOptions {
+        bin,
+        dir: dir.clone(),
+        settings: node.settings(spec.strategy)?,
+        notice: node.notice,
+        ports: node.base_port.map_or(Ports::Ephemeral, Ports::Base),
+    };
+    let result = (|| -> Result<Observed> {
+        let mut cluster = Cluster::create(opts, interrupt.clone())?;
+        let mut progress = Progress::new(spec.strategy);
+        let observed = engine::execute(&mut cluster, scenario, interrupt, &mut progress)?;
+        cluster.shutdown();
+        Ok(observed)
+    })();
+    let observed = result.with_context(|| format!("node logs are in {}", dir.display()))?;
+    if node.work_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let meta = RunMeta {
+        strategy: spec.strategy.to_string(),
+        trace: spec.trace,
+        intervals: spec.intervals,
+        nodes_max: spec.nodes_max,
+        wall_secs: started.elapsed().as_secs_f64(),
+    };
+    let (report, details) = report::build(meta, &observed);
+    Ok(Outcome {
+        report,
+        details,
+        observed,
+    })
+}
+
+/// Writes the plots of one session into `dir` as `<name>.png`.
+pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}.png"));
+    crate::plot::testnet_run(&path, title, &outcome.observed)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// `parcae-testnet run`.
+pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
+    args.node.validate()?;
+    let planned = plan_trace(&args.trace)?;
+    let mut scenario = Replay::new(
+        planned.counts.clone(),
+        args.node.interval_secs as f64,
+        args.node.grace_secs,
+        args.node.seed,
+    );
+    let spec = SessionSpec {
+        strategy: &args.strategy,
+        trace: planned.source.clone(),
+        intervals: planned.counts.len() as u64,
+        nodes_max: args.trace.nodes_max,
+    };
+    let outcome = session(&args.node, spec, &mut scenario, interrupt)?;
+    finish(&[&outcome], &args.output, &planned.source)?;
+    if let Some(path) = &args.output.json {
+        report::write_json(path, &outcome.report)?;
+    }
+    check(&[&outcome], &args.output)
+}
+
+/// Prints the table, writes plots of the sessions, and applies `--check` (after the JSON
+/// was written by the caller, so a failed check still leaves the report behind).
+pub fn check(outcomes: &[&Outcome], output: &OutputArgs) -> Result<()> {
+    if output.check {
+        for o in outcomes {
+            report::check(&o.report).map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints the table and writes plots of the sessions.
+pub fn finish(outcomes: &[&Outcome], output: &OutputArgs, title: &str) -> Result<()> {
+    let rows: Vec<(&RunReport, u64)> = outcomes
+        .iter()
+        .map(|o| (&o.report, o.details.gaps))
+        .collect();
+    report::print_table(&rows);
+    for o in outcomes {
+        println!("{}", report::summary(&o.report));
+    }
+    for o in outcomes {
+        for w in &o.observed.warnings {
+            println!("warning ({}): {w}", o.report.strategy);
+        }
+        for l in &o.details.lost {
+            println!("LOST ({}): {l}", o.report.strategy);
+        }
+    }
+    if let Some(dir) = &output.out {
+        for o in outcomes {
+            let path = write_plots(dir, &o.report.strategy, o, title)?;
+            println!("plot: {}", path.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,466 @@
+//! `parcae-testnet run`, `chaos` and `compare` end to end with real processes: bad input gives
+//! a clear error and exit code 2, an interrupt gives 130, a short real run writes the issue's
+//! JSON, and after every exit no process started for the run is left.
+//!
+//! The node binary: `PARCAE_NODE_BIN` when set, else this harness builds `parcae-node` into
+//! the same target directory (`cargo build --workspace --bin parcae-node`, a no-op in a
+//! workspace build), where the testnet finds it next to its own executable. Tests that start
+//! clusters take [`serial`]: one cluster at a time on a small machine.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes sure the real node binary exists where the testnet looks for it.
+fn ensure_node_built() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        if std::env::var_os("PARCAE_NODE_BIN").is_some() {
+            return;
+        }
+        let exe = PathBuf::from(env!("CARGO_BIN_EXE_parcae-testnet"));
+        let profile_dir = exe.parent().expect("profile dir");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "--workspace", "--bin", "parcae-node"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo build");
+        assert!(status.success(), "building parcae-node failed");
+    });
+}
+
+/// A unique scratch directory (its path marks every process of the run).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("parcae-testnet-{name}-"))
+        .tempdir()
+        .expect("tempdir")
+}
+
+fn testnet(args: &[&str], work: &Path) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_parcae-testnet"))
+        .args(args)
+        .arg("--work-dir")
+        .arg(work)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run parcae-testnet");
+    assert_no_orphans(work);
+    out
+}
+
+/// No process whose command line names `marker` may be alive.
+fn assert_no_orphans(marker: &Path) {
+    let marker = marker.display().to_string();
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc") {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&marker) {
+            left.push(format!("{pid}: {cmdline}"));
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "processes left behind:\n{}",
+        left.join("\n")
+    );
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_error(out: &Output, needles: &[&str]) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+/// An executable shell script standing in for `parcae-node`: `keygen` works, `run` runs
+/// `run_body`.
+fn fake_node(dir: &Path, run_body: &str) -> PathBuf {
+    let path = dir.join("fake-parcae-node");
+    let script = format!(
+        "#!/bin/sh\n\
+         if [ \"$1\" = keygen ]; then echo key > \"$3\"; exit 0; fi\n\
+         {run_body}\n"
+    );
+    std::fs::write(&path, script).expect("script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+#[test]
+fn missing_and_malformed_trace_files_are_named() {
+    let dir = scratch("trace");
+    let missing = dir.path().join("no-such-trace.csv");
+    let out = testnet(&["run", "--trace", missing.to_str().unwrap()], dir.path());
+    assert_error(&out, &["no-such-trace.csv"]);
+
+    let bad = dir.path().join("bad-trace.csv");
+    std::fs::write(&bad, "0,add,a\n1000,frobnicate,b\n").unwrap();
+    let out = testnet(&["run", "--trace", bad.to_str().unwrap()], dir.path());
+    assert_error(&out, &["bad-trace.csv:2"]);
+    // Nothing was started, so no run directory either: only the trace file is there.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_node_binary_that_does_not_exist_is_named() {
+    let dir = scratch("nobin");
+    let out = testnet(
+        &["run", "--node-bin", "/nonexistent/parcae-node"],
+        dir.path(),
+    );
+    assert_error(
+        &out,
+        &["parcae-node binary not built", "/nonexistent/parcae-node"],
+    );
+}
+
+#[test]
+fn a_missing_node_binary_is_built_only_when_started_by_cargo() {
+    let dir = scratch("autobuild");
+    let profile = dir.path().join("target").join("debug");
+    std::fs::create_dir_all(&profile).unwrap();
+    let exe = profile.join("parcae-testnet");
+    std::fs::copy(env!("CARGO_BIN_EXE_parcae-testnet"), &exe).unwrap();
+    let run = |cargo: Option<&Path>| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["run", "--intervals", "2", "--work-dir"])
+            .arg(dir.path())
+            .env_remove("PARCAE_NODE_BIN")
+            .env_remove("CARGO")
+            .stdin(Stdio::null());
+        if let Some(c) = cargo {
+            cmd.env("CARGO", c);
+        }
+        let out = cmd.output().unwrap();
+        assert_no_orphans(dir.path());
+        out
+    };
+    let out = run(None);
+    assert_error(
+        &out,
+        &[
+            "parcae-node binary not built",
+            &profile.join("parcae-node").display().to_string(),
+            "cargo build --release -p parcae-node",
+        ],
+    );
+    // A stand-in for cargo that "builds" a node which crashes at start.
+    let node = fake_node(dir.path(), "echo 'fatal: built by fake cargo' >&2; exit 1");
+    let args = dir.path().join("cargo-args");
+    let cargo = dir.path().join("fake-cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\necho \"$@\" > {}\ncp {} {}\n",
+            args.display(),
+            node.display(),
+            profile.join("parcae-node").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run(Some(&cargo));
+    assert_error(
+        &out,
+        &[
+            "building it (debug profile)",
+            "node0 crashed at start",
+            "built by fake cargo",
+        ],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap().trim(),
+        "build -p parcae-node --bin parcae-node"
+    );
+}
+
+#[test]
+fn a_node_that_crashes_at_start_is_reported_with_its_log() {
+    let dir = scratch("crash");
+    let bin = fake_node(
+        dir.path(),
+        "echo 'fatal: simulated start failure' >&2; exit 1",
+    );
+    let out = testnet(
+        &[
+            "run",
+            "--intervals",
+            "2",
+            "--node-bin",
+            bin.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_error(
+        &out,
+        &[
+            "node0 crashed at start",
+            "exit status: 1",
+            "simulated start failure",
+        ],
+    );
+}
+
+#[test]
+fn a_port_in_use_is_named() {
+    let dir = scratch("port");
+    let bin = fake_node(dir.path(), "sleep 30");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = testnet(
+        &[
+            "run",
+            "--intervals",
+            "2",
+            "--node-bin",
+            bin.to_str().unwrap(),
+            "--base-port",
+            &port.to_string(),
+        ],
+        dir.path(),
+    );
+    assert_error(
+        &out,
+        &[&format!("port {port} (status of node0) is already in use")],
+    );
+}
+
+/// Runs a real subcommand and returns its JSON.
+fn real_run(args: &[&str], name: &str) -> Value {
+    ensure_node_built();
+    let dir = scratch(name);
+    let json = dir.path().join("report.json");
+    let plots = dir.path().join("plots");
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend([
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        plots.to_str().unwrap(),
+    ]);
+    let out = testnet(&all, dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("committed steps"), "{text}");
+    let png = std::fs::read_dir(&plots).unwrap().next().unwrap().unwrap();
+    assert_eq!(
+        &std::fs::read(png.path()).unwrap()[..8],
+        b"\x89PNG\r\n\x1a\n"
+    );
+    serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+}
+
+/// Every field of the issue's run JSON, with its type.
+fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
+    assert_eq!(v["strategy"], strategy);
+    assert_eq!(v["intervals"], intervals);
+    assert_eq!(v["nodes_max"], nodes_max);
+    assert!(v["trace"].is_string());
+    for key in [
+        "committed_steps",
+        "samples",
+        "lost_committed_steps",
+        "duplicate_samples",
+    ] {
+        assert!(v[key].is_u64(), "{key}: {v}");
+    }
+    for key in ["loss_first", "loss_last"] {
+        assert!(v[key].is_f64() || v[key].is_null(), "{key}: {v}");
+    }
+    for kind in ["intra", "inter", "repartition", "restart"] {
+        assert!(v["migrations"][kind].is_u64(), "{kind}: {v}");
+    }
+    assert!(v["migration_secs"].as_f64().unwrap() >= 0.0);
+    assert!(v["wall_secs"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        v.as_object().unwrap().len(),
+        13,
+        "exactly the issue's fields: {v}"
+    );
+    assert_eq!(v["lost_committed_steps"], 0);
+    assert_eq!(v["duplicate_samples"], 0);
+}
+
+#[test]
+fn a_short_real_run_writes_the_run_json() {
+    let _serial = serial();
+    let v = real_run(
+        &[
+            "run",
+            "--intervals",
+            "3",
+            "--interval-secs",
+            "4",
+            "--nodes-max",
+            "3",
+        ],
+        "smoke",
+    );
+    assert_run_json(&v, "liveput", 3, 3);
+    assert_eq!(v["trace"], "synthetic:hh:15:nodes=3");
+    // 3 intervals of 4 s plus start-up and collection.
+    assert!(v["wall_secs"].as_f64().unwrap() >= 12.0);
+}
+
+#[test]
+fn chaos_kills_and_replaces_nodes() {
+    let _serial = serial();
+    let v = real_run(
+        &[
+            "chaos",
+            "--duration",
+            "10",
+            "--kill-every",
+            "4",
+            "--nodes",
+            "3",
+            "--interval-secs",
+            "5",
+        ],
+        "chaos",
+    );
+    assert_run_json(&v, "liveput", 2, 3);
+    assert_eq!(v["trace"], "chaos:kill-every=4s");
+}
+
+#[test]
+fn compare_reports_both_strategies() {
+    let _serial = serial();
+    let v = real_run(
+        &[
+            "compare",
+            "--intervals",
+            "2",
+            "--interval-secs",
+            "3",
+            "--nodes-max",
+            "2",
+        ],
+        "compare",
+    );
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_run_json(&runs[0], "liveput", 2, 2);
+    assert_run_json(&runs[1], "reactive", 2, 2);
+    assert!(v["ratio"].is_f64() || v["ratio"].is_null());
+    assert!(v["simulated_ratio"].is_f64() || v["simulated_ratio"].is_null());
+    assert_eq!(v.as_object().unwrap().len(), 3);
+}
+
+#[test]
+fn ctrl_c_stops_every_node() {
+    let _serial = serial();
+    ensure_node_built();
+    let dir = scratch("interrupt");
+    let child = Command::new(env!("CARGO_BIN_EXE_parcae-testnet"))
+        .args([
+            "run",
+            "--intervals",
+            "30",
+            "--interval-secs",
+            "5",
+            "--nodes-max",
+            "3",
+        ])
+        .arg("--work-dir")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let marker = dir.path().join("liveput").join("node");
+    let nodes_up = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+            .filter(|c| String::from_utf8_lossy(c).contains(marker.to_str().unwrap()))
+            .count()
+    };
+    let end = Instant::now() + Duration::from_secs(60);
+    while nodes_up() < 3 {
+        assert!(Instant::now() < end, "nodes did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains("interrupted"), "{}", stderr(&out));
+    assert_no_orphans(dir.path());
+}
+
+#[test]
+fn metadata_notices_reach_the_node_through_its_aws_poller() {
+    let _serial = serial();
+    ensure_node_built();
+    let dir = scratch("metadata");
+    // Count trace: 3 nodes, then 2 from the second interval on.
+    let trace = dir.path().join("count.csv");
+    std::fs::write(&trace, "0,3\n60000,2\n").unwrap();
+    let out = testnet(
+        &[
+            "run",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--intervals",
+            "2",
+            "--interval-secs",
+            "5",
+            "--grace-secs",
+            "3",
+            "--notice",
+            "metadata",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run_dir = dir.path().join("liveput");
+    let configs: Vec<String> = (0..3)
+        .map(|k| std::fs::read_to_string(run_dir.join(format!("node{k}.toml"))).unwrap())
+        .collect();
+    assert!(
+        configs
+            .iter()
+            .all(|c| c.contains("aws_base_url = \"http://127.0.0.1:"))
+    );
+    // Exactly one node was preempted, and it learned so from the fake metadata service.
+    let notified = (0..3)
+        .filter(|k| {
+            std::fs::read_to_string(run_dir.join(format!("node{k}.log")))
+                .unwrap()
+                .contains("source=Aws")
+        })
+        .count();
+    assert_eq!(notified, 1);
+}
