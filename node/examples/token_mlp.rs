@@ -112,13 +112,7 @@ impl PipelineModel for TokenMlp {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    parcae_node::runtime::init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [data_dir, status_addr, key, rest @ ..] = args.as_slice() else {
         anyhow::bail!("usage: token_mlp DATA_DIR STATUS_ADDR KEY_FILE [BOOTSTRAP_MULTIADDR]");
@@ -126,9 +120,6 @@ fn main() -> anyhow::Result<()> {
     let mut config = NodeConfig::default();
     config.planner.interval_secs = 2.0;
     config.planner.pin = Some([1, 2]);
-    // The planner's cost model uses the job's batch shape.
-    config.train.global_batch = 16;
-    config.train.micro_batch = 4;
     let opts = RunOptions {
         data_dir: data_dir.into(),
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],

@@ -68,6 +68,18 @@ pub enum NodeError {
     Trainer(#[from] TrainError),
 }
 
+/// Logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`): what the binary
+/// and programs built on [`crate::Trainer`] do first.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// Runs a node until it exits; returns the process exit code.
 pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let keypair = identity::load_or_create(&opts.data_dir)?;

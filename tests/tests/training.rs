@@ -94,7 +94,7 @@ fn two_by_two_across_processes_matches_one_process() {
     );
     let c = TestCluster::start(&config, 4);
     let done = wait_for(Duration::from_secs(240), || {
-        (0..4).find_map(|i| (steps(&c, i).len() as u64 == steps_total).then_some(i))
+        (0..4).find(|&i| steps(&c, i).len() as u64 == steps_total)
     });
     let Some(i) = done else {
         panic!("30 steps did not commit\n{}", c.logs());
@@ -210,6 +210,24 @@ fn workers(c: &TestCluster) -> Vec<(usize, [u64; 2])> {
         .collect()
 }
 
+/// A cluster of `n` nodes that has committed at least `min_step` steps.
+fn training_cluster(config: &str, n: usize, min_step: u64) -> TestCluster {
+    let c = TestCluster::start(config, n);
+    wait_for(Duration::from_secs(120), || {
+        last_step(&c).filter(|s| *s >= min_step)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    c
+}
+
+/// Waits until training went `more` steps beyond `before`.
+fn trains_on(c: &TestCluster, before: u64, more: u64, timeout: Duration) -> Duration {
+    let t = std::time::Instant::now();
+    wait_for(timeout, || last_step(c).filter(|s| *s >= before + more))
+        .unwrap_or_else(|| panic!("training did not go on past step {before}\n{}", c.logs()));
+    t.elapsed()
+}
+
 fn migrations(c: &TestCluster) -> Vec<Value> {
     c.statuses()
         .into_iter()
@@ -220,33 +238,20 @@ fn migrations(c: &TestCluster) -> Vec<Value> {
 #[test]
 fn a_noticed_node_is_drained_before_its_deadline() {
     let _serial = serial();
-    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 4);
-    wait_for(Duration::from_secs(120), || {
-        last_step(&c).filter(|s| *s >= 5)
-    })
-    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let mut c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
-    let victim_peer = c.nodes[victim].peer_id().unwrap();
     let epoch_before = c.nodes[0].status().unwrap()["epoch"].as_u64().unwrap();
     let noticed_at = std::time::Instant::now();
     c.nodes[victim].signal(libc::SIGTERM);
     // A new plan without the node is in force, and trained under, before the 10 s deadline.
+    let survivor = (0..c.nodes.len())
+        .find(|i| *i != victim)
+        .expect("a survivor");
     let trained_after = wait_for(Duration::from_secs(10), || {
-        let s = c
-            .nodes
+        let epoch = c.nodes[survivor].status()?["epoch"].as_u64()?;
+        let under_new = steps(&c, survivor)
             .iter()
-            .enumerate()
-            .find(|(i, _)| *i != victim)?
-            .1
-            .status()?;
-        let epoch = s["epoch"].as_u64()?;
-        let seq = steps(
-            &c,
-            c.nodes
-                .iter()
-                .position(|n| n.status().is_some_and(|x| x["peer_id"] == s["peer_id"]))?,
-        );
-        let under_new = seq.iter().any(|r| r["epoch"].as_u64() == Some(epoch));
+            .any(|r| r["epoch"].as_u64() == Some(epoch));
         (epoch > epoch_before && under_new).then_some(noticed_at.elapsed())
     })
     .unwrap_or_else(|| panic!("no reconfiguration before the deadline\n{}", c.logs()));
@@ -270,33 +275,20 @@ fn a_noticed_node_is_drained_before_its_deadline() {
         "migration kind and duration in /status: {m:?}"
     );
     let before = last_step(&c).unwrap();
-    wait_for(Duration::from_secs(30), || {
-        last_step(&c).filter(|s| *s >= before + 3)
-    })
-    .unwrap_or_else(|| panic!("training did not go on\n{}", c.logs()));
+    trains_on(&c, before, 3, Duration::from_secs(30));
     committed_sequence(&c);
     assert!(c.logs().contains("reconfiguration done"));
-    let _ = victim_peer;
 }
 
 #[test]
 fn training_resumes_after_a_kill() {
     let _serial = serial();
-    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 4);
-    wait_for(Duration::from_secs(120), || {
-        last_step(&c).filter(|s| *s >= 5)
-    })
-    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let mut c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
     let before = last_step(&c).unwrap();
-    let killed_at = std::time::Instant::now();
     c.nodes[victim].kill();
-    let resumed = wait_for(Duration::from_secs(30), || {
-        last_step(&c)
-            .filter(|s| *s >= before + 2)
-            .map(|_| killed_at.elapsed())
-    })
-    .unwrap_or_else(|| panic!("training did not resume\n{}", c.logs()));
+    let resumed = trains_on(&c, before, 2, Duration::from_secs(30));
+    eprintln!("training resumed {resumed:?} after the kill");
     assert!(
         resumed < Duration::from_secs(15),
         "resumed after {resumed:?}"
@@ -308,20 +300,13 @@ fn training_resumes_after_a_kill() {
 #[test]
 fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
     let _serial = serial();
-    let mut c = TestCluster::start(&train_config("pin = [1, 2]", "checkpoint_every = 4"), 3);
-    wait_for(Duration::from_secs(120), || {
-        last_step(&c).filter(|s| *s >= 9)
-    })
-    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 4"), 3, 9);
     // Kill the only node of the stage that is not on the leader... or the leader's, whichever
     // is not the leader: every replica of that stage is gone.
     let (victim, slot) = *workers(&c).first().expect("a training non-leader");
     let before = last_step(&c).unwrap();
     c.nodes[victim].kill();
-    wait_for(Duration::from_secs(60), || {
-        last_step(&c).filter(|s| *s >= before + 2)
-    })
-    .unwrap_or_else(|| panic!("training did not resume\n{}", c.logs()));
+    trains_on(&c, before, 2, Duration::from_secs(60));
     let m = migrations(&c);
     assert!(
         m.iter().any(|x| x["kind"] == "restart"),
@@ -334,11 +319,7 @@ fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
 #[test]
 fn a_joining_node_is_put_to_work() {
     let _serial = serial();
-    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 2);
-    wait_for(Duration::from_secs(120), || {
-        last_step(&c).filter(|s| *s >= 3)
-    })
-    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let mut c = training_cluster(&train_config("", "checkpoint_every = 0"), 2, 3);
     let founder = c.nodes[0].p2p_addr().unwrap();
     let new = c.spawn(std::slice::from_ref(&founder), None);
     let slot = wait_for(Duration::from_secs(60), || {
@@ -354,21 +335,14 @@ fn a_joining_node_is_put_to_work() {
         "the larger configuration uses the new node: {slot}"
     );
     let before = last_step(&c).unwrap();
-    wait_for(Duration::from_secs(30), || {
-        last_step(&c).filter(|s| *s >= before + 2)
-    })
-    .unwrap_or_else(|| panic!("training did not go on\n{}", c.logs()));
+    trains_on(&c, before, 2, Duration::from_secs(30));
     committed_sequence(&c);
 }
 
 #[test]
 fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
     let _serial = serial();
-    let mut c = TestCluster::start(&train_config("", "checkpoint_every = 0"), 4);
-    wait_for(Duration::from_secs(120), || {
-        last_step(&c).filter(|s| *s >= 5)
-    })
-    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
     let peer = c.nodes[victim].peer_id().unwrap();
     // SIGSTOP cuts the node off: its peers see no traffic from it, it sends nothing.
@@ -415,11 +389,7 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
 fn hostile_data_plane_input_is_refused_and_training_goes_on() {
     use parcae_node::train::protocol::{self, LinkKind, Reply, Request};
     let _serial = serial();
-    let mut c = TestCluster::start(&train_config("pin = [1, 2]", "checkpoint_every = 0"), 3);
-    wait_for(Duration::from_secs(120), || {
-        last_step(&c).filter(|s| *s >= 3)
-    })
-    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+    let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 0"), 3, 3);
     // Borrow the identity of the spare (a member, but assigned nothing) after stopping it.
     let spare = (0..3)
         .find(|i| {
@@ -496,10 +466,7 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         raw.write_all(&[0xAB; 4096]).await.unwrap();
     });
     let before = last_step(&c).unwrap();
-    wait_for(Duration::from_secs(60), || {
-        last_step(&c).filter(|s| *s >= before + 3)
-    })
-    .unwrap_or_else(|| panic!("training stopped\n{}", c.logs()));
+    trains_on(&c, before, 3, Duration::from_secs(60));
     let logs = c.logs();
     assert!(logs.contains("link refused"), "{logs}");
     assert!(logs.contains("bad digest"), "{logs}");

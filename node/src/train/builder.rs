@@ -141,6 +141,9 @@ impl<M: PipelineModel> Trainer<M> {
 
     /// Runs a full node (control plane and this trainer) until it leaves; returns the exit code.
     pub fn run(self, mut opts: RunOptions) -> Result<i32, NodeError> {
+        // The planner's cost model needs the job's batch shape.
+        opts.config.train.global_batch = self.global_batch;
+        opts.config.train.micro_batch = self.micro_batch;
         opts.trainer = Some(self.launcher());
         crate::runtime::run(opts)
     }
@@ -208,19 +211,24 @@ impl<M: PipelineModel> Trainer<M> {
             device: self.device,
             peer_timeout: ctx.peer_timeout,
             restart_on_change: ctx.restart_on_change,
+            layer_costs: Vec::new(),
         };
         let submit = ctx.submit.clone();
         let publish = ctx.publish;
+        let mut setup = setup;
         std::thread::Builder::new()
             .name("parcae-trainer".into())
             .spawn(move || {
                 match measure_costs(&setup) {
-                    Ok(layers) => submit(Command::CostReport {
-                        node: setup.me,
-                        step: 0,
-                        layers,
-                        bandwidth: Vec::new(),
-                    }),
+                    Ok(layers) => {
+                        setup.layer_costs = layers.clone();
+                        submit(Command::CostReport {
+                            node: setup.me,
+                            step: 0,
+                            layers,
+                            bandwidth: Vec::new(),
+                        });
+                    }
                     Err(e) => tracing::warn!("cannot measure layer costs: {e}"),
                 }
                 Worker::new(setup, rt, endpoint, submit, publish).run();

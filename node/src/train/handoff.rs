@@ -76,6 +76,10 @@ pub struct Acquired {
     pub lost: Vec<usize>,
     /// Bytes received from other nodes.
     pub received_bytes: u64,
+    /// The nodes they came from.
+    pub sources: Vec<NodeId>,
+    /// Seconds the parallel fetches took.
+    pub fetch_secs: f64,
 }
 
 fn members_to_ask(state: &ControlState, me: NodeId) -> Vec<PeerAddr> {
@@ -137,7 +141,17 @@ pub async fn acquire(
     });
     let mut live = Vec::new();
     let mut received_bytes = 0u64;
-    for got in join_all(remote).await {
+    let mut sources: Vec<NodeId> = fetches
+        .iter()
+        .map(|f| f.from)
+        .filter(|n| *n != me)
+        .collect();
+    sources.sort_unstable();
+    sources.dedup();
+    let started = std::time::Instant::now();
+    let fetched = join_all(remote).await;
+    let fetch_secs = started.elapsed().as_secs_f64();
+    for got in fetched {
         let (layers, bufs) = got?;
         for (layer, bytes) in layers.zip(bufs) {
             received_bytes += bytes.len() as u64;
@@ -155,6 +169,8 @@ pub async fn acquire(
         restored,
         lost,
         received_bytes,
+        sources,
+        fetch_secs,
     })
 }
 

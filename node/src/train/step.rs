@@ -59,6 +59,8 @@ pub struct StepSpec {
     pub global_batch: u32,
     /// Samples per micro-batch.
     pub micro_batch: u32,
+    /// This stage's state digest before the step.
+    pub digest: Digest32,
 }
 
 /// The samples of pipeline `d`: the global batch cut into `D` contiguous near-equal shares.
@@ -87,18 +89,26 @@ pub struct StepResult {
     pub report: Option<(f64, Vec<Digest32>)>,
 }
 
+/// What a step talks to: its links, the data, the runtime.
+pub struct StepIo<'a> {
+    /// The links of the epoch.
+    pub links: &'a mut EpochLinks,
+    /// The runtime the data plane runs on.
+    pub rt: &'a Runtime,
+    /// Where samples come from.
+    pub data: &'a DataSource,
+    /// Time a neighbour may take.
+    pub timeout: Duration,
+}
+
 /// Runs forward and backward of the step and combines gradients and norms with the other
-/// nodes. `digest` is this stage's state digest before the step.
+/// nodes. On failure the stage is left as before the step (nothing in flight, no gradient).
 pub fn run<M: PipelineModel>(
-    rt: &Runtime,
+    io: &mut StepIo<'_>,
     stage: &mut Stage<M>,
-    links: &mut EpochLinks,
-    data: &DataSource,
     spec: &StepSpec,
-    digest: Digest32,
-    timeout: Duration,
 ) -> Result<StepResult, TrainError> {
-    let result = run_inner(rt, stage, links, data, spec, digest, timeout);
+    let result = run_inner(io, stage, spec);
     if result.is_err() {
         stage.abort_in_flight();
         stage.clear_grads();
@@ -124,14 +134,12 @@ fn send(link: Option<&mut PipeLink>, tag: StepTag, payload: &[u8]) -> Result<(),
 }
 
 fn run_inner<M: PipelineModel>(
-    rt: &Runtime,
+    io: &mut StepIo<'_>,
     stage: &mut Stage<M>,
-    links: &mut EpochLinks,
-    data: &DataSource,
     spec: &StepSpec,
-    digest: Digest32,
-    timeout: Duration,
 ) -> Result<StepResult, TrainError> {
+    let (rt, data, timeout, digest) = (io.rt, io.data, io.timeout, spec.digest);
+    let links = &mut *io.links;
     let (s, p) = (spec.slot.stage, spec.stages);
     let (first, last) = (s == 0, s + 1 == p);
     let share = pipeline_share(

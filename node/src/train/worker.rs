@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parcae_consensus::state::{Digest32, OptimizerScalars, Plan, StageSlot};
+use parcae_consensus::state::{Digest32, LayerCost, OptimizerScalars, Plan, StageSlot};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{PipelineModel, Stage, StageConfig};
 use tokio::runtime::Runtime;
@@ -24,7 +24,7 @@ use super::TrainError;
 use super::handoff::{self, Acquired};
 use super::links::{self, EpochLinks};
 use super::server::{Endpoint, Held};
-use super::step::{self, DataSource, StepSpec, block_on_timeout};
+use super::step::{self, DataSource, StepIo, StepSpec, block_on_timeout};
 use crate::status::{MigrationView, TrainingView};
 
 /// How a node's trainer is set up (the same on every node except `me`).
@@ -53,6 +53,8 @@ pub struct WorkerSetup<M: PipelineModel> {
     pub peer_timeout: Duration,
     /// Move state by restarting (drop everything, fetch the whole stage) on every change.
     pub restart_on_change: bool,
+    /// Per-layer costs this node measured at start (re-sent with measured transfer rates).
+    pub layer_costs: Vec<(u32, LayerCost)>,
 }
 
 /// Where this node is.
@@ -256,6 +258,19 @@ impl<M: PipelineModel> Worker<M> {
             received_bytes = acquired.as_ref().map_or(0, |a| a.received_bytes),
             "reconfiguration done"
         );
+        if let Some(a) = acquired
+            .as_ref()
+            .filter(|a| a.received_bytes > 0 && a.fetch_secs > 0.0)
+        {
+            // Several sources sent in parallel: their aggregate rate bounds each link's.
+            let rate = a.received_bytes as f64 / a.fetch_secs;
+            (self.submit)(Command::CostReport {
+                node: self.setup.me,
+                step: next,
+                layers: self.setup.layer_costs.clone(),
+                bandwidth: a.sources.iter().map(|s| (*s, rate)).collect(),
+            });
+        }
         self.status.slot = Some([slot.pipeline, slot.stage]);
         self.status.migrations.push(MigrationView {
             epoch: plan.epoch,
@@ -325,17 +340,16 @@ impl<M: PipelineModel> Worker<M> {
             sample_start: state.progress.sample_cursor,
             global_batch: self.setup.global_batch,
             micro_batch: self.setup.micro_batch,
+            digest: cur.digest,
         };
         let started = Instant::now();
-        let result = step::run(
-            &self.rt,
-            &mut cur.stage,
-            &mut cur.links,
-            &self.setup.data,
-            &spec,
-            cur.digest,
-            self.setup.peer_timeout,
-        )?;
+        let mut io = StepIo {
+            links: &mut cur.links,
+            rt: &self.rt,
+            data: &self.setup.data,
+            timeout: self.setup.peer_timeout,
+        };
+        let result = step::run(&mut io, &mut cur.stage, &spec)?;
         let report = result
             .report
             .map(|(loss, stage_digests)| Command::StepCommitted {
@@ -405,7 +419,7 @@ impl<M: PipelineModel> Worker<M> {
         let Some(cur) = self.current.as_ref() else {
             return Ok(());
         };
-        if every == 0 || (k + 1) % every != 0 || cur.slot.pipeline != 0 {
+        if every == 0 || !(k + 1).is_multiple_of(every) || cur.slot.pipeline != 0 {
             return Ok(());
         }
         let range = cur.stage.layer_range();
