@@ -22,7 +22,7 @@ pub struct PipeLink {
 }
 
 impl PipeLink {
-    fn new(stream: SecureStream) -> Self {
+    pub(crate) fn new(stream: SecureStream) -> Self {
         let (reader, mut writer) = stream.split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let writer = tokio::spawn(async move {

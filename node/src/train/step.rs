@@ -310,3 +310,94 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod wire_tests {
+    use std::sync::Arc;
+
+    use burn::tensor::{Device, Tensor};
+    use libp2p::identity::Keypair;
+    use parcae_model::{Activation, Gpt, GptConfig, StageConfig, SyntheticTask, WireDType};
+
+    use super::*;
+    use crate::dataplane::{accept, connect};
+    use crate::key::ClusterKey;
+
+    /// A neighbour that sends an activation of the wrong shape costs the step, not the process:
+    /// the step fails with a typed error and the stage is left with nothing in flight.
+    #[test]
+    fn an_activation_of_the_wrong_shape_is_refused() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let key = ClusterKey::generate();
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let b_id = b.public().to_peer_id();
+        let (ours, mut theirs) = rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let k = key.clone();
+            let server = tokio::spawn(async move {
+                let (s, _) = l.accept().await.unwrap();
+                accept(s, &b, &k, |_| true).await.unwrap().1
+            });
+            let theirs = connect(addr, &a, b_id, &key).await.unwrap();
+            (server.await.unwrap(), theirs)
+        });
+        let cfg = GptConfig::tiny();
+        let model = Arc::new(Gpt::new(cfg.clone()).unwrap());
+        let device = Device::flex();
+        let mut stage = Stage::new(model, 1..4, 1, &device, StageConfig::default()).unwrap();
+        let spec = StepSpec {
+            epoch: 3,
+            step: 0,
+            slot: StageSlot {
+                pipeline: 0,
+                stage: 1,
+            },
+            data_parallel: 1,
+            stages: 2,
+            sample_start: 0,
+            global_batch: 2,
+            micro_batch: 2,
+            digest: [0; 32],
+        };
+        // Hidden states with 7 features where the model has 32.
+        let wrong = Activation::Hidden(Tensor::zeros([2, cfg.seq_len, 7], &device))
+            .to_wire(WireDType::F32)
+            .unwrap();
+        let tag = StepTag {
+            kind: MsgKind::Activation,
+            epoch: 3,
+            step: 0,
+            micro_batch: 0,
+        };
+        rt.block_on(theirs.send(&tag.frame(&wrong))).unwrap();
+        let mut links = EpochLinks {
+            epoch: 3,
+            prev: Some(rt.block_on(async { PipeLink::new(ours) })),
+            next: None,
+            ring: None,
+        };
+        let task = SyntheticTask::default_for(1, cfg.vocab_size, cfg.seq_len).unwrap();
+        let data = DataSource {
+            sampler: Sampler::new(1, task.len()).unwrap(),
+            dataset: Arc::new(task),
+        };
+        let mut io = StepIo {
+            links: &mut links,
+            rt: &rt,
+            data: &data,
+            timeout: Duration::from_secs(5),
+        };
+        let err = run(&mut io, &mut stage, &spec).unwrap_err();
+        assert!(matches!(err, TrainError::Model(_)), "{err}");
+        assert!(
+            err.to_string().contains('7'),
+            "the error names the shape: {err}"
+        );
+        assert_eq!(stage.in_flight(), 0);
+    }
+}
