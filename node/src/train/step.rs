@@ -7,11 +7,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parcae_consensus::ControlState;
 use parcae_consensus::state::{Digest32, StageSlot};
 use parcae_model::{
     Dataset, Op, PipelineModel, Sampler, Stage, WireOutput, one_f_one_b, token_batch,
 };
 use tokio::runtime::Runtime;
+use tokio::sync::watch;
 
 use super::TrainError;
 use super::links::{EpochLinks, PipeLink};
@@ -89,7 +91,7 @@ pub struct StepResult {
     pub report: Option<(f64, Vec<Digest32>)>,
 }
 
-/// What a step talks to: its links, the data, the runtime.
+/// What a step talks to: its links, the data, the runtime, the replicated state.
 pub struct StepIo<'a> {
     /// The links of the epoch.
     pub links: &'a mut EpochLinks,
@@ -99,6 +101,67 @@ pub struct StepIo<'a> {
     pub data: &'a DataSource,
     /// Time a neighbour may take.
     pub timeout: Duration,
+    /// The replicated state: a newer plan ends a step that waits on a neighbour at once.
+    pub view: watch::Receiver<Arc<ControlState>>,
+}
+
+/// Waits on the network for one step: gives up after the timeout, or as soon as the replicated
+/// state names another plan (a neighbour that is gone will not answer, and the new plan needs
+/// this node's state now).
+pub(crate) struct Waiter<'a> {
+    rt: &'a Runtime,
+    timeout: Duration,
+    view: watch::Receiver<Arc<ControlState>>,
+    epoch: u64,
+    step: u64,
+}
+
+impl<'a> Waiter<'a> {
+    /// Waits for work of `step` under the plan of `epoch`, for at most `timeout`.
+    pub(crate) fn new(
+        rt: &'a Runtime,
+        timeout: Duration,
+        view: watch::Receiver<Arc<ControlState>>,
+        epoch: u64,
+        step: u64,
+    ) -> Self {
+        Self {
+            rt,
+            timeout,
+            view,
+            epoch,
+            step,
+        }
+    }
+
+    /// Runs `f` until it finishes, the timeout passes or a newer plan appears.
+    pub(crate) fn wait<T, E>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, TrainError>
+    where
+        TrainError: From<E>,
+    {
+        let mut view = self.view.clone();
+        let epoch = self.epoch;
+        self.rt.block_on(async {
+            let superseded = async {
+                let newer = view.wait_for(|s| s.plan.as_ref().map(|p| p.epoch) != Some(epoch));
+                if newer.await.is_err() {
+                    // The raft actor is gone: only the timeout ends the wait.
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                r = tokio::time::timeout(self.timeout, f) => match r {
+                    Ok(r) => r.map_err(TrainError::from),
+                    Err(_) => Err(TrainError::Timeout(format!("{what} of step {}", self.step))),
+                },
+                () = superseded => Err(TrainError::Superseded(self.step)),
+            }
+        })
+    }
 }
 
 /// Runs forward and backward of the step and combines gradients and norms with the other
@@ -116,15 +179,9 @@ pub fn run<M: PipelineModel>(
     result
 }
 
-fn recv(
-    rt: &Runtime,
-    link: Option<&mut PipeLink>,
-    tag: StepTag,
-    timeout: Duration,
-) -> Result<Vec<u8>, TrainError> {
+fn recv(w: &Waiter<'_>, link: Option<&mut PipeLink>, tag: StepTag) -> Result<Vec<u8>, TrainError> {
     let link = link.ok_or_else(|| TrainError::Protocol("missing pipeline link".into()))?;
-    let bytes = block_on_timeout(rt, timeout, link.recv(MAX_STEP_MESSAGE))
-        .map_err(|_| TrainError::Timeout(format!("{:?} of step {}", tag.kind, tag.step)))??;
+    let bytes = w.wait(&format!("{:?}", tag.kind), link.recv(MAX_STEP_MESSAGE))?;
     Ok(tag.expect(&bytes)?.to_vec())
 }
 
@@ -138,7 +195,8 @@ fn run_inner<M: PipelineModel>(
     stage: &mut Stage<M>,
     spec: &StepSpec,
 ) -> Result<StepResult, TrainError> {
-    let (rt, data, timeout, digest) = (io.rt, io.data, io.timeout, spec.digest);
+    let (data, digest) = (io.data, spec.digest);
+    let w = Waiter::new(io.rt, io.timeout, io.view.clone(), spec.epoch, spec.step);
     let links = &mut *io.links;
     let (s, p) = (spec.slot.stage, spec.stages);
     let (first, last) = (s == 0, s + 1 == p);
@@ -188,12 +246,7 @@ fn run_inner<M: PipelineModel>(
                     let out = stage.forward(i as u64, batch(&mbs[i])?.inputs, targets.as_ref())?;
                     stage.encode_output(out)?
                 } else {
-                    let bytes = recv(
-                        rt,
-                        links.prev.as_mut(),
-                        tag(MsgKind::Activation, i),
-                        timeout,
-                    )?;
+                    let bytes = recv(&w, links.prev.as_mut(), tag(MsgKind::Activation, i))?;
                     stage.forward_wire(i as u64, &bytes, targets.as_ref())?
                 };
                 match out {
@@ -207,12 +260,7 @@ fn run_inner<M: PipelineModel>(
                 let upstream = if last {
                     None
                 } else {
-                    Some(recv(
-                        rt,
-                        links.next.as_mut(),
-                        tag(MsgKind::Grad, i),
-                        timeout,
-                    )?)
+                    Some(recv(&w, links.next.as_mut(), tag(MsgKind::Grad, i))?)
                 };
                 if let Some(g) =
                     stage.backward_wire(i as u64, upstream.as_deref(), weight(&mbs[i]))?
@@ -242,8 +290,7 @@ fn run_inner<M: PipelineModel>(
             next: &mut ring.next,
             prev: &mut ring.prev,
         };
-        block_on_timeout(rt, timeout, all_reduce_mean(&mut values, links, round))
-            .map_err(|_| TrainError::Timeout(format!("all-reduce of step {}", spec.step)))??;
+        w.wait("all-reduce", all_reduce_mean(&mut values, links, round))?;
         if last {
             loss = f64::from(values.pop().unwrap_or_default());
         }
@@ -258,7 +305,7 @@ fn run_inner<M: PipelineModel>(
     let (partial, mut digests) = if first {
         (0.0, Vec::new())
     } else {
-        let up = recv(rt, links.prev.as_mut(), tag(MsgKind::NormUp, 0), timeout)?;
+        let up = recv(&w, links.prev.as_mut(), tag(MsgKind::NormUp, 0))?;
         parse_norm_up(&up, s as usize)?
     };
     digests.push(digest);
@@ -271,12 +318,7 @@ fn run_inner<M: PipelineModel>(
             tag(MsgKind::NormUp, 0),
             &norm_up_payload(partial, &digests),
         )?;
-        parse_norm(&recv(
-            rt,
-            links.next.as_mut(),
-            tag(MsgKind::NormDown, 0),
-            timeout,
-        )?)?
+        parse_norm(&recv(&w, links.next.as_mut(), tag(MsgKind::NormDown, 0))?)?
     };
     if !first {
         send(
@@ -386,11 +428,24 @@ mod wire_tests {
             sampler: Sampler::new(1, task.len()).unwrap(),
             dataset: Arc::new(task),
         };
+        let state = ControlState {
+            plan: Some(parcae_consensus::state::Plan {
+                epoch: 3,
+                data_parallel: 1,
+                pipeline_stages: 2,
+                partition: vec![0, 1, 4],
+                assignment: Default::default(),
+                at_step: 0,
+            }),
+            ..ControlState::default()
+        };
+        let (_keep, view) = watch::channel(Arc::new(state));
         let mut io = StepIo {
             links: &mut links,
             rt: &rt,
             data: &data,
             timeout: Duration::from_secs(5),
+            view,
         };
         let err = run(&mut io, &mut stage, &spec).unwrap_err();
         assert!(matches!(err, TrainError::Model(_)), "{err}");

@@ -24,8 +24,12 @@ use super::TrainError;
 use super::handoff::{self, Acquired};
 use super::links::{self, EpochLinks};
 use super::server::{Endpoint, Held};
-use super::step::{self, DataSource, StepIo, StepSpec, block_on_timeout};
+use super::step::{self, DataSource, StepIo, StepSpec, Waiter, block_on_timeout};
 use crate::status::{MigrationView, TrainingView};
+
+/// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
+/// in well under a second at the measured rates; this bounds a stuck peer).
+const SWITCH_LIMIT: Duration = Duration::from_secs(600);
 
 /// How a node's trainer is set up (the same on every node except `me`).
 pub struct WorkerSetup<M: PipelineModel> {
@@ -211,6 +215,8 @@ impl<M: PipelineModel> Worker<M> {
             .stage_layers(slot.stage)
             .map(|r| r.start as usize..r.end as usize)
             .ok_or_else(|| TrainError::Config(format!("plan has no stage {}", slot.stage)))?;
+        // Each part has its own timeouts; a newer plan ends the switch at once.
+        let superseding = Waiter::new(&self.rt, SWITCH_LIMIT, self.view.clone(), plan.epoch, next);
         let keep = !self.setup.restart_on_change
             && old
                 .as_ref()
@@ -221,23 +227,24 @@ impl<M: PipelineModel> Worker<M> {
             let acquired = if next == 0 {
                 None
             } else {
-                Some(self.rt.block_on(handoff::acquire(
-                    &self.ep,
-                    state,
-                    self.setup.me,
-                    range.clone(),
-                    next,
-                    slot.pipeline as usize,
-                ))?)
+                Some(superseding.wait(
+                    "state handoff",
+                    handoff::acquire(
+                        &self.ep,
+                        state,
+                        self.setup.me,
+                        range.clone(),
+                        next,
+                        slot.pipeline as usize,
+                    ),
+                )?)
             };
             (
                 self.build_stage(range.clone(), next, acquired.as_ref())?,
                 acquired,
             )
         };
-        let links = self
-            .rt
-            .block_on(links::connect(&self.ep, state, plan, slot))?;
+        let links = superseding.wait("links", links::connect(&self.ep, state, plan, slot))?;
         let digest = if slot.pipeline == 0 {
             stage.state_digest()?
         } else {
@@ -348,6 +355,7 @@ impl<M: PipelineModel> Worker<M> {
             rt: &self.rt,
             data: &self.setup.data,
             timeout: self.setup.peer_timeout,
+            view: self.view.clone(),
         };
         let result = step::run(&mut io, &mut cur.stage, &spec)?;
         let report = result
