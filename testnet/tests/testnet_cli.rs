@@ -307,6 +307,15 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     );
     assert_eq!(v["lost_committed_steps"], 0);
     assert_eq!(v["duplicate_samples"], 0);
+    // The nodes really trained: steps committed, each of the global batch of 16 samples, and
+    // the loss of the last step below that of the first.
+    let steps = v["committed_steps"].as_u64().unwrap();
+    assert!(steps > 0, "{v}");
+    assert_eq!(v["samples"].as_u64().unwrap(), 16 * steps, "{v}");
+    assert!(
+        v["loss_last"].as_f64().unwrap() < v["loss_first"].as_f64().unwrap(),
+        "{v}"
+    );
 }
 
 #[test]
