@@ -66,7 +66,8 @@ pub enum Command {
         samples: u64,
         /// Mean loss, finite.
         loss: f64,
-        /// Digest of each stage's state after the step (length P).
+        /// Digest of each stage's state the step started from (length P): replicas apply the
+        /// step's update only once this command commits, so its result cannot be in it.
         stage_digests: Vec<Digest32>,
         /// Optimizer scalars after the step.
         optimizer: OptimizerScalars,

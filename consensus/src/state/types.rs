@@ -171,7 +171,8 @@ pub struct Progress {
     pub optimizer: OptimizerScalars,
     /// Losses of the most recent steps, oldest first (bounded).
     pub recent_losses: std::collections::VecDeque<LossRecord>,
-    /// Digest of every stage's state after the last committed step (index = stage).
+    /// Digest of every stage's state that the last committed step started from (index =
+    /// stage); see `Command::StepCommitted`.
     pub stage_digests: Vec<Digest32>,
 }
 
