@@ -105,16 +105,8 @@ pub async fn fetch(
     layers: Range<usize>,
 ) -> Result<Vec<Vec<u8>>, TrainError> {
     let n = layers.len() as u32;
-    let s = open(
-        ep,
-        from,
-        &Request::Fetch {
-            step,
-            start: layers.start as u32,
-            end: layers.end as u32,
-        },
-    )
-    .await?;
+    let (start, end) = (layers.start as u32, layers.end as u32);
+    let s = open(ep, from, &Request::Fetch { step, start, end }).await?;
     receive_layers(ep, s, n).await
 }
 
@@ -125,16 +117,8 @@ pub async fn fetch_checkpoint(
     steps: u64,
     layers: Range<usize>,
 ) -> Result<Vec<u8>, TrainError> {
-    let s = open(
-        ep,
-        from,
-        &Request::FetchCheckpoint {
-            steps,
-            start: layers.start as u32,
-            end: layers.end as u32,
-        },
-    )
-    .await?;
+    let (start, end) = (layers.start as u32, layers.end as u32);
+    let s = open(ep, from, &Request::FetchCheckpoint { steps, start, end }).await?;
     let mut got = receive_layers(ep, s, 1).await?;
     got.pop()
         .ok_or_else(|| TrainError::Protocol("empty checkpoint reply".into()))
