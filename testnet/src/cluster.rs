@@ -35,7 +35,7 @@ pub enum NoticeMode {
 /// Where nodes listen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ports {
-    /// Status ports picked free by the OS, p2p on port 0.
+    /// Status ports below the OS's ephemeral range, free when picked; p2p on port 0.
     Ephemeral,
     /// Node `k`: status on `base + 2k`, p2p on `base + 2k + 1`.
     Base(u16),
@@ -226,13 +226,12 @@ impl Cluster {
         let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         match self.opts.ports {
             Ports::Ephemeral => {
-                let port = TcpListener::bind(loopback(0))
-                    .and_then(|l| l.local_addr())
-                    .map_err(|source| TestnetError::Io {
+                let port = parcae_testnet::ports::reserve_loopback_port().map_err(|source| {
+                    TestnetError::Io {
                         what: format!("reserving a status port for node{k}"),
                         source,
-                    })?
-                    .port();
+                    }
+                })?;
                 Ok((loopback(port), "/ip4/127.0.0.1/tcp/0".into()))
             }
             Ports::Base(base) => {

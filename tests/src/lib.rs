@@ -10,7 +10,7 @@
 //! a failing assertion never leaves nodes behind. Tests that start clusters take [`serial`] so
 //! that at most one cluster runs at a time on a small machine.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -74,12 +74,10 @@ pub fn node_example(name: &str) -> PathBuf {
     build(&["--example", name], &format!("examples/{name}"))
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; fine for tests).
+/// A free TCP port on 127.0.0.1 for a node process to bind (below the ephemeral range, so
+/// that no node's outgoing connection takes it before the node binds it).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    parcae_testnet::ports::reserve_loopback_port().expect("free port")
 }
 
 /// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
@@ -328,13 +326,15 @@ impl TestCluster {
     pub fn start(config: &str, n: usize) -> Self {
         let mut c = Self::new(config);
         c.spawn(&[], None);
-        let founder =
-            wait_for(Duration::from_secs(10), || c.nodes[0].p2p_addr()).expect("founder status");
+        let founder = wait_for(Duration::from_secs(20), || c.nodes[0].p2p_addr())
+            .unwrap_or_else(|| panic!("the founder does not answer /status\n{}", c.logs()));
         for _ in 1..n {
             c.spawn(std::slice::from_ref(&founder), None);
         }
-        for node in &c.nodes {
-            wait_for(Duration::from_secs(10), || node.status()).expect("node status");
+        for (i, node) in c.nodes.iter().enumerate() {
+            if wait_for(Duration::from_secs(20), || node.status()).is_none() {
+                panic!("node{i} does not answer /status\n{}", c.logs());
+            }
         }
         c
     }

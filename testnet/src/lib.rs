@@ -1,0 +1,4 @@
+//! What the testnet shares with other harnesses that start `parcae-node` processes (the
+//! workspace's multi-process tests): choosing the ports the nodes listen on.
+
+pub mod ports;
