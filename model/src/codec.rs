@@ -27,6 +27,13 @@ impl<'a> Reader<'a> {
         self.bytes.len() - self.pos
     }
 
+    /// Skips the next `n` bytes, returning where they are.
+    pub(crate) fn skip(&mut self, n: usize) -> Result<std::ops::Range<usize>> {
+        let start = self.pos;
+        self.take(n)?;
+        Ok(start..self.pos)
+    }
+
     /// Takes the next `n` bytes.
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.remaining() < n {
@@ -77,6 +84,51 @@ impl<'a> Reader<'a> {
                 extra,
             }),
         }
+    }
+}
+
+/// Bytes checksummed per step while copying: small enough that the checksum reads what was just
+/// copied from cache instead of from memory.
+const CRC_CHUNK: usize = 64 * 1024;
+
+/// Copies `src` into `dst` (of the same length), folding the bytes into `crc` on the way.
+pub(crate) fn copy_with_crc(dst: &mut [u8], src: &[u8], crc: &mut crc32fast::Hasher) {
+    debug_assert_eq!(dst.len(), src.len());
+    for (d, s) in dst.chunks_mut(CRC_CHUNK).zip(src.chunks(CRC_CHUNK)) {
+        d.copy_from_slice(s);
+        crc.update(s);
+    }
+}
+
+/// Writes into a slice sized in advance, keeping the CRC-32 of everything written; lets
+/// independent sections of one output be filled in parallel.
+pub(crate) struct CrcWriter<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+    crc: crc32fast::Hasher,
+}
+
+impl<'a> CrcWriter<'a> {
+    /// Writes `buf` from its start.
+    pub(crate) fn new(buf: &'a mut [u8]) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+
+    /// Appends `bytes`. The caller sized the slice: writing past its end is a bug and panics.
+    pub(crate) fn put(&mut self, bytes: &[u8]) {
+        let end = self.pos + bytes.len();
+        copy_with_crc(&mut self.buf[self.pos..end], bytes, &mut self.crc);
+        self.pos = end;
+    }
+
+    /// The CRC-32 of what was written, which must fill the slice exactly.
+    pub(crate) fn finish(self) -> u32 {
+        assert_eq!(self.pos, self.buf.len(), "section size computed wrongly");
+        self.crc.finalize()
     }
 }
 

@@ -20,20 +20,23 @@ use std::ops::Range;
 
 use burn::optim::{AdamWState, AdaptiveMomentumState};
 use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::codec::{Reader, extend_f32_le, f32_from_le};
+use crate::codec::{CrcWriter, Reader, copy_with_crc};
 use crate::error::{ModelError, Result};
-use crate::optim::ParamState;
+use crate::host::HostF32;
+use crate::pages;
 use crate::params::{ParamInfo, param_values, with_values};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 use crate::stage::Stage;
-use crate::wire::tensor_values;
 
 const MAGIC: &[u8; 4] = b"PSTS";
 /// Bytes of the header including its checksum.
 const HEADER_LEN: usize = 4 + 4 + 8 + 4 + 8 + 4 + 4;
+/// Bytes before each section body: layer index, body length, checksum.
+const LAYER_PREFIX: usize = 4 + 8 + 4;
 /// Version of the state layout this build writes and reads.
 pub const STATE_VERSION: u32 = 1;
 const WHAT: &str = "stage state";
@@ -55,26 +58,48 @@ pub struct StageState<'a> {
     pub layers: Vec<LayerSection<'a>>,
 }
 
-/// One layer's section, verified against its checksum.
+/// One layer's section; verified against its checksum by [`StageState::parse`].
 #[derive(Debug)]
 pub struct LayerSection<'a> {
     /// Layer index in the model.
     pub index: usize,
+    /// The CRC-32 the writer stored for the body.
+    stored: u32,
     /// The section bytes (after the checksum).
     body: &'a [u8],
 }
 
-/// One parameter read from a section.
-struct ParamRecord<'a> {
-    shape: Vec<usize>,
+/// Where one parameter lies in a section (byte ranges of the body).
+struct ParamRecord {
     time: u64,
-    values: &'a [u8],
-    moments: Option<(&'a [u8], &'a [u8])>,
+    values: Range<usize>,
+    moments: Option<(Range<usize>, Range<usize>)>,
+}
+
+/// One parameter copied out of a section: values, and AdamW time and moments once stepped.
+struct DecodedParam {
+    values: Vec<f32>,
+    moments: Option<(u64, Vec<f32>, Vec<f32>)>,
+}
+
+/// One layer copied out of a section and verified, not yet turned into tensors.
+struct DecodedLayer {
+    rng: StageRng,
+    params: Vec<DecodedParam>,
 }
 
 impl<'a> StageState<'a> {
     /// Parses the header and every section header, verifying each layer's checksum.
     pub fn parse(bytes: &'a [u8]) -> Result<Self> {
+        let state = Self::parse_unverified(bytes)?;
+        let checked: Vec<Result<()>> = state.layers.par_iter().map(LayerSection::verify).collect();
+        checked.into_iter().collect::<Result<()>>()?;
+        Ok(state)
+    }
+
+    /// [`Self::parse`] without the section checksums, which [`Stage::import_state`] verifies
+    /// while it copies the sections, reading each byte once.
+    fn parse_unverified(bytes: &'a [u8]) -> Result<Self> {
         let mut r = Reader::new(bytes, WHAT);
         if &r.array::<4>()? != MAGIC {
             return Err(ModelError::BadMagic { what: WHAT });
@@ -126,15 +151,11 @@ impl<'a> StageState<'a> {
                     available: r.remaining(),
                 })?;
             let body = r.take(len)?;
-            let computed = crc32fast::hash(body);
-            if computed != stored {
-                return Err(ModelError::ChecksumMismatch {
-                    layer: index,
-                    stored,
-                    computed,
-                });
-            }
-            layers.push(LayerSection { index, body });
+            layers.push(LayerSection {
+                index,
+                stored,
+                body,
+            });
         }
         r.finish()?;
         Ok(Self {
@@ -151,9 +172,64 @@ impl<'a> StageState<'a> {
     }
 }
 
-impl<'a> LayerSection<'a> {
-    /// Reads the section against the parameters `expected` of the receiving layer.
-    fn read(&self, expected: &[ParamInfo]) -> Result<(StageRng, Vec<ParamRecord<'a>>)> {
+impl LayerSection<'_> {
+    /// Fails unless `computed` is the stored checksum.
+    fn check(&self, computed: u32) -> Result<()> {
+        if computed == self.stored {
+            Ok(())
+        } else {
+            Err(ModelError::ChecksumMismatch {
+                layer: self.index,
+                stored: self.stored,
+                computed,
+            })
+        }
+    }
+
+    /// Verifies the checksum of the whole section.
+    fn verify(&self) -> Result<()> {
+        self.check(crc32fast::hash(self.body))
+    }
+
+    /// Verifies the section and copies it out against the parameters `expected` of the
+    /// receiving layer, reading every byte once. Damage anywhere is reported as a checksum
+    /// mismatch, even where it also breaks the layout.
+    fn decode(&self, expected: &[ParamInfo]) -> Result<DecodedLayer> {
+        let (rng, records) = match self.read(expected) {
+            Ok(read) => read,
+            Err(e) => return self.verify().and(Err(e)),
+        };
+        let mut crc = crc32fast::Hasher::new();
+        let mut done = 0;
+        let mut copy = |range: &Range<usize>| -> Vec<f32> {
+            crc.update(&self.body[done..range.start]);
+            let mut values = pages::zeroed::<f32>(range.len() / 4);
+            copy_with_crc(
+                bytemuck::cast_slice_mut(&mut values),
+                &self.body[range.clone()],
+                &mut crc,
+            );
+            done = range.end;
+            values
+        };
+        let params = records
+            .iter()
+            .map(|p| DecodedParam {
+                values: copy(&p.values),
+                moments: p
+                    .moments
+                    .as_ref()
+                    .map(|(m1, m2)| (p.time, copy(m1), copy(m2))),
+            })
+            .collect();
+        crc.update(&self.body[done..]);
+        self.check(crc.finalize())?;
+        Ok(DecodedLayer { rng, params })
+    }
+
+    /// Reads the layout of the section against the parameters `expected` of the receiving
+    /// layer, without touching the values.
+    fn read(&self, expected: &[ParamInfo]) -> Result<(StageRng, Vec<ParamRecord>)> {
         let layer = self.index;
         let mut r = Reader::new(self.body, "state layer section");
         let seed = r.array::<32>()?;
@@ -217,14 +293,13 @@ impl<'a> LayerSection<'a> {
             }
             let time = r.u64()?;
             let bytes = info.numel() * 4;
-            let values = r.take(bytes)?;
+            let values = r.skip(bytes)?;
             let moments = if time > 0 {
-                Some((r.take(bytes)?, r.take(bytes)?))
+                Some((r.skip(bytes)?, r.skip(bytes)?))
             } else {
                 None
             };
             params.push(ParamRecord {
-                shape: info.shape.clone(),
                 time,
                 values,
                 moments,
@@ -235,17 +310,70 @@ impl<'a> LayerSection<'a> {
     }
 }
 
-/// A layer decoded and ready to swap in.
-struct ImportedLayer<L> {
-    local: usize,
-    layer: L,
-    states: Vec<ParamState>,
-    rng: StageRng,
+/// One layer as it will be written: its random stream and its parameters' tensors.
+struct LayerSource<'a> {
+    index: usize,
+    rng: ([u8; 32], u128),
+    params: Vec<ParamSource<'a>>,
+}
+
+/// One parameter as it will be written: its name and shape, AdamW time, and the values then
+/// (once stepped) both moments.
+struct ParamSource<'a> {
+    info: &'a ParamInfo,
+    time: u64,
+    tensors: Vec<HostF32>,
+}
+
+impl ParamSource<'_> {
+    /// Bytes of the parameter's record.
+    fn len(&self) -> usize {
+        2 + self.info.path.len()
+            + 1
+            + 8 * self.info.shape.len()
+            + 8
+            + 4 * self.info.numel() * self.tensors.len()
+    }
+}
+
+impl LayerSource<'_> {
+    /// Bytes of the section body.
+    fn body_len(&self) -> usize {
+        32 + 16 + 4 + self.params.iter().map(ParamSource::len).sum::<usize>()
+    }
+
+    /// Writes the layer (index, length, checksum, body) into `out`, which is exactly
+    /// `LAYER_PREFIX + body_len()` long.
+    fn write(&self, out: &mut [u8]) {
+        let (prefix, body) = out.split_at_mut(LAYER_PREFIX);
+        let body_len = body.len() as u64;
+        let mut w = CrcWriter::new(body);
+        w.put(&self.rng.0);
+        w.put(&self.rng.1.to_le_bytes());
+        w.put(&(self.params.len() as u32).to_le_bytes());
+        for p in &self.params {
+            w.put(&(p.info.path.len() as u16).to_le_bytes());
+            w.put(p.info.path.as_bytes());
+            w.put(&[p.info.shape.len() as u8]);
+            for d in &p.info.shape {
+                w.put(&(*d as u64).to_le_bytes());
+            }
+            w.put(&p.time.to_le_bytes());
+            for t in &p.tensors {
+                w.put(t.le_bytes());
+            }
+        }
+        let crc = w.finish();
+        prefix[..4].copy_from_slice(&(self.index as u32).to_le_bytes());
+        prefix[4..12].copy_from_slice(&body_len.to_le_bytes());
+        prefix[12..].copy_from_slice(&crc.to_le_bytes());
+    }
 }
 
 impl<M: PipelineModel> Stage<M> {
     /// Encodes layers `layers` (a sub-range of this stage) with their moments, step and random
-    /// streams. Call between steps (no micro-batch in flight).
+    /// streams. Call between steps (no micro-batch in flight). Layers are written in parallel,
+    /// each parameter copied once from the device's memory into the output.
     pub fn export_state(&self, layers: Range<usize>) -> Result<Vec<u8>> {
         self.ensure_idle()?;
         let range = self.layer_range();
@@ -256,69 +384,73 @@ impl<M: PipelineModel> Stage<M> {
                 num_layers: self.model().num_layers(),
             });
         }
-        let model = self.model();
-        let estimate: usize = layers
+        let sources = layers
             .clone()
-            .map(|i| {
-                self.infos[i - range.start]
-                    .iter()
-                    .map(ParamInfo::numel)
-                    .sum::<usize>()
-                    * 12
-            })
-            .sum();
-        let mut out = Vec::with_capacity(estimate + 1024);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&STATE_VERSION.to_le_bytes());
-        out.extend_from_slice(&model.fingerprint().to_le_bytes());
-        out.extend_from_slice(&(model.num_layers() as u32).to_le_bytes());
-        out.extend_from_slice(&self.step.to_le_bytes());
-        out.extend_from_slice(&(layers.len() as u32).to_le_bytes());
-        let header_crc = crc32fast::hash(&out);
-        out.extend_from_slice(&header_crc.to_le_bytes());
-        for index in layers {
-            let k = index - range.start;
-            out.extend_from_slice(&(index as u32).to_le_bytes());
-            let len_at = out.len();
-            out.extend_from_slice(&[0u8; 12]);
-            let body_at = out.len();
-            self.write_layer(k, &mut out)?;
-            let body_len = (out.len() - body_at) as u64;
-            let crc = crc32fast::hash(&out[body_at..]);
-            out[len_at..len_at + 8].copy_from_slice(&body_len.to_le_bytes());
-            out[len_at + 8..len_at + 12].copy_from_slice(&crc.to_le_bytes());
+            .map(|index| self.layer_source(index))
+            .collect::<Result<Vec<_>>>()?;
+        let lens: Vec<usize> = sources
+            .iter()
+            .map(|s| LAYER_PREFIX + s.body_len())
+            .collect();
+        // Fresh pages, first touched (and faulted in) by the parallel writers below.
+        let mut out = pages::zeroed::<u8>(HEADER_LEN + lens.iter().sum::<usize>());
+        let (header, mut rest) = out.split_at_mut(HEADER_LEN);
+        let model = self.model();
+        let mut w = CrcWriter::new(&mut header[..HEADER_LEN - 4]);
+        w.put(MAGIC);
+        w.put(&STATE_VERSION.to_le_bytes());
+        w.put(&model.fingerprint().to_le_bytes());
+        w.put(&(model.num_layers() as u32).to_le_bytes());
+        w.put(&self.step.to_le_bytes());
+        w.put(&(layers.len() as u32).to_le_bytes());
+        let header_crc = w.finish();
+        header[HEADER_LEN - 4..].copy_from_slice(&header_crc.to_le_bytes());
+        let mut slices = Vec::with_capacity(lens.len());
+        for len in lens {
+            let (slice, tail) = rest.split_at_mut(len);
+            slices.push(slice);
+            rest = tail;
         }
+        sources
+            .par_iter()
+            .zip(slices)
+            .for_each(|(source, slice)| source.write(slice));
         Ok(out)
     }
 
-    fn write_layer(&self, k: usize, out: &mut Vec<u8>) -> Result<()> {
-        let (seed, word_pos) = self.rngs[k].position();
-        out.extend_from_slice(&seed);
-        out.extend_from_slice(&word_pos.to_le_bytes());
-        out.extend_from_slice(&(self.infos[k].len() as u32).to_le_bytes());
+    /// Gathers what layer `index` writes, holding its tensors' host memory.
+    fn layer_source(&self, index: usize) -> Result<LayerSource<'_>> {
+        let k = index - self.layer_range().start;
         let values = param_values(&self.layers[k]);
-        for ((info, value), state) in self.infos[k].iter().zip(values).zip(&self.states[k]) {
-            out.extend_from_slice(&(info.path.len() as u16).to_le_bytes());
-            out.extend_from_slice(info.path.as_bytes());
-            out.push(info.shape.len() as u8);
-            for d in &info.shape {
-                out.extend_from_slice(&(*d as u64).to_le_bytes());
-            }
-            let time = state.as_ref().map_or(0, |s| s.momentum.time as u64);
-            out.extend_from_slice(&time.to_le_bytes());
-            write_tensor(out, value)?;
-            if let Some(s) = state {
-                write_tensor(out, s.momentum.moment_1.clone())?;
-                write_tensor(out, s.momentum.moment_2.clone())?;
-            }
-        }
-        Ok(())
+        let params = self.infos[k]
+            .iter()
+            .zip(values)
+            .zip(&self.states[k])
+            .map(|((info, value), state)| {
+                let mut tensors = vec![HostF32::read(value)?];
+                if let Some(s) = state {
+                    tensors.push(HostF32::read(s.momentum.moment_1.clone())?);
+                    tensors.push(HostF32::read(s.momentum.moment_2.clone())?);
+                }
+                Ok(ParamSource {
+                    info,
+                    time: state.as_ref().map_or(0, |s| s.momentum.time as u64),
+                    tensors,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LayerSource {
+            index,
+            rng: self.rngs[k].position(),
+            params,
+        })
     }
 
     /// Imports layers `wanted` (a sub-range of this stage) from a state buffer, with their
-    /// moments and random streams; other layers in the buffer are ignored. The whole import is
-    /// validated before anything changes. A stage that has not stepped adopts the buffer's step;
-    /// otherwise the steps must agree.
+    /// moments and random streams; other layers in the buffer are ignored but must pass their
+    /// checksums. The whole import is validated before anything changes. A stage that has not
+    /// stepped adopts the buffer's step; otherwise the steps must agree. Sections are verified
+    /// and copied in parallel, each byte read once.
     pub fn import_state(&mut self, bytes: &[u8], wanted: Range<usize>) -> Result<()> {
         self.ensure_idle()?;
         let range = self.layer_range();
@@ -332,7 +464,7 @@ impl<M: PipelineModel> Stage<M> {
                 expected: range,
             });
         }
-        let state = StageState::parse(bytes)?;
+        let state = StageState::parse_unverified(bytes)?;
         let expected = self.model().fingerprint();
         if state.fingerprint != expected || state.model_layers != self.model().num_layers() {
             return Err(ModelError::ModelMismatch {
@@ -346,23 +478,50 @@ impl<M: PipelineModel> Stage<M> {
                 state: state.step,
             });
         }
-        let mut imported = Vec::with_capacity(wanted.len());
-        for index in wanted {
-            let section = state
-                .layers
-                .iter()
-                .find(|l| l.index == index)
-                .ok_or(ModelError::MissingLayer(index))?;
-            imported.push(self.decode_layer(section)?);
-        }
-        for ImportedLayer {
-            local,
-            layer,
-            states,
-            rng,
-        } in imported
+        if let Some(missing) = wanted
+            .clone()
+            .find(|i| state.layers.iter().all(|l| l.index != *i))
         {
-            self.layers[local] = layer;
+            return Err(ModelError::MissingLayer(missing));
+        }
+        let decoded: Vec<Result<Option<DecodedLayer>>> = state
+            .layers
+            .par_iter()
+            .map(|section| {
+                if wanted.contains(&section.index) {
+                    let local = section.index - range.start;
+                    section.decode(&self.infos[local]).map(Some)
+                } else {
+                    section.verify().map(|()| None)
+                }
+            })
+            .collect();
+        let mut layers = Vec::with_capacity(wanted.len());
+        for (section, layer) in state.layers.iter().zip(decoded) {
+            if let Some(layer) = layer? {
+                layers.push((section.index - range.start, layer));
+            }
+        }
+        let inner = self.device().clone().inner();
+        for (local, DecodedLayer { rng, params }) in layers {
+            let flat = |v: Vec<f32>| -> Tensor<1> {
+                let n = v.len();
+                Tensor::from_data(TensorData::new(v, [n]), &inner)
+            };
+            let mut values = Vec::with_capacity(params.len());
+            let mut states = Vec::with_capacity(params.len());
+            for p in params {
+                values.push(flat(p.values));
+                states.push(p.moments.map(|(time, m1, m2)| {
+                    AdamWState::new(AdaptiveMomentumState {
+                        time: time as usize,
+                        moment_1: flat(m1),
+                        moment_2: flat(m2),
+                        max_moment_2: None,
+                    })
+                }));
+            }
+            self.layers[local] = with_values(self.layers[local].clone(), values);
             self.states[local] = states;
             self.rngs[local] = rng;
             self.reset_layer_grads(local);
@@ -371,50 +530,10 @@ impl<M: PipelineModel> Stage<M> {
         Ok(())
     }
 
-    fn decode_layer(&self, section: &LayerSection<'_>) -> Result<ImportedLayer<M::Layer>> {
-        let local = section.index - self.layer_range().start;
-        let (rng, params) = section.read(&self.infos[local])?;
-        let inner = self.device().clone().inner();
-        let flat = |bytes: &[u8], n: usize| -> Tensor<1> {
-            Tensor::from_data(TensorData::new(f32_from_le(bytes), [n]), &inner)
-        };
-        let mut values = Vec::with_capacity(params.len());
-        let mut states = Vec::with_capacity(params.len());
-        for p in params {
-            let n: usize = p.shape.iter().product();
-            values.push(flat(p.values, n));
-            states.push(p.moments.map(|(m1, m2)| {
-                AdamWState::new(AdaptiveMomentumState {
-                    time: p.time as usize,
-                    moment_1: flat(m1, n),
-                    moment_2: flat(m2, n),
-                    max_moment_2: None,
-                })
-            }));
-        }
-        Ok(ImportedLayer {
-            local,
-            layer: with_values(self.layers[local].clone(), values),
-            states,
-            rng,
-        })
-    }
-
     /// SHA-256 of the state of all this stage's layers: equal on every replica of a stage after
     /// the same steps, recorded in the replicated log to verify hand-offs.
     pub fn state_digest(&self) -> Result<[u8; 32]> {
         let bytes = self.export_state(self.layer_range())?;
         Ok(Sha256::digest(&bytes).into())
     }
-}
-
-fn write_tensor(out: &mut Vec<u8>, t: Tensor<1>) -> Result<()> {
-    let data = t.into_data();
-    #[cfg(target_endian = "little")]
-    if data.dtype() == burn::tensor::DType::F32 {
-        out.extend_from_slice(data.as_bytes());
-        return Ok(());
-    }
-    extend_f32_le(out, &tensor_values(data)?);
-    Ok(())
 }

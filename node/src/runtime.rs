@@ -96,7 +96,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         .unwrap_or_else(|_| "{}".into());
     let cells = Published {
         status: Arc::new(RwLock::new(initial)),
-        steps: Arc::new(RwLock::new("[]".into())),
+        steps: Arc::default(),
     };
     let http = serve_http(opts.status_addr, cells.clone(), metrics.clone())?;
     tracing::info!(%http, "status server listening");

@@ -219,13 +219,17 @@ impl StatusSnapshot {
 /// The rendered JSON, shared with the HTTP thread.
 pub type SharedJson = Arc<RwLock<String>>;
 
-/// The JSON cells the HTTP thread serves.
+/// The committed steps applied here, shared with the HTTP thread: rendered only when asked
+/// for (rendering the whole history at every step costs quadratic time over a run).
+pub type SharedSteps = Arc<RwLock<VecDeque<StepRecord>>>;
+
+/// What the HTTP thread serves.
 #[derive(Clone, Default)]
 pub struct Published {
-    /// `/status`.
+    /// `/status`, rendered by the actor.
     pub status: SharedJson,
     /// `/steps`.
-    pub steps: SharedJson,
+    pub steps: SharedSteps,
 }
 
 /// The actor: renders snapshots into the shared cells.
@@ -233,7 +237,6 @@ pub struct Status {
     cells: Published,
     snapshot: Option<StatusSnapshot>,
     training: TrainingView,
-    steps: VecDeque<StepRecord>,
 }
 
 impl Status {
@@ -243,7 +246,6 @@ impl Status {
             cells,
             snapshot: None,
             training: TrainingView::default(),
-            steps: VecDeque::new(),
         }
     }
 
@@ -319,11 +321,15 @@ impl Handler<StepRecord> for Status {
     type Result = ();
 
     fn handle(&mut self, record: StepRecord, _: &mut Context<Self>) {
-        if self.steps.len() == MAX_STEP_RECORDS {
-            self.steps.pop_front();
+        let mut steps = self
+            .cells
+            .steps
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if steps.len() == MAX_STEP_RECORDS {
+            steps.pop_front();
         }
-        self.steps.push_back(record);
-        store(&self.cells.steps, serde_json::to_string(&self.steps));
+        steps.push_back(record);
     }
 }
 
@@ -377,19 +383,54 @@ fn route(
     json: &Published,
     metrics: &Metrics,
 ) -> (u16, &'static str, String) {
-    let read = |cell: &SharedJson| match cell.read() {
-        Ok(c) => c.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
     if *method != tiny_http::Method::Get {
         return (405, "text/plain", "method not allowed\n".into());
     }
-    match url.split('?').next().unwrap_or("") {
-        "/status" => (200, "application/json", read(&json.status)),
-        "/steps" => (200, "application/json", read(&json.steps)),
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    match path {
+        "/status" => (
+            200,
+            "application/json",
+            json.status
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+        ),
+        "/steps" => match steps_from(query) {
+            Ok(from) => (200, "application/json", render_steps(&json.steps, from)),
+            Err(reason) => (400, "text/plain", format!("{reason}\n")),
+        },
         "/metrics" => (200, "text/plain; version=0.0.4", metrics.render()),
         _ => (404, "text/plain", "not found\n".into()),
     }
+}
+
+/// The `from` of `/steps?from=STEP` (0 without it): lets a poller fetch only what is new.
+fn steps_from(query: &str) -> Result<u64, String> {
+    let mut from = 0;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("from", v)) => {
+                from = v
+                    .parse()
+                    .map_err(|_| format!("from={v}: not a step number"))?;
+            }
+            _ => return Err(format!("unknown query parameter {pair}")),
+        }
+    }
+    Ok(from)
+}
+
+/// The records of steps `>= from`, as a JSON array.
+fn render_steps(steps: &SharedSteps, from: u64) -> String {
+    let steps = steps
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let tail: Vec<&StepRecord> = steps.iter().filter(|r| r.step >= from).collect();
+    serde_json::to_string(&tail).unwrap_or_else(|e| {
+        tracing::error!("cannot render steps: {e}");
+        "[]".into()
+    })
 }
 
 #[cfg(test)]
@@ -427,6 +468,27 @@ mod tests {
     }
 
     #[test]
+    fn steps_are_rendered_from_the_asked_step() {
+        let json = Published::default();
+        let record = |step| StepRecord {
+            step,
+            epoch: 1,
+            sample_start: step * 16,
+            samples: 16,
+            loss: 1.5,
+        };
+        json.steps.write().unwrap().extend((0..5).map(record));
+        let m = Metrics::default();
+        let body = |url| route(&tiny_http::Method::Get, url, &json, &m).2;
+        let all: Vec<serde_json::Value> = serde_json::from_str(&body("/steps")).unwrap();
+        assert_eq!(all.len(), 5);
+        let tail: Vec<serde_json::Value> = serde_json::from_str(&body("/steps?from=3")).unwrap();
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail[0]["step"], 3);
+        assert_eq!(tail[1]["sample_start"], 64);
+    }
+
+    #[test]
     fn routes() {
         let json = Published::default();
         let m = Metrics::default();
@@ -434,6 +496,14 @@ mod tests {
         assert_eq!(route(&tiny_http::Method::Get, "/metrics", &json, &m).0, 200);
         assert_eq!(route(&tiny_http::Method::Get, "/steps", &json, &m).0, 200);
         assert_eq!(route(&tiny_http::Method::Get, "/nope", &json, &m).0, 404);
+        assert_eq!(
+            route(&tiny_http::Method::Get, "/steps?from=x", &json, &m).0,
+            400
+        );
+        assert_eq!(
+            route(&tiny_http::Method::Get, "/steps?to=1", &json, &m).0,
+            400
+        );
         assert_eq!(route(&tiny_http::Method::Post, "/status", &json, &m).0, 405);
     }
 }

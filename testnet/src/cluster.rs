@@ -30,6 +30,9 @@ pub enum NoticeMode {
     Sigterm,
     /// A fake AWS metadata server per node announcing the deadline.
     Metadata,
+    /// No notice: the node is SIGKILLed at its deadline, which is all that a system without
+    /// a notice handler (the reactive baseline) ever sees of a preemption.
+    None,
 }
 
 /// Where nodes listen.
@@ -265,7 +268,7 @@ impl Cluster {
             source,
         };
         let imds = match self.opts.notice {
-            NoticeMode::Sigterm => None,
+            NoticeMode::Sigterm | NoticeMode::None => None,
             NoticeMode::Metadata => {
                 Some(FakeImds::start().map_err(|e| io("starting its metadata server", e))?)
             }
@@ -382,9 +385,10 @@ impl Cluster {
         if node.phase != Phase::Up {
             return;
         }
-        match &node.imds {
-            Some(imds) => imds.arm(deadline_wall),
-            None => self.supervisor.signal(node.child, libc::SIGTERM),
+        match (&node.imds, self.opts.notice) {
+            (Some(imds), _) => imds.arm(deadline_wall),
+            (None, NoticeMode::None) => {}
+            (None, _) => self.supervisor.signal(node.child, libc::SIGTERM),
         }
         node.phase = Phase::Leaving { deadline };
     }

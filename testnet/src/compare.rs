@@ -1,16 +1,18 @@
 //! `parcae-testnet compare`: the same trace and seed replayed with `liveput` and then with
-//! `reactive` (restart on every change, Parcae's throughput-optimised baseline), both reports,
+//! `reactive` (restart on every change, Parcae's throughput-optimised baseline, which has no
+//! notice handler: its nodes are killed at their deadlines unannounced), both reports,
 //! the measured ratio of committed samples, and the simulator's ratio for the same trace with
 //! the cost model measured on these two runs (see [`crate::predicted`]).
 
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::cluster::NoticeMode;
 use crate::predicted;
 use crate::process::Interrupt;
 use crate::replay::Replay;
 use crate::report::{self, RunReport};
-use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec, TraceArgs};
+use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec, TraceArgs};
 
 /// Options of `compare`.
 #[derive(clap::Args, Debug)]
@@ -47,13 +49,23 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
             args.node.grace_secs,
             args.node.seed,
         );
+        // The baseline has no notice handler: a preemption is a kill at the deadline.
+        let notice = if strategy == REACTIVE {
+            NoticeMode::None
+        } else {
+            args.node.notice
+        };
+        let node = NodeArgs {
+            notice,
+            ..args.node.clone()
+        };
         let spec = SessionSpec {
             strategy,
             trace: planned.source.clone(),
             intervals: planned.counts.len() as u64,
             nodes_max: args.trace.nodes_max,
         };
-        outcomes.push(run::session(&args.node, spec, &mut scenario, interrupt)?);
+        outcomes.push(run::session(&node, spec, &mut scenario, interrupt)?);
     }
     let refs: Vec<&run::Outcome> = outcomes.iter().collect();
     run::finish(&refs, &args.output, &planned.source)?;

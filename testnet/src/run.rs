@@ -22,7 +22,9 @@ use crate::report::{self, RunMeta, RunReport};
 pub const DEFAULT_TRACE: &str = "synthetic:hh:15";
 
 /// Planning strategies of the node (`[planner] strategy`).
-pub const STRATEGIES: [&str; 2] = ["liveput", "reactive"];
+pub const STRATEGIES: [&str; 2] = ["liveput", REACTIVE];
+/// The reactive baseline's name.
+pub const REACTIVE: &str = "reactive";
 
 /// How the nodes are run (shared by every subcommand).
 #[derive(clap::Args, Debug, Clone)]
