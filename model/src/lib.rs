@@ -20,6 +20,9 @@
 //! * State ([`Stage::export_state`] / [`Stage::import_state`], [`StageState`]) is a versioned
 //!   binary layout of independent per-layer sections with CRC-32s: parameters, AdamW moments and
 //!   time, and each layer's random stream; the step count is in the (checksummed) header.
+//!   Both directions are bound by fresh memory, not by copying: export reads Flex storage in
+//!   place and import checksums while it copies (each value copied once), layers run in
+//!   parallel on rayon, and new buffers ask for transparent huge pages (`pages`).
 //! * Wire tensors ([`WireTensor`]) carry activations and gradients as little-endian f32 or bf16
 //!   with a shape header and bounded sizes.
 //! * Data: [`Sampler`] maps a global sample index to an example (a seeded permutation per epoch),

@@ -5,6 +5,12 @@
 //! repartition can assemble a stage from several senders. Parameters are named by visit order
 //! and path (never by Burn's per-process `ParamId`).
 //!
+//! Speed: the export gathers every tensor's host memory first (Flex storage is read in place, see
+//! `host`), sizes the output exactly, then writes the layers in parallel, checksumming each chunk
+//! right after copying it. The import checks the header and the layout, then copies the wanted
+//! sections in parallel while computing their checksums, so every byte is read once; damage
+//! that also breaks a section's layout is still reported as a checksum mismatch.
+//!
 //! Layout (little-endian):
 //!
 //! ```text
@@ -203,7 +209,7 @@ impl LayerSection<'_> {
         let mut done = 0;
         let mut copy = |range: &Range<usize>| -> Vec<f32> {
             crc.update(&self.body[done..range.start]);
-            let mut values = pages::zeroed::<f32>(range.len() / 4);
+            let mut values = vec![0f32; range.len() / 4];
             copy_with_crc(
                 bytemuck::cast_slice_mut(&mut values),
                 &self.body[range.clone()],
@@ -332,7 +338,11 @@ impl ParamSource<'_> {
             + 1
             + 8 * self.info.shape.len()
             + 8
-            + 4 * self.info.numel() * self.tensors.len()
+            + self
+                .tensors
+                .iter()
+                .map(|t| t.le_bytes().len())
+                .sum::<usize>()
     }
 }
 
@@ -464,6 +474,7 @@ impl<M: PipelineModel> Stage<M> {
                 expected: range,
             });
         }
+        let t0 = std::time::Instant::now();
         let state = StageState::parse_unverified(bytes)?;
         let expected = self.model().fingerprint();
         if state.fingerprint != expected || state.model_layers != self.model().num_layers() {
@@ -496,12 +507,14 @@ impl<M: PipelineModel> Stage<M> {
                 }
             })
             .collect();
+        let t1 = t0.elapsed().as_secs_f64();
         let mut layers = Vec::with_capacity(wanted.len());
         for (section, layer) in state.layers.iter().zip(decoded) {
             if let Some(layer) = layer? {
                 layers.push((section.index - range.start, layer));
             }
         }
+        let mut drop_t = 0.0;
         let inner = self.device().clone().inner();
         for (local, DecodedLayer { rng, params }) in layers {
             let flat = |v: Vec<f32>| -> Tensor<1> {
@@ -521,12 +534,16 @@ impl<M: PipelineModel> Stage<M> {
                     })
                 }));
             }
-            self.layers[local] = with_values(self.layers[local].clone(), values);
+            let l = with_values(self.layers[local].clone(), values);
+            let td = std::time::Instant::now();
+            self.layers[local] = l;
+            drop_t += td.elapsed().as_secs_f64();
             self.states[local] = states;
             self.rngs[local] = rng;
             self.reset_layer_grads(local);
         }
         self.step = state.step;
+        eprintln!("import: decode {t1:.3} total {:.3} drop {drop_t:.3}", t0.elapsed().as_secs_f64());
         Ok(())
     }
 

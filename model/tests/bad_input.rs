@@ -95,6 +95,35 @@ fn a_flipped_parameter_byte_is_a_checksum_error_naming_the_layer() {
 }
 
 #[test]
+fn damage_is_a_checksum_error_in_the_layout_and_in_layers_not_imported() {
+    // The first byte of the first parameter's path in layer 1: header 36, section prefix 16,
+    // random stream 48, parameter count 4, path length 2.
+    let mut bytes = state_bytes();
+    bytes[36 + 16 + 48 + 4 + 2] ^= 0x01;
+    let mut s = stage(1..3);
+    assert!(matches!(
+        s.import_state(&bytes, 1..3),
+        Err(ModelError::ChecksumMismatch { layer: 1, .. })
+    ));
+    assert!(matches!(
+        StageState::parse(&bytes),
+        Err(ModelError::ChecksumMismatch { layer: 1, .. })
+    ));
+
+    let mut bytes = state_bytes();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x40;
+    assert!(matches!(
+        s.import_state(&bytes, 1..2),
+        Err(ModelError::ChecksumMismatch { layer: 2, .. })
+    ));
+    assert_eq!(
+        s.state_digest().unwrap(),
+        stage(1..3).state_digest().unwrap()
+    );
+}
+
+#[test]
 fn state_of_another_model_or_range_is_refused() {
     let bytes = state_bytes();
     let other = Arc::new(

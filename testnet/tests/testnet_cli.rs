@@ -3,8 +3,9 @@
 //! JSON, and after every exit no process started for the run is left.
 //!
 //! The node binary: `PARCAE_NODE_BIN` when set, else this harness builds `parcae-node` into
-//! the same target directory (`cargo build --workspace --bin parcae-node`, a no-op in a
-//! workspace build), where the testnet finds it next to its own executable. Tests that start
+//! the same target directory (`cargo test --workspace --no-run --test cli`: the binary of the
+//! node's CLI test, with the feature set of `cargo test --workspace`, so a no-op in a workspace
+//! test run), where the testnet finds it next to its own executable. Tests that start
 //! clusters take [`serial`]: one cluster at a time on a small machine.
 
 use std::os::unix::fs::PermissionsExt;
@@ -31,7 +32,7 @@ fn ensure_node_built() {
         let profile_dir = exe.parent().expect("profile dir");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
-        build.args(["build", "--workspace", "--bin", "parcae-node"]);
+        build.args(["test", "--workspace", "--no-run", "--test", "cli"]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             build.arg("--release");
         }

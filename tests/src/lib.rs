@@ -35,31 +35,51 @@ fn profile_dir() -> PathBuf {
     dir
 }
 
-/// Builds `target` (cargo arguments such as `--bin parcae-node`) in this executable's profile
+/// Runs cargo with `args` (e.g. `build --workspace --example x`) in this executable's profile
 /// and returns `target/<profile>/<relative>`.
-fn build(target: &[&str], relative: &str) -> PathBuf {
+fn build(args: &[&str], relative: &str) -> PathBuf {
     let dir = profile_dir();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
-    // --workspace: same feature unification as `cargo test --workspace`, so in a workspace
-    // run this is a no-op instead of a second build of every dependency.
-    build.args(["build", "--workspace"]).args(target);
+    build.args(args);
     if dir.file_name().is_some_and(|n| n == "release") {
         build.arg("--release");
     }
     let status = build.status().expect("running cargo build");
-    assert!(status.success(), "building {target:?} failed");
+    assert!(status.success(), "cargo {args:?} failed");
     let bin = dir.join(relative);
     assert!(bin.exists(), "{} not found after build", bin.display());
     bin
 }
 
 /// Path of the `parcae-node` binary (built on first use; `PARCAE_NODE_BIN` overrides).
+///
+/// A test builds it with `cargo test --workspace --no-run --test cli` (the binary of the node
+/// package's CLI test): exactly the feature set of `cargo test --workspace`, so inside a
+/// workspace test run nothing is built, where `cargo build` would resolve features without
+/// the dev-dependencies and rebuild Burn. A bench binary builds it like itself, with
+/// `cargo build --workspace`.
 pub fn node_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| match std::env::var_os("PARCAE_NODE_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => build(&["--bin", "parcae-node"], "parcae-node"),
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("PARCAE_NODE_BIN") {
+            return PathBuf::from(p);
+        }
+        let in_test = std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.file_name()? == "deps"))
+            .unwrap_or(false);
+        if in_test {
+            build(
+                &["test", "--workspace", "--no-run", "--test", "cli"],
+                "parcae-node",
+            )
+        } else {
+            build(
+                &["build", "--workspace", "--bin", "parcae-node"],
+                "parcae-node",
+            )
+        }
     })
     .clone()
 }
@@ -71,7 +91,10 @@ pub fn node_example(name: &str) -> PathBuf {
     if built.exists() {
         return built;
     }
-    build(&["--example", name], &format!("examples/{name}"))
+    build(
+        &["build", "--workspace", "--example", name],
+        &format!("examples/{name}"),
+    )
 }
 
 /// A free TCP port on 127.0.0.1 for a node process to bind (below the ephemeral range, so
