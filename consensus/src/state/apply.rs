@@ -342,11 +342,11 @@ fn step_committed(
     if !r.loss.is_finite() {
         return Err(invalid("loss", r.loss.to_string()));
     }
-    if r.stage_digests.len() != plan.pipeline_stages as usize {
+    if !r.stage_digests.is_empty() && r.stage_digests.len() != plan.pipeline_stages as usize {
         return Err(invalid(
             "stage_digests",
             format!(
-                "{} digests for P={}",
+                "{} digests for P={} (none, or one per stage)",
                 r.stage_digests.len(),
                 plan.pipeline_stages
             ),
@@ -356,7 +356,10 @@ fn step_committed(
     progress.last_committed_step = Some(r.step);
     progress.sample_cursor = cursor;
     progress.optimizer = r.optimizer;
-    progress.stage_digests = r.stage_digests.to_vec();
+    if !r.stage_digests.is_empty() {
+        progress.stage_digests = r.stage_digests.to_vec();
+        progress.audited_step = Some(r.step);
+    }
     if progress.recent_losses.len() >= limits::MAX_RECENT_LOSSES {
         progress.recent_losses.pop_front();
     }

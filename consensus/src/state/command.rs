@@ -66,7 +66,9 @@ pub enum Command {
         samples: u64,
         /// Mean loss, finite.
         loss: f64,
-        /// Digest of each stage's state the step started from (length P): replicas apply the
+        /// Digest of each stage's state the step started from (length P), or none: hashing a
+        /// stage's whole state is as dear as checkpointing it, so the trainer audits the steps
+        /// that start from a checkpoint, whose digests it already has. Replicas apply the
         /// step's update only once this command commits, so its result cannot be in it.
         stage_digests: Vec<Digest32>,
         /// Optimizer scalars after the step.

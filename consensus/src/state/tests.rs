@@ -198,6 +198,8 @@ fn plans_activate_at_their_step_and_steps_advance_the_cursor() {
     assert_eq!(s.members[&id(5)].status, MemberStatus::Spare);
 
     s.apply(&step(0, 1, 0, 2)).unwrap();
+    assert_eq!(s.progress.audited_step, Some(0));
+    assert_eq!(s.progress.stage_digests, vec![[7; 32]; 2]);
     assert_eq!(
         rejected(&mut s, &step(0, 1, 8, 2)),
         Rejection::AlreadyCommitted(0)
@@ -215,6 +217,23 @@ fn plans_activate_at_their_step_and_steps_advance_the_cursor() {
     );
     assert!(matches!(
         rejected(&mut s, &step(1, 1, 8, 3)),
+        Rejection::Invalid {
+            field: "stage_digests",
+            ..
+        }
+    ));
+    // A step without digests commits and keeps the last audited ones.
+    let mut unaudited = step(1, 1, 8, 0);
+    let mut probe = s.clone();
+    probe.apply(&unaudited).unwrap();
+    assert_eq!(probe.progress.last_committed_step, Some(1));
+    assert_eq!(probe.progress.audited_step, Some(0));
+    assert_eq!(probe.progress.stage_digests, vec![[7; 32]; 2]);
+    if let Command::StepCommitted { stage_digests, .. } = &mut unaudited {
+        stage_digests.push([1; 32]);
+    }
+    assert!(matches!(
+        rejected(&mut s, &unaudited),
         Rejection::Invalid {
             field: "stage_digests",
             ..

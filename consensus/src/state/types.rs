@@ -171,9 +171,11 @@ pub struct Progress {
     pub optimizer: OptimizerScalars,
     /// Losses of the most recent steps, oldest first (bounded).
     pub recent_losses: std::collections::VecDeque<LossRecord>,
-    /// Digest of every stage's state that the last committed step started from (index =
-    /// stage); see `Command::StepCommitted`.
+    /// Digest of every stage's state that step `audited_step` started from (index = stage);
+    /// see `Command::StepCommitted`.
     pub stage_digests: Vec<Digest32>,
+    /// The most recent committed step that carried digests.
+    pub audited_step: Option<u64>,
 }
 
 impl Progress {

@@ -200,11 +200,12 @@ pub fn norm_up_payload(partial: f64, digests: &[Digest32]) -> Vec<u8> {
     out
 }
 
-/// Parses a `NormUp` payload that must carry `stages` digests.
+/// Parses a `NormUp` payload that carries the digests of all `stages` stages before the
+/// receiver, or none.
 pub fn parse_norm_up(bytes: &[u8], stages: usize) -> Result<(f64, Vec<Digest32>), TrainError> {
-    if bytes.len() != 8 + 32 * stages {
+    if bytes.len() != 8 && bytes.len() != 8 + 32 * stages {
         return Err(TrainError::Protocol(format!(
-            "norm message of {} bytes, expected {} for {stages} digests",
+            "norm message of {} bytes, expected 8 or {} for {stages} digests",
             bytes.len(),
             8 + 32 * stages
         )));
@@ -266,6 +267,11 @@ mod tests {
         let p = norm_up_payload(2.5, &d);
         assert_eq!(parse_norm_up(&p, 2).unwrap(), (2.5, d.to_vec()));
         assert!(parse_norm_up(&p, 3).is_err());
+        assert_eq!(
+            parse_norm_up(&norm_up_payload(1.0, &[]), 3).unwrap(),
+            (1.0, vec![])
+        );
+        assert!(parse_norm_up(&p[..40], 2).is_err());
         assert!(parse_norm(&f64::NAN.to_le_bytes()).is_err());
         assert!(parse_norm(&(-1.0f64).to_le_bytes()).is_err());
     }

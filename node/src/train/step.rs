@@ -61,8 +61,9 @@ pub struct StepSpec {
     pub global_batch: u32,
     /// Samples per micro-batch.
     pub micro_batch: u32,
-    /// This stage's state digest before the step.
-    pub digest: Digest32,
+    /// This stage's state digest before the step, when known for free (the step starts from a
+    /// checkpoint this node just saved); the step is audited only when every stage knows it.
+    pub digest: Option<Digest32>,
 }
 
 /// The samples of pipeline `d`: the global batch cut into `D` contiguous near-equal shares.
@@ -87,7 +88,8 @@ pub fn micro_batches(share: Range<u64>, size: u32) -> Vec<Range<u64>> {
 pub struct StepResult {
     /// Sum over stages of the squared gradient norms (after the all-reduce).
     pub global_sq_norm: f64,
-    /// At the last stage of pipeline 0: the mean loss and every stage's digest, to commit.
+    /// At the last stage of pipeline 0: the mean loss and every stage's digest (none when some
+    /// stage had none), to commit.
     pub report: Option<(f64, Vec<Digest32>)>,
 }
 
@@ -308,7 +310,10 @@ fn run_inner<M: PipelineModel>(
         let up = recv(&w, links.prev.as_mut(), tag(MsgKind::NormUp, 0))?;
         parse_norm_up(&up, s as usize)?
     };
-    digests.push(digest);
+    match digest {
+        Some(d) if digests.len() == s as usize => digests.push(d),
+        _ => digests.clear(),
+    }
     let partial = partial + local;
     let total = if last {
         partial
@@ -404,7 +409,7 @@ mod wire_tests {
             sample_start: 0,
             global_batch: 2,
             micro_batch: 2,
-            digest: [0; 32],
+            digest: None,
         };
         // Hidden states with 7 features where the model has 32.
         let wrong = Activation::Hidden(Tensor::zeros([2, cfg.seq_len, 7], &device))

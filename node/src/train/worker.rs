@@ -67,8 +67,9 @@ struct Current<M: PipelineModel> {
     slot: StageSlot,
     stage: Stage<M>,
     links: EpochLinks,
-    /// Digest of the stage state entering the next step (pipeline 0 only).
-    digest: Digest32,
+    /// Digest of the stage state entering the next step, when it was just checkpointed
+    /// (pipeline 0 only).
+    digest: Option<Digest32>,
 }
 
 /// The worker; [`Worker::run`] never returns while the node lives.
@@ -245,11 +246,6 @@ impl<M: PipelineModel> Worker<M> {
             )
         };
         let links = superseding.wait("links", links::connect(&self.ep, state, plan, slot))?;
-        let digest = if slot.pipeline == 0 {
-            stage.state_digest()?
-        } else {
-            [0u8; 32]
-        };
         let secs = started.elapsed().as_secs_f64();
         let kind = migration_kind(
             previous.as_ref(),
@@ -294,7 +290,7 @@ impl<M: PipelineModel> Worker<M> {
             slot,
             stage,
             links,
-            digest,
+            digest: None,
         });
         self.set_phase("training");
         (self.publish)(self.status.clone());
@@ -376,9 +372,7 @@ impl<M: PipelineModel> Worker<M> {
             Outcome::Committed => {
                 let cur = self.current.as_mut().expect("current slot");
                 cur.stage.optimizer_step(result.global_sq_norm)?;
-                if cur.slot.pipeline == 0 {
-                    cur.digest = cur.stage.state_digest()?;
-                }
+                cur.digest = None;
                 self.status.last_step_ms = started.elapsed().as_secs_f64() * 1e3;
                 self.checkpoint_if_due(state, plan, k)?;
                 Ok(())
@@ -424,7 +418,7 @@ impl<M: PipelineModel> Worker<M> {
         k: u64,
     ) -> Result<(), TrainError> {
         let every = self.setup.checkpoint_every;
-        let Some(cur) = self.current.as_ref() else {
+        let Some(cur) = self.current.as_mut() else {
             return Ok(());
         };
         if every == 0 || !(k + 1).is_multiple_of(every) || cur.slot.pipeline != 0 {
@@ -434,6 +428,7 @@ impl<M: PipelineModel> Worker<M> {
         let bytes = cur.stage.export_state(range.clone())?;
         let steps = k + 1;
         let digest = self.ep.checkpoints.save(steps, &range, &bytes)?;
+        cur.digest = Some(digest);
         let me = self.setup.me;
         let peer = checkpoint_peer(state, plan, me, cur.slot);
         let ep = self.ep.clone();
