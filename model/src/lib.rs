@@ -20,9 +20,9 @@
 //! * State ([`Stage::export_state`] / [`Stage::import_state`], [`StageState`]) is a versioned
 //!   binary layout of independent per-layer sections with CRC-32s: parameters, AdamW moments and
 //!   time, and each layer's random stream; the step count is in the (checksummed) header.
-//!   Both directions are bound by fresh memory, not by copying: export reads Flex storage in
-//!   place and import checksums while it copies (each value copied once), layers run in
-//!   parallel on rayon, and new buffers ask for transparent huge pages (`pages`).
+//!   Both directions are bound by page faults on fresh memory, not by copying: export reads Flex
+//!   storage in place and import checksums while it copies (each value copied once), and the
+//!   layers are written and read in parallel on rayon.
 //! * Wire tensors ([`WireTensor`]) carry activations and gradients as little-endian f32 or bf16
 //!   with a shape header and bounded sizes.
 //! * Data: [`Sampler`] maps a global sample index to an example (a seeded permutation per epoch),
@@ -57,7 +57,6 @@ mod error;
 mod gpt;
 mod host;
 mod optim;
-mod pages;
 mod params;
 mod pipeline;
 mod pipeline_model;

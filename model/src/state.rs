@@ -32,7 +32,6 @@ use sha2::{Digest, Sha256};
 use crate::codec::{CrcWriter, Reader, copy_with_crc};
 use crate::error::{ModelError, Result};
 use crate::host::HostF32;
-use crate::pages;
 use crate::params::{ParamInfo, param_values, with_values};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
@@ -402,8 +401,9 @@ impl<M: PipelineModel> Stage<M> {
             .iter()
             .map(|s| LAYER_PREFIX + s.body_len())
             .collect();
-        // Fresh pages, first touched (and faulted in) by the parallel writers below.
-        let mut out = pages::zeroed::<u8>(HEADER_LEN + lens.iter().sum::<usize>());
+        // Zeroed: a large buffer then comes as untouched pages from the kernel (no memset), and
+        // its page faults, which bound the export, are taken by the parallel writers below.
+        let mut out = vec![0u8; HEADER_LEN + lens.iter().sum::<usize>()];
         let (header, mut rest) = out.split_at_mut(HEADER_LEN);
         let model = self.model();
         let mut w = CrcWriter::new(&mut header[..HEADER_LEN - 4]);
@@ -474,7 +474,6 @@ impl<M: PipelineModel> Stage<M> {
                 expected: range,
             });
         }
-        let t0 = std::time::Instant::now();
         let state = StageState::parse_unverified(bytes)?;
         let expected = self.model().fingerprint();
         if state.fingerprint != expected || state.model_layers != self.model().num_layers() {
@@ -507,14 +506,12 @@ impl<M: PipelineModel> Stage<M> {
                 }
             })
             .collect();
-        let t1 = t0.elapsed().as_secs_f64();
         let mut layers = Vec::with_capacity(wanted.len());
         for (section, layer) in state.layers.iter().zip(decoded) {
             if let Some(layer) = layer? {
                 layers.push((section.index - range.start, layer));
             }
         }
-        let mut drop_t = 0.0;
         let inner = self.device().clone().inner();
         for (local, DecodedLayer { rng, params }) in layers {
             let flat = |v: Vec<f32>| -> Tensor<1> {
@@ -534,16 +531,12 @@ impl<M: PipelineModel> Stage<M> {
                     })
                 }));
             }
-            let l = with_values(self.layers[local].clone(), values);
-            let td = std::time::Instant::now();
-            self.layers[local] = l;
-            drop_t += td.elapsed().as_secs_f64();
+            self.layers[local] = with_values(self.layers[local].clone(), values);
             self.states[local] = states;
             self.rngs[local] = rng;
             self.reset_layer_grads(local);
         }
         self.step = state.step;
-        eprintln!("import: decode {t1:.3} total {:.3} drop {drop_t:.3}", t0.elapsed().as_secs_f64());
         Ok(())
     }
 
