@@ -1,6 +1,7 @@
 //! `cargo bench -p parcae-model`: training throughput of the `small` GPT through the stage
-//! executor against a plain Burn loop, state and wire-tensor serialization speeds, and where the
-//! time of a step goes per layer. Prints markdown tables.
+//! executor against a plain Burn loop (and the same model in PyTorch, `benches/torch_gpt.py`,
+//! when `python3 -c "import torch"` works), state and wire-tensor serialization speeds, and
+//! where the time of a step goes per layer. Prints markdown tables.
 //!
 //! `PARCAE_BENCH_STEPS` (default 4) measured steps per configuration after 1 warm-up step;
 //! `PARCAE_BENCH_PRESET=tiny` for a quick smoke run; `PARCAE_BENCH_IO_ONLY=1` skips the training
@@ -247,15 +248,81 @@ fn main() {
         "| plain Burn loop | {plain:.3} | {:.0} | 1.000 |",
         tokens / plain
     );
+    let mut single = plain;
     for (p, m) in [(1, 1), (2, 1), (2, 4)] {
         let t = executor(&model, p, m);
+        if (p, m) == (1, 1) {
+            single = t;
+        }
         println!(
             "| stage executor P={p}, {m} micro-batch(es) | {t:.3} | {:.0} | {:.3} |",
             tokens / t,
             t / plain
         );
     }
+    match pytorch(c) {
+        Ok((torch, version)) => {
+            println!(
+                "| PyTorch {version} (same model and threads) | {torch:.3} | {:.0} | {:.3} |",
+                tokens / torch,
+                torch / plain
+            );
+            println!(
+                "\nstage executor P=1 / PyTorch: {:.2}x the time per step",
+                single / torch
+            );
+        }
+        Err(why) => println!("\nPyTorch: not measured ({why})"),
+    }
     layer_costs(&model);
     state_speed(&model);
     wire_speed();
+}
+
+/// Seconds per step of `benches/torch_gpt.py` on `c` with as many threads as Burn has cores,
+/// and the torch version.
+fn pytorch(c: &GptConfig) -> Result<(f64, String), String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_gpt.py");
+    let version = std::process::Command::new("python3")
+        .args(["-c", "import torch; print(torch.__version__)"])
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !version.status.success() {
+        return Err("python3 -c \"import torch\" failed".into());
+    }
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(
+            [
+                ("--vocab", c.vocab_size),
+                ("--d_model", c.d_model),
+                ("--heads", c.n_heads),
+                ("--blocks", c.n_blocks),
+                ("--seq", c.seq_len),
+                ("--d_ff", c.d_ff),
+                ("--batch", BATCH),
+                ("--steps", steps()),
+                ("--threads", threads),
+            ]
+            .iter()
+            .flat_map(|(k, v)| [k.to_string(), v.to_string()]),
+        )
+        .output()
+        .map_err(|e| format!("{script}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{script} printed no JSON: {e}"))?;
+    let secs = line["seconds_per_step"]
+        .as_f64()
+        .ok_or_else(|| format!("{script}: no seconds_per_step in {line}"))?;
+    Ok((
+        secs,
+        String::from_utf8_lossy(&version.stdout).trim().to_string(),
+    ))
 }
