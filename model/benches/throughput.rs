@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use parcae_model::{
     Batch, Dataset, Gpt, GptConfig, GptLayer, Pipeline, PipelineModel, Sampler, Stage, StageConfig,
@@ -80,12 +80,7 @@ fn plain_burn(model: &Arc<Gpt>) -> f64 {
     let mut full = Full {
         layers: init_layers(model.as_ref(), 0..model.num_layers(), SEED, &device),
     };
-    let mut optim = AdamWConfig::new()
-        .with_beta_1(opt.beta_1)
-        .with_beta_2(opt.beta_2)
-        .with_epsilon(opt.epsilon)
-        .with_weight_decay(opt.weight_decay)
-        .init();
+    let mut optim = opt.adamw_config().init();
     let mut rng = StageRng::from_seed_u64(0);
     time_steps(|s| {
         let b = batches(model, s, 1).remove(0);

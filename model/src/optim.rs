@@ -111,14 +111,19 @@ impl OptimizerConfig {
         })
     }
 
-    /// Burn's AdamW with these hyper-parameters.
-    pub(crate) fn adamw(&self) -> AdamW {
+    /// Burn's AdamW configuration with these hyper-parameters: what a plain Burn training loop
+    /// needs to train exactly as a [`crate::Stage`] does (reference runs, benchmarks).
+    pub fn adamw_config(&self) -> AdamWConfig {
         AdamWConfig::new()
             .with_beta_1(self.beta_1)
             .with_beta_2(self.beta_2)
             .with_epsilon(self.epsilon)
             .with_weight_decay(self.weight_decay)
-            .build()
+    }
+
+    /// Burn's AdamW with these hyper-parameters.
+    pub(crate) fn adamw(&self) -> AdamW {
+        self.adamw_config().build()
     }
 }
 

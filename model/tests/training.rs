@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use parcae_model::{
     Batch, Dataset, Gpt, GptConfig, GptLayer, OptimizerConfig, Pipeline, PipelineModel, Sampler,
@@ -182,12 +182,7 @@ impl Reference {
 fn split_pipelines_match_the_unsplit_model() {
     let opt = unclipped().optimizer;
     let mut reference = Reference::new();
-    let mut optim = AdamWConfig::new()
-        .with_beta_1(opt.beta_1)
-        .with_beta_2(opt.beta_2)
-        .with_epsilon(opt.epsilon)
-        .with_weight_decay(opt.weight_decay)
-        .init();
+    let mut optim = opt.adamw_config().init();
     let mut pipes: Vec<Pipeline<Gpt>> = [1, 2, 4].map(|p| pipeline(p, SEED, unclipped())).into();
     for p in &pipes {
         assert_eq!(max_abs_diff(&params(p), &reference.params()), 0.0);

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
+use parcae_testnet::imds::FakeImds;
+
 use crate::error::TestnetError;
-use crate::imds::FakeImds;
 use crate::node_api::{Client, Status};
 use crate::node_config::{self, Dialect, NodeSettings};
 use crate::process::{ChildId, Interrupt, Spawn, Supervisor, log_tail};

@@ -25,7 +25,6 @@ mod cluster;
 mod compare;
 mod engine;
 mod error;
-mod imds;
 mod ledger;
 mod monitor;
 mod node_api;
