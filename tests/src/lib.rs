@@ -24,12 +24,20 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `target/<profile>` of this executable: `target/<profile>/deps/<test>` (tests) or
-/// `target/<profile>/<bin>` (bench binaries).
+/// Whether this executable is a test (`target/<profile>/deps/<test>`) rather than a bench
+/// binary (`target/<profile>/<bin>`).
+fn running_as_test() -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.file_name()? == "deps"))
+        .unwrap_or(false)
+}
+
+/// `target/<profile>` of this executable.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let mut dir = exe.parent().expect("executable directory").to_path_buf();
-    if dir.file_name().is_some_and(|n| n == "deps") {
+    if running_as_test() {
         dir.pop();
     }
     dir
@@ -65,11 +73,7 @@ pub fn node_binary() -> PathBuf {
         if let Some(p) = std::env::var_os("PARCAE_NODE_BIN") {
             return PathBuf::from(p);
         }
-        let in_test = std::env::current_exe()
-            .ok()
-            .and_then(|e| Some(e.parent()?.file_name()? == "deps"))
-            .unwrap_or(false);
-        if in_test {
+        if running_as_test() {
             build(
                 &["test", "--workspace", "--no-run", "--test", "cli"],
                 "parcae-node",
