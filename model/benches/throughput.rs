@@ -15,8 +15,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use parcae_model::{
     Batch, Dataset, Gpt, GptConfig, GptLayer, Pipeline, PipelineModel, Sampler, Stage, StageConfig,
-    StageRng, SyntheticTask, WireDType, WireLimits, WireTensor, even_ranges, init_layers,
-    token_batch,
+    StageRng, SyntheticTask, WireDType, WireLimits, WireTensor, default_lanes, even_ranges,
+    init_layers, token_batch,
 };
 
 const BATCH: usize = 8;
@@ -94,14 +94,17 @@ fn plain_burn(model: &Arc<Gpt>) -> f64 {
     })
 }
 
-fn executor(model: &Arc<Gpt>, stages: usize, micro: usize) -> f64 {
+fn executor(model: &Arc<Gpt>, stages: usize, micro: usize, lanes: usize) -> f64 {
     let ranges = even_ranges(model.num_layers(), stages).expect("ranges");
     let mut p = Pipeline::new(
         model.clone(),
         &ranges,
         SEED,
         &Device::flex().autodiff(),
-        StageConfig::default(),
+        StageConfig {
+            lanes,
+            ..StageConfig::default()
+        },
     )
     .expect("pipeline");
     time_steps(|s| {
@@ -244,13 +247,14 @@ fn main() {
         tokens / plain
     );
     let mut single = plain;
-    for (p, m) in [(1, 1), (2, 1), (2, 4)] {
-        let t = executor(&model, p, m);
-        if (p, m) == (1, 1) {
+    let lanes = default_lanes();
+    for (p, m, l) in [(1, 1, lanes), (1, 1, 1), (2, 1, lanes), (2, 4, lanes)] {
+        let t = executor(&model, p, m, l);
+        if (p, m, l) == (1, 1, lanes) {
             single = t;
         }
         println!(
-            "| stage executor P={p}, {m} micro-batch(es) | {t:.3} | {:.0} | {:.3} |",
+            "| stage executor P={p}, {m} micro-batch(es), {l} lane(s) | {t:.3} | {:.0} | {:.3} |",
             tokens / t,
             t / plain
         );
@@ -263,7 +267,7 @@ fn main() {
                 torch / plain
             );
             println!(
-                "\nstage executor P=1 / PyTorch: {:.2}x the time per step",
+                "\nstage executor P=1, {lanes} lane(s) / PyTorch: {:.2}x the time per step",
                 single / torch
             );
         }

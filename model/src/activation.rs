@@ -129,6 +129,54 @@ impl Activation {
         }
     }
 
+    /// Cuts the activation along its first dimension into consecutive slices of `sizes`
+    /// examples (which must add up to [`Activation::batch_size`]).
+    pub(crate) fn split(self, sizes: &[usize]) -> Vec<Self> {
+        if sizes.len() == 1 {
+            return vec![self];
+        }
+        let starts = sizes.iter().scan(0, |start, &n| {
+            let s = *start;
+            *start += n;
+            Some((s, n))
+        });
+        starts
+            .map(|(s, n)| match &self {
+                Self::Tokens(t) => Self::Tokens(t.clone().narrow(0, s, n)),
+                Self::Hidden(t) => Self::Hidden(t.clone().narrow(0, s, n)),
+                Self::Features(t) => Self::Features(t.clone().narrow(0, s, n)),
+            })
+            .collect()
+    }
+
+    /// Joins float slices made by [`Activation::split`] back into one activation.
+    pub(crate) fn concat(parts: Vec<Self>) -> Result<Self> {
+        let mut parts = parts.into_iter();
+        let what = "lane output";
+        match parts.next() {
+            Some(Self::Hidden(first)) => {
+                let rest = parts.map(|p| p.into_hidden(what));
+                Ok(Self::Hidden(Tensor::cat(
+                    std::iter::once(Ok(first))
+                        .chain(rest)
+                        .collect::<Result<_>>()?,
+                    0,
+                )))
+            }
+            Some(Self::Features(first)) => {
+                let rest = parts.map(|p| p.into_features(what));
+                Ok(Self::Features(Tensor::cat(
+                    std::iter::once(Ok(first))
+                        .chain(rest)
+                        .collect::<Result<_>>()?,
+                    0,
+                )))
+            }
+            Some(other) => Err(other.wrong_kind(what, "hidden or features")),
+            None => Err(ModelError::InvalidConfig("no lane output to join".into())),
+        }
+    }
+
     /// Takes this leaf's gradient out of `grads` (None for token ids).
     pub(crate) fn grad_remove(&self, grads: &mut Gradients) -> Option<Self> {
         match self {

@@ -155,3 +155,24 @@ pub(crate) fn with_values<L: Module>(layer: L, values: Vec<Tensor<1>>) -> L {
         values: values.into_iter(),
     })
 }
+
+/// Gives every trainable parameter a leaf of its own over the same values.
+struct FreshLeaves;
+
+impl ModuleMapper for FreshLeaves {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if !param.is_require_grad() {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.detach().require_grad(), mapper)
+    }
+}
+
+/// A copy of `layer` whose trainable parameters are new autodiff leaves sharing the values.
+/// Burn's autodiff merges every graph that touches a leaf into the leaf's graph and holds that
+/// graph's lock for a whole backward, so lanes that shared the stage's leaves would run their
+/// backward passes one after the other; with leaves of their own they run at once.
+pub(crate) fn with_fresh_leaves<L: Module>(layer: L) -> L {
+    layer.map(&mut FreshLeaves)
+}

@@ -16,8 +16,9 @@ use burn::tensor::{Device, Tensor};
 use crate::activation::Activation;
 use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
+use crate::lanes::{self, default_lanes, split_sizes};
 use crate::optim::{OptimizerConfig, ParamState, step_layer};
-use crate::params::{ParamInfo, param_infos, param_values, take_grads};
+use crate::params::{ParamInfo, param_infos, param_values, take_grads, with_fresh_leaves};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 use crate::wire::{WireDType, WireLimits, tensor_values};
@@ -27,7 +28,7 @@ use crate::wire::{WireDType, WireLimits, tensor_values};
 static INIT_LOCK: Mutex<()> = Mutex::new(());
 
 /// How a stage runs.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StageConfig {
     /// AdamW, schedule and clipping.
     pub optimizer: OptimizerConfig,
@@ -35,6 +36,22 @@ pub struct StageConfig {
     pub wire_dtype: WireDType,
     /// Bounds on what this stage accepts from the wire.
     pub wire_limits: WireLimits,
+    /// Slices of every micro-batch that train at the same time, each on a CPU thread of its own
+    /// (Burn's CPU kernels use a second core poorly; a slice per core uses it fully). 1 runs the
+    /// micro-batch whole on the caller's threads; devices other than the CPU always do.
+    /// Default: [`default_lanes`].
+    pub lanes: usize,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerConfig::default(),
+            wire_dtype: WireDType::default(),
+            wire_limits: WireLimits::default(),
+            lanes: default_lanes(),
+        }
+    }
 }
 
 /// What a forward produced.
@@ -107,10 +124,19 @@ enum Produced {
     Loss(Tensor<1>),
 }
 
-struct InFlight {
+/// One lane's slice of a micro-batch between its forward and its backward.
+struct LaneFlight<L> {
     input: Activation,
     produced: Produced,
+    examples: usize,
+    /// The stage's layers over parameter leaves of this lane's own (see
+    /// [`with_fresh_leaves`]): its gradients are found through them.
+    layers: Vec<L>,
 }
+
+/// What one lane's backward hands back: the input gradient and, per layer, the parameter
+/// gradients in visit order.
+type LaneGrads = (Option<Activation>, Vec<Vec<Option<Tensor<1>>>>);
 
 /// One pipeline stage: layers `range` of `model` on `device`.
 pub struct Stage<M: PipelineModel> {
@@ -125,7 +151,8 @@ pub struct Stage<M: PipelineModel> {
     pub(crate) states: Vec<Vec<ParamState>>,
     pub(crate) step: u64,
     pub(crate) rngs: Vec<StageRng>,
-    in_flight: HashMap<u64, InFlight>,
+    in_flight: HashMap<u64, Vec<LaneFlight<M::Layer>>>,
+    lanes: usize,
     times: PhaseTimes,
 }
 
@@ -189,6 +216,11 @@ impl<M: PipelineModel> Stage<M> {
         } else {
             device.clone().autodiff()
         };
+        let lanes = if device.clone().inner() == Device::flex() {
+            config.lanes.max(1)
+        } else {
+            1
+        };
         let layers = init_layers(model.as_ref(), range.clone(), seed, &device);
         let infos: Vec<Vec<ParamInfo>> = layers.iter().map(param_infos).collect();
         let grads = infos.iter().map(|i| vec![None; i.len()]).collect();
@@ -206,6 +238,7 @@ impl<M: PipelineModel> Stage<M> {
             states,
             step: 0,
             in_flight: HashMap::new(),
+            lanes,
             times: PhaseTimes::default(),
         })
     }
@@ -317,76 +350,139 @@ impl<M: PipelineModel> Stage<M> {
         }
         let started = Instant::now();
         let input = input.into_device(&self.device);
-        let input = if self.is_first() {
-            input
-        } else {
-            input.into_leaf()
-        };
-        let mut x = input.clone();
-        for (k, (layer, rng)) in self.layers.iter().zip(&mut self.rngs).enumerate() {
-            x = self.model.forward(self.range.start + k, layer, x, rng)?;
-        }
-        let (produced, output) = match targets {
-            Some(targets) if self.is_last() => {
-                let loss = self
-                    .model
-                    .loss(x, &targets.clone().into_device(&self.device))?;
-                let value = loss.clone().into_scalar::<f32>();
-                if !value.is_finite() {
-                    return Err(ModelError::NotFinite("loss"));
+        let batch = input.batch_size();
+        let sizes = split_sizes(batch, self.lanes);
+        let targets = match targets {
+            Some(t) if self.is_last() => {
+                let t = t.clone().into_device(&self.device);
+                if sizes.len() > 1 && t.batch_size() != batch {
+                    return Err(ModelError::ShapeMismatch {
+                        what: "targets".into(),
+                        expected: format!("{batch} examples, as many as the input"),
+                        found: t.dims(),
+                    });
                 }
-                (Produced::Loss(loss), StageOutput::Loss(value))
+                t.split(&sizes).into_iter().map(Some).collect()
             }
-            _ => {
-                let out = x.detached();
-                (Produced::Activation(x), StageOutput::Activation(out))
-            }
+            _ => vec![None; sizes.len()],
         };
-        self.in_flight.insert(mb, InFlight { input, produced });
+        let rngs = self.lane_rngs(sizes.len());
+        let jobs: Vec<_> = input
+            .split(&sizes)
+            .into_iter()
+            .zip(targets)
+            .zip(rngs)
+            .map(|((input, targets), mut rngs)| {
+                let (model, layers) = (self.model.clone(), self.layers.clone());
+                let (start, first) = (self.range.start, self.is_first());
+                move || {
+                    let layers = layers.into_iter().map(with_fresh_leaves).collect();
+                    let out =
+                        lane_forward(&*model, start, first, layers, input, targets, &mut rngs);
+                    (rngs, out)
+                }
+            })
+            .collect();
+        let mut flights = Vec::with_capacity(sizes.len());
+        let mut outputs = Vec::with_capacity(sizes.len());
+        let mut failure = None;
+        for (rngs, out) in lanes::run(jobs)? {
+            if sizes.len() == 1 {
+                self.rngs = rngs;
+            }
+            match out {
+                Ok((flight, output)) => {
+                    flights.push(flight);
+                    outputs.push(output);
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let examples: Vec<usize> = flights.iter().map(|f| f.examples).collect();
+        let output = join_outputs(outputs, &examples)?;
+        self.in_flight.insert(mb, flights);
         self.times.forward_ms += started.elapsed().as_secs_f64() * 1e3;
         Ok(output)
+    }
+
+    /// The random streams of each lane: the layers' own streams when there is one lane, else
+    /// streams forked from them (so that the layers' streams advance the same way whatever the
+    /// lanes do).
+    fn lane_rngs(&mut self, lanes: usize) -> Vec<Vec<StageRng>> {
+        if lanes == 1 {
+            return vec![std::mem::take(&mut self.rngs)];
+        }
+        let seeds: Vec<Vec<u64>> = self
+            .rngs
+            .iter_mut()
+            .map(|r| (0..lanes).map(|_| r.next_u64()).collect())
+            .collect();
+        (0..lanes)
+            .map(|k| {
+                seeds
+                    .iter()
+                    .map(|s| StageRng::from_seed_u64(s[k]))
+                    .collect()
+            })
+            .collect()
     }
 
     /// Runs micro-batch `mb` backward, accumulates its parameter gradients, and returns the
     /// gradient with respect to the stage input (`None` at the first stage).
     pub fn backward(&mut self, mb: u64, upstream: Upstream) -> Result<Option<Activation>> {
         let started = Instant::now();
-        let flight = self
+        let flights = self
             .in_flight
             .get(&mb)
             .ok_or(ModelError::UnknownMicroBatch(mb))?;
-        let seed = match (&flight.produced, upstream) {
-            (Produced::Loss(loss), Upstream::Loss { scale }) => loss.clone().mul_scalar(scale),
-            (Produced::Activation(y), Upstream::Grad(dy)) => y.vjp_seed(dy)?,
-            (Produced::Loss(_), Upstream::Grad(_)) => {
-                return Err(ModelError::WrongUpstream(
-                    "the last stage backpropagates its loss, not a gradient",
-                ));
-            }
-            (Produced::Activation(_), Upstream::Loss { .. }) => {
-                return Err(ModelError::WrongUpstream(
-                    "only the last stage backpropagates a loss",
-                ));
-            }
-        };
-        let flight = self
+        // The seeds are made before the micro-batch leaves `in_flight`: a wrong upstream
+        // leaves it there.
+        let seeds = lane_seeds(flights, upstream)?;
+        let flights = self
             .in_flight
             .remove(&mb)
             .ok_or(ModelError::UnknownMicroBatch(mb))?;
-        let mut grads = seed.backward();
-        let input_grad = if self.is_first() {
-            None
-        } else {
-            flight.input.grad_remove(&mut grads)
-        };
-        for (k, layer) in self.layers.iter().enumerate() {
-            for (acc, g) in self.grads[k].iter_mut().zip(take_grads(layer, &mut grads)) {
-                *acc = match (acc.take(), g) {
-                    (Some(a), Some(g)) => Some(a + g),
-                    (a, g) => a.or(g),
-                };
+        let first = self.is_first();
+        let jobs: Vec<_> = flights
+            .into_iter()
+            .zip(seeds)
+            .map(|(flight, seed)| {
+                move || -> LaneGrads {
+                    let mut grads = seed.backward();
+                    let input_grad = if first {
+                        None
+                    } else {
+                        flight.input.grad_remove(&mut grads)
+                    };
+                    let params = flight
+                        .layers
+                        .iter()
+                        .map(|l| take_grads(l, &mut grads))
+                        .collect();
+                    (input_grad, params)
+                }
+            })
+            .collect();
+        let mut input_grads = Vec::new();
+        for (input_grad, params) in lanes::run(jobs)? {
+            input_grads.push(input_grad);
+            for (acc, grads) in self.grads.iter_mut().zip(params) {
+                for (acc, g) in acc.iter_mut().zip(grads) {
+                    *acc = match (acc.take(), g) {
+                        (Some(a), Some(g)) => Some(a + g),
+                        (a, g) => a.or(g),
+                    };
+                }
             }
         }
+        let input_grad = input_grads
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .map(Activation::concat)
+            .transpose()?;
         self.accumulated += 1;
         self.times.backward_ms += started.elapsed().as_secs_f64() * 1e3;
         Ok(input_grad)
@@ -574,6 +670,110 @@ impl<M: PipelineModel> Stage<M> {
             return Err(ModelError::MicroBatchesInFlight(self.in_flight.len()));
         }
         Ok(())
+    }
+}
+
+/// Runs one lane's slice of a micro-batch through the stage's layers (and the loss, given
+/// targets).
+fn lane_forward<M: PipelineModel>(
+    model: &M,
+    start: usize,
+    first: bool,
+    layers: Vec<M::Layer>,
+    input: Activation,
+    targets: Option<Activation>,
+    rngs: &mut [StageRng],
+) -> Result<(LaneFlight<M::Layer>, StageOutput)> {
+    let examples = input.batch_size();
+    let input = if first { input } else { input.into_leaf() };
+    let mut x = input.clone();
+    for (k, (layer, rng)) in layers.iter().zip(rngs.iter_mut()).enumerate() {
+        x = model.forward(start + k, layer, x, rng)?;
+    }
+    let (produced, output) = match targets {
+        Some(targets) => {
+            let loss = model.loss(x, &targets)?;
+            let value = loss.clone().into_scalar::<f32>();
+            if !value.is_finite() {
+                return Err(ModelError::NotFinite("loss"));
+            }
+            (Produced::Loss(loss), StageOutput::Loss(value))
+        }
+        None => {
+            let out = x.detached();
+            (Produced::Activation(x), StageOutput::Activation(out))
+        }
+    };
+    let flight = LaneFlight {
+        input,
+        produced,
+        examples,
+        layers,
+    };
+    Ok((flight, output))
+}
+
+/// One output from the lanes' outputs: their losses weighted by their shares of the examples,
+/// or their activations joined in order.
+fn join_outputs(outputs: Vec<StageOutput>, examples: &[usize]) -> Result<StageOutput> {
+    let total: usize = examples.iter().sum();
+    let mut loss = 0.0f32;
+    let mut activations = Vec::new();
+    for (output, &n) in outputs.into_iter().zip(examples) {
+        match output {
+            StageOutput::Loss(l) => loss += l * n as f32 / total as f32,
+            StageOutput::Activation(a) => activations.push(a),
+        }
+    }
+    if activations.is_empty() {
+        Ok(StageOutput::Loss(loss))
+    } else {
+        Activation::concat(activations).map(StageOutput::Activation)
+    }
+}
+
+/// Why a loss cannot start the backward of a stage that is not the last.
+const LOSS_ONLY_AT_LAST: &str = "only the last stage backpropagates a loss";
+/// Why a gradient cannot start the backward of the last stage.
+const LAST_TAKES_LOSS: &str = "the last stage backpropagates its loss, not a gradient";
+
+/// The scalar each lane backpropagates: its loss weighted by its share of the examples (times
+/// `scale`) at the last stage, else `sum(y * dL/dy)` with its slice of the upstream gradient.
+fn lane_seeds<L>(flights: &[LaneFlight<L>], upstream: Upstream) -> Result<Vec<Tensor<1>>> {
+    let examples: Vec<usize> = flights.iter().map(|f| f.examples).collect();
+    let total: usize = examples.iter().sum();
+    let last = flights
+        .first()
+        .is_some_and(|f| matches!(f.produced, Produced::Loss(_)));
+    match (last, upstream) {
+        (true, Upstream::Loss { scale }) => flights
+            .iter()
+            .map(|f| match &f.produced {
+                Produced::Loss(loss) => Ok(loss
+                    .clone()
+                    .mul_scalar(scale * f.examples as f32 / total as f32)),
+                Produced::Activation(_) => Err(ModelError::WrongUpstream(LOSS_ONLY_AT_LAST)),
+            })
+            .collect(),
+        (false, Upstream::Grad(dy)) => {
+            if flights.len() > 1 && dy.batch_size() != total {
+                return Err(ModelError::ShapeMismatch {
+                    what: "upstream gradient".into(),
+                    expected: format!("{total} examples, as many as the output"),
+                    found: dy.dims(),
+                });
+            }
+            flights
+                .iter()
+                .zip(dy.split(&examples))
+                .map(|(f, dy)| match &f.produced {
+                    Produced::Activation(y) => y.vjp_seed(dy),
+                    Produced::Loss(_) => Err(ModelError::WrongUpstream(LAST_TAKES_LOSS)),
+                })
+                .collect()
+        }
+        (true, Upstream::Grad(_)) => Err(ModelError::WrongUpstream(LAST_TAKES_LOSS)),
+        (false, Upstream::Loss { .. }) => Err(ModelError::WrongUpstream(LOSS_ONLY_AT_LAST)),
     }
 }
 

@@ -237,6 +237,45 @@ fn data_parallel_halves_match_the_whole_batch() {
     assert_eq!(params(&pair[0]), params(&pair[1]), "replicas diverged");
 }
 
+/// Cutting micro-batches into lanes (slices trained at once on their own threads, including
+/// uneven slices and slices of received activations) computes the same step as running them
+/// whole.
+#[test]
+fn lanes_match_whole_micro_batches() {
+    let with = |lanes| StageConfig {
+        lanes,
+        ..unclipped()
+    };
+    let mut pipes: Vec<Pipeline<Gpt>> =
+        [1, 2, 3].map(|lanes| pipeline(2, SEED, with(lanes))).into();
+    for step in 0..6u64 {
+        let mbs = micro_batches(step, 2, 5, 0);
+        let losses: Vec<f32> = pipes
+            .iter_mut()
+            .map(|p| p.forward_backward(&mbs).unwrap())
+            .collect();
+        let want = grads(&pipes[0]);
+        for (p, loss) in pipes.iter().zip(&losses).skip(1) {
+            assert!(
+                (loss - losses[0]).abs() < 1e-6,
+                "step {step}: {loss} vs {}",
+                losses[0]
+            );
+            let d = max_abs_diff(&grads(p), &want);
+            assert!(d <= 1e-6, "step {step}: grad diff {d}");
+        }
+        for p in &mut pipes {
+            let norm = p.grad_sq_norm();
+            p.optimizer_step(norm).unwrap();
+        }
+    }
+    let want = params(&pipes[0]);
+    for p in &pipes[1..] {
+        let d = max_abs_diff(&params(p), &want);
+        assert!(d <= 1e-5, "parameter diff after 6 steps {d}");
+    }
+}
+
 fn train(p: &mut Pipeline<Gpt>, steps: Range<u64>) -> Vec<f32> {
     steps
         .map(|s| {
