@@ -31,41 +31,80 @@ pub(crate) fn split_sizes(batch: usize, lanes: usize) -> Vec<usize> {
         .collect()
 }
 
-fn pools(n: usize) -> Result<Vec<Arc<ThreadPool>>> {
-    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
-    while pools.len() < n {
-        let k = pools.len();
-        let pool = ThreadPoolBuilder::new()
-            .num_threads(1)
-            .thread_name(move |_| format!("parcae-lane-{k}"))
-            .build()
-            .map_err(|e| ModelError::InvalidConfig(format!("cannot start lane thread: {e}")))?;
-        pools.push(Arc::new(pool));
-    }
-    Ok(pools[..n].to_vec())
+/// The lane pools of one stage.
+#[derive(Clone)]
+pub(crate) struct Lanes {
+    pools: Vec<Arc<ThreadPool>>,
 }
 
-/// Runs job `k` on lane `k`'s single-threaded pool, all at once, and returns their results in
-/// order. A single job runs on the calling thread, with the caller's pool.
-pub(crate) fn run<T: Send>(jobs: Vec<impl FnOnce() -> T + Send>) -> Result<Vec<T>> {
-    if jobs.len() <= 1 {
-        return Ok(jobs.into_iter().map(|job| job()).collect());
+impl Lanes {
+    /// `n` lanes; with one, every job runs on the caller's thread and pool.
+    pub(crate) fn new(n: usize) -> Result<Self> {
+        if n <= 1 {
+            return Ok(Self { pools: Vec::new() });
+        }
+        let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+        while pools.len() < n {
+            let k = pools.len();
+            let pool = ThreadPoolBuilder::new()
+                .num_threads(1)
+                .thread_name(move |_| format!("parcae-lane-{k}"))
+                .build()
+                .map_err(|e| {
+                    ModelError::InvalidConfig(format!("cannot start lane thread {k}: {e}"))
+                })?;
+            pools.push(Arc::new(pool));
+        }
+        Ok(Self {
+            pools: pools[..n].to_vec(),
+        })
     }
-    let pools = pools(jobs.len())?;
-    Ok(std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
+
+    /// How many slices a micro-batch is cut into.
+    pub(crate) fn count(&self) -> usize {
+        self.pools.len().max(1)
+    }
+
+    /// Runs job `k` on lane `k`, all at once, and returns their results in order; there must be
+    /// no more jobs than lanes. A single job runs on the calling thread, with the caller's pool.
+    pub(crate) fn run<T: Send>(&self, jobs: Vec<impl FnOnce() -> T + Send>) -> Vec<T> {
+        if jobs.len() <= 1 || self.pools.is_empty() {
+            return jobs.into_iter().map(|job| job()).collect();
+        }
+        debug_assert!(jobs.len() <= self.pools.len());
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .into_iter()
+                .zip(&self.pools)
+                .map(|(job, pool)| scope.spawn(move || pool.install(job)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        })
+    }
+
+    /// Applies `f` to every item, the items dealt to the lanes in turn, and returns the results
+    /// in the items' order.
+    pub(crate) fn map<T: Send, U: Send>(&self, items: Vec<T>, f: impl Fn(T) -> U + Sync) -> Vec<U> {
+        let lanes = self.count().min(items.len()).max(1);
+        let mut dealt: Vec<Vec<(usize, T)>> = (0..lanes).map(|_| Vec::new()).collect();
+        for (i, item) in items.into_iter().enumerate() {
+            dealt[i % lanes].push((i, item));
+        }
+        let f = &f;
+        let jobs: Vec<_> = dealt
             .into_iter()
-            .zip(&pools)
-            .map(|(job, pool)| scope.spawn(move || pool.install(job)))
+            .map(|mine| move || mine.into_iter().map(|(i, t)| (i, f(t))).collect::<Vec<_>>())
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    }))
+        let mut out: Vec<(usize, U)> = self.run(jobs).into_iter().flatten().collect();
+        out.sort_by_key(|(i, _)| *i);
+        out.into_iter().map(|(_, u)| u).collect()
+    }
 }
 
 #[cfg(test)]
@@ -83,9 +122,29 @@ mod tests {
 
     #[test]
     fn jobs_run_on_their_own_single_threaded_pools_in_order() {
+        let lanes = Lanes::new(3).unwrap();
+        assert_eq!(lanes.count(), 3);
         let jobs: Vec<_> = (0..3)
-            .map(|k| move || (k, rayon::current_num_threads()))
+            .map(|k| move || (k, rayon::current_num_threads(), std::thread::current().id()))
             .collect();
-        assert_eq!(run(jobs).unwrap(), [(0, 1), (1, 1), (2, 1)]);
+        let out = lanes.run(jobs);
+        assert_eq!(
+            out.iter().map(|(k, n, _)| (*k, *n)).collect::<Vec<_>>(),
+            [(0, 1), (1, 1), (2, 1)]
+        );
+        assert_ne!(out[0].2, out[1].2);
+        assert_ne!(out[1].2, out[2].2);
+    }
+
+    #[test]
+    fn map_keeps_the_order_of_items() {
+        for n in [1, 2, 3] {
+            let lanes = Lanes::new(n).unwrap();
+            assert_eq!(
+                lanes.map((0..7).collect(), |i: u32| i * 10),
+                [0, 10, 20, 30, 40, 50, 60]
+            );
+            assert_eq!(lanes.map(Vec::<u32>::new(), |i| i), Vec::<u32>::new());
+        }
     }
 }

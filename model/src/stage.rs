@@ -16,7 +16,7 @@ use burn::tensor::{Device, Tensor};
 use crate::activation::Activation;
 use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
-use crate::lanes::{self, default_lanes, split_sizes};
+use crate::lanes::{Lanes, default_lanes, split_sizes};
 use crate::optim::{OptimizerConfig, ParamState, step_layer};
 use crate::params::{ParamInfo, param_infos, param_values, take_grads, with_fresh_leaves};
 use crate::pipeline_model::PipelineModel;
@@ -152,7 +152,7 @@ pub struct Stage<M: PipelineModel> {
     pub(crate) step: u64,
     pub(crate) rngs: Vec<StageRng>,
     in_flight: HashMap<u64, Vec<LaneFlight<M::Layer>>>,
-    lanes: usize,
+    lanes: Lanes,
     times: PhaseTimes,
 }
 
@@ -216,11 +216,11 @@ impl<M: PipelineModel> Stage<M> {
         } else {
             device.clone().autodiff()
         };
-        let lanes = if device.clone().inner() == Device::flex() {
-            config.lanes.max(1)
+        let lanes = Lanes::new(if device.clone().inner() == Device::flex() {
+            config.lanes
         } else {
             1
-        };
+        })?;
         let layers = init_layers(model.as_ref(), range.clone(), seed, &device);
         let infos: Vec<Vec<ParamInfo>> = layers.iter().map(param_infos).collect();
         let grads = infos.iter().map(|i| vec![None; i.len()]).collect();
@@ -351,7 +351,7 @@ impl<M: PipelineModel> Stage<M> {
         let started = Instant::now();
         let input = input.into_device(&self.device);
         let batch = input.batch_size();
-        let sizes = split_sizes(batch, self.lanes);
+        let sizes = split_sizes(batch, self.lanes.count());
         let targets = match targets {
             Some(t) if self.is_last() => {
                 let t = t.clone().into_device(&self.device);
@@ -386,7 +386,7 @@ impl<M: PipelineModel> Stage<M> {
         let mut flights = Vec::with_capacity(sizes.len());
         let mut outputs = Vec::with_capacity(sizes.len());
         let mut failure = None;
-        for (rngs, out) in lanes::run(jobs)? {
+        for (rngs, out) in self.lanes.run(jobs) {
             if sizes.len() == 1 {
                 self.rngs = rngs;
             }
@@ -466,10 +466,19 @@ impl<M: PipelineModel> Stage<M> {
                 }
             })
             .collect();
-        let mut input_grads = Vec::new();
-        for (input_grad, params) in lanes::run(jobs)? {
-            input_grads.push(input_grad);
-            for (acc, grads) in self.grads.iter_mut().zip(params) {
+        let (input_grads, lane_params): (Vec<_>, Vec<_>) = self.lanes.run(jobs).into_iter().unzip();
+        // Per layer: the accumulator and every lane's gradients, summed on the lanes.
+        let mut per_layer: Vec<_> = std::mem::take(&mut self.grads)
+            .into_iter()
+            .map(|acc| (acc, Vec::with_capacity(lane_params.len())))
+            .collect();
+        for params in lane_params {
+            for ((_, lanes), grads) in per_layer.iter_mut().zip(params) {
+                lanes.push(grads);
+            }
+        }
+        self.grads = self.lanes.map(per_layer, |(mut acc, lanes)| {
+            for grads in lanes {
                 for (acc, g) in acc.iter_mut().zip(grads) {
                     *acc = match (acc.take(), g) {
                         (Some(a), Some(g)) => Some(a + g),
@@ -477,7 +486,8 @@ impl<M: PipelineModel> Stage<M> {
                     };
                 }
             }
-        }
+            acc
+        });
         let input_grad = input_grads
             .into_iter()
             .collect::<Option<Vec<_>>>()
@@ -634,15 +644,21 @@ impl<M: PipelineModel> Stage<M> {
         let clip_scale = opt.clip_scale(global_sq_norm)?;
         let lr = opt.lr_at(self.step);
         let adamw = opt.adamw();
-        let layers = std::mem::take(&mut self.layers);
-        self.layers = layers
+        let fresh: Vec<_> = self.infos.iter().map(|i| vec![None; i.len()]).collect();
+        let work: Vec<_> = std::mem::take(&mut self.layers)
             .into_iter()
-            .enumerate()
-            .map(|(k, layer)| {
-                let grads = std::mem::replace(&mut self.grads[k], vec![None; self.infos[k].len()]);
-                step_layer(&adamw, lr, clip_scale, layer, grads, &mut self.states[k])
-            })
+            .zip(std::mem::replace(&mut self.grads, fresh))
+            .zip(std::mem::take(&mut self.states))
             .collect();
+        // Layers are independent: each lane steps some of them on its own thread.
+        (self.layers, self.states) = self
+            .lanes
+            .map(work, |((layer, grads), mut states)| {
+                let layer = step_layer(&adamw, lr, clip_scale, layer, grads, &mut states);
+                (layer, states)
+            })
+            .into_iter()
+            .unzip();
         let times = PhaseTimes {
             optimizer_ms: started.elapsed().as_secs_f64() * 1e3,
             ..self.times
