@@ -19,6 +19,10 @@ use parcae_model::{
     init_layers, token_batch,
 };
 
+/// The allocator `parcae-node` trains with (see its `main.rs`): every row below uses it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: usize = 8;
 const SEED: u64 = 1;
 
@@ -54,14 +58,17 @@ fn batches(model: &Gpt, step: usize, micro: usize) -> Vec<Batch> {
         .collect()
 }
 
-/// Seconds per step of a closure that runs one training step.
-fn time_steps(mut step: impl FnMut(usize)) -> f64 {
-    step(0);
+/// Seconds per step of a closure that runs one training step on the micro-batches it is given
+/// (made before the clock starts, as the PyTorch script makes its data).
+fn time_steps(model: &Gpt, micro: usize, mut step: impl FnMut(usize, Vec<Batch>)) -> f64 {
+    let mut data: Vec<Vec<Batch>> = (0..=steps()).map(|s| batches(model, s, micro)).collect();
+    step(0, data.remove(0));
     median(
-        (1..=steps())
-            .map(|s| {
+        data.into_iter()
+            .enumerate()
+            .map(|(k, b)| {
                 let t = Instant::now();
-                step(s);
+                step(k + 1, b);
                 t.elapsed().as_secs_f64()
             })
             .collect(),
@@ -82,8 +89,8 @@ fn plain_burn(model: &Arc<Gpt>) -> f64 {
     };
     let mut optim = opt.adamw_config().init();
     let mut rng = StageRng::from_seed_u64(0);
-    time_steps(|s| {
-        let b = batches(model, s, 1).remove(0);
+    time_steps(model, 1, |s, mut b| {
+        let b = b.remove(0);
         let mut x = b.inputs;
         for (i, l) in full.layers.iter().enumerate() {
             x = model.forward(i, l, x, &mut rng).expect("forward");
@@ -107,8 +114,8 @@ fn executor(model: &Arc<Gpt>, stages: usize, micro: usize, lanes: usize) -> f64 
         },
     )
     .expect("pipeline");
-    time_steps(|s| {
-        p.train_step(&batches(model, s, micro)).expect("step");
+    time_steps(model, micro, |_, b| {
+        p.train_step(&b).expect("step");
     })
 }
 

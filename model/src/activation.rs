@@ -45,6 +45,15 @@ impl Activation {
         self.dims()[0]
     }
 
+    /// Positions per example: the sequence length of tokens and hidden states, 1 for feature
+    /// vectors.
+    pub(crate) fn positions_per_example(&self) -> usize {
+        match self {
+            Self::Tokens(_) | Self::Hidden(_) => self.dims()[1],
+            Self::Features(_) => 1,
+        }
+    }
+
     /// The hidden states, or an error naming `what` received something else.
     pub fn into_hidden(self, what: &str) -> Result<Tensor<3>> {
         match self {

@@ -22,10 +22,35 @@ pub fn default_lanes() -> usize {
     rayon::current_num_threads().max(1)
 }
 
-/// How many examples each lane takes of a micro-batch of `batch` examples: as even as possible,
-/// never an empty lane.
-pub(crate) fn split_sizes(batch: usize, lanes: usize) -> Vec<usize> {
-    let lanes = lanes.clamp(1, batch.max(1));
+/// The smallest estimated forward work of a slice, in FLOPs, worth a lane of its own. Handing
+/// a slice to a lane costs tens of microseconds (measured on the `tiny` GPT, whose micro-batches
+/// are ~1 MFLOP: 5.6 ms per step whole, 8 ms cut into two lanes), so slices must be well above
+/// that: 5e7 FLOPs take about a millisecond on one core.
+pub const DEFAULT_LANE_MIN_FLOPS: f64 = 5e7;
+
+/// The forward work of `examples` examples of `positions` positions each through a stage of
+/// `params` parameters, estimated as a dense layer's `2 x params` per position.
+pub(crate) fn forward_flops(params: usize, positions: usize, examples: usize) -> f64 {
+    2.0 * params as f64 * positions as f64 * examples as f64
+}
+
+/// How many examples each lane takes of a micro-batch of `batch` examples of `positions`
+/// positions each: at most `lanes` slices, each worth at least `min_flops` of forward work
+/// through a stage of `params` parameters; as even as possible, never an empty slice.
+pub(crate) fn split_sizes(
+    batch: usize,
+    lanes: usize,
+    params: usize,
+    positions: usize,
+    min_flops: f64,
+) -> Vec<usize> {
+    let total = forward_flops(params, positions, batch);
+    let worth = if min_flops > 0.0 {
+        (total / min_flops).floor().min(usize::MAX as f64) as usize
+    } else {
+        usize::MAX
+    };
+    let lanes = lanes.min(worth).clamp(1, batch.max(1));
     (0..lanes)
         .map(|k| batch / lanes + usize::from(k < batch % lanes))
         .collect()
@@ -60,32 +85,37 @@ impl Lanes {
         })
     }
 
-    /// How many slices a micro-batch is cut into.
+    /// How many slices a micro-batch may be cut into.
     pub(crate) fn count(&self) -> usize {
         self.pools.len().max(1)
     }
 
+    /// The first `n` of these lanes (work too small to spread runs on fewer).
+    pub(crate) fn at_most(&self, n: usize) -> Lanes {
+        let n = if n <= 1 { 0 } else { n.min(self.pools.len()) };
+        Self {
+            pools: self.pools[..n].to_vec(),
+        }
+    }
+
     /// Runs job `k` on lane `k`, all at once, and returns their results in order; there must be
     /// no more jobs than lanes. A single job runs on the calling thread, with the caller's pool.
+    /// The lanes' threads live as long as the process: a call hands them work, it starts none.
     pub(crate) fn run<T: Send>(&self, jobs: Vec<impl FnOnce() -> T + Send>) -> Vec<T> {
         if jobs.len() <= 1 || self.pools.is_empty() {
             return jobs.into_iter().map(|job| job()).collect();
         }
         debug_assert!(jobs.len() <= self.pools.len());
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = jobs
-                .into_iter()
-                .zip(&self.pools)
-                .map(|(job, pool)| scope.spawn(move || pool.install(job)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
-        })
+        let slots: Vec<Mutex<Option<T>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+        spread(&self.pools, jobs.into_iter().zip(&slots).collect());
+        slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("every lane ran its job")
+            })
+            .collect()
     }
 
     /// Applies `f` to every item, the items dealt to the lanes in turn, and returns the results
@@ -107,17 +137,52 @@ impl Lanes {
     }
 }
 
+/// Queues the last job on its lane's pool, recurses for the others, and runs the first on lane
+/// 0's pool; returns when every job has run (a job's panic is raised here).
+fn spread<T: Send, J: FnOnce() -> T + Send>(
+    pools: &[Arc<ThreadPool>],
+    mut jobs: Vec<(J, &Mutex<Option<T>>)>,
+) {
+    let Some((job, slot)) = jobs.pop() else {
+        return;
+    };
+    let pool = &pools[jobs.len()];
+    let store = move |value| *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+    if jobs.is_empty() {
+        store(pool.install(job));
+        return;
+    }
+    pool.in_place_scope(|scope| {
+        scope.spawn(move |_| store(job()));
+        spread(pools, jobs);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn slices_cover_the_batch_evenly() {
-        assert_eq!(split_sizes(8, 2), [4, 4]);
-        assert_eq!(split_sizes(7, 3), [3, 2, 2]);
-        assert_eq!(split_sizes(2, 4), [1, 1]);
-        assert_eq!(split_sizes(5, 1), [5]);
-        assert_eq!(split_sizes(3, 0), [3]);
+        let any = |batch, lanes| split_sizes(batch, lanes, 1, 1, 0.0);
+        assert_eq!(any(8, 2), [4, 4]);
+        assert_eq!(any(7, 3), [3, 2, 2]);
+        assert_eq!(any(2, 4), [1, 1]);
+        assert_eq!(any(5, 1), [5]);
+        assert_eq!(any(3, 0), [3]);
+    }
+
+    #[test]
+    fn small_slices_stay_whole() {
+        // The tiny GPT's stage (15k parameters, 16 positions): 4 examples are 2 MFLOP.
+        assert_eq!(split_sizes(4, 2, 15_000, 16, DEFAULT_LANE_MIN_FLOPS), [4]);
+        // The small GPT (23M parameters, 128 positions): one example is 6 GFLOP.
+        assert_eq!(
+            split_sizes(8, 2, 23_000_000, 128, DEFAULT_LANE_MIN_FLOPS),
+            [4, 4]
+        );
+        // Enough work for two slices of the three lanes.
+        assert_eq!(split_sizes(4, 3, 1_000, 10_000, 3e7), [2, 2]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use burn::tensor::{Device, Tensor};
 use crate::activation::Activation;
 use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
-use crate::lanes::{Lanes, default_lanes, split_sizes};
+use crate::lanes::{DEFAULT_LANE_MIN_FLOPS, Lanes, default_lanes, split_sizes};
 use crate::optim::{OptimizerConfig, ParamState, step_layer};
 use crate::params::{ParamInfo, param_infos, param_values, take_grads, with_fresh_leaves};
 use crate::pipeline_model::PipelineModel;
@@ -41,6 +41,10 @@ pub struct StageConfig {
     /// micro-batch whole on the caller's threads; devices other than the CPU always do.
     /// Default: [`default_lanes`].
     pub lanes: usize,
+    /// Smallest estimated forward work of a slice (FLOPs, `2 x parameters x positions`) worth a
+    /// lane: smaller micro-batches are cut into fewer slices, or none. Default:
+    /// [`DEFAULT_LANE_MIN_FLOPS`].
+    pub lane_min_flops: f64,
 }
 
 impl Default for StageConfig {
@@ -50,6 +54,7 @@ impl Default for StageConfig {
             wire_dtype: WireDType::default(),
             wire_limits: WireLimits::default(),
             lanes: default_lanes(),
+            lane_min_flops: DEFAULT_LANE_MIN_FLOPS,
         }
     }
 }
@@ -129,8 +134,8 @@ struct LaneFlight<L> {
     input: Activation,
     produced: Produced,
     examples: usize,
-    /// The stage's layers over parameter leaves of this lane's own (see
-    /// [`with_fresh_leaves`]): its gradients are found through them.
+    /// The stage's layers as this lane ran them (over parameter leaves of its own when the
+    /// micro-batch was cut, see [`with_fresh_leaves`]): its gradients are found through them.
     layers: Vec<L>,
 }
 
@@ -351,7 +356,13 @@ impl<M: PipelineModel> Stage<M> {
         let started = Instant::now();
         let input = input.into_device(&self.device);
         let batch = input.batch_size();
-        let sizes = split_sizes(batch, self.lanes.count());
+        let sizes = split_sizes(
+            batch,
+            self.lanes.count(),
+            self.num_params(),
+            input.positions_per_example(),
+            self.config.lane_min_flops,
+        );
         let targets = match targets {
             Some(t) if self.is_last() => {
                 let t = t.clone().into_device(&self.device);
@@ -367,6 +378,7 @@ impl<M: PipelineModel> Stage<M> {
             _ => vec![None; sizes.len()],
         };
         let rngs = self.lane_rngs(sizes.len());
+        let sliced = sizes.len() > 1;
         let jobs: Vec<_> = input
             .split(&sizes)
             .into_iter()
@@ -376,7 +388,11 @@ impl<M: PipelineModel> Stage<M> {
                 let (model, layers) = (self.model.clone(), self.layers.clone());
                 let (start, first) = (self.range.start, self.is_first());
                 move || {
-                    let layers = layers.into_iter().map(with_fresh_leaves).collect();
+                    let layers = if sliced {
+                        layers.into_iter().map(with_fresh_leaves).collect()
+                    } else {
+                        layers
+                    };
                     let out =
                         lane_forward(&*model, start, first, layers, input, targets, &mut rngs);
                     (rngs, out)
@@ -467,6 +483,7 @@ impl<M: PipelineModel> Stage<M> {
             })
             .collect();
         let (input_grads, lane_params): (Vec<_>, Vec<_>) = self.lanes.run(jobs).into_iter().unzip();
+        let lane_count = lane_params.len();
         // Per layer: the accumulator and every lane's gradients, summed on the lanes.
         let mut per_layer: Vec<_> = std::mem::take(&mut self.grads)
             .into_iter()
@@ -477,7 +494,8 @@ impl<M: PipelineModel> Stage<M> {
                 lanes.push(grads);
             }
         }
-        self.grads = self.lanes.map(per_layer, |(mut acc, lanes)| {
+        let lanes = self.lanes.at_most(lane_count);
+        self.grads = lanes.map(per_layer, |(mut acc, lanes)| {
             for grads in lanes {
                 for (acc, g) in acc.iter_mut().zip(grads) {
                     *acc = match (acc.take(), g) {
@@ -650,9 +668,12 @@ impl<M: PipelineModel> Stage<M> {
             .zip(std::mem::replace(&mut self.grads, fresh))
             .zip(std::mem::take(&mut self.states))
             .collect();
-        // Layers are independent: each lane steps some of them on its own thread.
+        // Layers are independent: each lane steps some of them on its own thread, when the
+        // update (about ten FLOPs per parameter) is worth a lane.
+        let worth = 10.0 * self.num_params() as f64 >= self.config.lane_min_flops;
         (self.layers, self.states) = self
             .lanes
+            .at_most(if worth { self.lanes.count() } else { 1 })
             .map(work, |((layer, grads), mut states)| {
                 let layer = step_layer(&adamw, lr, clip_scale, layer, grads, &mut states);
                 (layer, states)

@@ -244,6 +244,7 @@ fn data_parallel_halves_match_the_whole_batch() {
 fn lanes_match_whole_micro_batches() {
     let with = |lanes| StageConfig {
         lanes,
+        lane_min_flops: 0.0,
         ..unclipped()
     };
     let mut pipes: Vec<Pipeline<Gpt>> =

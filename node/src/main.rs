@@ -14,6 +14,12 @@ use parcae_node::key::ClusterKey;
 use parcae_node::runtime::{self, RunOptions};
 use parcae_node::train::{Trainer, TrainerLauncher};
 
+/// Burn allocates a fresh buffer for every tensor operation; glibc's allocator hands large ones
+/// back to the kernel and faults them in again (page faults, zeroing and TLB shootdowns took
+/// ~15% of a `small` training step); mimalloc keeps them in per-thread pages (step 10% faster).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "parcae-node",
