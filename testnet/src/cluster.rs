@@ -302,8 +302,8 @@ impl Cluster {
         let rust_log = std::env::var("PARCAE_NODE_LOG").unwrap_or_else(|_| "info".into());
         let env = [
             ("RUST_LOG", rust_log),
-            // Several nodes share a small machine: one compute thread each.
-            ("RAYON_NUM_THREADS", "1".to_string()),
+            // Several nodes share one machine: each gets its share of the cores.
+            ("RAYON_NUM_THREADS", self.opts.settings.threads.to_string()),
             // Plain log files.
             ("NO_COLOR", "1".to_string()),
         ];

@@ -30,6 +30,8 @@ pub struct NodeSettings {
     pub seed: u64,
     /// Steps after which training stops (0: no limit).
     pub max_steps: u64,
+    /// Compute threads per node process.
+    pub threads: u32,
 }
 
 /// Which optional keys the node binary understands.
@@ -163,6 +165,7 @@ mod tests {
             data: "synthetic".into(),
             seed: 7,
             max_steps: 0,
+            threads: 1,
         }
     }
 

@@ -54,6 +54,11 @@ pub struct NodeArgs {
     /// Stop training after this many steps (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub max_steps: u64,
+    /// Compute threads of each node (`RAYON_NUM_THREADS`; a node cuts its micro-batches into as
+    /// many lanes). Keep nodes x threads within the machine's cores: the default 1 suits
+    /// six nodes on two.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: u32,
     /// First port: node k serves /status on BASE+2k and p2p on BASE+2k+1 (default: ephemeral).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
     pub base_port: Option<u16>,
@@ -171,6 +176,7 @@ impl NodeArgs {
             data,
             seed: self.seed,
             max_steps: self.max_steps,
+            threads: self.threads,
         })
     }
 }
