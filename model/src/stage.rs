@@ -38,7 +38,8 @@ pub struct StageConfig {
     pub wire_limits: WireLimits,
     /// Slices of every micro-batch that train at the same time, each on a CPU thread of its own
     /// (Burn's CPU kernels use a second core poorly; a slice per core uses it fully). 1 runs the
-    /// micro-batch whole on the caller's threads; devices other than the CPU always do.
+    /// micro-batch whole, on as many threads as the caller's rayon pool has; devices other than
+    /// the CPU always do.
     /// Default: [`default_lanes`].
     pub lanes: usize,
     /// Smallest estimated forward work of a slice (FLOPs, `2 x parameters x positions`) worth a
@@ -221,11 +222,14 @@ impl<M: PipelineModel> Stage<M> {
         } else {
             device.clone().autodiff()
         };
-        let lanes = Lanes::new(if device.clone().inner() == Device::flex() {
-            config.lanes
-        } else {
-            1
-        })?;
+        let lanes = Lanes::new(
+            if device.clone().inner() == Device::flex() {
+                config.lanes
+            } else {
+                1
+            },
+            default_lanes(),
+        )?;
         let layers = init_layers(model.as_ref(), range.clone(), seed, &device);
         let infos: Vec<Vec<ParamInfo>> = layers.iter().map(param_infos).collect();
         let grads = infos.iter().map(|i| vec![None; i.len()]).collect();
@@ -583,11 +587,11 @@ impl<M: PipelineModel> Stage<M> {
     /// The squared L2 norm of this stage's accumulated gradients. Sum it over all stages of a
     /// pipeline (after the data-parallel reduction) and pass it to [`Stage::optimizer_step`].
     pub fn grad_sq_norm(&self) -> f64 {
-        let mut total = 0.0f64;
-        for g in self.grads.iter().flatten().flatten() {
-            total += g.clone().square().sum().into_scalar::<f32>() as f64;
-        }
-        total
+        let grads: Vec<Tensor<1>> = self.grads.iter().flatten().flatten().cloned().collect();
+        self.per_layer_lanes()
+            .map(grads, |g| g.square().sum().into_scalar::<f32>() as f64)
+            .into_iter()
+            .sum()
     }
 
     /// The accumulated gradients as one little-endian f32 buffer, layer by layer, parameters in
@@ -668,12 +672,9 @@ impl<M: PipelineModel> Stage<M> {
             .zip(std::mem::replace(&mut self.grads, fresh))
             .zip(std::mem::take(&mut self.states))
             .collect();
-        // Layers are independent: each lane steps some of them on its own thread, when the
-        // update (about ten FLOPs per parameter) is worth a lane.
-        let worth = 10.0 * self.num_params() as f64 >= self.config.lane_min_flops;
+        // Layers are independent: each lane steps some of them on its own thread.
         (self.layers, self.states) = self
-            .lanes
-            .at_most(if worth { self.lanes.count() } else { 1 })
+            .per_layer_lanes()
             .map(work, |((layer, grads), mut states)| {
                 let layer = step_layer(&adamw, lr, clip_scale, layer, grads, &mut states);
                 (layer, states)
@@ -694,6 +695,14 @@ impl<M: PipelineModel> Stage<M> {
         self.accumulated = 0;
         self.times = PhaseTimes::default();
         Ok(report)
+    }
+
+    /// The lanes for work spread by layer or parameter (norms, optimizer updates: about ten
+    /// FLOPs per parameter): all of them when that is worth a lane, else one.
+    fn per_layer_lanes(&self) -> Lanes {
+        let worth = 10.0 * self.num_params() as f64 >= self.config.lane_min_flops;
+        self.lanes
+            .at_most(if worth { self.lanes.count() } else { 1 })
     }
 
     /// Marks imported layers as carrying no accumulated gradient.

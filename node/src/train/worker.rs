@@ -354,6 +354,7 @@ impl<M: PipelineModel> Worker<M> {
             view: self.view.clone(),
         };
         let result = step::run(&mut io, &mut cur.stage, &spec)?;
+        let ran = started.elapsed();
         let report = result
             .report
             .map(|(loss, stage_digests)| Command::StepCommitted {
@@ -370,11 +371,22 @@ impl<M: PipelineModel> Worker<M> {
             });
         match self.await_commit(k, plan.epoch, report) {
             Outcome::Committed => {
+                let committed = started.elapsed();
                 let cur = self.current.as_mut().expect("current slot");
                 cur.stage.optimizer_step(result.global_sq_norm)?;
                 cur.digest = None;
-                self.status.last_step_ms = started.elapsed().as_secs_f64() * 1e3;
+                let stepped = started.elapsed();
+                self.status.last_step_ms = stepped.as_secs_f64() * 1e3;
                 self.checkpoint_if_due(state, plan, k)?;
+                tracing::debug!(
+                    step = k,
+                    run_ms = ran.as_secs_f64() * 1e3,
+                    commit_wait_ms = (committed - ran).as_secs_f64() * 1e3,
+                    optimizer_ms = (stepped - committed).as_secs_f64() * 1e3,
+                    checkpoint_ms = (started.elapsed() - stepped).as_secs_f64() * 1e3,
+                    "step done"
+                );
+                (self.publish)(self.status.clone());
                 Ok(())
             }
             Outcome::Superseded => {
