@@ -55,6 +55,9 @@ fn flushing_pool(threads: usize, name: String) -> Result<Arc<ThreadPool>> {
         .map_err(|e| ModelError::InvalidConfig(format!("cannot start lane threads: {e}")))
 }
 
+/// The most lanes (and stage threads) a stage starts, whatever it is configured with.
+pub const MAX_LANES: usize = 256;
+
 /// The lane count a stage uses by default: one per thread of the current rayon pool (set it
 /// with `RAYON_NUM_THREADS`; processes that share cores run one lane).
 pub fn default_lanes() -> usize {
@@ -69,7 +72,7 @@ pub const DEFAULT_LANE_MIN_FLOPS: f64 = 5e7;
 
 /// The forward work of `examples` examples of `positions` positions each through a stage of
 /// `params` parameters, estimated as a dense layer's `2 x params` per position.
-pub(crate) fn forward_flops(params: usize, positions: usize, examples: usize) -> f64 {
+fn forward_flops(params: usize, positions: usize, examples: usize) -> f64 {
     2.0 * params as f64 * positions as f64 * examples as f64
 }
 
@@ -105,9 +108,9 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
-    /// `n` lanes, and a wide pool of `threads` threads.
+    /// `n` lanes, and a wide pool of `threads` threads (each at most [`MAX_LANES`]).
     pub(crate) fn new(n: usize, threads: usize) -> Result<Self> {
-        let (n, threads) = (n.max(1), threads.max(1));
+        let (n, threads) = (n.clamp(1, MAX_LANES), threads.clamp(1, MAX_LANES));
         let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
         let wide = match pools.wide.iter().find(|(t, _)| *t == threads) {
             Some((_, pool)) => pool.clone(),

@@ -72,7 +72,7 @@ pub use data::{ByteTextDataset, Dataset, Sampler, SyntheticTask, token_batch};
 pub use device::{Backend, default_device};
 pub use error::{ModelError, Result};
 pub use gpt::{Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
-pub use lanes::{DEFAULT_LANE_MIN_FLOPS, default_lanes};
+pub use lanes::{DEFAULT_LANE_MIN_FLOPS, MAX_LANES, default_lanes};
 pub use optim::OptimizerConfig;
 pub use params::ParamInfo;
 pub use pipeline::{Op, Pipeline, data_parallel_step, even_ranges, mean_f32_le, one_f_one_b};

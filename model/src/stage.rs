@@ -40,7 +40,7 @@ pub struct StageConfig {
     /// (Burn's CPU kernels use a second core poorly; a slice per core uses it fully). 1 runs the
     /// micro-batch whole, on as many threads as the caller's rayon pool has; devices other than
     /// the CPU always do.
-    /// Default: [`default_lanes`].
+    /// Default: [`default_lanes`]; at most [`crate::MAX_LANES`].
     pub lanes: usize,
     /// Smallest estimated forward work of a slice (FLOPs, `2 x parameters x positions`) worth a
     /// lane: smaller micro-batches are cut into fewer slices, or none. Default:

@@ -248,3 +248,41 @@ fn micro_batch_bookkeeping_errors() {
     ));
     assert_eq!(tiny().num_layers(), 4);
 }
+
+/// A stage that cuts every micro-batch into lanes checks the batch of targets and upstream
+/// gradients before slicing them.
+#[test]
+fn lanes_refuse_batches_that_do_not_match() {
+    let config = StageConfig {
+        lanes: 2,
+        lane_min_flops: 0.0,
+        ..StageConfig::default()
+    };
+    let two = WireTensor::encode_values(&[2, 2, 32], &[0.1; 128], WireDType::F32).unwrap();
+    let three = WireTensor::encode_values(&[3, 2, 32], &[0.1; 192], WireDType::F32).unwrap();
+
+    let mut last = Stage::new(tiny(), 2..4, 1, &device(), config.clone()).unwrap();
+    let targets = tokens(vec![1, 2, 3, 4, 5, 6], 3, 2);
+    assert!(matches!(
+        last.forward_wire(0, &two, Some(&targets)),
+        Err(ModelError::ShapeMismatch { what, .. }) if what == "targets"
+    ));
+    assert_eq!(last.in_flight(), 0);
+
+    let mut middle = Stage::new(tiny(), 1..3, 1, &device(), config).unwrap();
+    middle.forward_wire(0, &two, None).unwrap();
+    for wrong in [&three, &valid_wire()] {
+        assert!(matches!(
+            middle.backward_wire(0, Some(wrong), 1.0),
+            Err(ModelError::ShapeMismatch { .. })
+        ));
+    }
+    assert_eq!(middle.in_flight(), 1);
+    let dx = middle.backward_wire(0, Some(&two), 1.0).unwrap().unwrap();
+    assert_eq!(
+        WireTensor::decode(&dx, &WireLimits::default())
+            .unwrap()
+            .shape,
+        vec![2, 2, 32]
+    );
+}
