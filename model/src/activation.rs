@@ -163,24 +163,14 @@ impl Activation {
         let mut parts = parts.into_iter();
         let what = "lane output";
         match parts.next() {
-            Some(Self::Hidden(first)) => {
-                let rest = parts.map(|p| p.into_hidden(what));
-                Ok(Self::Hidden(Tensor::cat(
-                    std::iter::once(Ok(first))
-                        .chain(rest)
-                        .collect::<Result<_>>()?,
-                    0,
-                )))
-            }
-            Some(Self::Features(first)) => {
-                let rest = parts.map(|p| p.into_features(what));
-                Ok(Self::Features(Tensor::cat(
-                    std::iter::once(Ok(first))
-                        .chain(rest)
-                        .collect::<Result<_>>()?,
-                    0,
-                )))
-            }
+            Some(Self::Hidden(first)) => Ok(Self::Hidden(cat_after(
+                first,
+                parts.map(|p| p.into_hidden(what)),
+            )?)),
+            Some(Self::Features(first)) => Ok(Self::Features(cat_after(
+                first,
+                parts.map(|p| p.into_features(what)),
+            )?)),
             Some(other) => Err(other.wrong_kind(what, "hidden or features")),
             None => Err(ModelError::InvalidConfig("no lane output to join".into())),
         }
@@ -217,4 +207,15 @@ impl Activation {
             (_, other) => Err(other.wrong_kind("upstream gradient", self.kind())),
         }
     }
+}
+
+/// `first` and then `rest` joined along the first dimension.
+fn cat_after<const D: usize>(
+    first: Tensor<D>,
+    rest: impl Iterator<Item = Result<Tensor<D>>>,
+) -> Result<Tensor<D>> {
+    let parts = std::iter::once(Ok(first))
+        .chain(rest)
+        .collect::<Result<_>>()?;
+    Ok(Tensor::cat(parts, 0))
 }

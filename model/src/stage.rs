@@ -403,24 +403,18 @@ impl<M: PipelineModel> Stage<M> {
                 }
             })
             .collect();
-        let mut flights = Vec::with_capacity(sizes.len());
-        let mut outputs = Vec::with_capacity(sizes.len());
-        let mut failure = None;
+        let mut outs = Vec::with_capacity(sizes.len());
         for (rngs, out) in self.lanes.run(jobs) {
-            if sizes.len() == 1 {
+            if !sliced {
                 self.rngs = rngs;
             }
-            match out {
-                Ok((flight, output)) => {
-                    flights.push(flight);
-                    outputs.push(output);
-                }
-                Err(e) => failure = failure.or(Some(e)),
-            }
+            outs.push(out);
         }
-        if let Some(e) = failure {
-            return Err(e);
-        }
+        let (flights, outputs): (Vec<_>, Vec<_>) = outs
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         let examples: Vec<usize> = flights.iter().map(|f| f.examples).collect();
         let output = join_outputs(outputs, &examples)?;
         self.in_flight.insert(mb, flights);
