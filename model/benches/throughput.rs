@@ -23,6 +23,13 @@ use parcae_model::{
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// As `parcae-node` does at start (its `keep_freed_memory`): no purging of freed memory
+/// (`mi_option_purge_delay`, index 15, set to -1).
+fn keep_freed_memory() {
+    // SAFETY: sets a plain integer option.
+    unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+}
+
 const BATCH: usize = 8;
 const SEED: u64 = 1;
 
@@ -231,6 +238,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    keep_freed_memory();
     let model = Arc::new(Gpt::new(config()).expect("config"));
     let c = model.config();
     let tokens = (BATCH * c.seq_len) as f64;

@@ -20,6 +20,20 @@ use parcae_node::train::{Trainer, TrainerLauncher};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `mi_option_purge_delay` (its index in `mi_option_t`, mimalloc.h v2 and v3; the
+/// Rust bindings name no constant for it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Keeps freed memory in mimalloc's arenas instead of handing it back to the kernel. A training
+/// step frees and allocates the same large buffers every step; purged after mimalloc's default
+/// delay, they came back as fresh pages the kernel had to zero (`clear_page_erms` was 13-16 % of
+/// a `small` step's samples); kept, the step is ~7 % faster (0.96 -> 0.89 s median). The cost is
+/// that the process keeps its peak heap, as PyTorch's caching allocator does.
+fn keep_freed_memory() {
+    // SAFETY: sets a plain integer option; mimalloc reads it when it next decides to purge.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
 #[derive(Parser)]
 #[command(
     name = "parcae-node",
@@ -70,6 +84,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    keep_freed_memory();
     parcae_node::runtime::init_logging();
     match Cli::parse().command {
         Command::Run {
@@ -171,5 +186,21 @@ fn builtin_trainer(t: &TrainConfig) -> anyhow::Result<TrainerLauncher> {
         let text = ByteTextDataset::from_file(std::path::Path::new(&t.data), gpt.seq_len)
             .with_context(|| format!("train.data {}", t.data))?;
         launcher(gpt, Arc::new(text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn purge_delay_option_is_the_one_set() {
+        // SAFETY: reads an integer option.
+        let get = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            assert_eq!(get(), 1000, "index 15 is not mimalloc v3's purge_delay");
+        }
+        keep_freed_memory();
+        assert_eq!(get(), -1);
     }
 }
