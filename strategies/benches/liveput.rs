@@ -1,8 +1,9 @@
 //! Speed of the liveput decision and of whole-trace simulations.
 //!
 //! `cargo bench -p parcae-strategies`: goals are one decision for N = 32, H = 12 on the gpt-1.5b
-//! table <= 1 ms, N = 512 with the analytic model <= 100 ms, the full p3 simulation of every
-//! strategy <= 10 s.
+//! table <= 1 ms memoised, N = 512 with the analytic model <= 100 ms with cold costs (both with
+//! and without the node default's terminal value), the full p3 simulation of every
+//! strategy <= 10 s, every strategy on a 16-day zone at 60 s intervals <= 30 s.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,9 +14,9 @@ use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
 use parcae_strategies::cost::transfer::TransferModel;
-use parcae_strategies::liveput::{LiveputOptimizer, PlanState};
+use parcae_strategies::liveput::{LiveputOptimizer, NextChange, PlanState, Terminal};
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup};
-use parcae_strategies::trace::{self, Interval};
+use parcae_strategies::trace::{self, Interval, Trace};
 
 /// A forecast that loses and regains nodes around `n`.
 fn forecast(n: u32, h: usize) -> Vec<Interval> {
@@ -58,6 +59,28 @@ fn decisions(c: &mut Criterion) {
         )
     });
 
+    // The node's default: the same decision with the zone model's terminal value.
+    let terminal = Terminal {
+        stay_ms: 3_600_000.0,
+        next: vec![
+            NextChange {
+                probability: 0.3,
+                nodes: 31,
+                stay_ms: 600_000.0,
+            },
+            NextChange {
+                probability: 0.7,
+                nodes: 29,
+                stay_ms: 600_000.0,
+            },
+        ],
+    };
+    warm.decide_with_terminal(now32, &f32, terminal.clone());
+    c.bench_function(
+        "terminal decision N=32 H=12 gpt-1.5b table (memoised costs)",
+        |b| b.iter(|| warm.decide_with_terminal(now32, &f32, terminal.clone())),
+    );
+
     let base = CostModel::builtin("gpt-1.5b").expect("built-in model");
     let t512 = throughput_table(
         &base.spec,
@@ -91,6 +114,28 @@ fn decisions(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    let terminal512 = Terminal {
+        stay_ms: 3_600_000.0,
+        next: vec![
+            NextChange {
+                probability: 0.5,
+                nodes: 520,
+                stay_ms: 600_000.0,
+            },
+            NextChange {
+                probability: 0.5,
+                nodes: 500,
+                stay_ms: 600_000.0,
+            },
+        ],
+    };
+    g.bench_function("terminal decision N=512 H=12 analytic (cold costs)", |b| {
+        b.iter_batched(
+            || LiveputOptimizer::new(analytic.clone(), 60.0, 1),
+            |mut o| o.decide_with_terminal(now512, &f512, terminal512.clone()),
+            BatchSize::LargeInput,
+        )
+    });
     g.finish();
 }
 
@@ -104,11 +149,29 @@ fn p3_simulation(c: &mut Criterion) {
         return;
     };
     let trace = trace::load(path, 60).expect("p3 trace");
+    every_strategy(c, "full p3 trace, all strategies, gpt-1.5b", &trace, 30);
+}
+
+/// Every strategy on a 16-day multi-day zone at 60 s intervals (23,040 intervals), the goal
+/// being <= 30 s.
+fn sixteen_days(c: &mut Criterion) {
+    let trace = trace::load("synthetic:shifting:0:days=16", 60).expect("synthetic zone");
+    every_strategy(
+        c,
+        "16-day shifting zone, all strategies, gpt-1.5b",
+        &trace,
+        60,
+    );
+}
+
+/// Benchmarks simulating every strategy on `trace` with gpt-1.5b at H = 12.
+fn every_strategy(c: &mut Criterion, name: &str, trace: &Trace, measurement_secs: u64) {
     let model = Arc::new(CostModel::builtin("gpt-1.5b").expect("built-in model"));
     let bounds = sim::job_bounds(&model, trace.max_nodes());
     let mut g = c.benchmark_group("simulation");
-    g.sample_size(10).measurement_time(Duration::from_secs(30));
-    g.bench_function("full p3 trace, all strategies, gpt-1.5b", |b| {
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(measurement_secs));
+    g.bench_function(name, |b| {
         b.iter(|| {
             let setup = SimSetup {
                 model: model.clone(),
@@ -119,7 +182,7 @@ fn p3_simulation(c: &mut Criterion) {
                 .iter()
                 .map(|name| {
                     let s = sim::strategy_by_name(name, bounds, 1).expect("known strategy");
-                    sim::simulate(&setup, &trace, 0..trace.len(), s).samples
+                    sim::simulate(&setup, trace, 0..trace.len(), s).samples
                 })
                 .sum::<f64>()
         })
@@ -127,5 +190,5 @@ fn p3_simulation(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decisions, p3_simulation);
+criterion_group!(benches, decisions, p3_simulation, sixteen_days);
 criterion_main!(benches);

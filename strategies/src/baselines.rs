@@ -12,10 +12,6 @@ pub const CHECKPOINT_MS: f64 = 14_000.0;
 /// Cost of the reactive baseline's restart into `to`: the restart itself, the checkpoint
 /// round trip when resuming, and every stage's state reloaded one after another.
 pub fn restart_ms(model: &CostModel, to: ParallelConfig, kind: RestartKind, resume: bool) -> f64 {
-    let reload: f64 = model
-        .stage_params(to.p)
-        .iter()
-        .map(|&s| model.state_transfer_ms(s))
-        .sum();
+    let reload: f64 = model.stage_transfer_ms(to.p).iter().sum();
     model.spec.restart.restart_ms(to, kind) + if resume { CHECKPOINT_MS } else { 0.0 } + reload
 }

@@ -43,16 +43,51 @@ struct Node {
 }
 
 impl Node {
-    /// Whether `self` beats `other` as the value of the same state.
-    fn beats(&self, other: &Node, parent_p: u32, other_parent_p: u32) -> bool {
+    /// Whether `self` beats `other` as the value of the same state. Two unfinished migrations
+    /// into one configuration are compared by their samples less the samples the remaining
+    /// migration work costs at `per_ms` (samples per ms of the configuration): Parcae's
+    /// objective passes 0 (more samples first, then less work left), ours the configuration's
+    /// throughput, since a migration still running at the horizon delays the terminal value.
+    fn beats(&self, other: &Node, parent_p: u32, other_parent_p: u32, per_ms: f64) -> bool {
         if self.migrating {
-            self.samples > other.samples
-                || (self.samples == other.samples && self.leftover_ms < other.leftover_ms)
+            let value = |n: &Node| n.samples - per_ms * n.leftover_ms;
+            let (mine, theirs) = (value(self), value(other));
+            mine > theirs || (mine == theirs && self.leftover_ms < other.leftover_ms)
         } else {
             self.samples > other.samples
                 || (self.samples == other.samples && parent_p < other_parent_p)
         }
     }
+}
+
+/// What the configuration a look-ahead ends in is worth after the horizon (ours; Parcae's
+/// objective values nothing there, which is `Terminal::default()`).
+///
+/// The final configuration is expected to keep running for `stay_ms` (until the zone's next
+/// availability change, [`crate::predict::ZoneModel::expected_stay_intervals`]), less any
+/// migration still unfinished; then the change brings one of `next`
+/// ([`crate::predict::ZoneModel::next_changes`]), and the final configuration is charged, in
+/// expectation, what that change costs it against the best configuration for the new count: a
+/// migration there, or running on short of it (whichever is cheaper). The first part makes a
+/// move that pays back after the horizon worth making in a quiet zone; the second keeps a
+/// churning zone from chasing a configuration it must leave again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Terminal {
+    /// Expected time the final configuration keeps running after the horizon, ms.
+    pub stay_ms: f64,
+    /// The outcomes of the change expected after that (none: nothing is charged).
+    pub next: Vec<NextChange>,
+}
+
+/// One outcome of the availability change expected after a look-ahead's horizon.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NextChange {
+    /// Its probability.
+    pub probability: f64,
+    /// Nodes alive after it.
+    pub nodes: u32,
+    /// Expected time until the change after it, ms.
+    pub stay_ms: f64,
 }
 
 /// The look-ahead optimizer with its memoised migration costs.
@@ -77,13 +112,35 @@ impl LiveputOptimizer {
     }
 
     /// Best configuration for the next interval given the forecast `future` (next interval
-    /// first). An empty forecast keeps the current configuration.
+    /// first). An empty forecast keeps the current configuration. This is Parcae's objective:
+    /// nothing counts after the horizon.
     pub fn decide(&mut self, now: PlanState, future: &[Interval]) -> Decision {
+        self.decide_with_terminal(now, future, Terminal::default())
+    }
+
+    /// [`Self::decide`] with a [`Terminal`] value for the configuration the horizon ends in.
+    /// Without it a move that pays back only after the horizon is never made, and a planner
+    /// keeps a slower configuration for as long as the zone stays quiet.
+    /// `Decision::expected_samples` stays the samples within the horizon.
+    pub fn decide_with_terminal(
+        &mut self,
+        now: PlanState,
+        future: &[Interval],
+        terminal: Terminal,
+    ) -> Decision {
         let model = self.costs.model().clone();
         let cands = model.candidates();
         let considered = considered(cands, now, future);
         let throughput: Vec<f64> = cands.iter().map(|&c| model.samples_per_sec(c)).collect();
         let idle_slot = cands.len();
+        let stay_ms = if terminal.stay_ms.is_finite() {
+            terminal.stay_ms.max(0.0)
+        } else {
+            0.0
+        };
+        // Parcae's objective leaves unfinished work unpriced; with a terminal value it is priced
+        // at the throughput it delays.
+        let leftover_weight = if stay_ms > 0.0 { 1.0 } else { 0.0 };
         // Two table slots per candidate (settled, still migrating), then two for idle.
         let mut stages: Vec<Vec<Node>> = Vec::with_capacity(future.len() + 1);
         stages.push(vec![Node {
@@ -112,48 +169,135 @@ impl LiveputOptimizer {
                     added,
                     removed,
                 };
-                let all = self.costs.expected_for(ev, &fitting);
-                for (e, &i) in expected.iter_mut().zip(&fitting) {
-                    *e = all[i];
-                }
+                self.costs.expected_for(ev, &fitting, &mut expected);
                 for (&ti, &expected_ms) in fitting.iter().zip(&expected) {
                     let to = cands[ti];
                     let cost = self.step_cost(pred, expected_ms, to);
-                    self.relax(&mut table, ti * 2, pred, pi, prev, to, cost, throughput[ti]);
+                    let relaxed = Relaxed {
+                        to,
+                        cost_ms: cost,
+                        samples_per_sec: throughput[ti],
+                        leftover_per_ms: leftover_weight * throughput[ti] / 1000.0,
+                    };
+                    self.relax(&mut table, ti * 2, pred, pi, prev, relaxed);
                 }
                 if fitting.is_empty() {
-                    let idle = ParallelConfig::IDLE;
                     let cost = if pred.migrating {
                         pred.leftover_ms
                     } else {
                         0.0
                     };
-                    self.relax(&mut table, idle_slot * 2, pred, pi, prev, idle, cost, 0.0);
+                    let relaxed = Relaxed {
+                        to: ParallelConfig::IDLE,
+                        cost_ms: cost,
+                        samples_per_sec: 0.0,
+                        leftover_per_ms: 0.0,
+                    };
+                    self.relax(&mut table, idle_slot * 2, pred, pi, prev, relaxed);
                 }
             }
             stages.push(table.into_iter().flatten().collect());
             nodes = after;
         }
         let last = stages.last().map(Vec::as_slice).unwrap_or(&[]);
-        let Some(mut at) = best_index(last) else {
+        let values = self.final_values(last, nodes, stay_ms, &terminal.next);
+        let Some(best) = best_index(last, &values) else {
             return Decision {
                 config: now.config,
                 migrating: now.leftover_ms > 0.0,
                 expected_samples: 0.0,
             };
         };
-        let expected_samples = last[at].samples;
-        let mut depth = stages.len() - 1;
-        while depth > 1 {
-            at = stages[depth][at].parent;
-            depth -= 1;
+        let depth = stages.len() - 1;
+        let first_step = |mut at: usize| {
+            for d in (2..=depth).rev() {
+                at = stages[d][at].parent;
+            }
+            at
+        };
+        let mut at = best;
+        if stay_ms > 0.0 && depth > 0 {
+            at = keep_unless_worth_it(&stages[1], last, &values, best, now.config, first_step);
         }
-        let first = stages[depth][at];
+        let expected_samples = last[at].samples;
+        let first = stages[depth.min(1)][first_step(at)];
         Decision {
             config: first.config,
             migrating: first.migrating && depth > 0,
             expected_samples,
         }
+    }
+
+    /// The value of each final state (on `nodes` nodes): its samples, plus with a terminal
+    /// value the samples of staying for `stay_ms` less the expected loss of the `next` change.
+    /// The loss is priced (migration costs of new events) only for states that can still
+    /// matter: in order of their value before the loss, until that falls below the best value
+    /// found by more than any move margin; the others are worth `-inf`.
+    fn final_values(
+        &mut self,
+        last: &[Node],
+        nodes: u32,
+        stay_ms: f64,
+        next: &[NextChange],
+    ) -> Vec<f64> {
+        if stay_ms <= 0.0 {
+            return last.iter().map(|n| n.samples).collect();
+        }
+        let model = self.costs.model().clone();
+        let before_loss: Vec<f64> = last
+            .iter()
+            .map(|n| {
+                let running_ms = (stay_ms - n.leftover_ms).max(0.0);
+                n.samples + model.samples_per_sec(n.config) * running_ms / 1000.0
+            })
+            .collect();
+        let margin = MOVE_MARGIN * last.iter().map(|n| n.samples).fold(0.0, f64::max);
+        let mut order: Vec<usize> = (0..last.len()).collect();
+        order.sort_by(|&a, &b| before_loss[b].total_cmp(&before_loss[a]));
+        let mut values = vec![f64::NEG_INFINITY; last.len()];
+        let mut best = f64::NEG_INFINITY;
+        for i in order {
+            if before_loss[i] < best - margin {
+                break;
+            }
+            let loss: f64 = next
+                .iter()
+                .map(|&o| o.probability * self.next_change_loss(last[i].config, nodes, o))
+                .sum();
+            values[i] = before_loss[i] - loss;
+            best = best.max(values[i]);
+        }
+        values
+    }
+
+    /// Samples that the `next` change costs `config`, running on `nodes` nodes, against
+    /// the throughput-optimal configuration for the count it brings: the cheaper of migrating
+    /// there (at its throughput, in expectation over which nodes a preemption hits) and
+    /// running on in `config` as far as it still fits, short of the optimum's throughput until
+    /// the change after.
+    fn next_change_loss(&mut self, config: ParallelConfig, nodes: u32, next: NextChange) -> f64 {
+        let model = self.costs.model().clone();
+        let best = model.best(next.nodes);
+        if best.is_idle() {
+            return 0.0;
+        }
+        let event = MigrationEvent {
+            nodes,
+            from: config,
+            added: next.nodes.saturating_sub(nodes),
+            removed: nodes.saturating_sub(next.nodes),
+        };
+        let best_rate = model.samples_per_sec(best);
+        let migrate = self.costs.expected(event, best) * best_rate / 1000.0;
+        let kept = config.clamp_to(next.nodes);
+        let keep = if kept.is_idle() || !model.candidates().contains(&kept) {
+            f64::INFINITY
+        } else {
+            let shortfall = (best_rate - model.samples_per_sec(kept)).max(0.0);
+            let switch_ms = self.costs.expected(event, kept);
+            shortfall * next.stay_ms / 1000.0 + switch_ms * model.samples_per_sec(kept) / 1000.0
+        };
+        migrate.min(keep)
     }
 
     /// Migration cost charged in an interval for moving from `pred` to `to` (spec 4.2): a new
@@ -174,7 +318,6 @@ impl LiveputOptimizer {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn relax(
         &self,
         table: &mut [Option<Node>],
@@ -182,10 +325,14 @@ impl LiveputOptimizer {
         pred: &Node,
         pred_index: usize,
         prev: &[Node],
-        to: ParallelConfig,
-        cost_ms: f64,
-        samples_per_sec: f64,
+        step: Relaxed,
     ) {
+        let Relaxed {
+            to,
+            cost_ms,
+            samples_per_sec,
+            leftover_per_ms,
+        } = step;
         let slack_ms = self.interval_ms - cost_ms;
         let cand = if slack_ms >= 0.0 {
             Node {
@@ -206,10 +353,26 @@ impl LiveputOptimizer {
         };
         let slot = settled_slot + usize::from(cand.migrating);
         match &table[slot] {
-            Some(cur) if !cand.beats(cur, pred.config.p, prev[cur.parent].config.p) => {}
+            Some(cur)
+                if !cand.beats(
+                    cur,
+                    pred.config.p,
+                    prev[cur.parent].config.p,
+                    leftover_per_ms,
+                ) => {}
             _ => table[slot] = Some(cand),
         }
     }
+}
+
+/// One transition of the dynamic program: into `to` at a migration cost of `cost_ms`.
+#[derive(Clone, Copy, Debug)]
+struct Relaxed {
+    to: ParallelConfig,
+    cost_ms: f64,
+    samples_per_sec: f64,
+    /// What a ms of unfinished migration is worth in samples (see [`Node::beats`]).
+    leftover_per_ms: f64,
 }
 
 /// Candidate sets up to this size are searched exhaustively, as Parcae does.
@@ -247,15 +410,47 @@ fn event_between(nodes: u32, step: Interval) -> (u32, u32) {
     }
 }
 
-/// The final state: most samples, then least unfinished migration.
-fn best_index(states: &[Node]) -> Option<usize> {
+/// A move ours makes only when it is expected to gain at least this share of the samples of
+/// the look-ahead: a migration that the forecast and the zone model value within that margin
+/// of staying is a coin toss on their errors, and every one costs real work.
+pub const MOVE_MARGIN: f64 = 0.01;
+
+/// The final state to follow: `best`, unless its first step leaves `current` (settled and
+/// feasible in the first interval) while the best path that stays there first is worth within
+/// [`MOVE_MARGIN`] of it; then that path. `first_step` maps a final state to its state in
+/// `first` (the states after the first interval).
+fn keep_unless_worth_it(
+    first: &[Node],
+    last: &[Node],
+    values: &[f64],
+    best: usize,
+    current: ParallelConfig,
+    first_step: impl Fn(usize) -> usize,
+) -> usize {
+    let stays = |i: usize| {
+        let f = &first[first_step(i)];
+        f.config == current && !f.migrating
+    };
+    if current.is_idle() || stays(best) {
+        return best;
+    }
+    let kept = (0..last.len())
+        .filter(|&i| stays(i))
+        .max_by(|&a, &b| values[a].total_cmp(&values[b]));
+    match kept {
+        Some(k) if values[best] - values[k] < MOVE_MARGIN * last[best].samples => k,
+        _ => best,
+    }
+}
+
+/// The final state: highest value (aligned with `states`), then least unfinished migration.
+fn best_index(states: &[Node], values: &[f64]) -> Option<usize> {
     let mut best: Option<usize> = None;
-    for (i, s) in states.iter().enumerate() {
+    for (i, (s, &value)) in states.iter().zip(values).enumerate() {
         let better = match best {
             None => true,
             Some(b) => {
-                let o = &states[b];
-                s.samples > o.samples || (s.samples == o.samples && s.leftover_ms < o.leftover_ms)
+                value > values[b] || (value == values[b] && s.leftover_ms < states[b].leftover_ms)
             }
         };
         if better {

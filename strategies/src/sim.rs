@@ -12,8 +12,8 @@ use crate::config::ParallelConfig;
 use crate::cost::CostModel;
 use crate::cost::migration::{MigrationEvent, MigrationKind};
 use crate::cost::spec::RestartKind;
-use crate::liveput::{LiveputOptimizer, PlanState};
-use crate::predict::{self, Bounds, ForecastInput, NoticeAhead, Predictor};
+use crate::liveput::{LiveputOptimizer, PlanState, Terminal};
+use crate::predict::{self, Bounds, ForecastInput, NoticeAhead, NoticeAware, Predictor, ZoneModel};
 use crate::trace::{Interval, Trace};
 
 /// Where a liveput strategy's view of the future comes from.
@@ -26,6 +26,9 @@ pub enum Forecast {
     /// preemptions from their notices, arrivals from their joins. This is what a node's
     /// planner sees, since it re-plans on membership events and notices come ahead.
     Observed(Box<dyn Predictor>),
+    /// The zone model's own forecast (persistence plus its time-of-day drift, notices folded
+    /// in), with the upcoming event observed as in [`Forecast::Observed`].
+    Zone,
 }
 
 /// How a strategy picks configurations and pays for changes.
@@ -34,8 +37,16 @@ pub enum Plan {
     Ideal,
     /// Throughput-optimal configuration, checkpoint-restart on every change (spec 5).
     Reactive,
-    /// The liveput optimizer with the given forecast.
-    Liveput(Forecast),
+    /// The liveput optimizer with the given forecast; with `terminal`, each look-ahead ends
+    /// in the zone model's terminal value ([`crate::liveput::Terminal`]: staying in the final
+    /// configuration until the zone's next expected change, then what that change costs it),
+    /// otherwise nothing counts after the horizon, as in Parcae.
+    Liveput {
+        /// Where the forecast comes from.
+        forecast: Forecast,
+        /// Whether the look-ahead is valued past its horizon.
+        terminal: bool,
+    },
 }
 
 /// A named strategy to simulate.
@@ -195,9 +206,13 @@ pub fn simulate(
                 leftover_ms = (leftover_ms - interval_ms).max(0.0);
             }
         }
-        Plan::Liveput(mut forecast) => {
+        Plan::Liveput {
+            mut forecast,
+            terminal,
+        } => {
             let mut opt =
                 LiveputOptimizer::new(model.clone(), trace.interval_secs as f64, setup.seed);
+            let mut zone = ZoneModel::new(trace.interval_secs as f64);
             let mut now = PlanState {
                 nodes: 0,
                 config: ParallelConfig::IDLE,
@@ -215,8 +230,16 @@ pub fn simulate(
                 } else {
                     real
                 };
-                let future = forecast.future(trace, i, first, real_event, setup.lookahead);
-                let decision = opt.decide(now, &future);
+                let future =
+                    forecast.future(trace, i, first, real_event, setup.lookahead, &mut zone);
+                let value = if terminal {
+                    zone.observe(trace.history(i));
+                    let end = future.last().map_or(real.nodes, |s| s.nodes);
+                    zone.terminal(i + future.len(), end, interval_ms)
+                } else {
+                    Terminal::default()
+                };
+                let decision = opt.decide_with_terminal(now, &future, value);
                 let to = decision.config.clamp_to(real.nodes);
                 let ev = MigrationEvent {
                     nodes: now.nodes,
@@ -248,7 +271,7 @@ pub fn simulate(
 
 impl Forecast {
     /// The forecast used at the start of interval `i`; `event` is interval `i`'s true event as
-    /// the job sees it.
+    /// the job sees it; `zone` is the strategy's zone model, which [`Forecast::Zone`] feeds.
     fn future(
         &mut self,
         trace: &Trace,
@@ -256,6 +279,7 @@ impl Forecast {
         first: bool,
         event: Interval,
         horizon: usize,
+        zone: &mut ZoneModel,
     ) -> Vec<Interval> {
         match self {
             Forecast::Truth => {
@@ -275,21 +299,34 @@ impl Forecast {
                 };
                 p.forecast(&input)
             }
-            Forecast::Observed(p) => {
-                let notices = [NoticeAhead {
-                    offset: 0,
-                    nodes: event.removed,
-                }];
-                let input = ForecastInput {
-                    history: trace.history(i),
-                    known_next: Some(event.nodes),
-                    notices: if event.removed > 0 { &notices } else { &[] },
-                    horizon,
-                };
-                rebase(event, &p.forecast(&input))
+            Forecast::Observed(p) => observed(p.as_mut(), trace.history(i), event, horizon),
+            Forecast::Zone => {
+                let mut notice_aware = NoticeAware::new(zone);
+                observed(&mut notice_aware, trace.history(i), event, horizon)
             }
         }
     }
+}
+
+/// `predictor`'s forecast after `history`, with the upcoming `event` known (its preemptions
+/// as notices) and put in the first step.
+fn observed(
+    predictor: &mut dyn Predictor,
+    history: &[Interval],
+    event: Interval,
+    horizon: usize,
+) -> Vec<Interval> {
+    let notices = [NoticeAhead {
+        offset: 0,
+        nodes: event.removed,
+    }];
+    let input = ForecastInput {
+        history,
+        known_next: Some(event.nodes),
+        notices: if event.removed > 0 { &notices } else { &[] },
+        horizon,
+    };
+    rebase(event, &predictor.forecast(&input))
 }
 
 /// Replace a forecast's first step by the observed event and carry the later steps' changes
@@ -311,7 +348,7 @@ fn rebase(event: Interval, forecast: &[Interval]) -> Vec<Interval> {
 }
 
 /// Names of the strategies [`strategy_by_name`] knows, in report order.
-pub const STRATEGIES: [&str; 7] = [
+pub const STRATEGIES: [&str; 9] = [
     "ideal",
     "reactive",
     "liveput-truth",
@@ -319,7 +356,12 @@ pub const STRATEGIES: [&str; 7] = [
     "liveput-es",
     "liveput-aware",
     "liveput-persist",
+    "liveput-zone",
+    "liveput-zone-truth",
 ];
+
+/// The strategy a node's planner runs unless told otherwise.
+pub const NODE_DEFAULT: &str = "liveput-zone";
 
 /// A strategy name that [`strategy_by_name`] does not know.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -332,7 +374,9 @@ pub struct UnknownStrategy(pub String);
 /// `liveput-aware` is ours: Parcae's predictor plus the upcoming interval's event as a node
 /// sees it (notices of preemptions, joins of arrivals); `liveput-persist` is ours too: the same
 /// observed event with a persistence forecast, which is more accurate than ARIMA on real spot
-/// traces.
+/// traces. `liveput-zone` ([`NODE_DEFAULT`]) adds the zone model: its forecast and the
+/// terminal value of the look-ahead; `liveput-zone-truth` is the oracle with that terminal
+/// value.
 pub fn strategy_by_name(
     name: &str,
     bounds: Bounds,
@@ -344,16 +388,30 @@ pub fn strategy_by_name(
     let plan = match name {
         "ideal" => Plan::Ideal,
         "reactive" => Plan::Reactive,
-        "liveput-truth" => Plan::Liveput(Forecast::Truth),
-        "liveput-predict" => Plan::Liveput(Forecast::Predicted(predictor("arima")?)),
-        "liveput-es" => Plan::Liveput(Forecast::Predicted(predictor("es")?)),
-        "liveput-aware" => Plan::Liveput(Forecast::Observed(predictor("arima+notices")?)),
-        "liveput-persist" => {
-            Plan::Liveput(Forecast::Observed(predictor("last+nopoisson+notices")?))
-        }
+        "liveput-truth" => parcae(Forecast::Truth),
+        "liveput-predict" => parcae(Forecast::Predicted(predictor("arima")?)),
+        "liveput-es" => parcae(Forecast::Predicted(predictor("es")?)),
+        "liveput-aware" => parcae(Forecast::Observed(predictor("arima+notices")?)),
+        "liveput-persist" => parcae(Forecast::Observed(predictor("last+nopoisson+notices")?)),
+        "liveput-zone" => Plan::Liveput {
+            forecast: Forecast::Zone,
+            terminal: true,
+        },
+        "liveput-zone-truth" => Plan::Liveput {
+            forecast: Forecast::Truth,
+            terminal: true,
+        },
         _ => return Err(UnknownStrategy(name.to_string())),
     };
     Ok(Strategy::new(name, plan))
+}
+
+/// Parcae's objective (nothing after the horizon) with `forecast`.
+fn parcae(forecast: Forecast) -> Plan {
+    Plan::Liveput {
+        forecast,
+        terminal: false,
+    }
 }
 
 /// Forecast bounds of a job: its smallest feasible configuration and the cluster it asked for

@@ -9,7 +9,7 @@ use parcae_strategies::cost::migration::{MigrationCosts, MigrationEvent};
 use parcae_strategies::cost::spec::RestartKind;
 use parcae_strategies::liveput::{LiveputOptimizer, PlanState};
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup};
-use parcae_strategies::trace::{self, Interval};
+use parcae_strategies::trace::{self, Interval, intervals_from_counts};
 use proptest::prelude::*;
 
 fn model() -> Arc<CostModel> {
@@ -21,19 +21,11 @@ fn model() -> Arc<CostModel> {
 /// A consistent forecast from `start` following signed changes.
 fn forecast(start: u32, changes: &[i8]) -> Vec<Interval> {
     let mut nodes = start;
-    changes
-        .iter()
-        .map(|&c| {
-            let after = (i64::from(nodes) + i64::from(c)).clamp(0, 40) as u32;
-            let iv = Interval {
-                nodes: after,
-                added: after.saturating_sub(nodes),
-                removed: nodes.saturating_sub(after),
-            };
-            nodes = after;
-            iv
-        })
-        .collect()
+    let counts = changes.iter().map(|&c| {
+        nodes = (i64::from(nodes) + i64::from(c)).clamp(0, 40) as u32;
+        nodes
+    });
+    intervals_from_counts(start, counts)
 }
 
 /// Samples of keeping `config` through the whole forecast, with the optimizer's accounting;

@@ -4,7 +4,7 @@ use parcae_strategies::predict::{
     self, Bounds, ForecastInput, NoticeAhead, NoticeAware, Predictor, PredictorSpec, RuleConfig,
     RulePredictor, SeriesModel,
 };
-use parcae_strategies::trace::{Band, Interval, SyntheticSpec};
+use parcae_strategies::trace::{Band, Interval, SyntheticSpec, intervals_from_counts};
 use proptest::prelude::*;
 
 fn input<'a>(
@@ -22,19 +22,7 @@ fn input<'a>(
 
 /// Consistent intervals for successive counts (arrival or preemption of the difference).
 fn from_counts(counts: &[u32]) -> Vec<Interval> {
-    let mut prev = 0;
-    counts
-        .iter()
-        .map(|&n| {
-            let iv = Interval {
-                nodes: n,
-                added: n.saturating_sub(prev),
-                removed: prev.saturating_sub(n),
-            };
-            prev = n;
-            iv
-        })
-        .collect()
+    intervals_from_counts(0, counts.iter().copied())
 }
 
 fn assert_consistent(start: u32, f: &[Interval]) {

@@ -1,25 +1,14 @@
 //! The simulator on Parcae's real p3 trace (32 x p3.2xlarge, 11.4 h): it reproduces the
 //! independent re-implementation figures of spec 4.5 and the strategy goals.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
 use parcae_strategies::cost::{CostModel, RepartitionRule};
 use parcae_strategies::predict::Bounds;
 use parcae_strategies::sim::{SimSetup, StrategyRun, simulate, strategy_by_name};
-use parcae_strategies::trace::{self, Trace};
-
-fn p3() -> Option<Trace> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/traces/parcae/liveput/traces/p3trace.csv"
-    ));
-    if !p.exists() {
-        eprintln!("skipping: {} not found", p.display());
-        return None;
-    }
-    Some(trace::load(p.to_str().unwrap(), 60).unwrap())
-}
+use parcae_strategies::trace::Trace;
 
 /// Parcae's bounds for the 32-node p3 runs.
 const BOUNDS: Bounds = Bounds {
@@ -49,7 +38,7 @@ fn run(
 
 #[test]
 fn gpt_1_5b_baselines_match_reference() {
-    let Some(trace) = p3() else { return };
+    let Some(trace) = common::p3() else { return };
     let m = CostModel::builtin("gpt-1.5b").unwrap();
     let all = 0..trace.len();
     let ideal = run(&m, &trace, all.clone(), 12, "ideal").samples;
@@ -76,7 +65,7 @@ const MODELS: [&str; 5] = ["gpt-1.5b", "gpt-6.7b", "bert", "resnet152", "vgg19"]
 
 #[test]
 fn parcae_prediction_beats_reactive_and_ours_beats_parcae() {
-    let Some(trace) = p3() else { return };
+    let Some(trace) = common::p3() else { return };
     let all = 0..trace.len();
     for model in MODELS {
         let m = CostModel::builtin(model).unwrap();
@@ -106,7 +95,7 @@ fn parcae_prediction_beats_reactive_and_ours_beats_parcae() {
 
 #[test]
 fn prediction_holds_up_on_the_one_hour_windows() {
-    let Some(trace) = p3() else { return };
+    let Some(trace) = common::p3() else { return };
     for model in MODELS {
         let m = CostModel::builtin(model).unwrap();
         for (name, a, b) in [

@@ -102,7 +102,7 @@ fn unreadable_file_and_bad_specs() {
     assert!(e.to_string().contains("cannot read"), "{e}");
     assert_eq!(
         trace::load("synthetic:xx", 60).unwrap_err().to_string(),
-        "synthetic:xx: invalid synthetic trace spec: unknown band \"xx\" (expected hh, hl, lh or ll)"
+        "synthetic:xx: invalid synthetic trace spec: unknown band \"xx\" (expected hh, hl, lh or ll, or a multi-day zone: quiet, outage, diurnal or shifting)"
     );
     assert!(trace::load("synthetic:hh:7:nodes=0", 60).is_err());
     assert!(trace::load("synthetic:hh:7:colour=red", 60).is_err());

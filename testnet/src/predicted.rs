@@ -40,9 +40,9 @@ pub const LOOPBACK: TransferModel = TransferModel::Linear {
     latency_ms: 1.0,
     bytes_per_sec: 1e9,
 };
-/// The liveput variant a node's planner corresponds to: Parcae's predictor plus the notices
-/// and joins it sees before deciding.
-pub const LIVEPUT: &str = "liveput-aware";
+/// The liveput variant a node's planner runs: the zone model's forecast with the notices and
+/// joins it sees before deciding, and the zone's terminal value.
+pub const LIVEPUT: &str = sim::NODE_DEFAULT;
 /// Least seconds in a configuration for its throughput to count.
 const MIN_SECS: f64 = 2.0;
 

@@ -15,8 +15,9 @@ use serde::Serialize;
 /// Options of `simulate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Trace file (event, count or replay format) or `synthetic:BAND[:SEED]`, BAND in hh, hl,
-    /// lh, ll.
+    /// Trace file (event, count or replay format), `synthetic:BAND[:SEED]` (BAND in hh, hl,
+    /// lh, ll) or `synthetic:FAMILY[:SEED]` (a multi-day zone: quiet, outage, diurnal,
+    /// shifting).
     #[arg(long, default_value = "synthetic:hh")]
     trace: String,
     /// Profiled model: gpt-1.5b, gpt-6.7b, bert, resnet152 or vgg19.
@@ -63,6 +64,8 @@ pub struct Report {
     pub model: String,
     /// Intervals simulated.
     pub intervals: usize,
+    /// The strategy a node's planner runs by default.
+    pub node_default: &'static str,
     /// One entry per strategy.
     pub strategies: Vec<StrategyJson>,
 }
@@ -74,6 +77,13 @@ pub struct StrategyJson {
     pub name: String,
     /// Samples trained.
     pub samples: f64,
+    /// Samples over `reactive`'s (when it ran).
+    pub x_reactive: Option<f64>,
+    /// Samples over the better of `reactive` and `liveput-predict` (when both ran): the bar a
+    /// planner must clear to be worth running.
+    pub x_best_baseline: Option<f64>,
+    /// Samples as a percentage of `ideal`'s (when it ran).
+    pub pct_ideal: Option<f64>,
     /// Migrations started.
     pub migrations: u32,
     /// Seconds spent migrating.
@@ -114,12 +124,14 @@ pub fn run(args: Args) -> Result<()> {
         let strategy = sim::strategy_by_name(name, bounds, args.seed)?;
         runs.push(sim::simulate(&setup, &trace, range.clone(), strategy));
     }
-    print_table(&trace, &args.model, &runs);
+    let bars = Bars::of(&runs);
+    print_table(&trace, &args.model, &runs, &bars);
     let report = Report {
         trace: trace.source.clone(),
         model: args.model.clone(),
         intervals: range.len(),
-        strategies: runs.iter().map(strategy_json).collect(),
+        node_default: sim::NODE_DEFAULT,
+        strategies: runs.iter().map(|r| strategy_json(r, &bars)).collect(),
     };
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
@@ -154,10 +166,40 @@ fn cost_model(args: &Args) -> Result<CostModel> {
     Ok(model.with_repartition(rule))
 }
 
-fn strategy_json(r: &StrategyRun) -> StrategyJson {
+/// What every strategy is measured against: the samples of `ideal`, `reactive` and the better
+/// of `reactive` and `liveput-predict`, each when it ran.
+struct Bars {
+    ideal: Option<f64>,
+    reactive: Option<f64>,
+    best_baseline: Option<f64>,
+}
+
+impl Bars {
+    fn of(runs: &[StrategyRun]) -> Self {
+        let samples = |name: &str| runs.iter().find(|r| r.name == name).map(|r| r.samples);
+        let reactive = samples("reactive");
+        Self {
+            ideal: samples("ideal"),
+            reactive,
+            best_baseline: reactive
+                .zip(samples("liveput-predict"))
+                .map(|(a, b)| a.max(b)),
+        }
+    }
+
+    /// `x / base` when the base ran and is positive.
+    fn ratio(x: f64, base: Option<f64>) -> Option<f64> {
+        base.filter(|b| *b > 0.0).map(|b| x / b)
+    }
+}
+
+fn strategy_json(r: &StrategyRun, bars: &Bars) -> StrategyJson {
     StrategyJson {
         name: r.name.clone(),
         samples: r.samples,
+        x_reactive: Bars::ratio(r.samples, bars.reactive),
+        x_best_baseline: Bars::ratio(r.samples, bars.best_baseline),
+        pct_ideal: Bars::ratio(r.samples, bars.ideal).map(|x| 100.0 * x),
         migrations: r.migrations,
         migration_secs: r.migration_secs,
         configs: r
@@ -168,15 +210,10 @@ fn strategy_json(r: &StrategyRun) -> StrategyJson {
     }
 }
 
-fn print_table(trace: &Trace, model: &str, runs: &[StrategyRun]) {
-    let ideal = runs.iter().find(|r| r.name == "ideal").map(|r| r.samples);
-    let reactive = runs
-        .iter()
-        .find(|r| r.name == "reactive")
-        .map(|r| r.samples);
-    let ratio = |x: f64, base: Option<f64>| match base {
-        Some(b) if b > 0.0 => format!("{:.3}", x / b),
-        _ => "-".to_string(),
+fn print_table(trace: &Trace, model: &str, runs: &[StrategyRun], bars: &Bars) {
+    let show = |x: Option<f64>, digits: usize| match x {
+        Some(v) => format!("{v:.digits$}"),
+        None => "-".to_string(),
     };
     println!(
         "trace {} ({} intervals of {} s), model {model}",
@@ -185,22 +222,33 @@ fn print_table(trace: &Trace, model: &str, runs: &[StrategyRun]) {
         trace.interval_secs
     );
     println!(
-        "{:<16} {:>14} {:>9} {:>11} {:>10} {:>13}",
-        "strategy", "samples", "% ideal", "x reactive", "migrations", "migrating (s)"
+        "{:<19} {:>14} {:>8} {:>10} {:>14} {:>10} {:>13}",
+        "strategy",
+        "samples",
+        "% ideal",
+        "x reactive",
+        "x max(r, pred)",
+        "migrations",
+        "migrating (s)"
     );
     for r in runs {
-        let pct = match ideal {
-            Some(i) if i > 0.0 => format!("{:.1}", 100.0 * r.samples / i),
-            _ => "-".to_string(),
+        let marker = if r.name == sim::NODE_DEFAULT {
+            " *"
+        } else {
+            ""
         };
         println!(
-            "{:<16} {:>14.0} {:>9} {:>11} {:>10} {:>13.0}",
-            r.name,
+            "{:<19} {:>14.0} {:>8} {:>10} {:>14} {:>10} {:>13.0}",
+            format!("{}{marker}", r.name),
             r.samples,
-            pct,
-            ratio(r.samples, reactive),
+            show(Bars::ratio(r.samples, bars.ideal).map(|x| 100.0 * x), 1),
+            show(Bars::ratio(r.samples, bars.reactive), 3),
+            show(Bars::ratio(r.samples, bars.best_baseline), 3),
             r.migrations,
             r.migration_secs
         );
     }
+    println!(
+        "* the node's default; x max(r, pred): over the better of reactive and liveput-predict"
+    );
 }

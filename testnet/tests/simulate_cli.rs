@@ -51,18 +51,34 @@ fn default_run_prints_every_strategy_and_writes_json_and_plot() {
         "liveput-truth",
         "liveput-predict",
         "liveput-aware",
+        "liveput-zone",
+        "liveput-zone-truth",
     ] {
         assert!(table.contains(name), "{name} missing: {table}");
     }
+    assert!(
+        table.contains("liveput-zone *"),
+        "default unmarked: {table}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["trace"], "synthetic:hh:0");
     assert_eq!(v["model"], "gpt-1.5b");
+    assert_eq!(v["node_default"], "liveput-zone");
     let intervals = v["intervals"].as_u64().unwrap();
     assert!(intervals > 0);
     let strategies = v["strategies"].as_array().unwrap();
     let ideal = &strategies[0];
     assert_eq!(ideal["name"], "ideal");
+    assert!((ideal["pct_ideal"].as_f64().unwrap() - 100.0).abs() < 1e-9);
+    let by_name = |n: &str| strategies.iter().find(|s| s["name"] == n).unwrap();
+    let reactive = by_name("reactive")["samples"].as_f64().unwrap();
+    let predict = by_name("liveput-predict")["samples"].as_f64().unwrap();
+    let zone = by_name("liveput-zone");
+    let samples = zone["samples"].as_f64().unwrap();
+    assert!((zone["x_reactive"].as_f64().unwrap() - samples / reactive).abs() < 1e-9);
+    let best = reactive.max(predict);
+    assert!((zone["x_best_baseline"].as_f64().unwrap() - samples / best).abs() < 1e-9);
     for s in strategies {
         assert_eq!(s["configs"].as_array().unwrap().len() as u64, intervals);
         assert!(s["samples"].as_f64().unwrap() <= ideal["samples"].as_f64().unwrap() + 1e-6);

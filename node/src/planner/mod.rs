@@ -4,11 +4,12 @@
 //! proposes `Reconfigure` when
 //! * there is no plan yet, or the plan names a node that is leaving or lost (a notice or a
 //!   loss: re-plan at once, so a leaving node is drained before its deadline), or
-//! * at an interval boundary the strategy picks another `(D, P)`: `liveput` runs Parcae's
-//!   look-ahead optimizer on the availability forecast (persistence plus known notices, the
-//!   best predictor on the p3 trace in `docs/strategies.md`) with the cost model the nodes
-//!   measured ([`model`]); `reactive` takes the throughput-optimal configuration for the nodes
-//!   present.
+//! * at an interval boundary the strategy picks another `(D, P)`: `liveput` runs the
+//!   simulator's node default (`sim::NODE_DEFAULT`, `liveput-zone` in `docs/strategies.md`):
+//!   Parcae's look-ahead optimizer with the cost model the nodes measured ([`model`]), on the
+//!   zone model's forecast (persistence plus its time-of-day drift, known notices folded in),
+//!   its look-ahead valued past the horizon by the zone's expected stay; `reactive` takes the
+//!   throughput-optimal configuration for the nodes present.
 //!
 //! Slots go to nodes by `strategies::assign` (maximum overlap with the layers each node holds,
 //! so survivors keep their stage when they can). All inputs come from the replicated state, so
@@ -26,17 +27,14 @@ use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, assign};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::spec::partition;
-use parcae_strategies::liveput::{LiveputOptimizer, PlanState};
-use parcae_strategies::predict::{Bounds, ForecastInput, NoticeAhead, Predictor, by_name};
+use parcae_strategies::liveput::{LiveputOptimizer, PlanState, Terminal};
+use parcae_strategies::predict::{ForecastInput, NoticeAhead, NoticeAware, Predictor, ZoneModel};
 use parcae_strategies::trace::Interval;
 
 use crate::config::{NodeConfig, PlanStrategy};
 use crate::raft::{GetPlanningInput, PlanningInput, ProposeCommand, Raft};
 use crate::status::{EstimateView, Estimates, Status};
 use model::JobShape;
-
-/// The predictor of the `liveput` strategy (see the module docs).
-const PREDICTOR: &str = "last+nopoisson+notices";
 
 /// The actor.
 pub struct Planner {
@@ -49,7 +47,7 @@ pub struct Planner {
     shape: JobShape,
     last_tick: Option<Instant>,
     optimizer: Option<(usize, LiveputOptimizer)>,
-    predictor: Box<dyn Predictor + Send>,
+    zone: NoticeAware<ZoneModel>,
 }
 
 impl Planner {
@@ -61,22 +59,18 @@ impl Planner {
             max_nodes: 64,
             restart_ms: 2000.0,
         };
-        let bounds = Bounds {
-            min_nodes: 1,
-            max_nodes: shape.max_nodes,
-        };
+        let interval = Duration::from_secs_f64(config.planner.interval_secs);
         Self {
             raft,
             status,
-            interval: Duration::from_secs_f64(config.planner.interval_secs),
+            interval,
             strategy: config.planner.strategy,
             pin: config.planner.pin.map(|[d, p]| ParallelConfig::new(d, p)),
             lookahead: usize::from(config.planner.lookahead),
             shape,
             last_tick: None,
             optimizer: None,
-            predictor: by_name(PREDICTOR, bounds, config.train.seed)
-                .expect("the built-in predictor name parses"),
+            zone: NoticeAware::new(ZoneModel::new(interval.as_secs_f64())),
         }
     }
 
@@ -132,7 +126,7 @@ impl Planner {
                 cost.best(n)
             }
             (_, PlanStrategy::Liveput) => {
-                let future = self.forecast(state, n);
+                let (future, terminal) = self.forecast(state, n);
                 let layers = cost.spec.layers.len();
                 let optimizer = match &mut self.optimizer {
                     Some((l, o)) if *l == layers => o,
@@ -141,13 +135,14 @@ impl Planner {
                         &mut slot.insert((layers, o)).1
                     }
                 };
-                let decision = optimizer.decide(
+                let decision = optimizer.decide_with_terminal(
                     PlanState {
                         nodes: n,
                         config: now,
                         leftover_ms: 0.0,
                     },
                     &future,
+                    terminal,
                 );
                 // The optimizer plans for the upcoming interval's count; never ask for more
                 // nodes than are here now.
@@ -173,9 +168,10 @@ impl Planner {
         Some(plan)
     }
 
-    /// The next `lookahead` intervals: persistence from the recorded availability plus the
-    /// nodes that announced they leave.
-    fn forecast(&mut self, state: &ControlState, n: u32) -> Vec<Interval> {
+    /// The next `lookahead` intervals from the zone model of the recorded availability, the
+    /// nodes that announced they leave folded in, and the zone's terminal value as the
+    /// forecast ends.
+    fn forecast(&mut self, state: &ControlState, n: u32) -> (Vec<Interval>, Terminal) {
         let mut history: Vec<Interval> = Vec::with_capacity(state.availability.len());
         let mut prev: Option<u32> = None;
         for s in &state.availability {
@@ -196,12 +192,19 @@ impl Planner {
             offset: 0,
             nodes: leaving,
         }];
-        self.predictor.forecast(&ForecastInput {
+        let future = self.zone.forecast(&ForecastInput {
             history: &history,
             known_next: Some(n),
             notices: if leaving > 0 { &notices } else { &[] },
             horizon: self.lookahead,
-        })
+        });
+        let end = future.last().map_or(n, |s| s.nodes);
+        let terminal = self.zone.inner().terminal(
+            history.len() + future.len(),
+            end,
+            self.interval.as_secs_f64() * 1000.0,
+        );
+        (future, terminal)
     }
 }
 

@@ -7,11 +7,11 @@
 //! hypergeometric weights when there are few, sampled with a seeded generator otherwise.
 //! Results are memoised per event.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::spec::RestartKind;
@@ -63,6 +63,19 @@ pub enum MigrationKind {
 struct Scenario {
     weight: f64,
     lost: Vec<u32>,
+    /// The most any stage lost: every stage keeps at least `d - most_lost` replicas.
+    most_lost: u32,
+}
+
+impl Scenario {
+    fn new(weight: f64, lost: Vec<u32>) -> Self {
+        let most_lost = lost.iter().copied().max().unwrap_or(0);
+        Self {
+            weight,
+            lost,
+            most_lost,
+        }
+    }
 }
 
 /// How the new stages of a repartition would like to be served by the old ones.
@@ -71,20 +84,23 @@ struct Ranking {
     lists: Vec<Vec<(u32, f64)>>,
     /// Per old stage, how many new stages rank it first.
     demand: Vec<u32>,
+    /// The largest of `demand`.
+    most_demand: u32,
     /// Missing parameters when every new stage gets its first choice: summed, and the last.
     first_choice: (f64, f64),
 }
 
 type Preference = Arc<Ranking>;
 
-/// Memoised expected migration costs for one cost model.
+/// Memoised expected migration costs for one cost model. The memos are keyed by a few small
+/// integers and looked up for every transition of every decision, so they hash with FxHash.
 pub struct MigrationCosts {
     model: Arc<CostModel>,
     seed: u64,
-    scenarios: HashMap<MigrationEvent, Arc<Vec<Scenario>>>,
-    per_event: HashMap<MigrationEvent, Vec<f64>>,
-    preference: HashMap<(u32, u32), Preference>,
-    fetch: HashMap<(MigrationEvent, u32), f64>,
+    scenarios: FxHashMap<MigrationEvent, Arc<Vec<Scenario>>>,
+    per_event: FxHashMap<MigrationEvent, Vec<(usize, f64)>>,
+    preference: FxHashMap<(u32, u32), Preference>,
+    fetch: FxHashMap<(MigrationEvent, u32), f64>,
 }
 
 impl MigrationCosts {
@@ -93,10 +109,10 @@ impl MigrationCosts {
         Self {
             model,
             seed,
-            scenarios: HashMap::new(),
-            per_event: HashMap::new(),
-            preference: HashMap::new(),
-            fetch: HashMap::new(),
+            scenarios: FxHashMap::default(),
+            per_event: FxHashMap::default(),
+            preference: FxHashMap::default(),
+            fetch: FxHashMap::default(),
         }
     }
 
@@ -105,34 +121,26 @@ impl MigrationCosts {
         &self.model
     }
 
-    /// Expected costs (ms) of moving after `ev` to the model's candidates, aligned with
-    /// [`CostModel::candidates`]: computed for the candidates at `wanted` indices (which must
-    /// fit the nodes left), `NaN` for those never asked for.
-    pub fn expected_for(&mut self, ev: MigrationEvent, wanted: &[usize]) -> &[f64] {
-        let missing: Vec<usize> = match self.per_event.get(&ev) {
-            Some(costs) if wanted.iter().all(|&i| !costs[i].is_nan()) => Vec::new(),
-            Some(costs) => wanted
-                .iter()
-                .copied()
-                .filter(|&i| costs[i].is_nan())
-                .collect(),
-            None => wanted.to_vec(),
-        };
-        if !missing.is_empty() {
-            let model = self.model.clone();
-            let computed: Vec<(usize, f64)> = missing
-                .into_iter()
-                .map(|i| (i, self.expected(ev, model.candidates()[i])))
-                .collect();
-            let costs = self
-                .per_event
-                .entry(ev)
-                .or_insert_with(|| vec![f64::NAN; model.candidates().len()]);
-            for (i, c) in computed {
-                costs[i] = c;
-            }
+    /// Expected costs (ms) of moving after `ev` to the model's candidates at the `wanted`
+    /// indices of [`CostModel::candidates`] (ascending; each must fit the nodes left), written
+    /// to `out` in the same order. Each event keeps only the costs asked for, sorted by
+    /// candidate: on a large cluster a decision asks for a few hundred of thousands of
+    /// candidates, for hundreds of events.
+    pub fn expected_for(&mut self, ev: MigrationEvent, wanted: &[usize], out: &mut Vec<f64>) {
+        let known = self.per_event.get(&ev).map(Vec::as_slice).unwrap_or(&[]);
+        let missing = merge_known(known, wanted, out);
+        if missing.is_empty() {
+            return;
         }
-        self.per_event.get(&ev).map(Vec::as_slice).unwrap_or(&[])
+        let model = self.model.clone();
+        let computed: Vec<(usize, f64)> = missing
+            .into_iter()
+            .map(|i| (i, self.expected(ev, model.candidates()[i])))
+            .collect();
+        let costs = self.per_event.entry(ev).or_default();
+        costs.extend(computed);
+        costs.sort_unstable_by_key(|&(k, _)| k);
+        merge_known(costs, wanted, out);
     }
 
     /// Expected cost (ms) of moving to `to` after `ev`.
@@ -143,7 +151,7 @@ impl MigrationCosts {
                 let scenarios = self.scenarios(ev);
                 scenarios
                     .iter()
-                    .map(|s| s.weight * self.same_depth(ev, to, &s.lost).1)
+                    .map(|s| s.weight * self.same_depth(ev, to, s).1)
                     .sum()
             }
             Shape::Repartition { fixed_ms } => fixed_ms + self.expected_fetch_ms(ev, to.p),
@@ -166,7 +174,7 @@ impl MigrationCosts {
                 let likely = scenarios
                     .iter()
                     .max_by(|a, b| a.weight.total_cmp(&b.weight));
-                likely.map_or(MigrationKind::None, |s| self.same_depth(ev, to, &s.lost).0)
+                likely.map_or(MigrationKind::None, |s| self.same_depth(ev, to, s).0)
             }
         };
         (cost, kind)
@@ -215,6 +223,7 @@ impl MigrationCosts {
         }
         let ranking = Arc::new(Ranking {
             lists,
+            most_demand: demand.iter().copied().max().unwrap_or(0),
             demand,
             first_choice,
         });
@@ -230,9 +239,9 @@ impl MigrationCosts {
             return Shape::Fixed(MigrationKind::None, 0.0);
         }
         let broadcast = if to.d > 1 {
-            m.stage_params(to.p)
+            m.stage_transfer_ms(to.p)
                 .iter()
-                .map(|&s| m.state_transfer_ms(s))
+                .copied()
                 .fold(0.0, f64::max)
         } else {
             0.0
@@ -257,22 +266,30 @@ impl MigrationCosts {
         &self,
         ev: MigrationEvent,
         to: ParallelConfig,
-        lost: &[u32],
+        scenario: &Scenario,
     ) -> (MigrationKind, f64) {
         let m = &self.model;
-        let survivors = lost.iter().map(|&k| ev.from.d - k);
-        if survivors.clone().min().unwrap_or(0) >= to.d {
+        let fewest_survivors = if scenario.lost.is_empty() {
+            0
+        } else {
+            ev.from.d - scenario.most_lost
+        };
+        if fewest_survivors >= to.d {
             let cost = m.spec.restart.groups_ms(to, RestartKind::Remove) + m.spec.restart.proc_ms();
             return (MigrationKind::Intra, cost);
         }
-        let stages = m.stage_params(to.p);
+        let stages = m.stage_transfer_ms(to.p);
         let (mut stage_cost, mut redundant) = (0.0f64, 0.0);
+        let survivors = scenario.lost.iter().map(|&k| ev.from.d - k);
         for (s, r) in survivors.enumerate() {
             let need = to.d.saturating_sub(r);
             if need == 0 {
                 continue;
             }
-            let c = m.state_transfer_ms(stages.get(s).copied().unwrap_or(0.0));
+            let c = stages
+                .get(s)
+                .copied()
+                .unwrap_or_else(|| m.state_transfer_ms(0.0));
             stage_cost = stage_cost.max(c);
             if need == to.d || (s as u32 + 1 == to.p && need + 1 == to.d) {
                 redundant += c;
@@ -293,16 +310,44 @@ impl MigrationCosts {
         let pref = self.preference(ev.from.p, to_p);
         let m = &self.model;
         let stages = m.stage_params(to_p);
-        let v = scenarios
+        // Most scenarios miss the same volume (every new stage gets its first choice), so the
+        // weights are summed per distinct volume before the transfer curve is read.
+        let mut volumes: Vec<(f64, f64)> = Vec::new();
+        for s in scenarios.iter() {
+            let missing = repartition_missing(m.repartition, &pref, &s.lost, ev.from.d, stages);
+            match volumes.iter_mut().find(|(v, _)| *v == missing) {
+                Some((_, w)) => *w += s.weight,
+                None => volumes.push((missing, s.weight)),
+            }
+        }
+        let v = volumes
             .iter()
-            .map(|s| {
-                let missing = repartition_missing(m.repartition, &pref, &s.lost, ev.from.d, stages);
-                s.weight * m.state_transfer_ms(missing)
-            })
+            .map(|&(missing, weight)| weight * m.state_transfer_ms(missing))
             .sum();
         self.fetch.insert(key, v);
         v
     }
+}
+
+/// The costs of `known` (sorted by candidate) at the ascending `wanted` candidates, into `out`
+/// (`NaN` where unknown), in one merged pass; returns the candidates not known.
+fn merge_known(known: &[(usize, f64)], wanted: &[usize], out: &mut Vec<f64>) -> Vec<usize> {
+    out.clear();
+    let mut missing = Vec::new();
+    let mut at = 0;
+    for &i in wanted {
+        while known.get(at).is_some_and(|&(k, _)| k < i) {
+            at += 1;
+        }
+        match known.get(at) {
+            Some(&(k, cost)) if k == i => out.push(cost),
+            _ => {
+                out.push(f64::NAN);
+                missing.push(i);
+            }
+        }
+    }
+    missing
 }
 
 /// Formula that prices a move (spec 3.3).
@@ -341,12 +386,15 @@ fn repartition_missing(
         RepartitionRule::Sum => sum,
         RepartitionRule::LastStage => last,
     };
-    // With enough survivors everywhere every new stage gets its first choice.
-    let plenty = pref
-        .demand
-        .iter()
-        .zip(lost)
-        .all(|(&want, &k)| old_d - k >= want);
+    // With enough survivors everywhere every new stage gets its first choice (at once when even
+    // the stage that lost most keeps what the most wanted stage needs).
+    let lost_most = lost.iter().copied().max().unwrap_or(0);
+    let plenty = old_d - lost_most >= pref.most_demand
+        || pref
+            .demand
+            .iter()
+            .zip(lost)
+            .all(|(&want, &k)| old_d - k >= want);
     if plenty && !pref.lists.is_empty() {
         return pick(pref.first_choice);
     }
@@ -403,10 +451,7 @@ fn build_scenarios(ev: MigrationEvent, seed: u64) -> Vec<Scenario> {
     let (d, p) = (ev.from.d, ev.from.p);
     let r = ev.removed.min(ev.nodes);
     if p == 0 || r == 0 {
-        return vec![Scenario {
-            weight: 1.0,
-            lost: vec![0; p as usize],
-        }];
+        return vec![Scenario::new(1.0, vec![0; p as usize])];
     }
     let spares = ev.nodes.saturating_sub(d * p);
     if count_vectors(p, d, spares, r) <= EXACT_SCENARIOS {
@@ -430,10 +475,7 @@ fn enumerate(
 ) {
     if stage == lost.len() {
         if left <= spares {
-            out.push(Scenario {
-                weight: w * choose(spares, left),
-                lost: lost.clone(),
-            });
+            out.push(Scenario::new(w * choose(spares, left), lost.clone()));
         }
         return;
     }
@@ -452,26 +494,29 @@ fn sample_scenarios(ev: MigrationEvent, r: u32, seed: u64) -> Vec<Scenario> {
     let mut rng = ChaCha8Rng::seed_from_u64(h);
     let (d, p) = (ev.from.d, ev.from.p);
     let active = d * p;
-    let mut counts: HashMap<Vec<u32>, usize> = HashMap::new();
+    let mut counts: FxHashMap<Vec<u32>, usize> = FxHashMap::default();
     let mut pool: Vec<u32> = (0..ev.nodes).collect();
+    let stage_of: Vec<usize> = (0..active).map(|node| (node % p) as usize).collect();
+    let mut lost = vec![0u32; p as usize];
     for _ in 0..SAMPLES {
-        let mut lost = vec![0u32; p as usize];
+        lost.fill(0);
         for i in 0..r as usize {
             let j = rng.random_range(i..pool.len());
             pool.swap(i, j);
-            let node = pool[i];
-            if node < active {
-                lost[(node % p) as usize] += 1;
+            if let Some(&stage) = stage_of.get(pool[i] as usize) {
+                lost[stage] += 1;
             }
         }
-        *counts.entry(lost).or_default() += 1;
+        match counts.get_mut(lost.as_slice()) {
+            Some(n) => *n += 1,
+            None => {
+                counts.insert(lost.clone(), 1);
+            }
+        }
     }
     let mut out: Vec<Scenario> = counts
         .into_iter()
-        .map(|(lost, n)| Scenario {
-            weight: n as f64 / SAMPLES as f64,
-            lost,
-        })
+        .map(|(lost, n)| Scenario::new(n as f64 / SAMPLES as f64, lost))
         .collect();
     out.sort_by(|a, b| a.lost.cmp(&b.lost));
     out

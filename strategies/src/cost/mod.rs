@@ -45,6 +45,9 @@ pub struct CostModel {
     pub repartition: RepartitionRule,
     candidates: Vec<ParallelConfig>,
     stage_params: Vec<Vec<f64>>,
+    /// Per depth, the time to move each stage's state (the migration costs ask for these for
+    /// every scenario of every event).
+    stage_transfer_ms: Vec<Vec<f64>>,
     prefix_params: Vec<f64>,
 }
 
@@ -60,7 +63,7 @@ impl CostModel {
         for l in &spec.layers {
             prefix_params.push(prefix_params.last().copied().unwrap_or(0.0) + l.params);
         }
-        let stage_params = (0..=spec.layers.len())
+        let stage_params: Vec<Vec<f64>> = (0..=spec.layers.len())
             .map(|p| {
                 if p == 0 {
                     return Vec::new();
@@ -71,6 +74,15 @@ impl CostModel {
                     .collect()
             })
             .collect();
+        let stage_transfer_ms = stage_params
+            .iter()
+            .map(|stages| {
+                stages
+                    .iter()
+                    .map(|&params| transfer.cost_ms(spec.state_bytes(params)))
+                    .collect()
+            })
+            .collect();
         Self {
             spec,
             throughput,
@@ -78,6 +90,7 @@ impl CostModel {
             repartition: RepartitionRule::default(),
             candidates,
             stage_params,
+            stage_transfer_ms,
             prefix_params,
         }
     }
@@ -116,6 +129,14 @@ impl CostModel {
     /// Parameters of each stage of a `p`-stage pipeline (empty for `p = 0`).
     pub fn stage_params(&self, p: u32) -> &[f64] {
         self.stage_params
+            .get(p as usize)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// Time to move the state of each stage of a `p`-stage pipeline, ms (empty for `p = 0`).
+    pub fn stage_transfer_ms(&self, p: u32) -> &[f64] {
+        self.stage_transfer_ms
             .get(p as usize)
             .map(Vec::as_slice)
             .unwrap_or(&[])

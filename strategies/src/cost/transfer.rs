@@ -69,7 +69,8 @@ impl TransferModel {
 /// beyond the last key proportional to the last point.
 fn profiled_us(bytes: f64) -> f64 {
     let table = &PROFILED_10GBPS;
-    match table.iter().position(|&(k, _)| k >= bytes) {
+    let first_at_least = table.partition_point(|&(k, _)| k < bytes);
+    match Some(first_at_least).filter(|&i| i < table.len()) {
         Some(0) => table[0].1,
         Some(i) => {
             let (k0, v0) = table[i - 1];

@@ -7,7 +7,10 @@
 //!   turn-point flattening, sticky damping, clamps to the job's [`Bounds`], seeded Poisson
 //!   injection), [`RuleConfig`] switching its quirks off when wanted;
 //! * the same rules with [`SeriesModel::Holt`], Parcae's exponential-smoothing alternative;
-//! * [`NoticeAware`], wrapping either and folding known preemption notices into the forecast.
+//! * [`NoticeAware`], wrapping either and folding known preemption notices into the forecast;
+//! * [`ZoneModel`], the zone's change rates learned online (quiet or churning, by hour of the
+//!   day), forecasting persistence plus the time-of-day drift and the expected stay beyond
+//!   the optimizer's horizon.
 //!
 //! [`by_name`] selects one by name for the CLI and the simulator; [`mean_l1_per_step`] measures
 //! accuracy on a trace.
@@ -34,6 +37,7 @@ mod eval;
 mod holt;
 mod notice;
 mod rules;
+mod zone;
 
 use std::fmt;
 use std::str::FromStr;
@@ -47,6 +51,7 @@ pub use notice::{NoticeAware, fold_notices};
 pub use rules::{
     RuleConfig, RulePredictor, SeriesModel, flatten_turn_point, history_window, remove_outliers,
 };
+pub use zone::{Regime, ZoneModel};
 
 /// A preemption notice already received when a forecast is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +85,12 @@ pub trait Predictor {
 }
 
 impl<P: Predictor + ?Sized> Predictor for Box<P> {
+    fn forecast(&mut self, input: &ForecastInput<'_>) -> Vec<Interval> {
+        (**self).forecast(input)
+    }
+}
+
+impl<P: Predictor + ?Sized> Predictor for &mut P {
     fn forecast(&mut self, input: &ForecastInput<'_>) -> Vec<Interval> {
         (**self).forecast(input)
     }

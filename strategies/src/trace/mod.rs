@@ -6,7 +6,8 @@
 //! (`[t_ms, op, {...}]`). Parsing turns every line into arrivals and departures, merges those of
 //! the same whole second and bins them into intervals with Parcae's rule ([`Binning`]).
 //! `synthetic:BAND[:SEED]` names a seeded generated trace instead ([`SyntheticSpec`]), the
-//! project's embedded default.
+//! project's embedded default; `synthetic:FAMILY[:SEED]` a seeded multi-day zone ([`ZoneSpec`]:
+//! quiet, outage, diurnal, shifting).
 //!
 //! Inputs are untrusted: sizes are bounded ([`MAX_INPUT_BYTES`], [`MAX_NODES`],
 //! [`MAX_INTERVALS`]) and every problem is a [`TraceError`] whose message is one line
@@ -16,6 +17,7 @@ mod bin;
 mod error;
 mod parse;
 mod synthetic;
+mod zones;
 
 use std::io::Read;
 use std::ops::Range;
@@ -26,6 +28,7 @@ pub use bin::Binning;
 pub use error::{TraceError, TraceErrorKind};
 pub use parse::{Format, detect_format};
 pub use synthetic::{Band, BandStats, SyntheticSpec};
+pub use zones::{Family, ZoneSpec};
 
 /// Parcae's interval length (spec 1.1).
 pub const DEFAULT_INTERVAL_SECS: u64 = 60;
@@ -62,6 +65,24 @@ impl Interval {
     }
 }
 
+/// Consistent intervals for successive node counts, starting from `before` nodes: each
+/// interval's event is the arrival or preemption of the difference.
+pub fn intervals_from_counts(before: u32, counts: impl IntoIterator<Item = u32>) -> Vec<Interval> {
+    let mut prev = before;
+    counts
+        .into_iter()
+        .map(|n| {
+            let iv = Interval {
+                nodes: n,
+                added: n.saturating_sub(prev),
+                removed: prev.saturating_sub(n),
+            };
+            prev = n;
+            iv
+        })
+        .collect()
+}
+
 /// A whole availability trace, binned.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Trace {
@@ -91,7 +112,8 @@ impl Default for ParseOptions {
     }
 }
 
-/// Loads a trace from `spec`: a file path, or `synthetic:BAND[:SEED][:nodes=N][:intervals=K]`.
+/// Loads a trace from `spec`: a file path, `synthetic:BAND[:SEED][:nodes=N][:intervals=K]` or
+/// `synthetic:FAMILY[:SEED][:nodes=N][:days=D]`.
 pub fn load(spec: &str, interval_secs: u64) -> Result<Trace, TraceError> {
     load_with(
         spec,
@@ -105,10 +127,14 @@ pub fn load(spec: &str, interval_secs: u64) -> Result<Trace, TraceError> {
 /// [`load`] with all options.
 pub fn load_with(spec: &str, options: &ParseOptions) -> Result<Trace, TraceError> {
     check_interval_secs(spec, options.interval_secs)?;
-    if spec.starts_with("synthetic:") {
-        return SyntheticSpec::parse(spec, options.interval_secs)
-            .map(|s| s.generate())
-            .map_err(|e| TraceError::whole(spec, TraceErrorKind::BadSynthetic(e)));
+    if let Some(rest) = spec.strip_prefix("synthetic:") {
+        let name = rest.split(':').next().unwrap_or_default();
+        let generated = if Family::from_name(name).is_some() {
+            ZoneSpec::parse(spec, options.interval_secs).map(|s| s.generate())
+        } else {
+            SyntheticSpec::parse(spec, options.interval_secs).map(|s| s.generate())
+        };
+        return generated.map_err(|e| TraceError::whole(spec, TraceErrorKind::BadSynthetic(e)));
     }
     let unreadable =
         |e: std::io::Error| TraceError::whole(spec, TraceErrorKind::Unreadable(e.to_string()));

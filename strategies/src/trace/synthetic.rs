@@ -119,7 +119,11 @@ impl FromStr for Band {
         Band::ALL
             .into_iter()
             .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown band {s:?} (expected hh, hl, lh or ll)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown band {s:?} (expected hh, hl, lh or ll, or a multi-day zone: quiet, outage, diurnal or shifting)"
+                )
+            })
     }
 }
 
@@ -194,14 +198,16 @@ impl SyntheticSpec {
 
     /// The canonical name of this spec (`synthetic:hh:7`, plus non-default parameters).
     pub fn name(&self) -> String {
-        let mut name = format!("synthetic:{}:{}", self.band, self.seed);
-        if self.capacity != Self::DEFAULT_CAPACITY {
-            name += &format!(":nodes={}", self.capacity);
-        }
-        if self.intervals != Self::DEFAULT_INTERVALS {
-            name += &format!(":intervals={}", self.intervals);
-        }
-        name
+        spec_name(
+            self.band,
+            self.seed,
+            [
+                (self.capacity != Self::DEFAULT_CAPACITY)
+                    .then(|| format!("nodes={}", self.capacity)),
+                (self.intervals != Self::DEFAULT_INTERVALS)
+                    .then(|| format!("intervals={}", self.intervals)),
+            ],
+        )
     }
 
     /// Generates the trace. The first interval is the initial allocation (`added` = its
@@ -213,9 +219,15 @@ impl SyntheticSpec {
         let (lo, hi) = (level(stats.min), level(stats.max));
         let start = level(stats.start).clamp(lo, hi);
         let mean = stats.mean * scale;
-        let spread = f64::from(hi - lo).max(1.0);
         let per_interval = self.interval_secs as f64 / 3600.0;
 
+        let mood = Mood {
+            mean,
+            lo,
+            hi,
+            preemptions_per_hour: stats.preemption_events,
+            arrivals_per_hour: stats.arrival_events,
+        };
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.band as u64);
         let mut intervals = Vec::with_capacity(self.intervals);
@@ -226,27 +238,8 @@ impl SyntheticSpec {
             removed: 0,
         });
         while intervals.len() < self.intervals {
-            let pull = ((f64::from(nodes) - mean) / spread).clamp(-1.0, 1.0);
-            let mut p_out = stats.preemption_events * per_interval * (1.0 + TILT * pull).max(0.0);
-            let mut p_in = stats.arrival_events * per_interval * (1.0 - TILT * pull).max(0.0);
-            if p_out + p_in > 1.0 {
-                let total = p_out + p_in;
-                p_out /= total;
-                p_in /= total;
-            }
-            let u: f64 = rng.random();
-            let mut event = Interval {
-                nodes,
-                added: 0,
-                removed: 0,
-            };
-            if u < p_out {
-                event.removed = scaled_size(&mut rng, &PREEMPTION_SIZES, scale).min(nodes - lo);
-            } else if u < p_out + p_in {
-                event.added = scaled_size(&mut rng, &ARRIVAL_SIZES, scale).min(hi - nodes);
-            }
-            nodes = nodes + event.added - event.removed;
-            event.nodes = nodes;
+            let event = mood.step(&mut rng, nodes, per_interval, scale);
+            nodes = event.nodes;
             intervals.push(event);
         }
         Trace {
@@ -254,6 +247,74 @@ impl SyntheticSpec {
             interval_secs: self.interval_secs,
             intervals,
         }
+    }
+}
+
+/// `synthetic:KIND:SEED` followed by `:PARAMETER` for each parameter given.
+pub(super) fn spec_name(
+    kind: impl fmt::Display,
+    seed: u64,
+    parameters: impl IntoIterator<Item = Option<String>>,
+) -> String {
+    let mut name = format!("synthetic:{kind}:{seed}");
+    for p in parameters.into_iter().flatten() {
+        name += ":";
+        name += &p;
+    }
+    name
+}
+
+/// How a zone behaves for a while: the level it is pulled towards, its range, and its base
+/// event rates. One step has at most one event: a preemption or an arrival, their rates tilted
+/// towards `mean` (more preemptions above it, more arrivals below it), sizes drawn from the p3
+/// trace's and scaled, truncated to `[lo, hi]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Mood {
+    /// Level the count is pulled towards.
+    pub mean: f64,
+    /// Fewest nodes.
+    pub lo: u32,
+    /// Most nodes.
+    pub hi: u32,
+    /// Preemption events per hour at the mean.
+    pub preemptions_per_hour: f64,
+    /// Arrival events per hour at the mean.
+    pub arrivals_per_hour: f64,
+}
+
+impl Mood {
+    /// One interval from `nodes` (intervals of `per_interval` hours, sizes times `scale`).
+    pub fn step(
+        &self,
+        rng: &mut ChaCha8Rng,
+        nodes: u32,
+        per_interval: f64,
+        scale: f64,
+    ) -> Interval {
+        let spread = f64::from(self.hi.saturating_sub(self.lo)).max(1.0);
+        let pull = ((f64::from(nodes) - self.mean) / spread).clamp(-1.0, 1.0);
+        let mut p_out = self.preemptions_per_hour * per_interval * (1.0 + TILT * pull).max(0.0);
+        let mut p_in = self.arrivals_per_hour * per_interval * (1.0 - TILT * pull).max(0.0);
+        if p_out + p_in > 1.0 {
+            let total = p_out + p_in;
+            p_out /= total;
+            p_in /= total;
+        }
+        let u: f64 = rng.random();
+        let mut event = Interval {
+            nodes,
+            added: 0,
+            removed: 0,
+        };
+        if u < p_out {
+            event.removed =
+                scaled_size(rng, &PREEMPTION_SIZES, scale).min(nodes.saturating_sub(self.lo));
+        } else if u < p_out + p_in {
+            event.added =
+                scaled_size(rng, &ARRIVAL_SIZES, scale).min(self.hi.saturating_sub(nodes));
+        }
+        event.nodes = nodes + event.added - event.removed;
+        event
     }
 }
 
