@@ -161,36 +161,25 @@ impl SyntheticSpec {
 
     /// Parses `synthetic:BAND[:SEED][:nodes=N][:intervals=K]` (seed defaults to 0).
     pub fn parse(spec: &str, interval_secs: u64) -> Result<Self, String> {
-        let rest = spec
-            .strip_prefix("synthetic:")
-            .ok_or_else(|| "expected synthetic:BAND[:SEED][:nodes=N][:intervals=K]".to_owned())?;
-        let mut parts = rest.split(':');
-        let band: Band = parts.next().unwrap_or_default().parse()?;
+        let parts = SpecParts::parse(
+            spec,
+            "synthetic:BAND[:SEED][:nodes=N][:intervals=K]",
+            str::parse::<Band>,
+        )?;
         let mut out = Self {
             interval_secs,
-            ..Self::new(band, 0)
+            ..Self::new(parts.kind, parts.seed)
         };
-        for (i, part) in parts.enumerate() {
-            let number = |v: &str, what: &str| {
-                v.parse::<u64>()
-                    .map_err(|_| format!("{what} {v:?} is not a non-negative integer"))
-            };
-            match part.split_once('=') {
-                Some(("nodes", v)) => {
-                    out.capacity = u32::try_from(number(v, "nodes")?)
-                        .ok()
-                        .filter(|n| (1..=MAX_NODES).contains(n))
-                        .ok_or_else(|| format!("nodes must be 1 to {MAX_NODES}"))?;
-                }
-                Some(("intervals", v)) => {
-                    out.intervals = usize::try_from(number(v, "intervals")?)
+        for (key, v) in parts.parameters {
+            match key {
+                "nodes" => out.capacity = parse_nodes(v)?,
+                "intervals" => {
+                    out.intervals = usize::try_from(parse_count(v, "intervals")?)
                         .ok()
                         .filter(|n| (1..=MAX_INTERVALS).contains(n))
                         .ok_or_else(|| format!("intervals must be 1 to {MAX_INTERVALS}"))?;
                 }
-                Some((key, _)) => return Err(format!("unknown parameter {key:?}")),
-                None if i == 0 => out.seed = number(part, "seed")?,
-                None => return Err(format!("unexpected {part:?}")),
+                _ => return Err(format!("unknown parameter {key:?}")),
             }
         }
         Ok(out)
@@ -248,6 +237,58 @@ impl SyntheticSpec {
             intervals,
         }
     }
+}
+
+/// The pieces of a synthetic trace spec, `synthetic:KIND[:SEED][:KEY=VALUE]...`.
+pub(super) struct SpecParts<'a, K> {
+    /// The kind (a band or a zone family).
+    pub kind: K,
+    /// The seed, 0 when not given.
+    pub seed: u64,
+    /// `KEY=VALUE` parameters in the order given.
+    pub parameters: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a, K> SpecParts<'a, K> {
+    /// Splits `spec`, reading its kind with `kind` first; `grammar` names the form in errors.
+    pub fn parse(
+        spec: &'a str,
+        grammar: &str,
+        kind: impl FnOnce(&str) -> Result<K, String>,
+    ) -> Result<Self, String> {
+        let rest = spec
+            .strip_prefix("synthetic:")
+            .ok_or_else(|| format!("expected {grammar}"))?;
+        let mut pieces = rest.split(':');
+        let kind = kind(pieces.next().unwrap_or_default())?;
+        let mut out = Self {
+            kind,
+            seed: 0,
+            parameters: Vec::new(),
+        };
+        for (i, piece) in pieces.enumerate() {
+            match piece.split_once('=') {
+                Some(kv) => out.parameters.push(kv),
+                None if i == 0 => out.seed = parse_count(piece, "seed")?,
+                None => return Err(format!("unexpected {piece:?}")),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A non-negative integer parameter called `what`.
+pub(super) fn parse_count(v: &str, what: &str) -> Result<u64, String> {
+    v.parse::<u64>()
+        .map_err(|_| format!("{what} {v:?} is not a non-negative integer"))
+}
+
+/// The `nodes` parameter: 1 to [`MAX_NODES`].
+pub(super) fn parse_nodes(v: &str) -> Result<u32, String> {
+    u32::try_from(parse_count(v, "nodes")?)
+        .ok()
+        .filter(|n| (1..=MAX_NODES).contains(n))
+        .ok_or_else(|| format!("nodes must be 1 to {MAX_NODES}"))
 }
 
 /// `synthetic:KIND:SEED` followed by `:PARAMETER` for each parameter given.

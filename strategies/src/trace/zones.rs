@@ -24,8 +24,8 @@ use std::fmt;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::synthetic::{Mood, spec_name};
-use super::{Interval, MAX_INTERVALS, MAX_NODES, Trace};
+use super::synthetic::{Mood, SpecParts, parse_nodes, spec_name};
+use super::{Interval, MAX_INTERVALS, Trace};
 
 /// A multi-day zone shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -124,24 +124,14 @@ impl ZoneSpec {
 
     /// Parses `synthetic:FAMILY[:SEED][:nodes=N][:days=D]` (seed defaults to 0).
     pub fn parse(spec: &str, interval_secs: u64) -> Result<Self, String> {
-        let rest = spec
-            .strip_prefix("synthetic:")
-            .ok_or_else(|| "expected synthetic:FAMILY[:SEED][:nodes=N][:days=D]".to_owned())?;
-        let mut parts = rest.split(':');
-        let name = parts.next().unwrap_or_default();
-        let family =
-            Family::from_name(name).ok_or_else(|| format!("unknown zone family {name:?}"))?;
-        let mut out = Self::new(family, 0, interval_secs);
-        for (i, part) in parts.enumerate() {
-            match part.split_once('=') {
-                Some(("nodes", v)) => {
-                    out.capacity = v
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|n| (1..=MAX_NODES).contains(n))
-                        .ok_or_else(|| format!("nodes must be 1 to {MAX_NODES}"))?;
-                }
-                Some(("days", v)) => {
+        let parts = SpecParts::parse(spec, "synthetic:FAMILY[:SEED][:nodes=N][:days=D]", |name| {
+            Family::from_name(name).ok_or_else(|| format!("unknown zone family {name:?}"))
+        })?;
+        let mut out = Self::new(parts.kind, parts.seed, interval_secs);
+        for (key, v) in parts.parameters {
+            match key {
+                "nodes" => out.capacity = parse_nodes(v)?,
+                "days" => {
                     let days = v
                         .parse::<f64>()
                         .ok()
@@ -152,13 +142,7 @@ impl ZoneSpec {
                         return Err(format!("{days} days exceed {MAX_INTERVALS} intervals"));
                     }
                 }
-                Some((key, _)) => return Err(format!("unknown parameter {key:?}")),
-                None if i == 0 => {
-                    out.seed = part
-                        .parse()
-                        .map_err(|_| format!("seed {part:?} is not a non-negative integer"))?;
-                }
-                None => return Err(format!("unexpected {part:?}")),
+                _ => return Err(format!("unknown parameter {key:?}")),
             }
         }
         Ok(out)
