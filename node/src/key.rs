@@ -68,7 +68,7 @@ impl ClusterKey {
     /// safe to log, so that operators can check that two nodes use the same key.
     pub fn fingerprint(&self) -> String {
         let digest = Sha256::digest(self.0);
-        to_hex(&digest[..8])
+        hex::encode(&digest[..8])
     }
 
     /// Parses the file format: 64 hex digits, surrounding whitespace ignored.
@@ -82,18 +82,19 @@ impl ClusterKey {
             });
         }
         let mut out = [0u8; CLUSTER_KEY_LEN];
-        let digits = text.as_bytes();
-        for (i, byte) in out.iter_mut().enumerate() {
-            let hi = hex_value(digits[2 * i]).ok_or_else(|| KeyError::Hex {
+        hex::decode_to_slice(text, &mut out).map_err(|e| match e {
+            hex::FromHexError::InvalidHexCharacter { index, .. } => KeyError::Hex {
                 path: path.to_owned(),
-                position: 2 * i,
-            })?;
-            let lo = hex_value(digits[2 * i + 1]).ok_or_else(|| KeyError::Hex {
-                path: path.to_owned(),
-                position: 2 * i + 1,
-            })?;
-            *byte = (hi << 4) | lo;
-        }
+                position: index,
+            },
+            hex::FromHexError::OddLength | hex::FromHexError::InvalidStringLength => {
+                KeyError::Length {
+                    path: path.to_owned(),
+                    expected: CLUSTER_KEY_LEN * 2,
+                    found: text.chars().count(),
+                }
+            }
+        })?;
         Ok(Self(out))
     }
 
@@ -110,12 +111,11 @@ impl ClusterKey {
     /// Writes the key file, readable by its owner only, refusing to overwrite an existing file
     /// (overwriting would silently lock this node out of its cluster).
     pub fn store(&self, path: &Path) -> Result<(), KeyError> {
-        crate::fsutil::write_private_new(path, format!("{}\n", to_hex(&self.0)).as_bytes()).map_err(
-            |source| KeyError::Io {
+        crate::fsutil::write_private_new(path, format!("{}\n", hex::encode(self.0)).as_bytes())
+            .map_err(|source| KeyError::Io {
                 path: path.display().to_string(),
                 source,
-            },
-        )
+            })
     }
 }
 
@@ -123,19 +123,6 @@ impl fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ClusterKey(fingerprint {})", self.fingerprint())
     }
-}
-
-fn hex_value(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -8,14 +8,17 @@
 //!
 //! * [`net::actor::Network`], on its own arbiter (thread): the only owner of the libp2p
 //!   `Swarm`, polled by a small `ActorFuture` so handlers can call the swarm directly. Reports
-//!   everything as [`net::actor::NetEvent`]s to the raft actor.
-//! * [`raft::Raft`]: drives `parcae_consensus::RaftNode` (tick, step, propose, drive), sends
-//!   raft messages through `Network`, keeps this node's `Join` current, proposes `Notice` for
-//!   notices, and on the leader `Lost` (unreachable > `lost_timeout_ms`) and `Leave` (gone after
-//!   its deadline). Membership changes (learners, at most `max_voters` odd voters, replacing a
-//!   leaving voter by a caught-up learner) are planned inside the consensus crate.
-//! * [`planner::Planner`]: on the leader, proposes `AvailabilityTick` every planning interval
-//!   from the replicated state (so any new leader continues the sequence).
+//!   everything as [`net::actor::NetEvent`]s to the control driver.
+//! * [`control::ControlDriver`], on its own arbiter: the only owner of the
+//!   `parcae_consensus::RaftNode`; drains its mailbox, then runs one ready cycle and publishes
+//!   the applied state and the leadership on watch channels. Every other part holds a
+//!   [`control::ControlHandle`] (one `propose`, the watch receivers). Its decisions (who may
+//!   propose what, lost members, this node's `Join`, the `/status` projection) are pure
+//!   functions in [`control`]. Membership changes (learners, at most `max_voters` odd voters,
+//!   replacing a leaving voter by a caught-up learner) are planned inside the consensus crate.
+//! * [`planner::Planner`]: on the leader, woken by every change of the state or the
+//!   leadership: proposes `AvailabilityTick` every planning interval and `Reconfigure` when the
+//!   plan must change.
 //! * [`watch::NoticeWatcher`]: SIGTERM/SIGINT (deadline = now + grace, default 30 s) and the
 //!   AWS IMDSv2 / GCE / Azure metadata pollers (configurable base URLs, own threads).
 //! * the trainer ([`train`], a dedicated thread plus a small tokio runtime for the data plane):
@@ -59,6 +62,7 @@
 //! workspace lock. The APIs used here are the same in both.
 
 pub mod config;
+pub mod control;
 pub mod dataplane;
 pub mod fsutil;
 pub mod identity;
@@ -67,7 +71,6 @@ pub mod metrics;
 pub mod net;
 pub mod notice;
 pub mod planner;
-pub mod raft;
 pub mod runtime;
 pub mod status;
 pub mod train;

@@ -1,61 +1,44 @@
-//! Process-wide counters and gauges, rendered as Prometheus text by the status server.
+//! Process-wide counters and gauges, exposed on `/metrics` in the OpenMetrics text format by
+//! `prometheus-client`.
 //!
-//! Plain atomics shared through an `Arc`: every actor bumps its counters without a message hop,
-//! and a scrape never blocks an actor.
+//! The metrics are atomics shared through an `Arc`: every actor bumps its counters without a
+//! message hop, and a scrape never blocks an actor.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-/// A monotonically increasing counter.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
-impl Counter {
-    /// Adds one.
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-    /// Current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+/// A value that goes up and down (all of ours are counts or indexes).
+pub type UGauge = Gauge<u64, AtomicU64>;
 
-/// A value that goes up and down.
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicU64);
-
-impl Gauge {
-    /// Replaces the value.
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-    /// Current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+/// The content type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 macro_rules! metrics {
-    ($( $field:ident : $kind:ident => $help:literal ),* $(,)?) => {
-        /// All metrics of one node process.
-        #[derive(Debug, Default)]
+    ($( $field:ident : $kind:ty => $help:literal ),* $(,)?) => {
+        /// All metrics of one node process, each named `parcae_<field>`.
+        #[derive(Debug)]
         pub struct Metrics {
             $( #[doc = $help] pub $field: $kind, )*
+            registry: Registry,
         }
 
-        impl Metrics {
-            /// Renders every metric in the Prometheus text exposition format (version 0.0.4),
-            /// each name prefixed with `parcae_`.
-            pub fn render(&self) -> String {
-                let mut out = String::new();
+        impl Default for Metrics {
+            fn default() -> Self {
+                let mut registry = Registry::with_prefix("parcae");
                 $(
-                    let kind = match stringify!($kind) { "Counter" => "counter", _ => "gauge" };
-                    let _ = writeln!(out, "# HELP parcae_{} {}", stringify!($field), $help);
-                    let _ = writeln!(out, "# TYPE parcae_{} {}", stringify!($field), kind);
-                    let _ = writeln!(out, "parcae_{} {}", stringify!($field), self.$field.get());
+                    let $field = <$kind>::default();
+                    // OpenMetrics counters are registered without the `_total` their samples get.
+                    registry.register(
+                        stringify!($field).trim_end_matches("_total"),
+                        $help,
+                        $field.clone(),
+                    );
                 )*
-                out
+                Self { $( $field, )* registry }
             }
         }
     };
@@ -64,7 +47,7 @@ macro_rules! metrics {
 metrics! {
     connections_established_total: Counter => "Connections that passed admission.",
     connections_failed_total: Counter => "Connections refused or failed before admission completed.",
-    peers_connected: Gauge => "Peers with at least one established connection.",
+    peers_connected: UGauge => "Peers with at least one established connection.",
     control_frames_in_total: Counter => "Control frames received.",
     control_frames_out_total: Counter => "Control frames sent.",
     control_send_failures_total: Counter => "Control frames that could not be delivered.",
@@ -72,16 +55,26 @@ metrics! {
     notices_published_total: Counter => "Preemption notices this node gossiped.",
     notices_received_total: Counter => "Valid preemption notices received from peers.",
     notices_rejected_total: Counter => "Gossip messages on the notice topic that failed validation.",
-    raft_term: Gauge => "Current raft term.",
-    raft_is_leader: Gauge => "1 when this node is the raft leader.",
-    raft_commit_index: Gauge => "Highest committed raft log index.",
-    raft_applied_index: Gauge => "Highest raft log index applied to the control state.",
+    raft_term: UGauge => "Current raft term.",
+    raft_is_leader: UGauge => "1 when this node is the raft leader.",
+    raft_commit_index: UGauge => "Highest committed raft log index.",
+    raft_applied_index: UGauge => "Highest raft log index applied to the control state.",
     raft_proposals_total: Counter => "Commands this node proposed or forwarded.",
-    members: Gauge => "Members in the replicated membership.",
-    raft_refused_messages: Gauge => "Raft messages refused: oversized, malformed, forged sender, non-member.",
-    raft_rejected_commands: Gauge => "Committed commands the state machine rejected.",
-    raft_membership_proposals: Gauge => "Configuration changes this node proposed as leader.",
-    raft_snapshots_installed: Gauge => "Snapshots installed from a leader.",
+    members: UGauge => "Members in the replicated membership.",
+    raft_refused_messages: UGauge => "Raft messages refused: oversized, malformed, forged sender, non-member.",
+    raft_rejected_commands: UGauge => "Committed commands the state machine rejected.",
+    raft_membership_proposals: UGauge => "Configuration changes this node proposed as leader.",
+    raft_snapshots_installed: UGauge => "Snapshots installed from a leader.",
+}
+
+impl Metrics {
+    /// Every metric in the OpenMetrics text format ([`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
 }
 
 #[cfg(test)]
@@ -89,15 +82,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_prometheus_text() {
+    fn renders_openmetrics_text() {
         let m = Metrics::default();
         m.control_frames_in_total.inc();
         m.control_frames_in_total.inc();
         m.raft_term.set(7);
         let text = m.render();
-        assert!(text.contains(
-            "# TYPE parcae_control_frames_in_total counter\nparcae_control_frames_in_total 2\n"
-        ));
-        assert!(text.contains("# TYPE parcae_raft_term gauge\nparcae_raft_term 7\n"));
+        assert!(
+            text.contains(
+                "# TYPE parcae_control_frames_in counter\nparcae_control_frames_in_total 2\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE parcae_raft_term gauge\nparcae_raft_term 7\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

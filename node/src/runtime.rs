@@ -10,13 +10,14 @@ use actix::prelude::*;
 use libp2p::Multiaddr;
 
 use crate::config::{NodeConfig, PlanStrategy};
+use crate::control::driver::Outlets;
+use crate::control::{ControlDriver, ControlPlane, RaftActorError, RaftSetup, open_node};
 use crate::identity::{self, IdentityError};
 use crate::key::ClusterKey;
 use crate::metrics::Metrics;
 use crate::net::actor::{MissingPeerId, Network, split_peer_addr};
 use crate::net::swarm::{SwarmError, build_swarm};
 use crate::planner::Planner;
-use crate::raft::{Raft, RaftActorError, RaftSetup, open_node};
 use crate::status::{HttpError, Published, Status, StatusSnapshot, serve_http};
 use crate::train::{TrainError, TrainerContext, TrainerLauncher};
 use crate::watch::NoticeWatcher;
@@ -105,11 +106,12 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let config = opts.config;
     let listen = opts.listen;
     let status = system.block_on(async { Status::new(cells).start() });
-    let (view_tx, view_rx) = tokio::sync::watch::channel(Arc::default());
-    let (submit_tx, submit_rx) = tokio::sync::mpsc::unbounded_channel();
+    let control = ControlPlane::new();
+    let handle = control.handle();
     let data_addr = match opts.trainer {
         Some(launch) => {
             let publish = status.clone().recipient();
+            let reports = handle.clone();
             Some(launch(TrainerContext {
                 me: parcae_consensus::NodeId::from_peer_bytes(&peer_id.to_bytes()),
                 keypair: keypair.clone(),
@@ -117,10 +119,8 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
                 data_dir: opts.data_dir.clone(),
                 bind_ip: listen_ip(&listen),
                 data_port: config.train.data_port,
-                view: view_rx,
-                submit: Arc::new(move |c| {
-                    let _ = submit_tx.send(c);
-                }),
+                view: handle.state(),
+                submit: Arc::new(move |c| reports.submit(c)),
                 publish: Box::new(move |v| publish.do_send(v)),
                 peer_timeout: Duration::from_secs_f64(config.train.peer_timeout_secs),
                 restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
@@ -141,29 +141,26 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     };
     let raft_node = open_node(&setup, &config)?;
     let swarm = build_swarm(keypair, opts.cluster_key, &config.net_limits())?;
+    let net_arbiter = Arbiter::new();
+    let control_arbiter = Arbiter::new();
     system.block_on(async move {
-        let net_arbiter = Arbiter::new();
-        let raft = Raft::create(|ctx| {
-            ctx.add_stream(futures::stream::unfold(submit_rx, |mut rx| async move {
-                rx.recv().await.map(|c| (c, rx))
-            }));
-            let events = ctx.address().recipient();
-            let net_metrics = metrics.clone();
-            let net = Network::start_in_arbiter(&net_arbiter.handle(), move |_| {
-                Network::new(swarm, listen, bootstrap, events, net_metrics)
-            });
-            Raft::new(
-                raft_node,
-                setup,
-                config.clone(),
-                net,
-                status.clone(),
-                metrics,
-                view_tx,
-            )
+        let events = handle.driver().clone().recipient();
+        let net_metrics = metrics.clone();
+        let net = Network::start_in_arbiter(&net_arbiter.handle(), move |_| {
+            Network::new(swarm, listen, bootstrap, events, net_metrics)
         });
-        NoticeWatcher::new(&config, raft.clone().recipient()).start();
-        Planner::new(raft, status, &config).start();
+        let driver_config = config.clone();
+        let driver_status = status.clone();
+        control.start(&control_arbiter.handle(), move |watches| {
+            let out = Outlets {
+                watches,
+                status: driver_status,
+                metrics,
+            };
+            ControlDriver::new(raft_node, setup, driver_config, net, out)
+        });
+        NoticeWatcher::new(&config, handle.driver().clone().recipient()).start();
+        Planner::new(handle, status, &config).start();
     });
     Ok(system.run_with_code()?)
 }

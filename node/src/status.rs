@@ -1,7 +1,7 @@
 //! The `Status` actor and the HTTP endpoints `/status` (JSON), `/steps` (JSON: the committed
-//! steps applied here) and `/metrics` (Prometheus text).
+//! steps applied here) and `/metrics` (OpenMetrics text).
 //!
-//! The raft actor pushes a [`StatusSnapshot`] whenever something visible changes and a
+//! The control driver pushes a [`StatusSnapshot`] whenever something visible changes and a
 //! [`StepRecord`] for every committed step; the trainer pushes its [`TrainingView`]. The `Status`
 //! actor renders them to JSON once and publishes them in shared cells. The HTTP server runs on its
 //! own thread (tiny_http) and only reads that cell and the metrics atomics, so a slow or hostile
@@ -400,7 +400,7 @@ fn route(
             Ok(from) => (200, "application/json", render_steps(&json.steps, from)),
             Err(reason) => (400, "text/plain", format!("{reason}\n")),
         },
-        "/metrics" => (200, "text/plain; version=0.0.4", metrics.render()),
+        "/metrics" => (200, crate::metrics::CONTENT_TYPE, metrics.render()),
         _ => (404, "text/plain", "not found\n".into()),
     }
 }

@@ -389,7 +389,9 @@ impl Cluster {
         match (&node.imds, self.opts.notice) {
             (Some(imds), _) => imds.arm(deadline_wall),
             (None, NoticeMode::None) => {}
-            (None, _) => self.supervisor.signal(node.child, libc::SIGTERM),
+            (None, _) => self
+                .supervisor
+                .signal(node.child, nix::sys::signal::Signal::SIGTERM),
         }
         node.phase = Phase::Leaving { deadline };
     }

@@ -20,6 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::{Pid, getpid, getppid};
+
 use crate::error::TestnetError;
 
 /// What to start: program, arguments, extra environment, and the file for stdout and stderr.
@@ -54,24 +58,25 @@ impl Supervisor {
     pub fn spawn(&mut self, s: &Spawn<'_>) -> std::io::Result<ChildId> {
         let log = File::options().create(true).append(true).open(s.log)?;
         let err = log.try_clone()?;
-        let parent = std::process::id() as libc::pid_t;
+        let parent = getpid();
         let mut cmd = Command::new(s.program);
         cmd.args(s.args)
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err);
         for (k, v) in s.env {
             cmd.env(k, v);
         }
-        // SAFETY: only async-signal-safe calls (setpgid, prctl, getppid, _exit) between fork and
-        // exec, as `pre_exec` requires.
+        // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec, as
+        // `pre_exec` requires.
         unsafe {
             cmd.pre_exec(move || {
-                libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                // The testnet may have died between fork and prctl: then nobody will kill us.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
+                set_pdeathsig(Signal::SIGKILL)?;
+                // The testnet may have died between fork and prctl: then nobody will kill us
+                // (an error here makes the child exit before exec).
+                if getppid() != parent {
+                    return Err(std::io::Error::other("the testnet exited"));
                 }
                 Ok(())
             });
@@ -85,20 +90,17 @@ impl Supervisor {
     }
 
     /// Sends `sig` to a running child (and its process group).
-    pub fn signal(&self, id: ChildId, sig: libc::c_int) {
+    pub fn signal(&self, id: ChildId, sig: Signal) {
         if let Some(child) = self.children.get(id.0).and_then(|m| m.child.as_ref()) {
-            let pid = child.id() as libc::pid_t;
-            // SAFETY: kill(2) on the process group of a child we spawned and have not reaped,
-            // so the id cannot have been reused.
-            unsafe {
-                libc::kill(-pid, sig);
-            }
+            // The process group of a child we spawned and have not reaped, so its id cannot
+            // have been reused; a group already gone is not an error here.
+            let _ = killpg(Pid::from_raw(child.id() as i32), sig);
         }
     }
 
     /// SIGKILLs a child's process group and reaps it; a no-op for an exited child.
     pub fn kill(&mut self, id: ChildId) {
-        self.signal(id, libc::SIGKILL);
+        self.signal(id, Signal::SIGKILL);
         if let Some(mut child) = self.children.get_mut(id.0).and_then(|m| m.child.take()) {
             let _ = child.kill();
             let _ = child.wait();

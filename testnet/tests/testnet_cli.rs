@@ -420,10 +420,11 @@ fn ctrl_c_stops_every_node() {
         assert!(Instant::now() < end, "nodes did not start");
         std::thread::sleep(Duration::from_millis(100));
     }
-    // SAFETY: kill(2) on our own child.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     assert!(stderr(&out).contains("interrupted"), "{}", stderr(&out));

@@ -1,10 +1,10 @@
 //! The `Network` actor: the only owner of the libp2p swarm.
 //!
 //! It runs on its own arbiter (connection tasks are spawned on the runtime that polls the swarm,
-//! so this keeps encryption and multiplexing off the thread of the raft actor). The swarm stays a
+//! so this keeps encryption and multiplexing off the thread of the control driver). The swarm stays a
 //! field and is polled by a small [`ActorFuture`], so handlers can call `publish`, `dial` and
 //! `send_request` directly. Everything the node needs to know is reported as a [`NetEvent`] to
-//! one recipient (the raft actor, the node's control centre).
+//! one recipient (the control driver).
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
@@ -374,7 +374,9 @@ impl Handler<PublishNotice> for Network {
             .behaviour_mut()
             .gossipsub
             .publish(self.notice_topic.clone(), msg.0)
-            .map(|_| self.metrics.notices_published_total.inc())
+            .map(|_| {
+                self.metrics.notices_published_total.inc();
+            })
             .map_err(|e| e.to_string())
     }
 }

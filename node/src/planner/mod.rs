@@ -32,13 +32,57 @@ use parcae_strategies::predict::{ForecastInput, NoticeAhead, NoticeAware, Predic
 use parcae_strategies::trace::Interval;
 
 use crate::config::{NodeConfig, PlanStrategy};
-use crate::raft::{GetPlanningInput, PlanningInput, ProposeCommand, Raft};
+use crate::control::ControlHandle;
 use crate::status::{EstimateView, Estimates, Status};
 use model::JobShape;
 
+/// How long a proposed plan counts as on its way: after that (a dropped proposal, a change of
+/// leader) the planner may propose again.
+const PLAN_IN_FLIGHT: Duration = Duration::from_secs(2);
+
+/// The last plan this planner proposed.
+#[derive(Debug, Clone, Copy)]
+struct Proposed {
+    epoch: u64,
+    at_step: u64,
+    at: Instant,
+}
+
+/// Whether the last proposed plan may still apply: its epoch is not reached yet, no step has
+/// committed past its effective step (which would reject it), and it is younger than
+/// [`PLAN_IN_FLIGHT`]. Planning again meanwhile would only put a duplicate in the log.
+fn plan_on_its_way(state: &ControlState, proposed: Option<Proposed>, now: Instant) -> bool {
+    let latest = state
+        .pending_plan
+        .as_ref()
+        .or(state.plan.as_ref())
+        .map_or(0, |p| p.epoch);
+    proposed.is_some_and(|p| {
+        p.epoch > latest
+            && state.progress.next_step() <= p.at_step
+            && now.saturating_duration_since(p.at) < PLAN_IN_FLIGHT
+    })
+}
+
+/// How long the set of workers must stay the same before the first plan: the nodes of a
+/// cluster started together join within a second or so, and planning at each arrival would
+/// restart training as many times.
+const FIRST_PLAN_SETTLE: Duration = Duration::from_secs(1);
+
+/// Until when the first plan waits: [`FIRST_PLAN_SETTLE`] after the set of workers last
+/// changed (`workers_since`), if there is no plan yet; `None` when planning may go ahead.
+fn first_plan_settles_until(
+    state: &ControlState,
+    workers_since: Instant,
+    now: Instant,
+) -> Option<Instant> {
+    let settled = workers_since + FIRST_PLAN_SETTLE;
+    (state.plan.is_none() && state.pending_plan.is_none() && now < settled).then_some(settled)
+}
+
 /// The actor.
 pub struct Planner {
-    raft: Addr<Raft>,
+    control: ControlHandle,
     status: Addr<Status>,
     interval: Duration,
     strategy: PlanStrategy,
@@ -46,13 +90,16 @@ pub struct Planner {
     pin: Option<ParallelConfig>,
     shape: JobShape,
     last_tick: Option<Instant>,
+    next_tick: Option<SpawnHandle>,
+    proposed: Option<Proposed>,
+    workers_seen: Option<(Vec<NodeId>, Instant)>,
     optimizer: Option<(usize, LiveputOptimizer)>,
     zone: NoticeAware<ZoneModel>,
 }
 
 impl Planner {
-    /// A planner proposing through `raft`, showing estimates on `status`.
-    pub fn new(raft: Addr<Raft>, status: Addr<Status>, config: &NodeConfig) -> Self {
+    /// A planner proposing through `control`, showing estimates on `status`.
+    pub fn new(control: ControlHandle, status: Addr<Status>, config: &NodeConfig) -> Self {
         let shape = JobShape {
             global_batch: config.train.global_batch,
             micro_batch: config.train.micro_batch,
@@ -61,7 +108,7 @@ impl Planner {
         };
         let interval = Duration::from_secs_f64(config.planner.interval_secs);
         Self {
-            raft,
+            control,
             status,
             interval,
             strategy: config.planner.strategy,
@@ -69,22 +116,81 @@ impl Planner {
             lookahead: usize::from(config.planner.lookahead),
             shape,
             last_tick: None,
+            next_tick: None,
+            proposed: None,
+            workers_seen: None,
             optimizer: None,
             zone: NoticeAware::new(ZoneModel::new(interval.as_secs_f64())),
         }
     }
 
-    fn round(&mut self, input: PlanningInput) -> Vec<Command> {
-        let mut out = Vec::new();
-        let tick = self.last_tick.is_none_or(|t| t.elapsed() >= self.interval);
-        if tick {
-            self.last_tick = Some(Instant::now());
-            out.push(availability_tick(&input));
+    /// One planning round on the leader: the availability tick when an interval is over, and
+    /// a new plan when one is needed and none is on its way.
+    fn round(&mut self, ctx: &mut Context<Self>) {
+        if !*self.control.leading().borrow() {
+            return;
         }
-        if let Some(plan) = self.next_plan(&input.state, tick) {
+        let state = self.control.state().borrow().clone();
+        let now = Instant::now();
+        let workers_now: Vec<NodeId> = workers(&state).into_iter().map(|(id, _)| id).collect();
+        if self
+            .workers_seen
+            .as_ref()
+            .is_none_or(|(w, _)| *w != workers_now)
+        {
+            self.workers_seen = Some((workers_now, now));
+        }
+        let since = self.workers_seen.as_ref().map_or(now, |(_, t)| *t);
+        // While a new cluster settles, neither its availability nor a plan is recorded: both
+        // would describe a cluster that is still arriving.
+        let settling = first_plan_settles_until(&state, since, now);
+        let tick = settling.is_none() && self.last_tick.is_none_or(|t| now - t >= self.interval);
+        let mut out = Vec::new();
+        if tick {
+            self.last_tick = Some(now);
+            out.push(availability_tick(&state));
+        }
+        self.arm_timer(ctx, now, settling);
+        if settling.is_none()
+            && !plan_on_its_way(&state, self.proposed, now)
+            && let Some(plan) = self.next_plan(&state, tick)
+        {
+            self.proposed = Some(Proposed {
+                epoch: plan.epoch,
+                at_step: plan.at_step,
+                at: now,
+            });
             out.push(Command::Reconfigure { plan });
         }
-        out
+        for command in out {
+            let control = self.control.clone();
+            let kind = command.kind();
+            ctx.spawn(
+                async move {
+                    match control.propose(command).await {
+                        Ok(_) => tracing::debug!(kind, "planner proposed"),
+                        Err(e) => tracing::debug!(kind, "planner's proposal went nowhere: {e}"),
+                    }
+                }
+                .into_actor(self),
+            );
+        }
+    }
+
+    /// Runs a round when the current interval ends, or the workers settled (`settling`),
+    /// whichever comes first, whatever else happens before.
+    fn arm_timer(&mut self, ctx: &mut Context<Self>, now: Instant, settling: Option<Instant>) {
+        if let Some(h) = self.next_tick.take() {
+            ctx.cancel_future(h);
+        }
+        let interval_due = self.last_tick.map_or(now, |t| t + self.interval);
+        let due = settling
+            .map_or(interval_due, |s| s.min(interval_due))
+            .saturating_duration_since(now);
+        self.next_tick = Some(ctx.run_later(due, |act, ctx| {
+            act.next_tick = None;
+            act.round(ctx);
+        }));
     }
 
     fn next_plan(&mut self, state: &ControlState, interval_boundary: bool) -> Option<Plan> {
@@ -306,62 +412,141 @@ fn build_plan(
     })
 }
 
-/// The availability command for the next interval.
-pub fn availability_tick(input: &PlanningInput) -> Command {
+/// The availability command for the next interval: the count of healthy members, continuing
+/// the replicated sequence (so a new leader goes on where the old one stopped).
+pub fn availability_tick(state: &ControlState) -> Command {
     Command::AvailabilityTick {
-        interval: input.last_interval.map_or(0, |i| i + 1),
-        count: input.healthy_members,
+        interval: state.availability.back().map_or(0, |s| s.interval + 1),
+        count: state
+            .members
+            .values()
+            .filter(|m| m.status.is_healthy())
+            .count() as u32,
     }
 }
 
 impl Actor for Planner {
     type Context = Context<Self>;
 
+    /// Plans whenever the applied state or the leadership changes, and at every interval
+    /// boundary (a timer [`Planner::round`] re-arms).
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let check = self.interval.min(Duration::from_secs(1));
-        ctx.run_interval(check, |act, ctx| {
-            let raft = act.raft.clone();
-            ctx.spawn(
-                async move { raft.send(GetPlanningInput).await.ok().flatten() }
-                    .into_actor(act)
-                    .map(|input, act, _| {
-                        let Some(input) = input else { return };
-                        for command in act.round(input) {
-                            let kind = command.kind();
-                            act.raft.do_send(ProposeCommand(command));
-                            tracing::debug!(kind, "planner proposed");
-                        }
-                    }),
-            );
-        });
+        let changes = (self.control.state(), self.control.leading());
+        ctx.add_stream(futures::stream::unfold(
+            changes,
+            |(mut state, mut leading)| async move {
+                tokio::select! {
+                    changed = state.changed() => changed.ok()?,
+                    changed = leading.changed() => changed.ok()?,
+                }
+                Some(((), (state, leading)))
+            },
+        ));
     }
+}
+
+impl StreamHandler<()> for Planner {
+    fn handle(&mut self, _: (), ctx: &mut Context<Self>) {
+        self.round(ctx);
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parcae_consensus::state::PeerInfo;
 
     #[test]
     fn next_interval_continues_the_replicated_sequence() {
-        let mut input = PlanningInput {
-            last_interval: None,
-            healthy_members: 4,
-            state: ControlState::default(),
-        };
+        let mut state = ControlState::default();
+        for n in 1..=4u8 {
+            let join = Command::Join {
+                node: NodeId::from_peer_bytes(&[n]),
+                peer: PeerInfo {
+                    peer_id: vec![n],
+                    ..PeerInfo::default()
+                },
+            };
+            state.apply(&join).unwrap();
+        }
+        let first = availability_tick(&state);
         assert_eq!(
-            availability_tick(&input),
+            first,
             Command::AvailabilityTick {
                 interval: 0,
                 count: 4
             }
         );
-        input.last_interval = Some(41);
+        state.apply(&first).unwrap();
+        state
+            .members
+            .get_mut(&NodeId::from_peer_bytes(&[2]))
+            .unwrap()
+            .status = MemberStatus::Lost;
         assert_eq!(
-            availability_tick(&input),
+            availability_tick(&state),
             Command::AvailabilityTick {
-                interval: 42,
-                count: 4
+                interval: 1,
+                count: 3
             }
+        );
+    }
+
+    #[test]
+    fn the_first_plan_waits_for_the_workers_to_settle() {
+        let state = ControlState::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            first_plan_settles_until(&state, t0, t0),
+            Some(t0 + FIRST_PLAN_SETTLE)
+        );
+        assert_eq!(
+            first_plan_settles_until(&state, t0, t0 + FIRST_PLAN_SETTLE),
+            None
+        );
+        let mut planned = state.clone();
+        planned.plan = Some(Plan {
+            epoch: 1,
+            data_parallel: 1,
+            pipeline_stages: 1,
+            partition: vec![0, 1],
+            assignment: Default::default(),
+            at_step: 0,
+        });
+        assert_eq!(
+            first_plan_settles_until(&planned, t0, t0),
+            None,
+            "a broken plan is replaced at once"
+        );
+    }
+
+    #[test]
+    fn a_proposed_plan_is_on_its_way_until_applied_overtaken_or_old() {
+        let state = ControlState::default();
+        let t0 = Instant::now();
+        let proposed = Some(Proposed {
+            epoch: 1,
+            at_step: 0,
+            at: t0,
+        });
+        assert!(plan_on_its_way(&state, proposed, t0));
+        assert!(!plan_on_its_way(&state, None, t0));
+        assert!(
+            !plan_on_its_way(&state, proposed, t0 + PLAN_IN_FLIGHT),
+            "given up on"
+        );
+        let stale = Some(Proposed {
+            epoch: 1,
+            at_step: 0,
+            at: t0,
+        });
+        let mut stepped = state.clone();
+        stepped.progress.last_committed_step = Some(0);
+        assert!(
+            !plan_on_its_way(&stepped, stale, t0),
+            "a step committed past its effective step: it will be rejected"
         );
     }
 }

@@ -148,7 +148,7 @@ impl<M: PipelineModel> Trainer<M> {
         crate::runtime::run(opts)
     }
 
-    /// The launcher the node runtime calls once its raft actor is up.
+    /// The launcher the node runtime calls before its control driver starts.
     pub fn launcher(self) -> TrainerLauncher {
         Box::new(move |ctx| self.start(ctx))
     }

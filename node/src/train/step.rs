@@ -151,7 +151,7 @@ impl<'a> Waiter<'a> {
             let superseded = async {
                 let newer = view.wait_for(|s| s.plan.as_ref().map(|p| p.epoch) != Some(epoch));
                 if newer.await.is_err() {
-                    // The raft actor is gone: only the timeout ends the wait.
+                    // The control driver is gone: only the timeout ends the wait.
                     std::future::pending::<()>().await;
                 }
             };

@@ -5,7 +5,7 @@
 //! are blocking (ureq) and run on their own threads: a slow metadata endpoint must never stall
 //! an actor. Responses are untrusted: bodies are size-capped and every parse error is typed.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
@@ -300,39 +300,13 @@ fn truncate(s: &str) -> String {
 
 /// Parses `YYYY-MM-DDTHH:MM:SSZ` (the form AWS uses), with optional fractional seconds.
 pub fn parse_rfc3339_utc(s: &str) -> Option<SystemTime> {
-    let s = s.trim().strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
-    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
-    let time = time.split('.').next()?;
-    let mut t = time.splitn(3, ':').map(|p| p.parse::<i64>().ok());
-    let (h, m, sec) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
-        return None;
-    }
-    if h < 0 || m < 0 || sec < 0 {
-        return None;
-    }
-    let secs = days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + sec;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    humantime::parse_rfc3339(s.trim()).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     /// A one-route fake metadata server answering `status` and `body` to every request that
     /// carries `header`, 403 otherwise; returns its base URL.

@@ -1,0 +1,671 @@
+//! The raft driver: the one owner of `parcae_consensus::RaftNode`, on an arbiter of its own.
+//!
+//! Its handlers only move data into the node (inbound raft messages, proposals, ticks, network
+//! events) and schedule one ready cycle; actix drains the whole mailbox before it runs that
+//! cycle, so a burst of messages costs one `drive` (and one fsync), as in raft-rs's
+//! `five_mem_node`. The ready cycle, in order: `RaftNode::drive` (persist, apply, in raft's
+//! `on_ready` order), send raft's messages, publish what was applied (the state on a watch
+//! channel, committed steps to `/steps`), then the `/status` projection and the gauges.
+//!
+//! Every decision is a pure function of another module: [`authorize`](super::authorize) for
+//! proposals from peers, [`liveness`](super::liveness) for lost members,
+//! [`membership`](super::membership) for this node's `Join` and notice dedup, and
+//! [`project`](super::project) for `/status`. Inbound bytes are untrusted: an undecodable
+//! frame, or a raft message that is oversized, malformed or forged, disconnects the sender.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use actix::prelude::*;
+use libp2p::{Multiaddr, PeerId};
+use parcae_consensus::state::MemberStatus;
+use parcae_consensus::{
+    Command, NodeEvent, NodeId, ProposalHandle, ProposeError, RaftNode, Role, StepError,
+};
+
+use super::authorize::authorize;
+use super::handle::{Propose, ProposeFailed, Routed, Watches};
+use super::liveness::Liveness;
+use super::membership::{NoticesInFlight, join_needed, peer_info};
+use super::project::{LocalView, project};
+use crate::config::NodeConfig;
+use crate::metrics::Metrics;
+use crate::net::actor::{
+    DisconnectPeer, KeepConnected, NetEvent, Network, PublishNotice, SendControl,
+};
+use crate::notice::{Notice, unix_ms};
+use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord};
+use crate::watch::LeaveRequested;
+use crate::wire::{ControlMessage, MAX_RAFT_MESSAGE};
+
+/// How often this node's membership record is checked and a `Join` re-sent if needed.
+const JOIN_RETRY: Duration = Duration::from_secs(1);
+/// Commit latencies kept for quantiles.
+const LATENCY_WINDOW: usize = 10_000;
+/// Notices kept for `/status`.
+const MAX_NOTICES_SHOWN: usize = 256;
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftActorError {
+    /// The raft node could not be opened or bootstrapped.
+    #[error("raft: {0}")]
+    Raft(#[from] parcae_consensus::RaftError),
+}
+
+/// Where the node keeps its raft state and who it is.
+pub struct RaftSetup {
+    /// Local peer id.
+    pub peer_id: PeerId,
+    /// Raft directory.
+    pub dir: PathBuf,
+    /// Whether to create a new cluster when the directory is empty (no bootstrap peers given).
+    pub found_cluster: bool,
+    /// Listen addresses as configured (used until the real ones are known).
+    pub listen: Vec<Multiaddr>,
+    /// Bootstrap peers (relays for the `Join`).
+    pub bootstrap: Vec<PeerId>,
+    /// The trainer's data-plane address, recorded in the membership.
+    pub data_addr: Option<std::net::SocketAddr>,
+}
+
+/// Opens the raft node in `setup.dir`, founding a one-member cluster there when the directory is
+/// new and no bootstrap peers were given.
+pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, RaftActorError> {
+    let my_id = NodeId::from_peer_bytes(&setup.peer_id.to_bytes());
+    let mut raft_config = parcae_consensus::RaftConfig::new(my_id);
+    raft_config.election_tick = config.raft.election_ticks;
+    raft_config.heartbeat_tick = config.raft.heartbeat_ticks;
+    raft_config.max_voters = config.max_voters;
+    raft_config.max_message_bytes = MAX_RAFT_MESSAGE;
+    let mut node = if !setup.dir.exists() && setup.found_cluster {
+        let me = peer_info(
+            &setup.peer_id,
+            &setup.listen,
+            setup.data_addr.map(|a| a.to_string()),
+        );
+        let mut node = RaftNode::bootstrap(&setup.dir, raft_config, &[me])?;
+        node.campaign()?;
+        tracing::info!("founded a new cluster");
+        node
+    } else {
+        RaftNode::open(&setup.dir, raft_config)?
+    };
+    node.drive()?;
+    Ok(node)
+}
+
+/// Where the driver publishes what it applied.
+pub struct Outlets {
+    /// The applied state (the trainer's and the planner's view) and the leadership.
+    pub watches: Watches,
+    /// `/status` and `/steps`.
+    pub status: Addr<Status>,
+    /// Gauges and counters.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The actor.
+pub struct ControlDriver {
+    node: RaftNode,
+    me: PeerId,
+    my_id: NodeId,
+    config: NodeConfig,
+    net: Addr<Network>,
+    out: Outlets,
+    listen_addrs: Vec<Multiaddr>,
+    bootstrap: Vec<PeerId>,
+    data_addr: Option<String>,
+    connected: HashSet<PeerId>,
+    liveness: Liveness,
+    notices_in_flight: NoticesInFlight,
+    leaving: Option<SystemTime>,
+    notices: VecDeque<NoticeView>,
+    pending: Vec<(Instant, ProposalHandle)>,
+    commit_latency_us: VecDeque<u64>,
+    last_status: Option<StatusSnapshot>,
+    members_version: Option<Vec<(NodeId, Vec<String>)>>,
+    published_applied: Option<u64>,
+    ready_scheduled: bool,
+}
+
+/// Runs one ready cycle; sent by the driver to itself, so it runs after the mailbox is drained.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Ready;
+
+impl ControlDriver {
+    /// The driver around an opened raft node.
+    pub fn new(
+        node: RaftNode,
+        setup: RaftSetup,
+        config: NodeConfig,
+        net: Addr<Network>,
+        out: Outlets,
+    ) -> Self {
+        Self {
+            data_addr: setup.data_addr.map(|a| a.to_string()),
+            my_id: node.id(),
+            node,
+            me: setup.peer_id,
+            config,
+            net,
+            out,
+            listen_addrs: setup.listen,
+            bootstrap: setup.bootstrap,
+            connected: HashSet::new(),
+            liveness: Liveness::default(),
+            notices_in_flight: NoticesInFlight::default(),
+            leaving: None,
+            notices: VecDeque::new(),
+            pending: Vec::new(),
+            commit_latency_us: VecDeque::new(),
+            last_status: None,
+            members_version: None,
+            published_applied: None,
+            ready_scheduled: false,
+        }
+    }
+
+    /// Asks for one ready cycle once the mailbox is drained.
+    fn schedule_ready(&mut self, ctx: &mut Context<Self>) {
+        if !self.ready_scheduled {
+            self.ready_scheduled = true;
+            ctx.notify(Ready);
+        }
+    }
+
+    /// The ready cycle.
+    fn on_ready(&mut self) {
+        if let Err(e) = self.node.drive() {
+            tracing::error!("raft drive failed, stopping: {e}");
+            System::current().stop_with_code(3);
+            return;
+        }
+        for out in self.node.take_messages() {
+            let Some(peer) = self.peer_of(out.to) else {
+                tracing::debug!(to = %out.to, "no peer id for raft recipient");
+                continue;
+            };
+            self.send_control(peer, ControlMessage::Raft(out.bytes));
+        }
+        for event in self.node.take_events() {
+            self.on_node_event(event);
+        }
+        self.record_commit_latencies();
+        self.sync_membership_view();
+        self.publish_state();
+        self.publish_status();
+    }
+
+    fn send_control(&self, to: PeerId, message: ControlMessage) {
+        match message.encode() {
+            Ok(frame) => self.net.do_send(SendControl { to, frame }),
+            Err(e) => tracing::error!("cannot encode a control message: {e}"),
+        }
+    }
+
+    /// Hands the applied state to its subscribers whenever something was applied.
+    fn publish_state(&mut self) {
+        let applied = self.node.status().applied;
+        if self.published_applied != Some(applied) {
+            self.published_applied = Some(applied);
+            self.out
+                .watches
+                .state
+                .send_replace(Arc::new(self.node.state().clone()));
+        }
+        let now = self.node.is_leader();
+        self.out
+            .watches
+            .leading
+            .send_if_modified(|leading| std::mem::replace(leading, now) != now);
+    }
+
+    fn on_node_event(&mut self, event: NodeEvent) {
+        match event {
+            NodeEvent::RoleChanged { role, leader, term } => {
+                tracing::info!(?role, leader = ?leader.and_then(|l| self.peer_of(l)), term, "raft role");
+                if role == Role::Leader {
+                    let connected: HashSet<NodeId> = self.connected.iter().map(node_id).collect();
+                    self.liveness.became_leader(
+                        self.node.state(),
+                        |id| connected.contains(&id),
+                        Instant::now(),
+                    );
+                }
+            }
+            NodeEvent::Applied {
+                index,
+                command,
+                outcome,
+            } => match (&outcome, &command) {
+                (
+                    Ok(_),
+                    Some(Command::StepCommitted {
+                        step,
+                        epoch,
+                        sample_start,
+                        samples,
+                        loss,
+                        ..
+                    }),
+                ) => self.out.status.do_send(StepRecord {
+                    step: *step,
+                    epoch: *epoch,
+                    sample_start: *sample_start,
+                    samples: *samples,
+                    loss: *loss,
+                }),
+                (Err(rejection), _) => tracing::debug!(
+                    index,
+                    kind = command.as_ref().map(|c| c.kind()),
+                    "command rejected: {rejection:?}"
+                ),
+                _ => {}
+            },
+            NodeEvent::ConfChanged {
+                voters, learners, ..
+            } => tracing::info!(
+                voters = voters.len(),
+                learners = learners.len(),
+                "raft configuration changed"
+            ),
+            NodeEvent::SnapshotInstalled { index } => tracing::info!(index, "installed snapshot"),
+        }
+    }
+
+    fn record_commit_latencies(&mut self) {
+        let now = Instant::now();
+        let mut done = Vec::new();
+        self.pending
+            .retain_mut(|(started, handle)| match handle.try_outcome() {
+                None => true,
+                Some(outcome) => {
+                    if outcome.is_ok() {
+                        done.push(now.duration_since(*started).as_micros() as u64);
+                    }
+                    false
+                }
+            });
+        for us in done {
+            if self.commit_latency_us.len() == LATENCY_WINDOW {
+                self.commit_latency_us.pop_front();
+            }
+            self.commit_latency_us.push_back(us);
+        }
+    }
+
+    /// Keeps the network's keep-connected set in line with the membership.
+    fn sync_membership_view(&mut self) {
+        let members: Vec<(NodeId, Vec<String>)> = self
+            .node
+            .state()
+            .members
+            .iter()
+            .map(|(id, m)| (*id, m.peer.addrs.clone()))
+            .collect();
+        if self.members_version.as_ref() == Some(&members) {
+            return;
+        }
+        let keep = self
+            .node
+            .state()
+            .members
+            .values()
+            .filter(|m| m.status != MemberStatus::Lost)
+            .filter_map(|m| {
+                let peer = PeerId::from_bytes(&m.peer.peer_id).ok()?;
+                let addrs: Vec<Multiaddr> =
+                    m.peer.addrs.iter().filter_map(|a| a.parse().ok()).collect();
+                (peer != self.me).then_some((peer, addrs))
+            })
+            .collect();
+        self.out.metrics.members.set(members.len() as u64);
+        self.members_version = Some(members);
+        self.net.do_send(KeepConnected(keep));
+    }
+
+    /// The peer id of a raft id: this node, a member, or a peer that sent a control frame.
+    fn peer_of(&self, id: NodeId) -> Option<PeerId> {
+        if id == self.my_id {
+            return Some(self.me);
+        }
+        self.node
+            .state()
+            .members
+            .get(&id)
+            .and_then(|m| PeerId::from_bytes(&m.peer.peer_id).ok())
+            .or_else(|| self.connected.iter().find(|p| node_id(p) == id).copied())
+    }
+
+    /// The one way a command enters raft: proposed here when leading; otherwise sent to the
+    /// leader (or a relay while no leader is known) if a peer may propose it at all, since a
+    /// leader's decision (a plan, a loss) forwarded would get this node disconnected.
+    fn propose(
+        &mut self,
+        command: Command,
+        ctx: &mut Context<Self>,
+    ) -> Result<Routed, ProposeFailed> {
+        self.out.metrics.raft_proposals_total.inc();
+        if self.node.is_leader()
+            && let Command::Notice { node, deadline_ms } = command
+            && !self
+                .notices_in_flight
+                .admit(self.node.state(), node, deadline_ms, Instant::now())
+        {
+            return Ok(Routed::AlreadyOnItsWay);
+        }
+        match self.node.propose(&command) {
+            Ok(handle) => {
+                self.pending.push((Instant::now(), handle));
+                self.schedule_ready(ctx);
+                Ok(Routed::Proposed)
+            }
+            Err(ProposeError::NotLeader { leader }) => {
+                authorize(self.node.state(), &self.me.to_bytes(), &command)
+                    .map_err(|_| ProposeFailed::NotLeader)?;
+                let to = leader
+                    .and_then(|l| self.peer_of(l))
+                    .filter(|p| *p != self.me)
+                    .or_else(|| self.relay_peer())
+                    .ok_or(ProposeFailed::NoRoute)?;
+                let bytes = command.encode().map_err(ProposeFailed::Encode)?;
+                self.send_control(to, ControlMessage::Propose(bytes));
+                Ok(Routed::Forwarded)
+            }
+            Err(e) => Err(ProposeFailed::Raft(e)),
+        }
+    }
+
+    /// [`Self::propose`] for commands nobody waits on: failures are logged.
+    fn propose_logged(&mut self, command: Command, ctx: &mut Context<Self>) {
+        let kind = command.kind();
+        if let Err(e) = self.propose(command, ctx) {
+            tracing::debug!(kind, "not proposed: {e}");
+        }
+    }
+
+    /// A connected peer to relay through when no leader is known: bootstrap peers first.
+    fn relay_peer(&self) -> Option<PeerId> {
+        self.bootstrap
+            .iter()
+            .find(|p| self.connected.contains(p))
+            .or_else(|| self.connected.iter().next())
+            .copied()
+    }
+
+    /// Sends `Join` until the replicated state lists this node, healthy, at its current addresses.
+    fn maintain_membership(&mut self, ctx: &mut Context<Self>) {
+        if self.leaving.is_some() {
+            return;
+        }
+        let me = peer_info(&self.me, &self.listen_addrs, self.data_addr.clone());
+        if let Some(join) = join_needed(self.node.state(), &me) {
+            self.propose_logged(join, ctx);
+        }
+    }
+
+    /// The leader's duty on every tick: members lost, gone, or back.
+    fn check_liveness(&mut self, ctx: &mut Context<Self>) {
+        if !self.node.is_leader() {
+            return;
+        }
+        let connected: HashSet<NodeId> = self.connected.iter().map(node_id).collect();
+        let commands = self.liveness.check(
+            self.node.state(),
+            self.my_id,
+            |id| connected.contains(&id),
+            Instant::now(),
+            unix_ms(SystemTime::now()),
+            Duration::from_millis(self.config.raft.lost_timeout_ms),
+        );
+        for command in commands {
+            tracing::info!(kind = command.kind(), "leader marks member");
+            self.propose_logged(command, ctx);
+        }
+    }
+
+    fn on_control(&mut self, from: PeerId, frame: Vec<u8>, ctx: &mut Context<Self>) {
+        self.liveness.heard(node_id(&from), Instant::now());
+        let message = match ControlMessage::decode(&frame) {
+            Ok(m) => m,
+            Err(e) => return self.punish(from, format!("undecodable control frame: {e}")),
+        };
+        match message {
+            ControlMessage::Raft(bytes) => match self.node.step(node_id(&from), &bytes) {
+                Ok(()) => self.schedule_ready(ctx),
+                Err(
+                    e @ (StepError::TooLarge { .. }
+                    | StepError::Malformed(_)
+                    | StepError::WrongSender { .. }),
+                ) => self.punish(from, format!("bad raft message: {e}")),
+                Err(e) => tracing::debug!(peer = %from, "raft message refused: {e}"),
+            },
+            ControlMessage::Propose(bytes) => self.on_proposal(from, from.to_bytes(), &bytes, ctx),
+            ControlMessage::Forwarded { origin, command } => {
+                if self.node.state().members.contains_key(&node_id(&from)) {
+                    self.on_proposal(from, origin, &command, ctx);
+                } else {
+                    self.punish(from, "relayed a proposal without being a member".into());
+                }
+            }
+        }
+    }
+
+    /// A node asks for a change about itself: check it, then propose or relay it.
+    fn on_proposal(
+        &mut self,
+        from: PeerId,
+        origin: Vec<u8>,
+        bytes: &[u8],
+        ctx: &mut Context<Self>,
+    ) {
+        let command = match Command::decode(bytes) {
+            Ok(c) => c,
+            Err(e) => return self.punish(from, format!("undecodable proposal: {e}")),
+        };
+        if let Err(e) = authorize(self.node.state(), &origin, &command) {
+            return self.punish(from, e.to_string());
+        }
+        if self.node.is_leader() {
+            self.propose_logged(command, ctx);
+        } else if let Some(leader) = self.node.leader().and_then(|l| self.peer_of(l))
+            && leader != self.me
+            && leader != from
+        {
+            let relay = ControlMessage::Forwarded {
+                origin,
+                command: bytes.to_vec(),
+            };
+            self.send_control(leader, relay);
+        }
+    }
+
+    fn punish(&mut self, peer: PeerId, reason: String) {
+        self.net.do_send(DisconnectPeer { peer, reason });
+    }
+
+    fn record_notice(&mut self, notice: &Notice, received: u64) {
+        let Some(peer) = notice.peer() else { return };
+        if self.notices.len() == MAX_NOTICES_SHOWN {
+            self.notices.pop_front();
+        }
+        self.notices.push_back(NoticeView {
+            peer_id: peer.to_string(),
+            deadline_unix_ms: notice.deadline_unix_ms,
+            issued_unix_ms: notice.issued_unix_ms,
+            received_unix_ms: received,
+        });
+    }
+
+    fn publish_status(&mut self) {
+        let st = self.node.status();
+        let mut latencies: Vec<u64> = self.commit_latency_us.iter().copied().collect();
+        latencies.sort_unstable();
+        let notices: Vec<NoticeView> = self.notices.iter().cloned().collect();
+        let local = LocalView {
+            me: self.me,
+            leader: st.leader.and_then(|l| self.peer_of(l)),
+            listen_addrs: self.listen_addrs.iter().map(|a| a.to_string()).collect(),
+            data_addr: self.data_addr.clone(),
+            connected: self.connected.iter().map(|p| p.to_string()).collect(),
+            leaving_deadline_unix_ms: self.leaving.map(unix_ms),
+            notices: &notices,
+            sorted_commit_latency_us: &latencies,
+        };
+        let snapshot = project(local, &st, self.node.state());
+        let gauges = &self.out.metrics;
+        gauges.raft_term.set(st.term);
+        gauges
+            .raft_is_leader
+            .set(u64::from(st.role == Role::Leader));
+        gauges.raft_commit_index.set(st.commit);
+        gauges.raft_applied_index.set(st.applied);
+        let m = self.node.metrics();
+        gauges.raft_refused_messages.set(
+            m.oversized_messages + m.malformed_messages + m.refused_messages + m.raft_step_errors,
+        );
+        gauges.raft_rejected_commands.set(m.rejected_commands);
+        gauges.raft_membership_proposals.set(m.membership_proposals);
+        gauges.raft_snapshots_installed.set(m.snapshots_installed);
+        if self.last_status.as_ref() != Some(&snapshot) {
+            self.out.status.do_send(snapshot.clone());
+            self.last_status = Some(snapshot);
+        }
+    }
+}
+
+fn node_id(peer: &PeerId) -> NodeId {
+    NodeId::from_peer_bytes(&peer.to_bytes())
+}
+
+impl Actor for ControlDriver {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let tick = Duration::from_millis(self.config.raft.tick_ms);
+        ctx.run_interval(tick, |act, ctx| {
+            act.node.tick();
+            act.check_liveness(ctx);
+            act.schedule_ready(ctx);
+        });
+        ctx.run_interval(JOIN_RETRY, |act, ctx| act.maintain_membership(ctx));
+        self.schedule_ready(ctx);
+    }
+}
+
+impl Handler<Ready> for ControlDriver {
+    type Result = ();
+
+    fn handle(&mut self, _: Ready, _: &mut Context<Self>) {
+        self.ready_scheduled = false;
+        self.on_ready();
+    }
+}
+
+impl Handler<Propose> for ControlDriver {
+    type Result = Result<Routed, ProposeFailed>;
+
+    fn handle(&mut self, Propose(command): Propose, ctx: &mut Context<Self>) -> Self::Result {
+        self.propose(command, ctx)
+    }
+}
+
+impl Handler<NetEvent> for ControlDriver {
+    type Result = ();
+
+    fn handle(&mut self, event: NetEvent, ctx: &mut Context<Self>) {
+        match event {
+            NetEvent::Listening(addr) => {
+                let mut base = addr.clone();
+                base.pop();
+                if !self.listen_addrs.contains(&base) {
+                    // Replace configured addresses (port 0, unspecified IPs) with real ones.
+                    self.listen_addrs.retain(|a| !is_placeholder(a));
+                    self.listen_addrs.push(base);
+                    self.maintain_membership(ctx);
+                }
+            }
+            NetEvent::Connected(peer) => {
+                self.connected.insert(peer);
+                self.liveness.connected(node_id(&peer));
+                if !self.node.state().members.contains_key(&self.my_id) {
+                    self.maintain_membership(ctx);
+                }
+            }
+            NetEvent::Disconnected(peer) => {
+                self.connected.remove(&peer);
+                self.liveness.disconnected(node_id(&peer), Instant::now());
+            }
+            NetEvent::Control { from, frame } => self.on_control(from, frame, ctx),
+            NetEvent::Notice { from, notice } => {
+                self.record_notice(&notice, unix_ms(SystemTime::now()));
+                tracing::info!(peer = %from, deadline = notice.deadline_unix_ms, "preemption notice received");
+                if self.node.is_leader() {
+                    let notice = Command::Notice {
+                        node: node_id(&from),
+                        deadline_ms: notice.deadline_unix_ms,
+                    };
+                    self.propose_logged(notice, ctx);
+                }
+                self.schedule_ready(ctx);
+            }
+            NetEvent::SendFailed(peer) => self.node.report_unreachable(node_id(&peer)),
+        }
+    }
+}
+
+/// Whether a configured listen address cannot be dialled as is (port 0 or unspecified IP).
+fn is_placeholder(addr: &Multiaddr) -> bool {
+    use libp2p::multiaddr::Protocol;
+    addr.iter().any(|p| match p {
+        Protocol::Tcp(0) => true,
+        Protocol::Ip4(ip) => ip.is_unspecified(),
+        Protocol::Ip6(ip) => ip.is_unspecified(),
+        _ => false,
+    })
+}
+
+impl Handler<LeaveRequested> for ControlDriver {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaveRequested, ctx: &mut Context<Self>) {
+        if self.leaving.is_some() {
+            return;
+        }
+        self.leaving = Some(msg.deadline);
+        let grace = msg
+            .deadline
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        let notice = Notice::with_deadline(self.me, msg.deadline, msg.source);
+        self.record_notice(&notice, notice.issued_unix_ms);
+        match notice.encode() {
+            Ok(bytes) => {
+                let net = self.net.clone();
+                actix::spawn(async move {
+                    match net.send(PublishNotice(bytes)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!("notice not gossiped: {e}"),
+                        Err(e) => tracing::warn!("network actor gone: {e}"),
+                    }
+                });
+            }
+            Err(e) => tracing::error!("cannot encode notice: {e}"),
+        }
+        tracing::warn!(source = ?msg.source, ?grace, "leaving the cluster");
+        let own = Command::Notice {
+            node: self.my_id,
+            deadline_ms: notice.deadline_unix_ms,
+        };
+        self.propose_logged(own, ctx);
+        self.schedule_ready(ctx);
+        ctx.run_later(grace, |_, _| {
+            tracing::info!("grace period over: exiting");
+            System::current().stop_with_code(0);
+        });
+    }
+}

@@ -1,0 +1,159 @@
+//! The control plane as the rest of the node sees it: a cloneable handle to propose commands
+//! and watch channels of what was applied (as in rust-libp2p's `file-sharing` client).
+//!
+//! The handle exists before the driver runs ([`ControlPlane::new`]): the trainer starts first
+//! (its data-plane address goes into this node's membership record) and already holds the
+//! handle it reports its steps through.
+
+use std::sync::Arc;
+
+use actix::dev::channel::{self, AddressReceiver};
+use actix::prelude::*;
+use parcae_consensus::codec::CodecError;
+use parcae_consensus::{Command, ControlState, ProposeError};
+use tokio::sync::watch;
+
+use super::driver::ControlDriver;
+
+/// Proposals queued before the driver reads them; `submit` ignores the bound.
+const MAILBOX: usize = 256;
+
+/// Proposes `command`: the one way into raft for every part of the node.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Routed, ProposeFailed>")]
+pub struct Propose(pub Command);
+
+/// Where a proposal went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routed {
+    /// Appended to the leader's log here (not yet committed).
+    Proposed,
+    /// Sent to the leader, or to a relay while no leader is known.
+    Forwarded,
+    /// The same notice is already on its way through the log.
+    AlreadyOnItsWay,
+}
+
+/// Why a proposal went nowhere.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeFailed {
+    /// Only the leader may propose this command, and this node does not lead.
+    #[error("only the leader proposes this command")]
+    NotLeader,
+    /// No leader is known and no peer is connected to relay through.
+    #[error("no leader or relay to send the proposal to yet")]
+    NoRoute,
+    /// The command cannot be encoded (too large).
+    #[error("cannot encode the proposal: {0}")]
+    Encode(CodecError),
+    /// raft refused it.
+    #[error(transparent)]
+    Raft(ProposeError),
+    /// The driver has stopped.
+    #[error("the control plane has stopped")]
+    Stopped,
+}
+
+/// A cloneable handle on the control plane.
+#[derive(Clone)]
+pub struct ControlHandle {
+    driver: Addr<ControlDriver>,
+    state: watch::Receiver<Arc<ControlState>>,
+    leading: watch::Receiver<bool>,
+}
+
+impl ControlHandle {
+    /// Proposes `command` and tells where it went (not whether it committed: watch the state).
+    pub async fn propose(&self, command: Command) -> Result<Routed, ProposeFailed> {
+        self.driver
+            .send(Propose(command))
+            .await
+            .map_err(|_| ProposeFailed::Stopped)?
+    }
+
+    /// Proposes `command` without waiting for where it went (reports whose loss a retry or
+    /// the next report covers).
+    pub fn submit(&self, command: Command) {
+        self.driver.do_send(Propose(command));
+    }
+
+    /// The applied replicated state, replaced after every ready cycle that applied something.
+    pub fn state(&self) -> watch::Receiver<Arc<ControlState>> {
+        self.state.clone()
+    }
+
+    /// Whether this node leads the cluster now.
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// The driver's address, for the parts that feed it events (network, notice watcher).
+    pub fn driver(&self) -> &Addr<ControlDriver> {
+        &self.driver
+    }
+}
+
+/// The senders of the handle's watch channels, kept by the driver.
+pub struct Watches {
+    /// The applied state.
+    pub state: watch::Sender<Arc<ControlState>>,
+    /// Whether this node leads.
+    pub leading: watch::Sender<bool>,
+}
+
+/// The control plane before its driver starts: the handle, and the ends the driver keeps.
+pub struct ControlPlane {
+    handle: ControlHandle,
+    mailbox: AddressReceiver<ControlDriver>,
+    state: watch::Sender<Arc<ControlState>>,
+    leading: watch::Sender<bool>,
+}
+
+impl ControlPlane {
+    /// A control plane whose handle works at once; proposals wait in the mailbox until
+    /// [`ControlPlane::start`].
+    pub fn new() -> Self {
+        let (tx, mailbox) = channel::channel(MAILBOX);
+        let (state, state_rx) = watch::channel(Arc::default());
+        let (leading, leading_rx) = watch::channel(false);
+        Self {
+            handle: ControlHandle {
+                driver: Addr::new(tx),
+                state: state_rx,
+                leading: leading_rx,
+            },
+            mailbox,
+            state,
+            leading,
+        }
+    }
+
+    /// The handle.
+    pub fn handle(&self) -> ControlHandle {
+        self.handle.clone()
+    }
+
+    /// Starts the driver that `build` makes around the watch channels' senders, on
+    /// `arbiter` (a thread of its own, so that no other actor's work delays a ready cycle).
+    pub fn start<F>(self, arbiter: &ArbiterHandle, build: F)
+    where
+        F: FnOnce(Watches) -> ControlDriver + Send + 'static,
+    {
+        let watches = Watches {
+            state: self.state,
+            leading: self.leading,
+        };
+        let mailbox = self.mailbox;
+        arbiter.spawn_fn(move || {
+            let ctx = Context::with_receiver(mailbox);
+            let driver = build(watches);
+            actix::spawn(ctx.into_future(driver));
+        });
+    }
+}
+
+impl Default for ControlPlane {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,161 @@
+//! This node's own membership record, and which notices the leader still has to propose.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use libp2p::{Multiaddr, PeerId};
+use parcae_consensus::state::{Capabilities, MemberStatus, PeerInfo};
+use parcae_consensus::{Command, ControlState, NodeId};
+
+/// How long a proposed notice counts as on its way: after that (a dropped proposal, a change
+/// of leader) the same notice may be proposed again.
+pub const NOTICE_IN_FLIGHT: Duration = Duration::from_secs(1);
+
+/// This node's identity and addresses as recorded in the membership.
+pub fn peer_info(peer: &PeerId, addrs: &[Multiaddr], data_addr: Option<String>) -> PeerInfo {
+    PeerInfo {
+        peer_id: peer.to_bytes(),
+        addrs: addrs.iter().map(|a| a.to_string()).collect(),
+        data_addr,
+        caps: Capabilities::default(),
+    }
+}
+
+/// The `Join` this node must (re-)send, unless the replicated state already lists it healthy,
+/// at the addresses of `me`.
+pub fn join_needed(state: &ControlState, me: &PeerInfo) -> Option<Command> {
+    let node = NodeId::from_peer_bytes(&me.peer_id);
+    let current = state.members.get(&node).is_some_and(|m| {
+        m.status.is_healthy() && m.peer.addrs == me.addrs && m.peer.data_addr == me.data_addr
+    });
+    (!current).then(|| Command::Join {
+        node,
+        peer: me.clone(),
+    })
+}
+
+/// The notices the leader has proposed and not yet seen applied.
+///
+/// A notice reaches the leader twice: gossiped by the leaving node, and as that node's own
+/// proposal. Whichever comes first is proposed; the other, and any repeat, is dropped here
+/// instead of taking a second trip through the log.
+#[derive(Debug, Default)]
+pub struct NoticesInFlight {
+    proposed: HashMap<NodeId, (u64, Instant)>,
+}
+
+impl NoticesInFlight {
+    /// Whether a notice that `node` leaves by `deadline_ms` would change the state and is not
+    /// already on its way; if so, it is recorded as on its way from `now`.
+    pub fn admit(
+        &mut self,
+        state: &ControlState,
+        node: NodeId,
+        deadline_ms: u64,
+        now: Instant,
+    ) -> bool {
+        self.proposed
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < NOTICE_IN_FLIGHT);
+        let recorded = match state.members.get(&node).map(|m| m.status) {
+            Some(MemberStatus::Leaving { deadline_ms: d }) => d <= deadline_ms,
+            Some(MemberStatus::Active | MemberStatus::Spare) => false,
+            Some(MemberStatus::Lost) | None => true,
+        };
+        let on_its_way = self
+            .proposed
+            .get(&node)
+            .is_some_and(|(d, _)| *d <= deadline_ms);
+        if recorded || on_its_way {
+            return false;
+        }
+        self.proposed.insert(node, (deadline_ms, now));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(me: &PeerInfo) -> ControlState {
+        let mut state = ControlState::default();
+        state.apply(&join_needed(&state, me).unwrap()).unwrap();
+        state
+    }
+
+    fn me() -> PeerInfo {
+        peer_info(
+            &PeerId::random(),
+            &["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
+            Some("127.0.0.1:5001".into()),
+        )
+    }
+
+    #[test]
+    fn join_is_sent_until_the_record_is_current() {
+        let me = me();
+        let mut state = joined(&me);
+        assert_eq!(join_needed(&state, &me), None);
+        let mut moved = me.clone();
+        moved.data_addr = Some("127.0.0.1:5002".into());
+        assert!(join_needed(&state, &moved).is_some(), "new data address");
+        let node = NodeId::from_peer_bytes(&me.peer_id);
+        state.members.get_mut(&node).unwrap().status = MemberStatus::Lost;
+        assert!(join_needed(&state, &me).is_some(), "declared lost");
+    }
+
+    #[test]
+    fn a_notice_is_proposed_once_until_it_is_applied_or_times_out() {
+        let me = me();
+        let mut state = joined(&me);
+        let node = NodeId::from_peer_bytes(&me.peer_id);
+        let mut notices = NoticesInFlight::default();
+        let t0 = Instant::now();
+        assert!(notices.admit(&state, node, 9_000, t0), "the first copy");
+        assert!(!notices.admit(&state, node, 9_000, t0), "the gossiped copy");
+        assert!(
+            notices.admit(&state, node, 8_000, t0),
+            "an earlier deadline is news"
+        );
+        state
+            .apply(&Command::Notice {
+                node,
+                deadline_ms: 8_000,
+            })
+            .unwrap();
+        let later = t0 + NOTICE_IN_FLIGHT;
+        assert!(
+            !notices.admit(&state, node, 9_000, later),
+            "already recorded"
+        );
+        assert!(
+            !notices.admit(&state, node, 8_000, later),
+            "already recorded"
+        );
+        assert!(notices.admit(&state, node, 7_000, later));
+    }
+
+    #[test]
+    fn a_dropped_notice_is_proposed_again_after_a_while() {
+        let me = me();
+        let state = joined(&me);
+        let node = NodeId::from_peer_bytes(&me.peer_id);
+        let mut notices = NoticesInFlight::default();
+        let t0 = Instant::now();
+        assert!(notices.admit(&state, node, 9_000, t0));
+        assert!(!notices.admit(&state, node, 9_000, t0 + NOTICE_IN_FLIGHT / 2));
+        assert!(notices.admit(&state, node, 9_000, t0 + NOTICE_IN_FLIGHT));
+    }
+
+    #[test]
+    fn notices_about_unknown_or_lost_nodes_are_not_proposed() {
+        let me = me();
+        let mut state = joined(&me);
+        let node = NodeId::from_peer_bytes(&me.peer_id);
+        let mut notices = NoticesInFlight::default();
+        let t0 = Instant::now();
+        assert!(!notices.admit(&state, NodeId(7), 9_000, t0));
+        state.members.get_mut(&node).unwrap().status = MemberStatus::Lost;
+        assert!(!notices.admit(&state, node, 9_000, t0));
+    }
+}

@@ -1,0 +1,169 @@
+//! The control plane's part of `/status`: a pure projection of the replicated state, raft's
+//! status and what only this node saw (connections, notices, commit latencies).
+
+use std::collections::HashSet;
+
+use libp2p::PeerId;
+use parcae_consensus::state::{MemberStatus, RaftRole};
+use parcae_consensus::{ControlState, NodeId, NodeStatus, Role};
+
+use crate::status::{LatencySummary, MemberView, NoticeView, RoleView, StatusSnapshot};
+
+/// What only this node knows, as shown on `/status`.
+pub struct LocalView<'a> {
+    /// This node's peer id.
+    pub me: PeerId,
+    /// The current leader's peer id, if known.
+    pub leader: Option<PeerId>,
+    /// Listen addresses.
+    pub listen_addrs: Vec<String>,
+    /// Data-plane address, when it trains.
+    pub data_addr: Option<String>,
+    /// Peers connected right now.
+    pub connected: Vec<String>,
+    /// Its own leave deadline (unix ms), once it got a notice.
+    pub leaving_deadline_unix_ms: Option<u64>,
+    /// Notices received or issued, oldest first.
+    pub notices: &'a [NoticeView],
+    /// Proposal-to-apply latencies of its own commands, ascending (µs).
+    pub sorted_commit_latency_us: &'a [u64],
+}
+
+/// The `/status` snapshot.
+pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) -> StatusSnapshot {
+    let voters: HashSet<NodeId> = raft.voters.iter().copied().collect();
+    let members = state
+        .members
+        .iter()
+        .map(|(id, m)| MemberView {
+            peer_id: PeerId::from_bytes(&m.peer.peer_id)
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+            // Before the first configuration is applied, the recorded role is all there is.
+            voter: voters.contains(id) || m.role == RaftRole::Voter && voters.is_empty(),
+            status: match m.status {
+                MemberStatus::Active => "active",
+                MemberStatus::Spare => "spare",
+                MemberStatus::Leaving { .. } => "leaving",
+                MemberStatus::Lost => "lost",
+            },
+            deadline_unix_ms: match m.status {
+                MemberStatus::Leaving { deadline_ms } => Some(deadline_ms),
+                _ => None,
+            },
+        })
+        .collect();
+    StatusSnapshot {
+        peer_id: local.me.to_string(),
+        role: role_view(raft.role),
+        leader: local.leader.map(|p| p.to_string()),
+        term: raft.term,
+        members,
+        epoch: state.plan.as_ref().map_or(0, |p| p.epoch),
+        config: state
+            .plan
+            .as_ref()
+            .map(|p| (p.data_parallel, p.pipeline_stages)),
+        step: state.progress.last_committed_step.unwrap_or(0),
+        loss: state.progress.recent_losses.back().map(|l| l.loss),
+        samples: state.progress.sample_cursor,
+        commit_index: raft.commit,
+        applied_index: raft.applied,
+        listen_addrs: local.listen_addrs,
+        data_addr: local.data_addr,
+        connected_peers: local.connected,
+        leaving_deadline_unix_ms: local.leaving_deadline_unix_ms,
+        notices: local.notices.to_vec(),
+        commit_latency_us: LatencySummary::of_sorted(local.sorted_commit_latency_us),
+    }
+}
+
+/// Raft's five roles as the three `/status` distinguishes (and learners).
+fn role_view(role: Role) -> RoleView {
+    match role {
+        Role::Leader => RoleView::Leader,
+        Role::Follower => RoleView::Follower,
+        Role::Candidate | Role::PreCandidate => RoleView::Candidate,
+        Role::Learner => RoleView::Learner,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::membership::{join_needed, peer_info};
+    use parcae_consensus::Command;
+
+    fn local(me: PeerId) -> LocalView<'static> {
+        LocalView {
+            me,
+            leader: Some(me),
+            listen_addrs: vec!["/ip4/127.0.0.1/tcp/1".into()],
+            data_addr: None,
+            connected: Vec::new(),
+            leaving_deadline_unix_ms: None,
+            notices: &[],
+            sorted_commit_latency_us: &[10, 20, 30, 40],
+        }
+    }
+
+    fn raft_status(role: Role, voters: Vec<NodeId>) -> NodeStatus {
+        NodeStatus {
+            id: NodeId(0),
+            role,
+            leader: None,
+            term: 3,
+            commit: 9,
+            applied: 8,
+            voters,
+            learners: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn members_show_their_raft_voting_and_their_duty() {
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let mut state = ControlState::default();
+        for p in [a, b] {
+            let join = join_needed(&state, &peer_info(&p, &[], None)).unwrap();
+            state.apply(&join).unwrap();
+        }
+        let b_id = NodeId::from_peer_bytes(&b.to_bytes());
+        state
+            .apply(&Command::Notice {
+                node: b_id,
+                deadline_ms: 77,
+            })
+            .unwrap();
+        let a_id = NodeId::from_peer_bytes(&a.to_bytes());
+        let snapshot = project(
+            local(a),
+            &raft_status(Role::PreCandidate, vec![a_id]),
+            &state,
+        );
+        assert_eq!(snapshot.role, RoleView::Candidate);
+        assert_eq!(
+            (snapshot.term, snapshot.commit_index, snapshot.applied_index),
+            (3, 9, 8)
+        );
+        assert_eq!(snapshot.leader, Some(a.to_string()));
+        let view = |p: PeerId| {
+            snapshot
+                .members
+                .iter()
+                .find(|m| m.peer_id == p.to_string())
+                .unwrap()
+                .clone()
+        };
+        assert!(view(a).voter && view(a).status == "spare");
+        assert!(!view(b).voter);
+        assert_eq!(
+            (view(b).status, view(b).deadline_unix_ms),
+            ("leaving", Some(77))
+        );
+        assert_eq!(snapshot.commit_latency_us.p50, 20);
+        assert_eq!(snapshot.commit_latency_us.max, 40);
+        assert_eq!(snapshot.epoch, 0);
+        assert_eq!(snapshot.config, None);
+    }
+}
