@@ -25,8 +25,9 @@
 //!   follows the replicated plan, runs its stage with `parcae-model`, moves activations,
 //!   gradients and stage state over the encrypted data plane ([`dataplane`]), commits every step
 //!   through raft before applying it. [`Trainer`] is the library entry point.
-//! * [`status::Status`]: renders `/status` JSON; the HTTP server (tiny_http, own thread) serves
-//!   it and `/metrics` (Prometheus text from [`metrics::Metrics`] atomics).
+//! * [`status::Status`]: renders `/status` JSON; the HTTP server ([`http`], actix-web on a
+//!   worker thread of its own, with connection limits and timeouts) serves it, `/steps` and
+//!   `/metrics` (OpenMetrics text from [`metrics::Metrics`], prometheus-client).
 //!
 //! ## Transport and admission
 //!
@@ -65,6 +66,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod fsutil;
+pub mod http;
 pub mod identity;
 pub mod key;
 pub mod metrics;

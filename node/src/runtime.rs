@@ -12,13 +12,14 @@ use libp2p::Multiaddr;
 use crate::config::{NodeConfig, PlanStrategy};
 use crate::control::driver::Outlets;
 use crate::control::{ControlDriver, ControlPlane, RaftActorError, RaftSetup, open_node};
+use crate::http::{HttpError, serve_http};
 use crate::identity::{self, IdentityError};
 use crate::key::ClusterKey;
 use crate::metrics::Metrics;
 use crate::net::actor::{MissingPeerId, Network, split_peer_addr};
 use crate::net::swarm::{SwarmError, build_swarm};
 use crate::planner::Planner;
-use crate::status::{HttpError, Published, Status, StatusSnapshot, serve_http};
+use crate::status::{Published, Status, StatusSnapshot};
 use crate::train::{TrainError, TrainerContext, TrainerLauncher};
 use crate::watch::NoticeWatcher;
 
@@ -99,10 +100,11 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         status: Arc::new(RwLock::new(initial)),
         steps: Arc::default(),
     };
-    let http = serve_http(opts.status_addr, cells.clone(), metrics.clone())?;
+    let system = System::new();
+    let http =
+        system.block_on(async { serve_http(opts.status_addr, cells.clone(), metrics.clone()) })?;
     tracing::info!(%http, "status server listening");
 
-    let system = System::new();
     let config = opts.config;
     let listen = opts.listen;
     let status = system.block_on(async { Status::new(cells).start() });

@@ -1,20 +1,16 @@
-//! The `Status` actor and the HTTP endpoints `/status` (JSON), `/steps` (JSON: the committed
-//! steps applied here) and `/metrics` (OpenMetrics text).
+//! The `Status` actor: what `/status` (JSON) and `/steps` (JSON: the committed steps applied
+//! here) show.
 //!
 //! The control driver pushes a [`StatusSnapshot`] whenever something visible changes and a
 //! [`StepRecord`] for every committed step; the trainer pushes its [`TrainingView`]. The `Status`
-//! actor renders them to JSON once and publishes them in shared cells. The HTTP server runs on its
-//! own thread (tiny_http) and only reads that cell and the metrics atomics, so a slow or hostile
-//! HTTP client can never block an actor.
+//! actor renders them to JSON once and publishes them in shared cells, which the HTTP server
+//! ([`crate::http`]) only reads, so a slow or hostile HTTP client can never block an actor.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
 use serde::Serialize;
-
-use crate::metrics::Metrics;
 
 /// The node's raft role as shown on `/status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -333,106 +329,6 @@ impl Handler<StepRecord> for Status {
     }
 }
 
-/// Why the HTTP server could not start.
-#[derive(Debug, thiserror::Error)]
-#[error("status server on {addr}: {reason}")]
-pub struct HttpError {
-    addr: SocketAddr,
-    reason: String,
-}
-
-/// Starts the HTTP server on its own thread; returns the bound address (useful with port 0).
-pub fn serve_http(
-    addr: SocketAddr,
-    json: Published,
-    metrics: Arc<Metrics>,
-) -> Result<SocketAddr, HttpError> {
-    let server = tiny_http::Server::http(addr).map_err(|e| HttpError {
-        addr,
-        reason: e.to_string(),
-    })?;
-    let bound = server.server_addr().to_ip().ok_or_else(|| HttpError {
-        addr,
-        reason: "not an IP listener".into(),
-    })?;
-    std::thread::Builder::new()
-        .name("status-http".into())
-        .spawn(move || {
-            for request in server.incoming_requests() {
-                let (code, ctype, body) = route(request.method(), request.url(), &json, &metrics);
-                let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes())
-                    .expect("static header is valid");
-                let response = tiny_http::Response::from_string(body)
-                    .with_status_code(code)
-                    .with_header(header);
-                if let Err(e) = request.respond(response) {
-                    tracing::debug!("status response failed: {e}");
-                }
-            }
-        })
-        .map_err(|e| HttpError {
-            addr,
-            reason: e.to_string(),
-        })?;
-    Ok(bound)
-}
-
-fn route(
-    method: &tiny_http::Method,
-    url: &str,
-    json: &Published,
-    metrics: &Metrics,
-) -> (u16, &'static str, String) {
-    if *method != tiny_http::Method::Get {
-        return (405, "text/plain", "method not allowed\n".into());
-    }
-    let (path, query) = url.split_once('?').unwrap_or((url, ""));
-    match path {
-        "/status" => (
-            200,
-            "application/json",
-            json.status
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .clone(),
-        ),
-        "/steps" => match steps_from(query) {
-            Ok(from) => (200, "application/json", render_steps(&json.steps, from)),
-            Err(reason) => (400, "text/plain", format!("{reason}\n")),
-        },
-        "/metrics" => (200, crate::metrics::CONTENT_TYPE, metrics.render()),
-        _ => (404, "text/plain", "not found\n".into()),
-    }
-}
-
-/// The `from` of `/steps?from=STEP` (0 without it): lets a poller fetch only what is new.
-fn steps_from(query: &str) -> Result<u64, String> {
-    let mut from = 0;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("from", v)) => {
-                from = v
-                    .parse()
-                    .map_err(|_| format!("from={v}: not a step number"))?;
-            }
-            _ => return Err(format!("unknown query parameter {pair}")),
-        }
-    }
-    Ok(from)
-}
-
-/// The records of steps `>= from`, as a JSON array.
-fn render_steps(steps: &SharedSteps, from: u64) -> String {
-    let steps = steps
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let tail: Vec<&StepRecord> = steps.iter().filter(|r| r.step >= from).collect();
-    serde_json::to_string(&tail).unwrap_or_else(|e| {
-        tracing::error!("cannot render steps: {e}");
-        "[]".into()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,45 +361,5 @@ mod tests {
         let s = LatencySummary::of_sorted(&v);
         assert_eq!((s.count, s.p50, s.p99, s.max), (100, 50, 99, 100));
         assert_eq!(LatencySummary::of_sorted(&[]), LatencySummary::default());
-    }
-
-    #[test]
-    fn steps_are_rendered_from_the_asked_step() {
-        let json = Published::default();
-        let record = |step| StepRecord {
-            step,
-            epoch: 1,
-            sample_start: step * 16,
-            samples: 16,
-            loss: 1.5,
-        };
-        json.steps.write().unwrap().extend((0..5).map(record));
-        let m = Metrics::default();
-        let body = |url| route(&tiny_http::Method::Get, url, &json, &m).2;
-        let all: Vec<serde_json::Value> = serde_json::from_str(&body("/steps")).unwrap();
-        assert_eq!(all.len(), 5);
-        let tail: Vec<serde_json::Value> = serde_json::from_str(&body("/steps?from=3")).unwrap();
-        assert_eq!(tail.len(), 2);
-        assert_eq!(tail[0]["step"], 3);
-        assert_eq!(tail[1]["sample_start"], 64);
-    }
-
-    #[test]
-    fn routes() {
-        let json = Published::default();
-        let m = Metrics::default();
-        assert_eq!(route(&tiny_http::Method::Get, "/status", &json, &m).0, 200);
-        assert_eq!(route(&tiny_http::Method::Get, "/metrics", &json, &m).0, 200);
-        assert_eq!(route(&tiny_http::Method::Get, "/steps", &json, &m).0, 200);
-        assert_eq!(route(&tiny_http::Method::Get, "/nope", &json, &m).0, 404);
-        assert_eq!(
-            route(&tiny_http::Method::Get, "/steps?from=x", &json, &m).0,
-            400
-        );
-        assert_eq!(
-            route(&tiny_http::Method::Get, "/steps?to=1", &json, &m).0,
-            400
-        );
-        assert_eq!(route(&tiny_http::Method::Post, "/status", &json, &m).0, 405);
     }
 }

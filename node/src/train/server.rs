@@ -257,7 +257,9 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Trai
             Ok(())
         }
         Request::FetchCheckpoint { steps, start, end } => {
-            match ep.checkpoints.load(steps, &(start as usize..end as usize)) {
+            let store = ep.checkpoints.clone();
+            let layers = start as usize..end as usize;
+            match on_blocking_pool(move || store.load(steps, &layers)).await {
                 Ok(bytes) => {
                     reply(&mut stream, &Reply::Sending { layers: 1 }).await?;
                     stream.send(&bytes).await?;
@@ -273,16 +275,33 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Trai
             digest,
         } => {
             let bytes = stream.recv(ep.max_state_bytes).await?;
-            let got: [u8; 32] = Sha256::digest(&bytes).into();
-            if got != digest || start >= end {
+            let store = ep.checkpoints.clone();
+            let stored = on_blocking_pool(move || {
+                let got: [u8; 32] = Sha256::digest(&bytes).into();
+                if got != digest || start >= end {
+                    return Ok(false);
+                }
+                store.save(steps, &(start as usize..end as usize), &bytes)?;
+                Ok(true)
+            })
+            .await?;
+            if !stored {
                 tracing::error!(%peer, steps, "checkpoint with a bad digest or range refused");
                 return reply(&mut stream, &Reply::Refused("bad digest or range".into())).await;
             }
-            ep.checkpoints
-                .save(steps, &(start as usize..end as usize), &bytes)?;
             reply(&mut stream, &Reply::Stored).await
         }
     }
+}
+
+/// Runs disk work and whole-state hashing off the data plane's one worker thread, so that a
+/// checkpoint copy never stalls the links and fetches of training.
+async fn on_blocking_pool<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, TrainError> + Send + 'static,
+) -> Result<T, TrainError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| TrainError::Storage(format!("checkpoint task failed: {e}")))?
 }
 
 async fn reply(stream: &mut SecureStream, r: &Reply) -> Result<(), TrainError> {

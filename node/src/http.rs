@@ -1,0 +1,231 @@
+//! The node's HTTP endpoints, on actix-web: `/status` and `/steps` (JSON, rendered by the
+//! [`Status`](crate::status::Status) actor into shared cells) and `/metrics` (OpenMetrics).
+//!
+//! The server reads only those cells and the metrics atomics, on a worker thread of its own, so
+//! no client can block an actor. Clients are untrusted: connections are capped, a request head
+//! must arrive within [`REQUEST_TIMEOUT`], idle keep-alive connections close after
+//! [`KEEP_ALIVE`], and only `GET` on the three paths is served.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use serde::Deserialize;
+
+use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
+use crate::status::{Published, SharedSteps, StepRecord};
+
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 64;
+/// The listen backlog.
+const BACKLOG: u32 = 64;
+/// Time a client has to send its request head.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time an idle keep-alive connection stays open.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Time a client has to read the end of a response before its connection is dropped.
+const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why the HTTP server could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("status server on {addr}: {source}")]
+pub struct HttpError {
+    addr: SocketAddr,
+    source: std::io::Error,
+}
+
+/// Binds the server and runs it on the current actix system; returns the bound address
+/// (useful with port 0). Call it inside the node's `System`.
+pub fn serve_http(
+    addr: SocketAddr,
+    json: Published,
+    metrics: Arc<Metrics>,
+) -> Result<SocketAddr, HttpError> {
+    let error = |source| HttpError { addr, source };
+    let server =
+        HttpServer::new(move || App::new().configure(routes(json.clone(), metrics.clone())))
+            .workers(1)
+            .max_connections(MAX_CONNECTIONS)
+            .backlog(BACKLOG)
+            .client_request_timeout(REQUEST_TIMEOUT)
+            .client_disconnect_timeout(DISCONNECT_TIMEOUT)
+            .keep_alive(KEEP_ALIVE)
+            // The node handles SIGTERM and SIGINT itself: they are preemption notices.
+            .disable_signals()
+            .shutdown_timeout(1)
+            .bind(addr)
+            .map_err(error)?;
+    let bound = server.addrs().first().copied().ok_or_else(|| {
+        error(std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            "bound no address",
+        ))
+    })?;
+    let running = server.run();
+    actix::spawn(async move {
+        if let Err(e) = running.await {
+            tracing::error!("status server stopped: {e}");
+        }
+    });
+    Ok(bound)
+}
+
+/// The three endpoints; anything else is 404, another method on them 405.
+fn routes(json: Published, metrics: Arc<Metrics>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg| {
+        cfg.app_data(web::Data::new(json))
+            .app_data(web::Data::new(metrics))
+            .service(web::resource("/status").route(web::get().to(status)))
+            .service(web::resource("/steps").route(web::get().to(steps)))
+            .service(web::resource("/metrics").route(web::get().to(render_metrics)))
+            .default_service(web::to(|| async {
+                HttpResponse::NotFound().body("not found\n")
+            }));
+    }
+}
+
+async fn status(json: web::Data<Published>) -> HttpResponse {
+    let body = json
+        .status
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body)
+}
+
+/// `/steps?from=STEP`: lets a poller fetch only what is new; unknown parameters are refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepsQuery {
+    #[serde(default)]
+    from: u64,
+}
+
+async fn steps(json: web::Data<Published>, query: web::Query<StepsQuery>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(render_steps(&json.steps, query.from))
+}
+
+async fn render_metrics(metrics: web::Data<Arc<Metrics>>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(METRICS_CONTENT_TYPE)
+        .body(metrics.render())
+}
+
+/// The records of steps `>= from`, as a JSON array.
+fn render_steps(steps: &SharedSteps, from: u64) -> String {
+    let steps = steps
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let tail: Vec<&StepRecord> = steps.iter().filter(|r| r.step >= from).collect();
+    serde_json::to_string(&tail).unwrap_or_else(|e| {
+        tracing::error!("cannot render steps: {e}");
+        "[]".into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::http::Method;
+    use actix_web::test::{TestRequest, call_service, init_service, read_body};
+
+    /// Status code and body of `method url` against the routes.
+    fn call(json: &Published, method: Method, url: &str) -> (u16, String) {
+        let json = json.clone();
+        let url = url.to_owned();
+        actix_web::rt::System::new().block_on(async move {
+            let metrics = Arc::new(Metrics::default());
+            let app = init_service(App::new().configure(routes(json, metrics))).await;
+            let request = TestRequest::default().method(method).uri(&url).to_request();
+            let response = call_service(&app, request).await;
+            let code = response.status().as_u16();
+            let body = read_body(response).await;
+            (code, String::from_utf8_lossy(&body).into_owned())
+        })
+    }
+
+    #[test]
+    fn steps_are_rendered_from_the_asked_step() {
+        let json = Published::default();
+        let record = |step| StepRecord {
+            step,
+            epoch: 1,
+            sample_start: step * 16,
+            samples: 16,
+            loss: 1.5,
+        };
+        json.steps.write().unwrap().extend((0..5).map(record));
+        let body = |url| call(&json, Method::GET, url).1;
+        let all: Vec<serde_json::Value> = serde_json::from_str(&body("/steps")).unwrap();
+        assert_eq!(all.len(), 5);
+        let tail: Vec<serde_json::Value> = serde_json::from_str(&body("/steps?from=3")).unwrap();
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail[0]["step"], 3);
+        assert_eq!(tail[1]["sample_start"], 64);
+    }
+
+    #[test]
+    fn routes_answer_only_get_on_their_paths() {
+        let json = Published::default();
+        let code = |method, url| call(&json, method, url).0;
+        assert_eq!(code(Method::GET, "/status"), 200);
+        assert_eq!(code(Method::GET, "/metrics"), 200);
+        assert_eq!(code(Method::GET, "/steps"), 200);
+        assert_eq!(code(Method::GET, "/nope"), 404);
+        assert_eq!(code(Method::GET, "/steps?from=x"), 400);
+        assert_eq!(code(Method::GET, "/steps?to=1"), 400);
+        assert_eq!(code(Method::POST, "/status"), 405);
+    }
+
+    #[test]
+    fn a_running_server_serves_the_cells_and_refuses_slow_clients() {
+        use std::io::{Read, Write};
+        let json = Published::default();
+        *json.status.write().unwrap() = r#"{"role":"leader"}"#.into();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let system = actix_web::rt::System::new();
+            let addr = system
+                .block_on(async {
+                    serve_http(
+                        "127.0.0.1:0".parse().unwrap(),
+                        json,
+                        Arc::new(Metrics::default()),
+                    )
+                })
+                .unwrap();
+            tx.send(addr).unwrap();
+            system.run().unwrap();
+        });
+        let addr = rx.recv().unwrap();
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        client
+            .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with(r#"{"role":"leader"}"#), "{answer}");
+        // A client that never finishes its request head is dropped after the timeout.
+        let mut slow = std::net::TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /status HTTP/1.1\r\n").unwrap();
+        slow.set_read_timeout(Some(REQUEST_TIMEOUT * 3)).unwrap();
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let _ = slow.read_to_end(&mut rest);
+        assert!(
+            started.elapsed() < REQUEST_TIMEOUT * 3,
+            "the slow client was not dropped"
+        );
+        let head = String::from_utf8_lossy(&rest);
+        assert!(
+            head.is_empty() || head.starts_with("HTTP/1.1 408"),
+            "{head}"
+        );
+    }
+}
