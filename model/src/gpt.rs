@@ -5,6 +5,7 @@
 //! position embeddings, and an untied language-model head whose loss is the mean token
 //! cross-entropy.
 
+use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, log_softmax, softmax};
@@ -15,8 +16,9 @@ use crate::error::{ModelError, Result};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 
-/// Sizes of a [`Gpt`]. Use a preset or set any field.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Sizes of a [`Gpt`]. Use a preset or set any field; saved and loaded as JSON through Burn's
+/// [`Config`] (`save`, `load`).
+#[derive(Config, Debug, PartialEq, Eq)]
 pub struct GptConfig {
     /// Number of token ids.
     pub vocab_size: usize,
@@ -326,6 +328,17 @@ impl PipelineModel for Gpt {
 mod tests {
     use super::*;
     use crate::stage::init_layers;
+
+    #[test]
+    fn a_config_round_trips_through_burns_json() {
+        let path = std::env::temp_dir().join(format!("gpt-config-{}.json", std::process::id()));
+        GptConfig::small().save(&path).unwrap();
+        let loaded = GptConfig::load(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(loaded.unwrap(), GptConfig::small());
+        let text = GptConfig::tiny().to_string();
+        assert!(text.contains("\"d_model\": 32"), "{text}");
+    }
 
     fn logits(model: &Gpt, layers: &[GptLayer], tokens: Vec<i64>) -> Vec<f32> {
         let device = Device::flex();

@@ -97,6 +97,26 @@ pub enum PlanStrategy {
     Reactive,
 }
 
+/// The built-in GPT presets `parcae-node` trains (`parcae_model::GptConfig::tiny`/`small`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelPreset {
+    /// 4 pipeline layers, 30,080 parameters: tests and the default testnet.
+    Tiny,
+    /// 8 pipeline layers, 23.2 M parameters: the benchmark model.
+    Small,
+}
+
+impl ModelPreset {
+    /// The preset's sizes.
+    pub fn gpt(self) -> parcae_model::GptConfig {
+        match self {
+            ModelPreset::Tiny => parcae_model::GptConfig::tiny(),
+            ModelPreset::Small => parcae_model::GptConfig::small(),
+        }
+    }
+}
+
 /// What the cluster trains. Every node must use the same values (the model fingerprint and
 /// the layer count are checked when state moves between nodes).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -104,8 +124,8 @@ pub enum PlanStrategy {
 pub struct TrainConfig {
     /// Train at all (a node without training only runs the control plane).
     pub enabled: bool,
-    /// Built-in GPT preset: `tiny` or `small`.
-    pub model: String,
+    /// Built-in GPT preset.
+    pub model: ModelPreset,
     /// `synthetic` (the seeded built-in task) or a path to a text file (byte-level tokens).
     pub data: String,
     /// Seed of the weights, the data order and the synthetic task.
@@ -175,7 +195,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            model: "tiny".into(),
+            model: ModelPreset::Tiny,
             data: "synthetic".into(),
             seed: 1,
             global_batch: 16,
@@ -280,12 +300,6 @@ impl NodeConfig {
                     .into(),
             ));
         }
-        if !["tiny", "small"].contains(&t.model.as_str()) {
-            return Err(ConfigError::Invalid(format!(
-                "train.model must be tiny or small, not {:?}",
-                t.model
-            )));
-        }
         if !(positive(t.peak_lr) && positive(t.peer_timeout_secs)) {
             return Err(ConfigError::Invalid(
                 "train.peak_lr and train.peer_timeout_secs must be > 0".into(),
@@ -365,5 +379,18 @@ mod tests {
             NodeConfig::parse("grace_secs = -1.0", "x"),
             Err(ConfigError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn the_model_is_one_of_the_presets() {
+        let c = NodeConfig::parse("[train]\nmodel = \"small\"", "x").unwrap();
+        assert_eq!(c.train.model, ModelPreset::Small);
+        assert_eq!(c.train.model.gpt(), parcae_model::GptConfig::small());
+        let e = NodeConfig::parse("[train]\nmodel = \"huge\"", "x").unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("huge") && text.contains("tiny") && text.contains("small"),
+            "{text}"
+        );
     }
 }

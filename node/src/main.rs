@@ -156,10 +156,7 @@ fn main() -> anyhow::Result<()> {
 
 /// The built-in GPT on the synthetic task or a byte-level text file, as `[train]` says.
 fn builtin_trainer(t: &TrainConfig) -> anyhow::Result<TrainerLauncher> {
-    let mut gpt = match t.model.as_str() {
-        "small" => GptConfig::small(),
-        _ => GptConfig::tiny(),
-    };
+    let mut gpt = t.model.gpt();
     let optimizer = OptimizerConfig {
         peak_lr: t.peak_lr,
         min_lr: t.peak_lr / 10.0,

@@ -223,13 +223,11 @@ impl NodeProcess {
         Some(format!("{}/p2p/{}", self.listen, self.peer_id()?))
     }
 
-    /// Sends a signal (e.g. `libc::SIGTERM`).
-    pub fn signal(&self, sig: i32) {
+    /// Sends a signal (e.g. `Signal::SIGTERM`) to the running process.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
         if let Some(pid) = self.pid() {
-            // SAFETY: kill(2) on a child we spawned and have not reaped yet.
-            unsafe {
-                libc::kill(pid as i32, sig);
-            }
+            // A child we spawned and have not reaped yet; one that just exited is no error here.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
         }
     }
 

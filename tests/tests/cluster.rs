@@ -104,7 +104,7 @@ fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
     .unwrap_or_else(|| panic!("no 5 voters + 1 learner\n{}", c.logs()));
     let vi = c.index_of(&victim).expect("victim");
 
-    c.nodes[vi].signal(libc::SIGTERM);
+    c.nodes[vi].signal(nix::sys::signal::Signal::SIGTERM);
     let others: Vec<usize> = all.iter().copied().filter(|&i| i != vi).collect();
     let propagation: Vec<u64> = wait_for(Duration::from_secs(3), || {
         others

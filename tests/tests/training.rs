@@ -242,7 +242,7 @@ fn a_noticed_node_is_drained_before_its_deadline() {
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
     let epoch_before = c.nodes[0].status().unwrap()["epoch"].as_u64().unwrap();
     let noticed_at = std::time::Instant::now();
-    c.nodes[victim].signal(libc::SIGTERM);
+    c.nodes[victim].signal(nix::sys::signal::Signal::SIGTERM);
     // A new plan without the node is in force, and trained under, before the 10 s deadline.
     let survivor = (0..c.nodes.len())
         .find(|i| *i != victim)
@@ -346,7 +346,7 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
     let peer = c.nodes[victim].peer_id().unwrap();
     // SIGSTOP cuts the node off: its peers see no traffic from it, it sends nothing.
-    c.nodes[victim].signal(libc::SIGSTOP);
+    c.nodes[victim].signal(nix::sys::signal::Signal::SIGSTOP);
     let before = last_step(&c).unwrap();
     let others: Vec<usize> = (0..c.nodes.len()).filter(|i| *i != victim).collect();
     wait_for(Duration::from_secs(60), || {
@@ -358,7 +358,7 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
             .filter(|s| *s >= before + 3)
     })
     .unwrap_or_else(|| panic!("the others did not go on without it\n{}", c.logs()));
-    c.nodes[victim].signal(libc::SIGCONT);
+    c.nodes[victim].signal(nix::sys::signal::Signal::SIGCONT);
     // Healed: it is a healthy member again and follows the log.
     wait_for(Duration::from_secs(60), || {
         let s = c.nodes[others[0]].status()?;

@@ -39,7 +39,7 @@ fn main() {
             .find(|&i| i != li)
             .expect("a follower");
         let victim = c.nodes[vi].peer_id().expect("victim id");
-        c.nodes[vi].signal(libc::SIGTERM);
+        c.nodes[vi].signal(nix::sys::signal::Signal::SIGTERM);
         let samples = wait_for(Duration::from_secs(10), || {
             all.iter()
                 .filter(|&&i| i != vi)
