@@ -160,7 +160,18 @@ fn a_missing_node_binary_is_built_only_when_started_by_cargo() {
         if let Some(c) = cargo {
             cmd.env("CARGO", c);
         }
-        let out = cmd.output().unwrap();
+        // The copy was just written: a child another test forks meanwhile holds its write
+        // descriptor until that child's exec, and exec fails with ETXTBSY until then.
+        let mut busy = 0;
+        let out = loop {
+            match cmd.output() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
+                    busy += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                result => break result.unwrap(),
+            }
+        };
         assert_no_orphans(dir.path());
         out
     };
