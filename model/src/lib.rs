@@ -62,6 +62,7 @@ mod params;
 mod pipeline;
 mod pipeline_model;
 mod rng;
+mod schedule;
 mod stage;
 mod state;
 mod wire;
@@ -75,9 +76,10 @@ pub use gpt::{Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
 pub use lanes::{DEFAULT_LANE_MIN_FLOPS, MAX_LANES, default_lanes};
 pub use optim::OptimizerConfig;
 pub use params::ParamInfo;
-pub use pipeline::{Op, Pipeline, data_parallel_step, even_ranges, mean_f32_le, one_f_one_b};
+pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
 pub use pipeline_model::{Batch, PipelineModel};
 pub use rng::StageRng;
+pub use schedule::{Neighbours, Op, StagePosition, one_f_one_b, run_one_f_one_b};
 pub use stage::{
     LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, Upstream, WireOutput,
     init_layers, layer_seed,

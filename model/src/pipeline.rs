@@ -1,47 +1,21 @@
-//! The 1F1B schedule and an in-process pipeline that runs it.
-//!
-//! [`one_f_one_b`] is the per-stage operation order a distributed trainer follows; [`Pipeline`]
-//! runs all stages of one pipeline in this process (tests, single-machine runs), passing
-//! activations and gradients between stages as wire bytes exactly as the network would, and
+//! An in-process pipeline: all stages of one pipeline in this process (tests, single-machine
+//! runs), each stage driven by the same 1F1B driver as a node's ([`run_one_f_one_b`]) with
+//! in-process channels for neighbours, passing activations and gradients between stages as
+//! wire bytes exactly as the network would, and
 //! [`data_parallel_step`] averages gradients of several pipelines through the same byte
 //! interface a ring all-reduce uses.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
 
 use burn::tensor::Device;
 
 use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
 use crate::pipeline_model::{Batch, PipelineModel};
-use crate::stage::{Stage, StageConfig, StageOutput, StepReport, WireOutput};
-
-/// One operation of a stage in a training step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// Forward of micro-batch `.0`.
-    Forward(usize),
-    /// Backward of micro-batch `.0`.
-    Backward(usize),
-}
-
-/// The 1F1B order of stage `stage` of `stages` with `micro_batches` micro-batches: `stages -
-/// stage - 1` warm-up forwards, then alternating forward and backward, then the remaining
-/// backwards. At most `stages - stage` micro-batches are in flight at the stage.
-pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Vec<Op> {
-    let warmup = stages.saturating_sub(stage + 1).min(micro_batches);
-    let mut ops = Vec::with_capacity(2 * micro_batches);
-    ops.extend((0..warmup).map(Op::Forward));
-    let mut next_backward = 0;
-    for f in warmup..micro_batches {
-        ops.push(Op::Forward(f));
-        ops.push(Op::Backward(next_backward));
-        next_backward += 1;
-    }
-    ops.extend((next_backward..micro_batches).map(Op::Backward));
-    ops
-}
+use crate::schedule::{Neighbours, StagePosition, run_one_f_one_b};
+use crate::stage::{Stage, StageConfig, StageOutput, StepReport};
 
 /// `num_layers` layers cut into `stages` contiguous ranges of near-equal length.
 pub fn even_ranges(num_layers: usize, stages: usize) -> Result<Vec<Range<usize>>> {
@@ -111,77 +85,49 @@ impl<M: PipelineModel> Pipeline<M> {
     }
 
     /// Runs forward and backward of every micro-batch in 1F1B order and accumulates gradients;
-    /// returns the mean loss. Activations and gradients cross stage boundaries as wire bytes.
+    /// returns the mean loss. Each stage runs [`run_one_f_one_b`] on a thread of its own, its
+    /// neighbours in-process channels: activations and gradients cross stage boundaries as wire
+    /// bytes, exactly as they cross the network between nodes.
     pub fn forward_backward(&mut self, micro_batches: &[Batch]) -> Result<f32> {
         let p = self.stages.len();
         let m = micro_batches.len();
         if m == 0 {
             return Err(ModelError::InvalidConfig("no micro-batches".into()));
         }
-        let scale = 1.0 / m as f32;
-        let schedules: Vec<Vec<Op>> = (0..p).map(|s| one_f_one_b(p, s, m)).collect();
-        let mut cursor = vec![0usize; p];
-        // (stage, micro-batch) -> bytes waiting for that stage.
-        let mut activations: HashMap<(usize, usize), Vec<u8>> = HashMap::new();
-        let mut gradients: HashMap<(usize, usize), Vec<u8>> = HashMap::new();
-        let mut loss_sum = 0.0f64;
-        while cursor.iter().zip(&schedules).any(|(c, s)| *c < s.len()) {
-            let mut progressed = false;
-            for s in 0..p {
-                let Some(&op) = schedules[s].get(cursor[s]) else {
-                    continue;
-                };
-                let stage = &mut self.stages[s];
-                let last = s + 1 == p;
-                match op {
-                    Op::Forward(i) => {
-                        let targets = last.then_some(&micro_batches[i].targets);
-                        let out = if s == 0 {
-                            let out = stage.forward(
-                                i as u64,
-                                micro_batches[i].inputs.clone(),
-                                targets,
-                            )?;
-                            stage.encode_output(out)?
-                        } else {
-                            let Some(bytes) = activations.remove(&(s, i)) else {
-                                continue;
-                            };
-                            stage.forward_wire(i as u64, &bytes, targets)?
+        let weight = 1.0 / m as f32;
+        let results: Vec<Result<f64>> = std::thread::scope(|scope| {
+            let running: Vec<_> = self
+                .stages
+                .iter_mut()
+                .zip(ChannelNeighbours::chain(p))
+                .enumerate()
+                .map(|(s, (stage, mut neighbours))| {
+                    let batches = micro_batches.to_vec();
+                    scope.spawn(move || {
+                        let position = StagePosition {
+                            stage: s,
+                            stages: p,
                         };
-                        match out {
-                            WireOutput::Activation(bytes) => {
-                                activations.insert((s + 1, i), bytes);
-                            }
-                            WireOutput::Loss(l) => loss_sum += l as f64,
-                        }
-                    }
-                    Op::Backward(i) => {
-                        let upstream = if last {
-                            None
-                        } else {
-                            let Some(bytes) = gradients.remove(&(s, i)) else {
-                                continue;
-                            };
-                            Some(bytes)
-                        };
-                        if let Some(g) =
-                            stage.backward_wire(i as u64, upstream.as_deref(), scale)?
-                        {
-                            gradients.insert((s - 1, i), g);
-                        }
-                    }
-                }
-                cursor[s] += 1;
-                progressed = true;
-            }
-            if !progressed {
-                return Err(ModelError::InvalidConfig(
-                    "pipeline schedule cannot progress".into(),
-                ));
-            }
-        }
-        Ok((loss_sum / m as f64) as f32)
+                        run_one_f_one_b(
+                            stage,
+                            &mut neighbours,
+                            position,
+                            m,
+                            |i| Ok(batches[i].clone()),
+                            |_| weight,
+                        )
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        });
+        first_cause(results).map(|loss| loss as f32)
     }
 
     /// Sum of the stages' squared gradient norms.
@@ -294,42 +240,96 @@ pub fn data_parallel_step<M: PipelineModel>(
     Ok(loss / replicas.len() as f32)
 }
 
+/// The error of a stage whose neighbour stopped: a consequence, never the cause.
+const NEIGHBOUR_STOPPED: &str = "a neighbouring stage stopped";
+
+/// The first error in stage order that caused a failure rather than followed from one (a
+/// stage sees its neighbour stop when that neighbour failed); the last stage's loss otherwise.
+fn first_cause(results: Vec<Result<f64>>) -> Result<f64> {
+    let mut loss = 0.0;
+    let mut consequence = None;
+    for r in results {
+        match r {
+            Ok(l) => loss = l,
+            Err(ModelError::InvalidConfig(why)) if why == NEIGHBOUR_STOPPED => {
+                consequence = Some(ModelError::InvalidConfig(why));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    consequence.map_or(Ok(loss), Err)
+}
+
+/// One stage's neighbours inside this process: a channel each way to each side, carrying
+/// (micro-batch, bytes). 1F1B keeps the order of every direction, so a micro-batch other than
+/// the expected one is a broken pipeline.
+#[derive(Default)]
+struct ChannelNeighbours {
+    activations_in: Option<Receiver<(usize, Vec<u8>)>>,
+    activations_out: Option<Sender<(usize, Vec<u8>)>>,
+    grads_in: Option<Receiver<(usize, Vec<u8>)>>,
+    grads_out: Option<Sender<(usize, Vec<u8>)>>,
+}
+
+impl ChannelNeighbours {
+    /// The neighbours of every stage of a `stages`-stage pipeline, first to last.
+    fn chain(stages: usize) -> Vec<Self> {
+        let mut all: Vec<Self> = (0..stages).map(|_| Self::default()).collect();
+        for s in 1..stages {
+            let (tx, rx) = channel();
+            all[s - 1].activations_out = Some(tx);
+            all[s].activations_in = Some(rx);
+            let (tx, rx) = channel();
+            all[s].grads_out = Some(tx);
+            all[s - 1].grads_in = Some(rx);
+        }
+        all
+    }
+
+    fn take(from: &Option<Receiver<(usize, Vec<u8>)>>, mb: usize) -> Result<Vec<u8>> {
+        let rx = from
+            .as_ref()
+            .ok_or_else(|| ModelError::InvalidConfig("no neighbour on that side".into()))?;
+        match rx.recv() {
+            Ok((got, bytes)) if got == mb => Ok(bytes),
+            Ok((got, _)) => Err(ModelError::InvalidConfig(format!(
+                "micro-batch {got} arrived where the schedule expects {mb}"
+            ))),
+            Err(_) => Err(ModelError::InvalidConfig(NEIGHBOUR_STOPPED.into())),
+        }
+    }
+
+    fn put(to: &Option<Sender<(usize, Vec<u8>)>>, mb: usize, bytes: Vec<u8>) -> Result<()> {
+        to.as_ref()
+            .ok_or_else(|| ModelError::InvalidConfig("no neighbour on that side".into()))?
+            .send((mb, bytes))
+            .map_err(|_| ModelError::InvalidConfig(NEIGHBOUR_STOPPED.into()))
+    }
+}
+
+impl Neighbours for ChannelNeighbours {
+    type Error = ModelError;
+
+    fn recv_activation(&mut self, mb: usize) -> Result<Vec<u8>> {
+        Self::take(&self.activations_in, mb)
+    }
+
+    fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<()> {
+        Self::put(&self.activations_out, mb, bytes)
+    }
+
+    fn recv_grad(&mut self, mb: usize) -> Result<Vec<u8>> {
+        Self::take(&self.grads_in, mb)
+    }
+
+    fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<()> {
+        Self::put(&self.grads_out, mb, bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_f_one_b_bounds_in_flight_and_covers_everything() {
-        for p in 1..5 {
-            for m in 1..7 {
-                for s in 0..p {
-                    let ops = one_f_one_b(p, s, m);
-                    assert_eq!(ops.len(), 2 * m);
-                    let mut in_flight = 0usize;
-                    let mut peak = 0;
-                    for op in &ops {
-                        match op {
-                            Op::Forward(_) => in_flight += 1,
-                            Op::Backward(_) => in_flight -= 1,
-                        }
-                        peak = peak.max(in_flight);
-                    }
-                    assert!(peak <= (p - s).min(m), "p{p} s{s} m{m} peak {peak}");
-                }
-            }
-        }
-        assert_eq!(
-            one_f_one_b(2, 0, 3),
-            vec![
-                Op::Forward(0),
-                Op::Forward(1),
-                Op::Backward(0),
-                Op::Forward(2),
-                Op::Backward(1),
-                Op::Backward(2)
-            ]
-        );
-    }
 
     #[test]
     fn even_ranges_cover_in_order() {

@@ -3,7 +3,7 @@
 //!
 //! `cargo bench -p parcae-node --bench handoff` prints a table; the goal is >= 1.25 GB/s, the
 //! 10 Gb/s links of Parcae's evaluation. Three columns: raw TCP, one data-plane message, and a
-//! real stage handoff (the trainer's endpoint serving held layers, fetched by `peers::fetch`
+//! real stage handoff (the trainer's endpoint serving held layers, fetched by `client::fetch`
 //! exactly as a node entering a new slot does).
 
 use std::time::Instant;
@@ -68,9 +68,9 @@ async fn handoff(data: &[u8], key: &ClusterKey) -> f64 {
 
     use parcae_consensus::state::{PeerInfo, RaftRole};
     use parcae_consensus::{ControlState, NodeId};
-    use parcae_node::train::checkpoint::CheckpointStore;
-    use parcae_node::train::peers::{PeerAddr, fetch};
-    use parcae_node::train::server::{Endpoint, Held, serve};
+    use parcae_node::checkpoint::CheckpointStore;
+    use parcae_node::dataplane::client::{PeerAddr, fetch};
+    use parcae_node::dataplane::server::{Endpoint, Held, serve};
 
     let (holder, fetcher) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
     let member = |k: &Keypair| {

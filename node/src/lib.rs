@@ -62,6 +62,7 @@
 //! `js-sys = 0.3.85`) while burn 0.22 needs `js-sys >= 0.3.91`, which cannot resolve in one
 //! workspace lock. The APIs used here are the same in both.
 
+pub mod checkpoint;
 pub mod config;
 pub mod control;
 pub mod dataplane;

@@ -387,7 +387,7 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
 
 #[test]
 fn hostile_data_plane_input_is_refused_and_training_goes_on() {
-    use parcae_node::train::protocol::{self, LinkKind, Reply, Request};
+    use parcae_node::dataplane::protocol::{self, LinkKind, Reply, Request};
     let _serial = serial();
     let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 0"), 3, 3);
     // Borrow the identity of the spare (a member, but assigned nothing) after stopping it.
@@ -429,16 +429,16 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         };
         // A link claiming another node's slot, and one of a stale epoch: closed without reply.
         let other = [slot[0] as u32, 1 - slot[1] as u32];
-        let claim = parcae_node::train::protocol::Request::Link {
+        let claim = parcae_node::dataplane::protocol::Request::Link {
             epoch,
             kind: LinkKind::Pipeline,
-            from: parcae_node::train::links::slot_at(other[0], other[1]),
+            from: parcae_node::dataplane::links::slot_at(other[0], other[1]),
         };
         assert_eq!(ask(claim).await, None);
         let stale = Request::Link {
             epoch: epoch.saturating_sub(1),
             kind: LinkKind::Ring,
-            from: parcae_node::train::links::slot_at(0, 0),
+            from: parcae_node::dataplane::links::slot_at(0, 0),
         };
         assert_eq!(ask(stale).await, None);
         // State it does not hold, an empty range.

@@ -1,9 +1,17 @@
 //! AES-256-GCM records over TCP, and messages made of records.
+//!
+//! The record layer is tokio-util's `LengthDelimitedCodec` (a 4-byte big-endian length, capped
+//! at one sealed record before anything is allocated); each frame is one sealed record, its
+//! nonce the record counter of its direction, so a dropped, repeated or reordered record fails
+//! authentication. A message is one record holding its length, then its bytes in records of at
+//! most [`MAX_RECORD`].
 
+use bytes::{Bytes, BytesMut};
+use futures::{SinkExt, StreamExt};
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use super::{DataplaneError, MAX_RECORD};
 
@@ -17,18 +25,16 @@ pub struct SecureStream {
 
 /// Receiving half.
 pub struct SecureReader {
-    io: OwnedReadHalf,
+    io: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
     key: LessSafeKey,
     counter: u64,
-    buf: Vec<u8>,
 }
 
 /// Sending half.
 pub struct SecureWriter {
-    io: OwnedWriteHalf,
+    io: FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>,
     key: LessSafeKey,
     counter: u64,
-    buf: Vec<u8>,
     #[cfg(test)]
     corrupt: bool,
 }
@@ -45,21 +51,27 @@ fn nonce(counter: u64) -> Nonce {
     Nonce::assume_unique_for_key(n)
 }
 
+/// The record framing: a sealed record is at most [`MAX_RECORD`] plus its tag.
+fn records() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_type::<u32>()
+        .max_frame_length(MAX_RECORD + TAG)
+        .new_codec()
+}
+
 impl SecureStream {
     pub(crate) fn new(s: TcpStream, send: &[u8], recv: &[u8]) -> Result<Self, DataplaneError> {
         let (r, w) = s.into_split();
         Ok(Self {
             reader: SecureReader {
-                io: r,
+                io: FramedRead::with_capacity(r, records(), MAX_RECORD + TAG + 4),
                 key: key(recv)?,
                 counter: 0,
-                buf: Vec::new(),
             },
             writer: SecureWriter {
-                io: w,
+                io: FramedWrite::new(w, records()),
                 key: key(send)?,
                 counter: 0,
-                buf: Vec::new(),
                 #[cfg(test)]
                 corrupt: false,
             },
@@ -89,12 +101,10 @@ impl SecureWriter {
         self.corrupt = true;
     }
 
+    /// Seals `plain` as the next record and queues it (not flushed).
     async fn record(&mut self, plain: &[u8]) -> Result<(), DataplaneError> {
-        self.buf.clear();
-        self.buf
-            .extend_from_slice(&((plain.len() + TAG) as u32).to_be_bytes());
-        self.buf.extend_from_slice(plain);
-        let mut body = self.buf.split_off(4);
+        let mut body = Vec::with_capacity(plain.len() + TAG);
+        body.extend_from_slice(plain);
         self.key
             .seal_in_place_append_tag(nonce(self.counter), Aad::empty(), &mut body)
             .map_err(|_| DataplaneError::BadRecord)?;
@@ -103,8 +113,7 @@ impl SecureWriter {
         if std::mem::take(&mut self.corrupt) {
             body[0] ^= 1;
         }
-        self.buf.append(&mut body);
-        self.io.write_all(&self.buf).await?;
+        self.io.feed(Bytes::from(body)).await?;
         Ok(())
     }
 
@@ -114,32 +123,39 @@ impl SecureWriter {
         for chunk in payload.chunks(MAX_RECORD) {
             self.record(chunk).await?;
         }
+        SinkExt::<Bytes>::flush(&mut self.io).await?;
         Ok(())
     }
 }
 
 impl SecureReader {
-    async fn record(&mut self) -> Result<&[u8], DataplaneError> {
-        let mut len = [0u8; 4];
-        self.io.read_exact(&mut len).await?;
-        let len = u32::from_be_bytes(len) as usize;
-        if !(TAG..=MAX_RECORD + TAG).contains(&len) {
-            return Err(DataplaneError::BadRecord);
-        }
-        self.buf.resize(len, 0);
-        self.io.read_exact(&mut self.buf).await?;
-        let plain = self
+    async fn record(&mut self) -> Result<BytesMut, DataplaneError> {
+        let mut frame = match self.io.next().await {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return Err(DataplaneError::BadRecord);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
+        };
+        let len = self
             .key
-            .open_in_place(nonce(self.counter), Aad::empty(), &mut self.buf)
-            .map_err(|_| DataplaneError::BadRecord)?;
+            .open_in_place(nonce(self.counter), Aad::empty(), &mut frame)
+            .map_err(|_| DataplaneError::BadRecord)?
+            .len();
         self.counter += 1;
-        Ok(plain)
+        frame.truncate(len);
+        Ok(frame)
     }
 
     /// Receive one message of at most `max` bytes.
     pub async fn recv(&mut self, max: u64) -> Result<Vec<u8>, DataplaneError> {
         let head = self.record().await?;
-        let total = u64::from_be_bytes(head.try_into().map_err(|_| DataplaneError::BadRecord)?);
+        let total = u64::from_be_bytes(
+            head.as_ref()
+                .try_into()
+                .map_err(|_| DataplaneError::BadRecord)?,
+        );
         if total > max {
             return Err(DataplaneError::TooLarge { got: total, max });
         }
@@ -149,7 +165,7 @@ impl SecureReader {
             if out.len() as u64 + rec.len() as u64 > total {
                 return Err(DataplaneError::BadRecord);
             }
-            out.extend_from_slice(rec);
+            out.extend_from_slice(&rec);
         }
         Ok(out)
     }

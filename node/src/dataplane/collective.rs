@@ -5,15 +5,7 @@ use tokio::try_join;
 
 use super::DataplaneError;
 use super::channel::{SecureReader, SecureWriter};
-
-/// Identifies one collective: messages of another epoch, step or phase are refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Round {
-    /// Configuration epoch.
-    pub epoch: u64,
-    /// Training step.
-    pub step: u64,
-}
+use super::protocol::{HEADER_LEN, Header, MsgKind, Round};
 
 /// A member's links in the ring: it sends to its successor and receives from its predecessor.
 pub struct RingLinks<'a> {
@@ -27,8 +19,6 @@ pub struct RingLinks<'a> {
     pub prev: &'a mut SecureReader,
 }
 
-const HEADER: usize = 8 + 8 + 4;
-
 fn chunk_range(len: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     let base = len / parts;
     let extra = len % parts;
@@ -36,11 +26,18 @@ fn chunk_range(len: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     start..start + base + usize::from(i < extra)
 }
 
+/// The header of chunk `seq` of the all-reduce of `round`.
+fn header(round: Round, seq: u32) -> Header {
+    Header {
+        kind: MsgKind::AllReduce,
+        round,
+        seq,
+    }
+}
+
 fn frame(round: Round, seq: u32, values: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + values.len() * 4);
-    out.extend_from_slice(&round.epoch.to_le_bytes());
-    out.extend_from_slice(&round.step.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
+    let mut out = Vec::with_capacity(HEADER_LEN + values.len() * 4);
+    header(round, seq).encode_into(&mut out);
     for v in values {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -53,20 +50,15 @@ fn unframe(
     bytes: &[u8],
     want: usize,
 ) -> Result<impl Iterator<Item = f32> + '_, DataplaneError> {
-    if bytes.len() != HEADER + want * 4 {
-        return Err(DataplaneError::Protocol(
-            "all-reduce chunk of the wrong size",
-        ));
+    let payload = header(round, seq).expect(bytes)?;
+    if payload.len() != want * 4 {
+        return Err(DataplaneError::Protocol(format!(
+            "all-reduce chunk of {} bytes, expected {}",
+            payload.len(),
+            want * 4
+        )));
     }
-    let epoch = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or_default());
-    let step = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
-    let got_seq = u32::from_le_bytes(bytes[16..20].try_into().unwrap_or_default());
-    if (Round { epoch, step }) != round || got_seq != seq {
-        return Err(DataplaneError::Protocol(
-            "all-reduce chunk of another round",
-        ));
-    }
-    Ok(bytes[HEADER..]
+    Ok(payload
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
 }
@@ -128,7 +120,7 @@ impl Ring<'_, '_> {
         combine: impl Fn(&mut f32, f32),
     ) -> Result<(), DataplaneError> {
         let len = values.len();
-        let max = (HEADER + (len / self.parts + 1) * 4) as u64;
+        let max = (HEADER_LEN + (len / self.parts + 1) * 4) as u64;
         let out = frame(
             self.round,
             self.seq,

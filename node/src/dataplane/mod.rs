@@ -9,10 +9,22 @@
 //! * binds the libp2p identities of both ends (ed25519 signatures over the transcript), so a
 //!   member cannot impersonate another, and
 //! * derives fresh per-direction keys from both ends' nonces.
+//!
+//! Its parts, bottom up: `handshake` (keying and admission), `channel` (records framed by
+//! tokio-util's `LengthDelimitedCodec`, messages made of records), [`protocol`] (the request
+//! that opens a connection, replies, and the one round [`protocol::Header`] of every training
+//! message), [`server`] (the endpoint: links for the trainer, state and checkpoints served
+//! concurrently with training, disk work on tokio's blocking pool), [`client`] (asking another
+//! member's endpoint), [`links`] (a plan epoch's pipeline and ring links) and [`collective`]
+//! (the ring all-reduce). Nothing here knows the model: the trainer hands bytes in and out.
 
 mod channel;
+pub mod client;
 pub mod collective;
 mod handshake;
+pub mod links;
+pub mod protocol;
+pub mod server;
 
 pub use channel::{SecureReader, SecureStream, SecureWriter};
 pub use handshake::{accept, connect};
@@ -40,9 +52,25 @@ pub enum DataplaneError {
     /// A record failed authentication (tampering, truncation, reordering).
     #[error("data plane record failed authentication")]
     BadRecord,
-    /// A peer broke the protocol of a collective (wrong round, size or order).
+    /// A peer broke the protocol (undecodable or unexpected message, wrong round, size or
+    /// order).
     #[error("data plane protocol: {0}")]
-    Protocol(&'static str),
+    Protocol(String),
+    /// A message of another plan epoch arrived: the sender follows an older or newer plan.
+    #[error("stale: {0}")]
+    Stale(String),
+    /// A peer refused a request, or the membership gives no way to reach it.
+    #[error("peer: {0}")]
+    Peer(String),
+    /// A peer did not answer in time.
+    #[error("timed out waiting for {0}")]
+    Timeout(String),
+    /// Checkpoint storage on this node failed.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Blocking work of the data plane (disk, hashing) did not finish.
+    #[error("data plane task failed: {0}")]
+    Task(String),
     /// A message is larger than the receiver accepts.
     #[error("data plane message of {got} bytes exceeds the limit of {max}")]
     TooLarge {

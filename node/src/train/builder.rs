@@ -27,10 +27,10 @@ use parcae_model::{
 use tokio::sync::watch;
 
 use super::TrainError;
-use super::checkpoint::CheckpointStore;
-use super::server::{self, Endpoint};
 use super::step::DataSource;
 use super::worker::{Worker, WorkerSetup};
+use crate::checkpoint::CheckpointStore;
+use crate::dataplane::server::{self, Endpoint};
 use crate::key::ClusterKey;
 use crate::runtime::{NodeError, RunOptions};
 use crate::status::TrainingView;
@@ -162,7 +162,7 @@ impl<M: PipelineModel> Trainer<M> {
             .thread_name("parcae-dataplane")
             .enable_all()
             .build()
-            .map_err(|e| TrainError::Storage(format!("tokio runtime: {e}")))?;
+            .map_err(|e| TrainError::Resources(format!("tokio runtime: {e}")))?;
         let listener = rt
             .block_on(tokio::net::TcpListener::bind((ctx.bind_ip, ctx.data_port)))
             .map_err(|e| {
@@ -233,7 +233,7 @@ impl<M: PipelineModel> Trainer<M> {
                 }
                 Worker::new(setup, rt, endpoint, submit, publish).run();
             })
-            .map_err(|e| TrainError::Storage(format!("trainer thread: {e}")))?;
+            .map_err(|e| TrainError::Resources(format!("trainer thread: {e}")))?;
         Ok(addr)
     }
 }

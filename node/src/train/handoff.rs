@@ -10,9 +10,10 @@ use parcae_consensus::state::MemberStatus;
 use parcae_consensus::{ControlState, NodeId};
 
 use super::TrainError;
-use super::peers::{self, PeerAddr};
-use super::protocol::HeldInfo;
-use super::server::Endpoint;
+use crate::dataplane::DataplaneError;
+use crate::dataplane::client::{self, PeerAddr};
+use crate::dataplane::protocol::HeldInfo;
+use crate::dataplane::server::{Endpoint, Piece};
 
 /// Layers to take from one holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,14 +59,6 @@ pub fn plan_fetches(
     (fetches, missing)
 }
 
-/// A state buffer and the layers to import from it.
-pub struct Piece {
-    /// The buffer (a `parcae-model` state with per-layer CRCs).
-    pub bytes: Vec<u8>,
-    /// Layers to take from it.
-    pub layers: Range<usize>,
-}
-
 /// What [`acquire`] brought.
 pub struct Acquired {
     /// Layers from live holders (and this node's own state), at the job's step.
@@ -87,7 +80,7 @@ fn members_to_ask(state: &ControlState, me: NodeId) -> Vec<PeerAddr> {
         .members
         .iter()
         .filter(|(id, m)| **id != me && m.status != MemberStatus::Lost)
-        .filter_map(|(id, _)| peers::peer_addr(state, *id).ok())
+        .filter_map(|(id, _)| client::peer_addr(state, *id).ok())
         .collect()
 }
 
@@ -102,7 +95,7 @@ pub async fn acquire(
     spread: usize,
 ) -> Result<Acquired, TrainError> {
     let ask = members_to_ask(state, me);
-    let answers = join_all(ask.iter().map(|p| peers::query(ep, p))).await;
+    let answers = join_all(ask.iter().map(|p| client::query(ep, p))).await;
     let mut holders: Vec<(NodeId, HeldInfo)> = Vec::new();
     let own = ep.held();
     let covers_own = own.filter(|h| {
@@ -136,7 +129,7 @@ pub async fn acquire(
         let peer = by_addr
             .get(&f.from)
             .ok_or_else(|| TrainError::Peer(format!("{} has no address", f.from)))?;
-        let bufs = peers::fetch(ep, peer, step, f.layers.clone()).await?;
+        let bufs = client::fetch(ep, peer, step, f.layers.clone()).await?;
         Ok::<_, TrainError>((f.layers.clone(), bufs))
     });
     let mut live = Vec::new();
@@ -203,10 +196,12 @@ async fn restore(
         let mut bytes = None;
         for holder in &record.holders {
             let got = if *holder == me {
-                ep.checkpoints.load(steps, &range)
+                ep.checkpoints
+                    .load(steps, &range)
+                    .map_err(DataplaneError::from)
             } else {
-                match peers::peer_addr(state, *holder) {
-                    Ok(peer) => peers::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
+                match client::peer_addr(state, *holder) {
+                    Ok(peer) => client::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
                     Err(e) => Err(e),
                 }
             };

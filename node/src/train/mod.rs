@@ -1,11 +1,13 @@
 //! Training across nodes: each node runs the stage of the replicated plan assigned to it with
 //! `parcae-model`, on a dedicated thread beside the actors.
 //!
-//! * [`server`]: the data-plane endpoint (authenticated AES-GCM channels of
-//!   [`crate::dataplane`]): pipeline and ring links, state queries and fetches, checkpoint
-//!   copies; served on a tokio runtime next to the trainer thread, so a node serves its state
-//!   while it computes.
-//! * [`step`]: one step across processes (1F1B over the links, ring all-reduce, global norm).
+//! The network is not here: links, state fetches and checkpoint copies are
+//! [`crate::dataplane`]'s, served on a tokio runtime next to the trainer thread, so a node serves
+//! its state while it computes.
+//!
+//! * [`step`]: one step across processes (`parcae-model`'s 1F1B driver over [`neighbours`],
+//!   ring all-reduce, global norm).
+//! * [`neighbours`]: the pipeline links as the 1F1B driver's neighbours.
 //! * [`handoff`]: where a new slot's layers come from (own state, live holders in parallel,
 //!   checkpoints).
 //! * [`worker`]: the loop that follows the plan, commits steps through raft and applies them
@@ -14,12 +16,8 @@
 //!   by a full node.
 
 mod builder;
-pub mod checkpoint;
 pub mod handoff;
-pub mod links;
-pub mod peers;
-pub mod protocol;
-pub mod server;
+pub mod neighbours;
 pub mod step;
 pub mod worker;
 
@@ -39,21 +37,18 @@ pub enum TrainError {
     /// A data-plane channel failed.
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
-    /// A peer broke the protocol.
-    #[error("protocol: {0}")]
-    Protocol(String),
-    /// A message of another epoch arrived.
-    #[error("stale: {0}")]
-    StaleMessage(String),
     /// A peer refused or is unknown.
     #[error("peer: {0}")]
     Peer(String),
     /// A peer did not answer in time.
     #[error("timed out waiting for {0}")]
     Timeout(String),
-    /// Local storage failed.
-    #[error("storage: {0}")]
-    Storage(String),
+    /// A checkpoint could not be stored or read.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Local resources (threads, runtimes) could not be set up.
+    #[error("local resources: {0}")]
+    Resources(String),
     /// The plan or configuration cannot be run.
     #[error("config: {0}")]
     Config(String),

@@ -10,19 +10,16 @@ use std::time::Duration;
 use parcae_consensus::ControlState;
 use parcae_consensus::state::{Digest32, StageSlot};
 use parcae_model::{
-    Dataset, Op, PipelineModel, Sampler, Stage, WireOutput, one_f_one_b, token_batch,
+    Dataset, PipelineModel, Sampler, Stage, StagePosition, run_one_f_one_b, token_batch,
 };
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 use super::TrainError;
-use super::links::{EpochLinks, PipeLink};
-use super::protocol::{MsgKind, StepTag, norm_up_payload, parse_norm, parse_norm_up};
-use crate::dataplane::collective::{RingLinks, Round, all_reduce_mean};
-
-/// Largest activation or gradient message accepted from a pipeline neighbour (the wire decoder
-/// then checks its shape against the stage's limits).
-pub const MAX_STEP_MESSAGE: u64 = 256 << 20;
+use super::neighbours::{LinkNeighbours, Side};
+use crate::dataplane::collective::{RingLinks, all_reduce_mean};
+use crate::dataplane::links::EpochLinks;
+use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
 
 /// Runs `f` on the trainer's runtime for at most `limit` (the timer is created inside the
 /// runtime, which tokio requires).
@@ -181,17 +178,6 @@ pub fn run<M: PipelineModel>(
     result
 }
 
-fn recv(w: &Waiter<'_>, link: Option<&mut PipeLink>, tag: StepTag) -> Result<Vec<u8>, TrainError> {
-    let link = link.ok_or_else(|| TrainError::Protocol("missing pipeline link".into()))?;
-    let bytes = w.wait(&format!("{:?}", tag.kind), link.recv(MAX_STEP_MESSAGE))?;
-    Ok(tag.expect(&bytes)?.to_vec())
-}
-
-fn send(link: Option<&mut PipeLink>, tag: StepTag, payload: &[u8]) -> Result<(), TrainError> {
-    link.ok_or_else(|| TrainError::Protocol("missing pipeline link".into()))?
-        .send(tag.frame(payload))
-}
-
 fn run_inner<M: PipelineModel>(
     io: &mut StepIo<'_>,
     stage: &mut Stage<M>,
@@ -199,9 +185,16 @@ fn run_inner<M: PipelineModel>(
 ) -> Result<StepResult, TrainError> {
     let (data, digest) = (io.data, spec.digest);
     let w = Waiter::new(io.rt, io.timeout, io.view.clone(), spec.epoch, spec.step);
-    let links = &mut *io.links;
+    let round = Round {
+        epoch: spec.epoch,
+        step: spec.step,
+    };
     let (s, p) = (spec.slot.stage, spec.stages);
-    let (first, last) = (s == 0, s + 1 == p);
+    let position = StagePosition {
+        stage: s as usize,
+        stages: p as usize,
+    };
+    let (first, last) = (position.is_first(), position.is_last());
     let share = pipeline_share(
         spec.sample_start,
         spec.global_batch,
@@ -215,64 +208,30 @@ fn run_inner<M: PipelineModel>(
         )));
     }
     let mbs = micro_batches(share, spec.micro_batch);
-    let weight = |r: &Range<u64>| {
+    let weight = |i: usize| {
+        let r = &mbs[i];
         ((r.end - r.start) as f64 * f64::from(spec.data_parallel) / f64::from(spec.global_batch))
             as f32
     };
-    let tag = |kind, micro_batch: usize| StepTag {
-        kind,
-        epoch: spec.epoch,
-        step: spec.step,
-        micro_batch: micro_batch as u32,
-    };
     let device = stage.device().clone();
-    let batch = |r: &Range<u64>| {
-        token_batch(
+    let batch = |i: usize| {
+        let r = &mbs[i];
+        Ok(token_batch(
             data.dataset.as_ref(),
             &data.sampler,
             r.start,
             (r.end - r.start) as usize,
             &device,
-        )
+        )?)
     };
-    let mut loss = 0.0f64;
-    for op in one_f_one_b(p as usize, s as usize, mbs.len()) {
-        match op {
-            Op::Forward(i) => {
-                let targets = if last {
-                    Some(batch(&mbs[i])?.targets)
-                } else {
-                    None
-                };
-                let out = if first {
-                    let out = stage.forward(i as u64, batch(&mbs[i])?.inputs, targets.as_ref())?;
-                    stage.encode_output(out)?
-                } else {
-                    let bytes = recv(&w, links.prev.as_mut(), tag(MsgKind::Activation, i))?;
-                    stage.forward_wire(i as u64, &bytes, targets.as_ref())?
-                };
-                match out {
-                    WireOutput::Activation(bytes) => {
-                        send(links.next.as_mut(), tag(MsgKind::Activation, i), &bytes)?
-                    }
-                    WireOutput::Loss(l) => loss += f64::from(l) * f64::from(weight(&mbs[i])),
-                }
-            }
-            Op::Backward(i) => {
-                let upstream = if last {
-                    None
-                } else {
-                    Some(recv(&w, links.next.as_mut(), tag(MsgKind::Grad, i))?)
-                };
-                if let Some(g) =
-                    stage.backward_wire(i as u64, upstream.as_deref(), weight(&mbs[i]))?
-                    && !first
-                {
-                    send(links.prev.as_mut(), tag(MsgKind::Grad, i), &g)?;
-                }
-            }
-        }
-    }
+    let links = &mut *io.links;
+    let mut neighbours = LinkNeighbours {
+        waiter: &w,
+        round,
+        prev: links.prev.as_mut(),
+        next: links.next.as_mut(),
+    };
+    let mut loss = run_one_f_one_b(stage, &mut neighbours, position, mbs.len(), batch, weight)?;
     if let Some(ring) = links.ring.as_mut() {
         let mut values: Vec<f32> = stage
             .export_grads()?
@@ -282,10 +241,6 @@ fn run_inner<M: PipelineModel>(
         if last {
             values.push(loss as f32);
         }
-        let round = Round {
-            epoch: spec.epoch,
-            step: spec.step,
-        };
         let links = RingLinks {
             rank: ring.rank,
             size: ring.size,
@@ -307,7 +262,7 @@ fn run_inner<M: PipelineModel>(
     let (partial, mut digests) = if first {
         (0.0, Vec::new())
     } else {
-        let up = recv(&w, links.prev.as_mut(), tag(MsgKind::NormUp, 0))?;
+        let up = neighbours.recv(Side::Prev, MsgKind::NormUp, 0)?;
         parse_norm_up(&up, s as usize)?
     };
     match digest {
@@ -318,19 +273,16 @@ fn run_inner<M: PipelineModel>(
     let total = if last {
         partial
     } else {
-        send(
-            links.next.as_mut(),
-            tag(MsgKind::NormUp, 0),
+        neighbours.send(
+            Side::Next,
+            MsgKind::NormUp,
+            0,
             &norm_up_payload(partial, &digests),
         )?;
-        parse_norm(&recv(&w, links.next.as_mut(), tag(MsgKind::NormDown, 0))?)?
+        parse_norm(&neighbours.recv(Side::Next, MsgKind::NormDown, 0)?)?
     };
     if !first {
-        send(
-            links.prev.as_mut(),
-            tag(MsgKind::NormDown, 0),
-            &total.to_le_bytes(),
-        )?;
+        neighbours.send(Side::Prev, MsgKind::NormDown, 0, &total.to_le_bytes())?;
     }
     Ok(StepResult {
         global_sq_norm: total,
@@ -367,6 +319,8 @@ mod wire_tests {
     use parcae_model::{Activation, Gpt, GptConfig, StageConfig, SyntheticTask, WireDType};
 
     use super::*;
+    use crate::dataplane::links::PipeLink;
+    use crate::dataplane::protocol::Header;
     use crate::dataplane::{accept, connect};
     use crate::key::ClusterKey;
 
@@ -415,11 +369,10 @@ mod wire_tests {
         let wrong = Activation::Hidden(Tensor::zeros([2, cfg.seq_len, 7], &device))
             .to_wire(WireDType::F32)
             .unwrap();
-        let tag = StepTag {
+        let tag = Header {
             kind: MsgKind::Activation,
-            epoch: 3,
-            step: 0,
-            micro_batch: 0,
+            round: Round { epoch: 3, step: 0 },
+            seq: 0,
         };
         rt.block_on(theirs.send(&tag.frame(&wrong))).unwrap();
         let mut links = EpochLinks {

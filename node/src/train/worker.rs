@@ -22,9 +22,9 @@ use tokio::sync::watch;
 
 use super::TrainError;
 use super::handoff::{self, Acquired};
-use super::links::{self, EpochLinks};
-use super::server::{Endpoint, Held};
 use super::step::{self, DataSource, StepIo, StepSpec, Waiter, block_on_timeout};
+use crate::dataplane::links::{self, EpochLinks};
+use crate::dataplane::server::{Endpoint, Held};
 use crate::status::{MigrationView, TrainingView};
 
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
@@ -449,8 +449,15 @@ impl<M: PipelineModel> Worker<M> {
         self.rt.spawn(async move {
             let mut holders = vec![me];
             if let Some(peer) = peer {
-                match super::peers::put_checkpoint(&ep, &peer, steps, range.clone(), &bytes, digest)
-                    .await
+                match crate::dataplane::client::put_checkpoint(
+                    &ep,
+                    &peer,
+                    steps,
+                    range.clone(),
+                    &bytes,
+                    digest,
+                )
+                .await
                 {
                     Ok(()) => holders.push(peer.node),
                     Err(e) => tracing::warn!(node = %peer.node, "checkpoint copy failed: {e}"),
@@ -478,7 +485,7 @@ fn checkpoint_peer(
     plan: &Plan,
     me: NodeId,
     slot: StageSlot,
-) -> Option<super::peers::PeerAddr> {
+) -> Option<crate::dataplane::client::PeerAddr> {
     let other_stage = StageSlot {
         pipeline: 0,
         stage: (slot.stage + 1) % plan.pipeline_stages,
@@ -495,7 +502,7 @@ fn checkpoint_peer(
             .find(|(id, m)| **id != me && m.status.is_healthy())
             .map(|(id, _)| *id)
     }?;
-    super::peers::peer_addr(state, node).ok()
+    crate::dataplane::client::peer_addr(state, node).ok()
 }
 
 /// The kind of a reconfiguration, as Parcae names them: `intra` (pipelines re-formed, nothing

@@ -8,11 +8,11 @@ use parcae_consensus::state::{Plan, StageSlot};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::TrainError;
-use super::peers::{self, PeerAddr};
+use super::DataplaneError;
+use super::client::{self, PeerAddr};
 use super::protocol::LinkKind;
 use super::server::Endpoint;
-use crate::dataplane::{DataplaneError, SecureReader, SecureStream, SecureWriter};
+use super::{SecureReader, SecureStream, SecureWriter};
 
 /// One pipeline link: receive in schedule order, send without blocking.
 pub struct PipeLink {
@@ -35,15 +35,15 @@ impl PipeLink {
     }
 
     /// Queues a message.
-    pub fn send(&self, msg: Vec<u8>) -> Result<(), TrainError> {
+    pub fn send(&self, msg: Vec<u8>) -> Result<(), DataplaneError> {
         self.tx
             .send(msg)
-            .map_err(|_| TrainError::Peer("pipeline link closed".into()))
+            .map_err(|_| DataplaneError::Peer("pipeline link closed".into()))
     }
 
     /// The next message, at most `max` bytes.
-    pub async fn recv(&mut self, max: u64) -> Result<Vec<u8>, TrainError> {
-        Ok(self.reader.recv(max).await?)
+    pub async fn recv(&mut self, max: u64) -> Result<Vec<u8>, DataplaneError> {
+        self.reader.recv(max).await
     }
 }
 
@@ -83,14 +83,18 @@ pub fn slot_at(pipeline: u32, stage: u32) -> StageSlot {
 }
 
 /// The node at `slot` in `plan`.
-pub fn node_at(state: &ControlState, plan: &Plan, slot: StageSlot) -> Result<PeerAddr, TrainError> {
+pub fn node_at(
+    state: &ControlState,
+    plan: &Plan,
+    slot: StageSlot,
+) -> Result<PeerAddr, DataplaneError> {
     let node = plan
         .assignment
         .iter()
         .find(|(_, s)| **s == slot)
         .map(|(n, _)| *n)
-        .ok_or_else(|| TrainError::Peer(format!("no node at {slot:?}")))?;
-    peers::peer_addr(state, node)
+        .ok_or_else(|| DataplaneError::Peer(format!("no node at {slot:?}")))?;
+    client::peer_addr(state, node)
 }
 
 /// Opens (towards later stages and replicas) and accepts (from earlier ones) every link of
@@ -100,7 +104,7 @@ pub async fn connect(
     state: &ControlState,
     plan: &Plan,
     slot: StageSlot,
-) -> Result<EpochLinks, TrainError> {
+) -> Result<EpochLinks, DataplaneError> {
     let (d, p) = (plan.data_parallel, plan.pipeline_stages);
     let epoch = plan.epoch;
     let at = slot_at;
@@ -109,8 +113,8 @@ pub async fn connect(
             return Ok(None);
         }
         let to = node_at(state, plan, at(slot.pipeline, slot.stage + 1))?;
-        let s = peers::open_link(ep, &to, epoch, LinkKind::Pipeline, slot).await?;
-        Ok::<_, TrainError>(Some(PipeLink::new(s)))
+        let s = client::open_link(ep, &to, epoch, LinkKind::Pipeline, slot).await?;
+        Ok::<_, DataplaneError>(Some(PipeLink::new(s)))
     };
     let prev = async {
         if slot.stage == 0 {
@@ -121,7 +125,7 @@ pub async fn connect(
         let s = ep
             .take_link((epoch, LinkKind::Pipeline, from), peer)
             .await?;
-        Ok::<_, TrainError>(Some(PipeLink::new(s)))
+        Ok::<_, DataplaneError>(Some(PipeLink::new(s)))
     };
     let ring = async {
         if d <= 1 {
@@ -131,10 +135,10 @@ pub async fn connect(
         let from = at((slot.pipeline + d - 1) % d, slot.stage);
         let from_peer = node_at(state, plan, from)?.peer;
         let (out, inc) = tokio::try_join!(
-            peers::open_link(ep, &to, epoch, LinkKind::Ring, slot),
+            client::open_link(ep, &to, epoch, LinkKind::Ring, slot),
             ep.take_link((epoch, LinkKind::Ring, from), from_peer)
         )?;
-        Ok::<_, TrainError>(Some(RingLink {
+        Ok::<_, DataplaneError>(Some(RingLink {
             rank: slot.pipeline as usize,
             size: d as usize,
             next: out.split().1,

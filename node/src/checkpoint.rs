@@ -12,7 +12,15 @@ use std::path::{Path, PathBuf};
 use parcae_consensus::state::Digest32;
 use sha2::{Digest, Sha256};
 
-use super::TrainError;
+/// A checkpoint file could not be written, read or pruned.
+#[derive(Debug, thiserror::Error)]
+#[error("checkpoint storage {}: {source}", path.display())]
+pub struct CheckpointError {
+    /// The file or directory involved.
+    pub path: PathBuf,
+    /// What the file system said.
+    pub source: std::io::Error,
+}
 
 /// Checkpoints kept per layer range.
 pub const KEEP: usize = 2;
@@ -23,8 +31,11 @@ pub struct CheckpointStore {
     dir: PathBuf,
 }
 
-fn io(path: &Path, e: std::io::Error) -> TrainError {
-    TrainError::Storage(format!("{}: {e}", path.display()))
+fn io(path: &Path, source: std::io::Error) -> CheckpointError {
+    CheckpointError {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 impl CheckpointStore {
@@ -46,7 +57,7 @@ impl CheckpointStore {
         steps: u64,
         layers: &Range<usize>,
         bytes: &[u8],
-    ) -> Result<Digest32, TrainError> {
+    ) -> Result<Digest32, CheckpointError> {
         fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let path = self.path(steps, layers);
         let tmp = path.with_extension("tmp");
@@ -62,7 +73,7 @@ impl CheckpointStore {
     }
 
     /// Reads a checkpoint.
-    pub fn load(&self, steps: u64, layers: &Range<usize>) -> Result<Vec<u8>, TrainError> {
+    pub fn load(&self, steps: u64, layers: &Range<usize>) -> Result<Vec<u8>, CheckpointError> {
         let path = self.path(steps, layers);
         fs::read(&path).map_err(|e| io(&path, e))
     }
@@ -80,7 +91,7 @@ impl CheckpointStore {
         out
     }
 
-    fn prune(&self, layers: &Range<usize>) -> Result<(), TrainError> {
+    fn prune(&self, layers: &Range<usize>) -> Result<(), CheckpointError> {
         let same: Vec<u64> = self
             .list()
             .into_iter()

@@ -8,7 +8,7 @@ use libp2p::PeerId;
 use parcae_consensus::state::{Digest32, StageSlot};
 use parcae_consensus::{ControlState, NodeId};
 
-use super::TrainError;
+use super::DataplaneError;
 use super::protocol::{self, HeldInfo, LinkKind, MAX_CONTROL, Reply, Request};
 use super::server::Endpoint;
 use crate::dataplane::{self, SecureStream};
@@ -25,38 +25,42 @@ pub struct PeerAddr {
 }
 
 /// The data-plane address of `node` as recorded in the replicated membership.
-pub fn peer_addr(state: &ControlState, node: NodeId) -> Result<PeerAddr, TrainError> {
+pub fn peer_addr(state: &ControlState, node: NodeId) -> Result<PeerAddr, DataplaneError> {
     let member = state
         .members
         .get(&node)
-        .ok_or_else(|| TrainError::Peer(format!("{node} is not a member")))?;
+        .ok_or_else(|| DataplaneError::Peer(format!("{node} is not a member")))?;
     let peer = PeerId::from_bytes(&member.peer.peer_id)
-        .map_err(|_| TrainError::Peer(format!("{node} has an invalid peer id")))?;
+        .map_err(|_| DataplaneError::Peer(format!("{node} has an invalid peer id")))?;
     let addr = member
         .peer
         .data_addr
         .as_deref()
-        .ok_or_else(|| TrainError::Peer(format!("{node} has no data-plane address yet")))?
+        .ok_or_else(|| DataplaneError::Peer(format!("{node} has no data-plane address yet")))?
         .parse()
-        .map_err(|_| TrainError::Peer(format!("{node} has an invalid data-plane address")))?;
+        .map_err(|_| DataplaneError::Peer(format!("{node} has an invalid data-plane address")))?;
     Ok(PeerAddr { node, peer, addr })
 }
 
-async fn open(ep: &Endpoint, to: &PeerAddr, request: &Request) -> Result<SecureStream, TrainError> {
+async fn open(
+    ep: &Endpoint,
+    to: &PeerAddr,
+    request: &Request,
+) -> Result<SecureStream, DataplaneError> {
     let mut stream = tokio::time::timeout(
         ep.timeout,
         dataplane::connect(to.addr, &ep.keypair, to.peer, &ep.key),
     )
     .await
-    .map_err(|_| TrainError::Timeout(format!("connecting to {}", to.addr)))??;
+    .map_err(|_| DataplaneError::Timeout(format!("connecting to {}", to.addr)))??;
     stream.send(&protocol::encode(request)?).await?;
     Ok(stream)
 }
 
-async fn reply(stream: &mut SecureStream, ep: &Endpoint) -> Result<Reply, TrainError> {
+async fn reply(stream: &mut SecureStream, ep: &Endpoint) -> Result<Reply, DataplaneError> {
     let bytes = tokio::time::timeout(ep.timeout, stream.recv(MAX_CONTROL as u64))
         .await
-        .map_err(|_| TrainError::Timeout("data plane reply".into()))??;
+        .map_err(|_| DataplaneError::Timeout("data plane reply".into()))??;
     protocol::decode(&bytes)
 }
 
@@ -67,16 +71,18 @@ pub async fn open_link(
     epoch: u64,
     kind: LinkKind,
     from: StageSlot,
-) -> Result<SecureStream, TrainError> {
+) -> Result<SecureStream, DataplaneError> {
     open(ep, to, &Request::Link { epoch, kind, from }).await
 }
 
 /// What `to` holds.
-pub async fn query(ep: &Endpoint, to: &PeerAddr) -> Result<Option<HeldInfo>, TrainError> {
+pub async fn query(ep: &Endpoint, to: &PeerAddr) -> Result<Option<HeldInfo>, DataplaneError> {
     let mut s = open(ep, to, &Request::Query).await?;
     match reply(&mut s, ep).await? {
         Reply::Held(h) => Ok(h),
-        other => Err(TrainError::Protocol(format!("unexpected reply {other:?}"))),
+        other => Err(DataplaneError::Protocol(format!(
+            "unexpected reply {other:?}"
+        ))),
     }
 }
 
@@ -84,11 +90,15 @@ async fn receive_layers(
     ep: &Endpoint,
     mut s: SecureStream,
     want: u32,
-) -> Result<Vec<Vec<u8>>, TrainError> {
+) -> Result<Vec<Vec<u8>>, DataplaneError> {
     match reply(&mut s, ep).await? {
         Reply::Sending { layers } if layers == want => {}
-        Reply::Refused(why) => return Err(TrainError::Peer(why)),
-        other => return Err(TrainError::Protocol(format!("unexpected reply {other:?}"))),
+        Reply::Refused(why) => return Err(DataplaneError::Peer(why)),
+        other => {
+            return Err(DataplaneError::Protocol(format!(
+                "unexpected reply {other:?}"
+            )));
+        }
     }
     let mut out = Vec::with_capacity(want as usize);
     for _ in 0..want {
@@ -103,7 +113,7 @@ pub async fn fetch(
     from: &PeerAddr,
     step: u64,
     layers: Range<usize>,
-) -> Result<Vec<Vec<u8>>, TrainError> {
+) -> Result<Vec<Vec<u8>>, DataplaneError> {
     let n = layers.len() as u32;
     let (start, end) = (layers.start as u32, layers.end as u32);
     let s = open(ep, from, &Request::Fetch { step, start, end }).await?;
@@ -116,12 +126,12 @@ pub async fn fetch_checkpoint(
     from: &PeerAddr,
     steps: u64,
     layers: Range<usize>,
-) -> Result<Vec<u8>, TrainError> {
+) -> Result<Vec<u8>, DataplaneError> {
     let (start, end) = (layers.start as u32, layers.end as u32);
     let s = open(ep, from, &Request::FetchCheckpoint { steps, start, end }).await?;
     let mut got = receive_layers(ep, s, 1).await?;
     got.pop()
-        .ok_or_else(|| TrainError::Protocol("empty checkpoint reply".into()))
+        .ok_or_else(|| DataplaneError::Protocol("empty checkpoint reply".into()))
 }
 
 /// Asks `to` to store a checkpoint.
@@ -132,7 +142,7 @@ pub async fn put_checkpoint(
     layers: Range<usize>,
     bytes: &[u8],
     digest: Digest32,
-) -> Result<(), TrainError> {
+) -> Result<(), DataplaneError> {
     let request = Request::PutCheckpoint {
         steps,
         start: layers.start as u32,
@@ -143,7 +153,9 @@ pub async fn put_checkpoint(
     s.send(bytes).await?;
     match reply(&mut s, ep).await? {
         Reply::Stored => Ok(()),
-        Reply::Refused(why) => Err(TrainError::Peer(why)),
-        other => Err(TrainError::Protocol(format!("unexpected reply {other:?}"))),
+        Reply::Refused(why) => Err(DataplaneError::Peer(why)),
+        other => Err(DataplaneError::Protocol(format!(
+            "unexpected reply {other:?}"
+        ))),
     }
 }

@@ -1,5 +1,6 @@
 //! What travels on data-plane connections: the request that opens a connection, the answers to
-//! state queries, and the framed messages of a training step.
+//! state queries, and the header of every message of a training round (pipeline and ring
+//! links alike).
 //!
 //! Every decoder is bounded and returns a typed error; a peer that breaks the protocol costs
 //! the current step (it is retried under the next view), never the process.
@@ -8,7 +9,7 @@ use parcae_consensus::codec;
 use parcae_consensus::state::{Digest32, StageSlot};
 use serde::{Deserialize, Serialize};
 
-use super::TrainError;
+use super::DataplaneError;
 
 /// Largest encoded request or reply (they carry control data, never tensors).
 pub const MAX_CONTROL: usize = 64 * 1024;
@@ -96,16 +97,16 @@ pub enum Reply {
 }
 
 /// Encodes a request or reply.
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TrainError> {
-    codec::encode::<_, MAX_CONTROL>(value).map_err(|e| TrainError::Protocol(e.to_string()))
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, DataplaneError> {
+    codec::encode::<_, MAX_CONTROL>(value).map_err(|e| DataplaneError::Protocol(e.to_string()))
 }
 
 /// Decodes a request or reply.
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, TrainError> {
-    codec::decode::<_, MAX_CONTROL>(bytes).map_err(|e| TrainError::Protocol(e.to_string()))
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DataplaneError> {
+    codec::decode::<_, MAX_CONTROL>(bytes).map_err(|e| DataplaneError::Protocol(e.to_string()))
 }
 
-/// Kind of a step message on a link.
+/// Kind of a message inside a training round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum MsgKind {
@@ -117,6 +118,8 @@ pub enum MsgKind {
     NormUp = 3,
     /// The global squared norm (backward).
     NormDown = 4,
+    /// A chunk of the gradient all-reduce ring.
+    AllReduce = 5,
 }
 
 impl MsgKind {
@@ -126,44 +129,60 @@ impl MsgKind {
             2 => Self::Grad,
             3 => Self::NormUp,
             4 => Self::NormDown,
+            5 => Self::AllReduce,
             _ => return None,
         })
     }
 }
 
-/// Header of a step message: which epoch, step and micro-batch it belongs to.
+/// One training round: the step of a plan epoch. Every message of a round carries it, so a
+/// message of another epoch or step is refused by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepTag {
-    /// Message kind.
-    pub kind: MsgKind,
+pub struct Round {
     /// Plan epoch.
     pub epoch: u64,
     /// Training step.
     pub step: u64,
-    /// Micro-batch (0 for norm messages).
-    pub micro_batch: u32,
 }
 
-const TAG_LEN: usize = 1 + 8 + 8 + 4;
+/// The header of every message of a round, on pipeline and ring links alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind.
+    pub kind: MsgKind,
+    /// The round.
+    pub round: Round,
+    /// Micro-batch of activations and gradients, chunk sequence of the all-reduce, 0 for norms.
+    pub seq: u32,
+}
 
-impl StepTag {
-    /// Prefixes `payload` with the tag.
-    pub fn frame(&self, payload: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(TAG_LEN + payload.len());
+/// Encoded size of a [`Header`].
+pub const HEADER_LEN: usize = 1 + 8 + 8 + 4;
+
+impl Header {
+    /// Appends the header to `out`; the payload follows it.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.push(self.kind as u8);
-        out.extend_from_slice(&self.epoch.to_le_bytes());
-        out.extend_from_slice(&self.step.to_le_bytes());
-        out.extend_from_slice(&self.micro_batch.to_le_bytes());
+        out.extend_from_slice(&self.round.epoch.to_le_bytes());
+        out.extend_from_slice(&self.round.step.to_le_bytes());
+        out.extend_from_slice(&self.seq.to_le_bytes());
+    }
+
+    /// Prefixes `payload` with the header.
+    pub fn frame(&self, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        self.encode_into(&mut out);
         out.extend_from_slice(payload);
         out
     }
 
-    /// Checks that `bytes` carry exactly this tag and returns the payload. A message of an older
-    /// epoch or another step is refused by name, so the log says what went wrong.
-    pub fn expect<'a>(&self, bytes: &'a [u8]) -> Result<&'a [u8], TrainError> {
-        if bytes.len() < TAG_LEN {
-            return Err(TrainError::Protocol(format!(
-                "step message of {} bytes is shorter than its header",
+    /// Checks that `bytes` carry exactly this header and returns the payload. A message of
+    /// another epoch is [`DataplaneError::Stale`] (its sender follows another plan); any other
+    /// mismatch is a protocol error naming what was expected and what came.
+    pub fn expect<'a>(&self, bytes: &'a [u8]) -> Result<&'a [u8], DataplaneError> {
+        if bytes.len() < HEADER_LEN {
+            return Err(DataplaneError::Protocol(format!(
+                "message of {} bytes is shorter than its header",
                 bytes.len()
             )));
         }
@@ -173,20 +192,20 @@ impl StepTag {
             b[..r.len()].copy_from_slice(&bytes[r]);
             u64::from_le_bytes(b)
         };
-        let (epoch, step, mb) = (word(1..9), word(9..17), word(17..21) as u32);
-        if epoch != self.epoch {
-            return Err(TrainError::StaleMessage(format!(
+        let (epoch, step, seq) = (word(1..9), word(9..17), word(17..21) as u32);
+        if epoch != self.round.epoch {
+            return Err(DataplaneError::Stale(format!(
                 "message of epoch {epoch} during epoch {}",
-                self.epoch
+                self.round.epoch
             )));
         }
-        if kind != Some(self.kind) || step != self.step || mb != self.micro_batch {
-            return Err(TrainError::Protocol(format!(
-                "expected {:?} of step {} micro-batch {}, got kind {} step {step} micro-batch {mb}",
-                self.kind, self.step, self.micro_batch, bytes[0]
+        if kind != Some(self.kind) || step != self.round.step || seq != self.seq {
+            return Err(DataplaneError::Protocol(format!(
+                "expected {:?} of step {} number {}, got kind {} step {step} number {seq}",
+                self.kind, self.round.step, self.seq, bytes[0]
             )));
         }
-        Ok(&bytes[TAG_LEN..])
+        Ok(&bytes[HEADER_LEN..])
     }
 }
 
@@ -202,9 +221,9 @@ pub fn norm_up_payload(partial: f64, digests: &[Digest32]) -> Vec<u8> {
 
 /// Parses a `NormUp` payload that carries the digests of all `stages` stages before the
 /// receiver, or none.
-pub fn parse_norm_up(bytes: &[u8], stages: usize) -> Result<(f64, Vec<Digest32>), TrainError> {
+pub fn parse_norm_up(bytes: &[u8], stages: usize) -> Result<(f64, Vec<Digest32>), DataplaneError> {
     if bytes.len() != 8 && bytes.len() != 8 + 32 * stages {
-        return Err(TrainError::Protocol(format!(
+        return Err(DataplaneError::Protocol(format!(
             "norm message of {} bytes, expected 8 or {} for {stages} digests",
             bytes.len(),
             8 + 32 * stages
@@ -223,13 +242,13 @@ pub fn parse_norm_up(bytes: &[u8], stages: usize) -> Result<(f64, Vec<Digest32>)
 }
 
 /// Parses a squared norm, refusing non-finite or negative values.
-pub fn parse_norm(bytes: &[u8]) -> Result<f64, TrainError> {
+pub fn parse_norm(bytes: &[u8]) -> Result<f64, DataplaneError> {
     let arr: [u8; 8] = bytes
         .try_into()
-        .map_err(|_| TrainError::Protocol(format!("norm of {} bytes", bytes.len())))?;
+        .map_err(|_| DataplaneError::Protocol(format!("norm of {} bytes", bytes.len())))?;
     let v = f64::from_le_bytes(arr);
     if !(v.is_finite() && v >= 0.0) {
-        return Err(TrainError::Protocol(format!("squared norm {v}")));
+        return Err(DataplaneError::Protocol(format!("squared norm {v}")));
     }
     Ok(v)
 }
@@ -240,23 +259,28 @@ mod tests {
 
     #[test]
     fn tags_round_trip_and_refuse_other_steps() {
-        let tag = StepTag {
+        let tag = Header {
             kind: MsgKind::Grad,
-            epoch: 3,
-            step: 9,
-            micro_batch: 2,
+            round: Round { epoch: 3, step: 9 },
+            seq: 2,
         };
         let framed = tag.frame(b"xyz");
         assert_eq!(tag.expect(&framed).unwrap(), b"xyz");
-        let stale = StepTag { epoch: 2, ..tag };
+        let stale = Header {
+            round: Round { epoch: 2, step: 9 },
+            ..tag
+        };
         assert!(matches!(
             tag.expect(&stale.frame(b"")),
-            Err(TrainError::StaleMessage(_))
+            Err(DataplaneError::Stale(_))
         ));
-        let other = StepTag { step: 10, ..tag };
+        let other = Header {
+            round: Round { epoch: 3, step: 10 },
+            ..tag
+        };
         assert!(matches!(
             tag.expect(&other.frame(b"")),
-            Err(TrainError::Protocol(_))
+            Err(DataplaneError::Protocol(_))
         ));
         assert!(tag.expect(&[1, 2]).is_err());
     }

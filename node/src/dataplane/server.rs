@@ -16,10 +16,9 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
-use super::TrainError;
-use super::checkpoint::CheckpointStore;
-use super::handoff::Piece;
+use super::DataplaneError;
 use super::protocol::{self, HeldInfo, LinkKind, MAX_CONTROL, Reply, Request};
+use crate::checkpoint::CheckpointStore;
 use crate::dataplane::{self, SecureStream};
 use crate::key::ClusterKey;
 
@@ -43,6 +42,14 @@ impl Held {
             end: (self.start + self.layers.len()) as u32,
         }
     }
+}
+
+/// A state buffer and the layers to import from it.
+pub struct Piece {
+    /// The buffer (a `parcae-model` state with per-layer CRCs).
+    pub bytes: Vec<u8>,
+    /// Layers to take from it.
+    pub layers: Range<usize>,
 }
 
 /// A link waiting for the trainer, keyed by epoch, kind and the opener's slot.
@@ -150,7 +157,7 @@ impl Endpoint {
         &self,
         key: LinkKey,
         expected: PeerId,
-    ) -> Result<SecureStream, TrainError> {
+    ) -> Result<SecureStream, DataplaneError> {
         let wait = async {
             loop {
                 let notified = self.arrived.notified();
@@ -171,7 +178,7 @@ impl Endpoint {
         };
         tokio::time::timeout(self.timeout, wait)
             .await
-            .map_err(|_| TrainError::Timeout(format!("{:?} link from {:?}", key.1, key.2)))?
+            .map_err(|_| DataplaneError::Timeout(format!("{:?} link from {:?}", key.1, key.2)))?
     }
 
     async fn held_at(&self, step: u64) -> Option<Arc<Held>> {
@@ -202,19 +209,19 @@ pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>) {
     }
 }
 
-async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), TrainError> {
+async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), DataplaneError> {
     let (peer, mut stream) = tokio::time::timeout(
         ep.timeout,
         dataplane::accept(socket, &ep.keypair, &ep.key, |p| ep.is_member(p)),
     )
     .await
-    .map_err(|_| TrainError::Timeout("data plane handshake".into()))??;
+    .map_err(|_| DataplaneError::Timeout("data plane handshake".into()))??;
     let request: Request = protocol::decode(&stream.recv(MAX_CONTROL as u64).await?)?;
     match request {
         Request::Link { epoch, kind, from } => {
             if let Err(why) = ep.check_link(epoch, from, &peer) {
                 tracing::error!(%peer, epoch, ?from, "link refused: {why}");
-                return Err(TrainError::Peer(why));
+                return Err(DataplaneError::Peer(why));
             }
             ep.inbox
                 .lock()
@@ -259,7 +266,7 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Trai
         Request::FetchCheckpoint { steps, start, end } => {
             let store = ep.checkpoints.clone();
             let layers = start as usize..end as usize;
-            match on_blocking_pool(move || store.load(steps, &layers)).await {
+            match on_blocking_pool(move || Ok(store.load(steps, &layers)?)).await {
                 Ok(bytes) => {
                     reply(&mut stream, &Reply::Sending { layers: 1 }).await?;
                     stream.send(&bytes).await?;
@@ -297,14 +304,14 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Trai
 /// Runs disk work and whole-state hashing off the data plane's one worker thread, so that a
 /// checkpoint copy never stalls the links and fetches of training.
 async fn on_blocking_pool<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, TrainError> + Send + 'static,
-) -> Result<T, TrainError> {
+    work: impl FnOnce() -> Result<T, DataplaneError> + Send + 'static,
+) -> Result<T, DataplaneError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| TrainError::Storage(format!("checkpoint task failed: {e}")))?
+        .map_err(|e| DataplaneError::Task(format!("checkpoint task: {e}")))?
 }
 
-async fn reply(stream: &mut SecureStream, r: &Reply) -> Result<(), TrainError> {
+async fn reply(stream: &mut SecureStream, r: &Reply) -> Result<(), DataplaneError> {
     stream.send(&protocol::encode(r)?).await?;
     Ok(())
 }

@@ -1,0 +1,99 @@
+//! A stage's pipeline neighbours over the data plane, as the 1F1B driver of `parcae-model`
+//! sees them ([`parcae_model::Neighbours`]): every message carries the round's [`Header`], and
+//! every wait ends on a timeout or as soon as a newer plan is committed ([`Waiter`]).
+
+use parcae_model::Neighbours;
+
+use super::TrainError;
+use super::step::Waiter;
+use crate::dataplane::links::PipeLink;
+use crate::dataplane::protocol::{Header, MsgKind, Round};
+
+/// Largest activation or gradient message accepted from a pipeline neighbour (the wire decoder
+/// then checks its shape against the stage's limits).
+pub const MAX_STEP_MESSAGE: u64 = 256 << 20;
+
+/// Which neighbour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// The previous stage (activations come from it, gradients go to it).
+    Prev,
+    /// The next stage.
+    Next,
+}
+
+/// The pipeline links of one step of this node's stage.
+pub(crate) struct LinkNeighbours<'w, 'l> {
+    /// Bounds every wait.
+    pub(crate) waiter: &'w Waiter<'w>,
+    /// The step's round, in every header.
+    pub(crate) round: Round,
+    /// To the previous stage (`None` at the first stage).
+    pub(crate) prev: Option<&'l mut PipeLink>,
+    /// To the next stage (`None` at the last stage).
+    pub(crate) next: Option<&'l mut PipeLink>,
+}
+
+impl LinkNeighbours<'_, '_> {
+    fn link(&mut self, side: Side) -> Result<&mut PipeLink, TrainError> {
+        match side {
+            Side::Prev => self.prev.as_deref_mut(),
+            Side::Next => self.next.as_deref_mut(),
+        }
+        .ok_or_else(|| TrainError::Config(format!("no pipeline link to the {side:?} stage")))
+    }
+
+    fn header(&self, kind: MsgKind, seq: usize) -> Header {
+        Header {
+            kind,
+            round: self.round,
+            seq: seq as u32,
+        }
+    }
+
+    /// The next message from `side`, which must be `kind` number `seq` of this round.
+    pub(crate) fn recv(
+        &mut self,
+        side: Side,
+        kind: MsgKind,
+        seq: usize,
+    ) -> Result<Vec<u8>, TrainError> {
+        let header = self.header(kind, seq);
+        let waiter = self.waiter;
+        let link = self.link(side)?;
+        let bytes = waiter.wait(&format!("{kind:?}"), link.recv(MAX_STEP_MESSAGE))?;
+        Ok(header.expect(&bytes)?.to_vec())
+    }
+
+    /// Queues `payload` to `side` as `kind` number `seq` of this round.
+    pub(crate) fn send(
+        &mut self,
+        side: Side,
+        kind: MsgKind,
+        seq: usize,
+        payload: &[u8],
+    ) -> Result<(), TrainError> {
+        let framed = self.header(kind, seq).frame(payload);
+        Ok(self.link(side)?.send(framed)?)
+    }
+}
+
+impl Neighbours for LinkNeighbours<'_, '_> {
+    type Error = TrainError;
+
+    fn recv_activation(&mut self, mb: usize) -> Result<Vec<u8>, TrainError> {
+        self.recv(Side::Prev, MsgKind::Activation, mb)
+    }
+
+    fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), TrainError> {
+        self.send(Side::Next, MsgKind::Activation, mb, &bytes)
+    }
+
+    fn recv_grad(&mut self, mb: usize) -> Result<Vec<u8>, TrainError> {
+        self.recv(Side::Next, MsgKind::Grad, mb)
+    }
+
+    fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), TrainError> {
+        self.send(Side::Prev, MsgKind::Grad, mb, &bytes)
+    }
+}
