@@ -244,6 +244,18 @@ impl PipelineModel for Gpt {
         }
     }
 
+    fn layer_params(&self, index: usize) -> usize {
+        let c = &self.config;
+        let (d, f) = (c.d_model, c.d_ff);
+        let layer_norm = 2 * d;
+        let linear = |i: usize, o: usize| i * o + o;
+        match index {
+            0 => (c.vocab_size + c.seq_len) * d,
+            i if i == self.num_layers() - 1 => layer_norm + d * c.vocab_size,
+            _ => 2 * layer_norm + linear(d, 3 * d) + linear(d, d) + linear(d, f) + linear(f, d),
+        }
+    }
+
     fn init_layer(&self, index: usize, device: &Device) -> GptLayer {
         let c = &self.config;
         let small = Initializer::Normal {
@@ -365,6 +377,18 @@ mod tests {
             ..GptConfig::tiny()
         };
         assert!(matches!(Gpt::new(bad), Err(ModelError::InvalidConfig(_))));
+    }
+
+    #[test]
+    fn counted_params_match_the_built_layers() {
+        for config in [GptConfig::tiny(), GptConfig::small()] {
+            let model = Gpt::new(config).unwrap();
+            let layers = init_layers(&model, 0..model.num_layers(), 0, &Device::flex());
+            for (i, layer) in layers.iter().enumerate() {
+                assert_eq!(model.layer_params(i), layer.num_params(), "layer {i}");
+            }
+        }
+        assert_eq!(Gpt::new(GptConfig::tiny()).unwrap().num_params(), 30_080);
     }
 
     #[test]

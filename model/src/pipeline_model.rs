@@ -96,6 +96,18 @@ pub trait PipelineModel: Send + Sync + 'static {
     /// Builds layer `index` on `device`. The caller has seeded the device for this layer.
     fn init_layer(&self, index: usize, device: &Device) -> Self::Layer;
 
+    /// Parameters of layer `index`. Sizing (state-message limits, memory estimates) asks this
+    /// instead of building a stage; the default builds that one layer on the CPU and counts, so
+    /// a model that knows its sizes should say them.
+    fn layer_params(&self, index: usize) -> usize {
+        self.init_layer(index, &Device::flex()).num_params()
+    }
+
+    /// Parameters of the whole model: the sum of [`PipelineModel::layer_params`].
+    fn num_params(&self) -> usize {
+        (0..self.num_layers()).map(|i| self.layer_params(i)).sum()
+    }
+
     /// Runs layer `index` on `input`. `rng` is the layer's own random stream, for stochastic
     /// layers that must continue identically after a hand-off.
     fn forward(

@@ -24,7 +24,7 @@
 //! * the trainer ([`train`], a dedicated thread plus a small tokio runtime for the data plane):
 //!   follows the replicated plan, runs its stage with `parcae-model`, moves activations,
 //!   gradients and stage state over the encrypted data plane ([`dataplane`]), commits every step
-//!   through raft before applying it. [`Trainer`] is the library entry point.
+//!   through raft before applying it. [`Trainer`] ([`trainer`]) is the library entry point.
 //! * [`status::Status`]: renders `/status` JSON; the HTTP server ([`http`], actix-web on a
 //!   worker thread of its own, with connection limits and timeouts) serves it, `/steps` and
 //!   `/metrics` (OpenMetrics text from [`metrics::Metrics`], prometheus-client).
@@ -74,10 +74,12 @@ pub mod metrics;
 pub mod net;
 pub mod notice;
 pub mod planner;
+pub mod retry;
 pub mod runtime;
 pub mod status;
 pub mod train;
+pub mod trainer;
 pub mod watch;
 pub mod wire;
 
-pub use train::Trainer;
+pub use trainer::Trainer;

@@ -9,10 +9,11 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use libp2p::Multiaddr;
 use parcae_model::{ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask};
+use parcae_node::Trainer;
 use parcae_node::config::{NodeConfig, TrainConfig};
 use parcae_node::key::ClusterKey;
 use parcae_node::runtime::{self, RunOptions};
-use parcae_node::train::{Trainer, TrainerLauncher};
+use parcae_node::train::TrainerLauncher;
 
 /// Burn allocates a fresh buffer for every tensor operation; glibc's allocator hands large ones
 /// back to the kernel and faults them in again (page faults, zeroing and TLB shootdowns took

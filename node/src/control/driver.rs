@@ -36,12 +36,17 @@ use crate::net::actor::{
     DisconnectPeer, KeepConnected, NetEvent, Network, PublishNotice, SendControl,
 };
 use crate::notice::{Notice, unix_ms};
+use crate::retry::Retry;
 use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord};
 use crate::watch::LeaveRequested;
 use crate::wire::{ControlMessage, MAX_RAFT_MESSAGE};
 
-/// How often this node's membership record is checked and a `Join` re-sent if needed.
-const JOIN_RETRY: Duration = Duration::from_secs(1);
+/// How often this node's membership record is checked against what it should say.
+const JOIN_CHECK: Duration = Duration::from_millis(250);
+/// First delay before a `Join` that has not taken effect is proposed again.
+const JOIN_RETRY_MIN: Duration = Duration::from_millis(500);
+/// Longest delay between proposals of one `Join`.
+const JOIN_RETRY_MAX: Duration = Duration::from_secs(4);
 /// Commit latencies kept for quantiles.
 const LATENCY_WINDOW: usize = 10_000;
 /// Notices kept for `/status`.
@@ -120,6 +125,8 @@ pub struct ControlDriver {
     data_addr: Option<String>,
     connected: HashSet<PeerId>,
     liveness: Liveness,
+    /// When this node's `Join` may be proposed again.
+    join_retry: Retry,
     notices_in_flight: NoticesInFlight,
     leaving: Option<SystemTime>,
     notices: VecDeque<NoticeView>,
@@ -157,6 +164,7 @@ impl ControlDriver {
             bootstrap: setup.bootstrap,
             connected: HashSet::new(),
             liveness: Liveness::default(),
+            join_retry: Retry::new(JOIN_RETRY_MIN, JOIN_RETRY_MAX),
             notices_in_flight: NoticesInFlight::default(),
             leaving: None,
             notices: VecDeque::new(),
@@ -403,7 +411,13 @@ impl ControlDriver {
             return;
         }
         let me = peer_info(&self.me, &self.listen_addrs, self.data_addr.clone());
-        if let Some(join) = join_needed(self.node.state(), &me) {
+        let Some(join) = join_needed(self.node.state(), &me) else {
+            self.join_retry.reset();
+            return;
+        };
+        let now = Instant::now();
+        if self.join_retry.due(now) {
+            self.join_retry.attempted(now);
             self.propose_logged(join, ctx);
         }
     }
@@ -552,7 +566,7 @@ impl Actor for ControlDriver {
             act.check_liveness(ctx);
             act.schedule_ready(ctx);
         });
-        ctx.run_interval(JOIN_RETRY, |act, ctx| act.maintain_membership(ctx));
+        ctx.run_interval(JOIN_CHECK, |act, ctx| act.maintain_membership(ctx));
         self.schedule_ready(ctx);
     }
 }
@@ -586,6 +600,7 @@ impl Handler<NetEvent> for ControlDriver {
                     // Replace configured addresses (port 0, unspecified IPs) with real ones.
                     self.listen_addrs.retain(|a| !is_placeholder(a));
                     self.listen_addrs.push(base);
+                    self.join_retry.reset();
                     self.maintain_membership(ctx);
                 }
             }
@@ -593,6 +608,8 @@ impl Handler<NetEvent> for ControlDriver {
                 self.connected.insert(peer);
                 self.liveness.connected(node_id(&peer));
                 if !self.node.state().members.contains_key(&self.my_id) {
+                    // A new way to reach the cluster: worth trying at once.
+                    self.join_retry.reset();
                     self.maintain_membership(ctx);
                 }
             }

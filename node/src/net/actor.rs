@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::StreamExt;
@@ -23,9 +23,14 @@ use super::codec::{ControlAck, ControlRequest};
 use super::swarm::{Behaviour, BehaviourEvent, NOTICE_TOPIC};
 use crate::metrics::Metrics;
 use crate::notice::Notice;
+use crate::retry::Retry;
 
-/// How often peers that should be connected but are not are redialled.
-const REDIAL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the peers that should be connected but are not are checked for a redial.
+const REDIAL_CHECK: Duration = Duration::from_millis(250);
+/// First delay before an unreachable peer is dialled again.
+const REDIAL_MIN: Duration = Duration::from_millis(500);
+/// Longest delay between dials of one unreachable peer.
+const REDIAL_MAX: Duration = Duration::from_secs(2);
 /// Most swarm events handled per poll before yielding to the mailbox.
 const EVENT_BATCH: usize = 256;
 
@@ -101,6 +106,8 @@ pub struct Network {
     bootstrap: HashMap<PeerId, Vec<Multiaddr>>,
     listening: Vec<Multiaddr>,
     connected: HashSet<PeerId>,
+    /// When each wanted but unconnected peer may be dialled again.
+    dial_retry: HashMap<PeerId, Retry>,
 }
 
 impl Network {
@@ -127,17 +134,31 @@ impl Network {
             bootstrap: boot,
             listening: Vec::new(),
             connected: HashSet::new(),
+            dial_retry: HashMap::new(),
         }
     }
 
+    /// Dials the wanted peers that are not connected and whose backoff has run out.
     fn redial(&mut self) {
         let local = *self.swarm.local_peer_id();
-        let missing: Vec<(PeerId, Vec<Multiaddr>)> = self
-            .wanted
-            .iter()
-            .filter(|(p, addrs)| **p != local && !addrs.is_empty() && !self.connected.contains(p))
-            .map(|(p, a)| (*p, a.clone()))
-            .collect();
+        let now = Instant::now();
+        let (wanted, connected) = (&self.wanted, &self.connected);
+        self.dial_retry
+            .retain(|p, _| wanted.contains_key(p) && !connected.contains(p));
+        let mut missing = Vec::new();
+        for (peer, addrs) in &self.wanted {
+            if *peer == local || addrs.is_empty() || self.connected.contains(peer) {
+                continue;
+            }
+            let retry = self
+                .dial_retry
+                .entry(*peer)
+                .or_insert_with(|| Retry::new(REDIAL_MIN, REDIAL_MAX));
+            if retry.due(now) {
+                retry.attempted(now);
+                missing.push((*peer, addrs.clone()));
+            }
+        }
         for (peer, addrs) in missing {
             let opts = DialOpts::peer_id(peer)
                 .addresses(addrs)
@@ -349,7 +370,7 @@ impl Actor for Network {
         }
         ctx.spawn(SwarmDriver);
         self.redial();
-        ctx.run_interval(REDIAL_INTERVAL, |act, _| act.redial());
+        ctx.run_interval(REDIAL_CHECK, |act, _| act.redial());
     }
 }
 

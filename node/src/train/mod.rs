@@ -12,16 +12,16 @@
 //!   checkpoints).
 //! * [`worker`]: the loop that follows the plan, commits steps through raft and applies them
 //!   only once committed.
-//! * [`Trainer`]: the library entry point: a user's `PipelineModel` and `Dataset` trained
-//!   by a full node.
+//! * [`launch`]: assembling the trainer of a [`TrainJob`] (endpoint, cost probe, thread); the
+//!   library API that describes the job is [`crate::Trainer`].
 
-mod builder;
 pub mod handoff;
+pub mod launch;
 pub mod neighbours;
 pub mod step;
 pub mod worker;
 
-pub use builder::{Trainer, TrainerContext, TrainerLauncher};
+pub use launch::{TrainJob, TrainerContext, TrainerLauncher};
 
 use parcae_model::ModelError;
 

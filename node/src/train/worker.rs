@@ -25,7 +25,13 @@ use super::handoff::{self, Acquired};
 use super::step::{self, DataSource, StepIo, StepSpec, Waiter, block_on_timeout};
 use crate::dataplane::links::{self, EpochLinks};
 use crate::dataplane::server::{Endpoint, Held};
+use crate::retry::Retry;
 use crate::status::{MigrationView, TrainingView};
+
+/// First delay before a step report is proposed again (a lost proposal, a leader change).
+const REPORT_RETRY_MIN: Duration = Duration::from_secs(1);
+/// Longest delay between proposals of one step report.
+const REPORT_RETRY_MAX: Duration = Duration::from_secs(8);
 
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
 /// in well under a second at the measured rates; this bounds a stuck peer).
@@ -399,9 +405,9 @@ impl<M: PipelineModel> Worker<M> {
     }
 
     /// Waits until step `k` committed or a new plan replaced the epoch, re-proposing the report
-    /// now and then (a proposal can be lost in a leader change).
+    /// with backoff (a proposal can be lost in a leader change).
     fn await_commit(&mut self, k: u64, epoch: u64, report: Option<Command>) -> Outcome {
-        let mut proposed: Option<Instant> = None;
+        let mut retry = Retry::new(REPORT_RETRY_MIN, REPORT_RETRY_MAX);
         loop {
             let state = self.view.borrow_and_update().clone();
             if state.progress.last_committed_step.is_some_and(|s| s >= k) {
@@ -411,10 +417,10 @@ impl<M: PipelineModel> Worker<M> {
                 return Outcome::Superseded;
             }
             if let Some(cmd) = &report
-                && proposed.is_none_or(|t| t.elapsed() > Duration::from_secs(2))
+                && retry.due(Instant::now())
             {
                 (self.submit)(cmd.clone());
-                proposed = Some(Instant::now());
+                retry.attempted(Instant::now());
             }
             let mut view = self.view.clone();
             let _ = block_on_timeout(&self.rt, Duration::from_millis(200), view.changed());

@@ -1,16 +1,7 @@
-//! [`Trainer`]: how a Burn project trains its own [`PipelineModel`] on a Parcae-rs cluster.
-//!
-//! ```no_run
-//! # use std::sync::Arc;
-//! # fn demo<M: parcae_model::PipelineModel>(model: M, data: impl parcae_model::Dataset + 'static,
-//! #     opts: parcae_node::runtime::RunOptions) -> anyhow::Result<()> {
-//! let code = parcae_node::Trainer::new(model, data)
-//!     .seed(7)
-//!     .batch(32, 4)
-//!     .max_steps(1000)
-//!     .run(opts)?;
-//! # Ok(()) }
-//! ```
+//! Assembling a node's trainer: the data-plane endpoint and its runtime, the layer-cost probe
+//! the planner's cost model starts from, and the trainer thread. [`crate::Trainer`] (the
+//! library API) describes a job as a [`TrainJob`]; the node runtime calls its launcher with a
+//! [`TrainerContext`] before its control driver starts.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -21,8 +12,7 @@ use libp2p::identity::Keypair;
 use parcae_consensus::state::LayerCost as ReportedCost;
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{
-    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, default_device,
-    token_batch,
+    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, token_batch,
 };
 use tokio::sync::watch;
 
@@ -32,7 +22,6 @@ use super::worker::{Worker, WorkerSetup};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::server::{self, Endpoint};
 use crate::key::ClusterKey;
-use crate::runtime::{NodeError, RunOptions};
 use crate::status::TrainingView;
 
 /// Directory of checkpoints inside the data directory.
@@ -67,87 +56,30 @@ pub struct TrainerContext {
 /// Starts a trainer; returns its data-plane address.
 pub type TrainerLauncher = Box<dyn FnOnce(TrainerContext) -> Result<SocketAddr, TrainError> + Send>;
 
-/// A user's model and data, trained by a node of the cluster.
-pub struct Trainer<M: PipelineModel> {
-    model: Arc<M>,
-    dataset: Arc<dyn Dataset>,
-    seed: u64,
-    global_batch: u32,
-    micro_batch: u32,
-    max_steps: u64,
-    checkpoint_every: u64,
-    optimizer: OptimizerConfig,
-    device: burn::tensor::Device,
+/// A user's model and data and how to train them: everything a trainer needs besides what the
+/// node gives it ([`TrainerContext`]).
+pub struct TrainJob<M: PipelineModel> {
+    /// The model.
+    pub model: Arc<M>,
+    /// The samples.
+    pub dataset: Arc<dyn Dataset>,
+    /// Seed of the weights and of the data order (the same on every node).
+    pub seed: u64,
+    /// Samples per step over the cluster.
+    pub global_batch: u32,
+    /// Samples per micro-batch.
+    pub micro_batch: u32,
+    /// Stop after this many committed steps (0: never).
+    pub max_steps: u64,
+    /// Checkpoint every this many steps (0: never).
+    pub checkpoint_every: u64,
+    /// AdamW, schedule and clipping.
+    pub optimizer: OptimizerConfig,
+    /// The Burn device.
+    pub device: burn::tensor::Device,
 }
 
-impl<M: PipelineModel> Trainer<M> {
-    /// Trains `model` on `dataset` with defaults: seed 1, batch 16 in micro-batches of 2, no
-    /// step limit, checkpoints every 20 steps, AdamW defaults, the default device.
-    pub fn new(model: M, dataset: impl Dataset + 'static) -> Self {
-        Self::with_shared_dataset(model, Arc::new(dataset))
-    }
-
-    /// [`Trainer::new`] with a dataset chosen at run time.
-    pub fn with_shared_dataset(model: M, dataset: Arc<dyn Dataset>) -> Self {
-        Self {
-            model: Arc::new(model),
-            dataset,
-            seed: 1,
-            global_batch: 16,
-            micro_batch: 2,
-            max_steps: 0,
-            checkpoint_every: 20,
-            optimizer: OptimizerConfig::default(),
-            device: default_device(),
-        }
-    }
-
-    /// Seed of the weights and of the data order (must be the same on every node).
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
-        self
-    }
-
-    /// Samples per step over the cluster and per micro-batch.
-    pub fn batch(mut self, global: u32, micro: u32) -> Self {
-        self.global_batch = global;
-        self.micro_batch = micro;
-        self
-    }
-
-    /// Stop after this many committed steps (0: never).
-    pub fn max_steps(mut self, steps: u64) -> Self {
-        self.max_steps = steps;
-        self
-    }
-
-    /// Checkpoint every this many steps (0: never).
-    pub fn checkpoint_every(mut self, steps: u64) -> Self {
-        self.checkpoint_every = steps;
-        self
-    }
-
-    /// AdamW, schedule and clipping.
-    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
-        self.optimizer = optimizer;
-        self
-    }
-
-    /// The Burn device (CPU by default; `Device::cuda(0)` with the `cuda` feature).
-    pub fn device(mut self, device: burn::tensor::Device) -> Self {
-        self.device = device;
-        self
-    }
-
-    /// Runs a full node (control plane and this trainer) until it leaves; returns the exit code.
-    pub fn run(self, mut opts: RunOptions) -> Result<i32, NodeError> {
-        // The planner's cost model needs the job's batch shape.
-        opts.config.train.global_batch = self.global_batch;
-        opts.config.train.micro_batch = self.micro_batch;
-        opts.trainer = Some(self.launcher());
-        crate::runtime::run(opts)
-    }
-
+impl<M: PipelineModel> TrainJob<M> {
     /// The launcher the node runtime calls before its control driver starts.
     pub fn launcher(self) -> TrainerLauncher {
         Box::new(move |ctx| self.start(ctx))
@@ -174,14 +106,7 @@ impl<M: PipelineModel> Trainer<M> {
         let addr = listener
             .local_addr()
             .map_err(|e| TrainError::Config(e.to_string()))?;
-        let num_params = Stage::new(
-            self.model.clone(),
-            0..self.model.num_layers(),
-            self.seed,
-            &self.device,
-            StageConfig::default(),
-        )?
-        .num_params() as u64;
+        let num_params = self.model.num_params() as u64;
         let endpoint = Arc::new(Endpoint::new(
             ctx.keypair,
             ctx.key,

@@ -1,0 +1,104 @@
+//! [`Trainer`]: how a Burn project trains its own [`PipelineModel`] on a Parcae-rs cluster.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn demo<M: parcae_model::PipelineModel>(model: M, data: impl parcae_model::Dataset + 'static,
+//! #     opts: parcae_node::runtime::RunOptions) -> anyhow::Result<()> {
+//! let code = parcae_node::Trainer::new(model, data)
+//!     .seed(7)
+//!     .batch(32, 4)
+//!     .max_steps(1000)
+//!     .run(opts)?;
+//! # Ok(()) }
+//! ```
+//!
+//! The builder only describes the job ([`TrainJob`]); [`crate::train`] assembles it inside a
+//! node and [`crate::runtime`] runs the node.
+
+use std::sync::Arc;
+
+use parcae_model::{Dataset, OptimizerConfig, PipelineModel, default_device};
+
+use crate::runtime::{NodeError, RunOptions};
+use crate::train::{TrainJob, TrainerLauncher};
+
+/// A user's model and data, trained by a node of the cluster.
+pub struct Trainer<M: PipelineModel> {
+    job: TrainJob<M>,
+}
+
+impl<M: PipelineModel> Trainer<M> {
+    /// Trains `model` on `dataset` with defaults: seed 1, batch 16 in micro-batches of 2, no
+    /// step limit, checkpoints every 20 steps, AdamW defaults, the default device.
+    pub fn new(model: M, dataset: impl Dataset + 'static) -> Self {
+        Self::with_shared_dataset(model, Arc::new(dataset))
+    }
+
+    /// [`Trainer::new`] with a dataset chosen at run time.
+    pub fn with_shared_dataset(model: M, dataset: Arc<dyn Dataset>) -> Self {
+        Self {
+            job: TrainJob {
+                model: Arc::new(model),
+                dataset,
+                seed: 1,
+                global_batch: 16,
+                micro_batch: 2,
+                max_steps: 0,
+                checkpoint_every: 20,
+                optimizer: OptimizerConfig::default(),
+                device: default_device(),
+            },
+        }
+    }
+
+    /// Seed of the weights and of the data order (must be the same on every node).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.job.seed = seed;
+        self
+    }
+
+    /// Samples per step over the cluster and per micro-batch.
+    pub fn batch(mut self, global: u32, micro: u32) -> Self {
+        self.job.global_batch = global;
+        self.job.micro_batch = micro;
+        self
+    }
+
+    /// Stop after this many committed steps (0: never).
+    pub fn max_steps(mut self, steps: u64) -> Self {
+        self.job.max_steps = steps;
+        self
+    }
+
+    /// Checkpoint every this many steps (0: never).
+    pub fn checkpoint_every(mut self, steps: u64) -> Self {
+        self.job.checkpoint_every = steps;
+        self
+    }
+
+    /// AdamW, schedule and clipping.
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.job.optimizer = optimizer;
+        self
+    }
+
+    /// The Burn device (CPU by default; `Device::cuda(0)` with the `cuda` feature).
+    pub fn device(mut self, device: burn::tensor::Device) -> Self {
+        self.job.device = device;
+        self
+    }
+
+    /// Runs a full node (control plane and this trainer) until it leaves; returns the exit code.
+    pub fn run(self, mut opts: RunOptions) -> Result<i32, NodeError> {
+        // The planner's cost model needs the job's batch shape.
+        opts.config.train.global_batch = self.job.global_batch;
+        opts.config.train.micro_batch = self.job.micro_batch;
+        opts.trainer = Some(self.launcher());
+        crate::runtime::run(opts)
+    }
+
+    /// The launcher the node runtime calls before its control driver starts.
+    pub fn launcher(self) -> TrainerLauncher {
+        self.job.launcher()
+    }
+}
