@@ -34,6 +34,7 @@
 //! |---|---|
 //! | build stage `s` of a plan | [`Stage::new`]`(model, layers, seed, &device, config)` |
 //! | order of work in a step | [`one_f_one_b`]`(P, s, M)` |
+//! | run a step's forwards and backwards | [`run_one_f_one_b`]`(stage, neighbours, position, M, batch, weight)` with your [`Neighbours`] |
 //! | forward at stage 0 | [`Stage::forward`]`(mb, batch.inputs, targets_if_last)` then [`Stage::encode_output`] |
 //! | forward elsewhere | [`Stage::forward_wire`]`(mb, bytes, targets_if_last)` -> [`WireOutput`] |
 //! | backward | [`Stage::backward_wire`]`(mb, Some(grad_bytes) or None at the last stage, 1/M)` -> bytes to send upstream |

@@ -6,7 +6,7 @@
 //! authentication. A message is one record holding its length, then its bytes in records of at
 //! most [`MAX_RECORD`].
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use tokio::net::TcpStream;
@@ -35,6 +35,8 @@ pub struct SecureWriter {
     io: FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>,
     key: LessSafeKey,
     counter: u64,
+    /// The record being sealed (reused: no allocation per record).
+    sealed: Vec<u8>,
     #[cfg(test)]
     corrupt: bool,
 }
@@ -72,6 +74,7 @@ impl SecureStream {
                 io: FramedWrite::new(w, records()),
                 key: key(send)?,
                 counter: 0,
+                sealed: Vec::new(),
                 #[cfg(test)]
                 corrupt: false,
             },
@@ -103,17 +106,17 @@ impl SecureWriter {
 
     /// Seals `plain` as the next record and queues it (not flushed).
     async fn record(&mut self, plain: &[u8]) -> Result<(), DataplaneError> {
-        let mut body = Vec::with_capacity(plain.len() + TAG);
-        body.extend_from_slice(plain);
+        self.sealed.clear();
+        self.sealed.extend_from_slice(plain);
         self.key
-            .seal_in_place_append_tag(nonce(self.counter), Aad::empty(), &mut body)
+            .seal_in_place_append_tag(nonce(self.counter), Aad::empty(), &mut self.sealed)
             .map_err(|_| DataplaneError::BadRecord)?;
         self.counter += 1;
         #[cfg(test)]
         if std::mem::take(&mut self.corrupt) {
-            body[0] ^= 1;
+            self.sealed[0] ^= 1;
         }
-        self.io.feed(Bytes::from(body)).await?;
+        self.io.feed(self.sealed.as_slice()).await?;
         Ok(())
     }
 
@@ -123,7 +126,7 @@ impl SecureWriter {
         for chunk in payload.chunks(MAX_RECORD) {
             self.record(chunk).await?;
         }
-        SinkExt::<Bytes>::flush(&mut self.io).await?;
+        SinkExt::<&[u8]>::flush(&mut self.io).await?;
         Ok(())
     }
 }
