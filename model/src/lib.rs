@@ -34,7 +34,7 @@
 //! |---|---|
 //! | build stage `s` of a plan | [`Stage::new`]`(model, layers, seed, &device, config)` |
 //! | order of work in a step | [`one_f_one_b`]`(P, s, M)` |
-//! | run a step's forwards and backwards | [`run_one_f_one_b`]`(stage, neighbours, position, M, batch, weight)` with your [`Neighbours`] |
+//! | run a step's forwards and backwards | [`run_one_f_one_b`]`(stage, neighbours, position, micro_batches)` with your [`Neighbours`] ([`OneFOneB`] to interleave stages in one thread) |
 //! | forward at stage 0 | [`Stage::forward`]`(mb, batch.inputs, targets_if_last)` then [`Stage::encode_output`] |
 //! | forward elsewhere | [`Stage::forward_wire`]`(mb, bytes, targets_if_last)` -> [`WireOutput`] |
 //! | backward | [`Stage::backward_wire`]`(mb, Some(grad_bytes) or None at the last stage, 1/M)` -> bytes to send upstream |
@@ -80,7 +80,9 @@ pub use params::ParamInfo;
 pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
 pub use pipeline_model::{Batch, PipelineModel};
 pub use rng::StageRng;
-pub use schedule::{Neighbours, Op, StagePosition, one_f_one_b, run_one_f_one_b};
+pub use schedule::{
+    MicroBatches, Neighbours, OneFOneB, Op, StagePosition, one_f_one_b, run_one_f_one_b,
+};
 pub use stage::{
     LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, Upstream, WireOutput,
     init_layers, layer_seed,

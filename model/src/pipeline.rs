@@ -1,20 +1,20 @@
 //! An in-process pipeline: all stages of one pipeline in this process (tests, single-machine
-//! runs), each stage driven by the same 1F1B driver as a node's ([`run_one_f_one_b`]) with
-//! in-process channels for neighbours, passing activations and gradients between stages as
+//! runs), each stage driven by the same 1F1B driver as a node's ([`OneFOneB`]) with an
+//! in-process mailbox for neighbours, passing activations and gradients between stages as
 //! wire bytes exactly as the network would, and
 //! [`data_parallel_step`] averages gradients of several pipelines through the same byte
 //! interface a ring all-reduce uses.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, channel};
 
 use burn::tensor::Device;
 
 use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
 use crate::pipeline_model::{Batch, PipelineModel};
-use crate::schedule::{Neighbours, StagePosition, run_one_f_one_b};
+use crate::schedule::{MicroBatches, Neighbours, OneFOneB, StagePosition};
 use crate::stage::{Stage, StageConfig, StageOutput, StepReport};
 
 /// `num_layers` layers cut into `stages` contiguous ranges of near-equal length.
@@ -85,9 +85,9 @@ impl<M: PipelineModel> Pipeline<M> {
     }
 
     /// Runs forward and backward of every micro-batch in 1F1B order and accumulates gradients;
-    /// returns the mean loss. Each stage runs [`run_one_f_one_b`] on a thread of its own, its
-    /// neighbours in-process channels: activations and gradients cross stage boundaries as wire
-    /// bytes, exactly as they cross the network between nodes.
+    /// returns the mean loss. Every stage runs the node's 1F1B driver ([`OneFOneB`]) in this
+    /// thread, in turns, each going as far as its neighbours' messages allow; activations and
+    /// gradients cross stage boundaries as wire bytes, exactly as they cross the network.
     pub fn forward_backward(&mut self, micro_batches: &[Batch]) -> Result<f32> {
         let p = self.stages.len();
         let m = micro_batches.len();
@@ -95,39 +95,31 @@ impl<M: PipelineModel> Pipeline<M> {
             return Err(ModelError::InvalidConfig("no micro-batches".into()));
         }
         let weight = 1.0 / m as f32;
-        let results: Vec<Result<f64>> = std::thread::scope(|scope| {
-            let running: Vec<_> = self
-                .stages
-                .iter_mut()
-                .zip(ChannelNeighbours::chain(p))
-                .enumerate()
-                .map(|(s, (stage, mut neighbours))| {
-                    let batches = micro_batches.to_vec();
-                    scope.spawn(move || {
-                        let position = StagePosition {
-                            stage: s,
-                            stages: p,
-                        };
-                        run_one_f_one_b(
-                            stage,
-                            &mut neighbours,
-                            position,
-                            m,
-                            |i| Ok(batches[i].clone()),
-                            |_| weight,
-                        )
-                    })
-                })
-                .collect();
-            running
-                .into_iter()
-                .map(|t| {
-                    t.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
-        });
-        first_cause(results).map(|loss| loss as f32)
+        let mut data = MicroBatches {
+            count: m,
+            batch: |i: usize| Ok(micro_batches[i].clone()),
+            weight: |_| weight,
+        };
+        let mut drivers: Vec<OneFOneB> = (0..p)
+            .map(|stage| OneFOneB::new(StagePosition { stage, stages: p }, m))
+            .collect();
+        let mut mailbox = Mailbox::default();
+        while drivers.iter().any(|d| !d.done()) {
+            let mut progressed = false;
+            for (s, (driver, stage)) in drivers.iter_mut().zip(&mut self.stages).enumerate() {
+                let mut neighbours = MailboxNeighbours {
+                    stage: s,
+                    mailbox: &mut mailbox,
+                };
+                progressed |= driver.advance(stage, &mut neighbours, &mut data)?;
+            }
+            if !progressed {
+                return Err(ModelError::InvalidConfig(
+                    "pipeline schedule cannot progress".into(),
+                ));
+            }
+        }
+        Ok(drivers.last().map_or(0.0, OneFOneB::loss) as f32)
     }
 
     /// Sum of the stages' squared gradient norms.
@@ -240,90 +232,42 @@ pub fn data_parallel_step<M: PipelineModel>(
     Ok(loss / replicas.len() as f32)
 }
 
-/// The error of a stage whose neighbour stopped: a consequence, never the cause.
-const NEIGHBOUR_STOPPED: &str = "a neighbouring stage stopped";
-
-/// The first error in stage order that caused a failure rather than followed from one (a
-/// stage sees its neighbour stop when that neighbour failed); the last stage's loss otherwise.
-fn first_cause(results: Vec<Result<f64>>) -> Result<f64> {
-    let mut loss = 0.0;
-    let mut consequence = None;
-    for r in results {
-        match r {
-            Ok(l) => loss = l,
-            Err(ModelError::InvalidConfig(why)) if why == NEIGHBOUR_STOPPED => {
-                consequence = Some(ModelError::InvalidConfig(why));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    consequence.map_or(Ok(loss), Err)
-}
-
-/// One stage's neighbours inside this process: a channel each way to each side, carrying
-/// (micro-batch, bytes). 1F1B keeps the order of every direction, so a micro-batch other than
-/// the expected one is a broken pipeline.
+/// Messages between the stages of an in-process pipeline: (receiving stage, micro-batch) ->
+/// bytes, one map per direction.
 #[derive(Default)]
-struct ChannelNeighbours {
-    activations_in: Option<Receiver<(usize, Vec<u8>)>>,
-    activations_out: Option<Sender<(usize, Vec<u8>)>>,
-    grads_in: Option<Receiver<(usize, Vec<u8>)>>,
-    grads_out: Option<Sender<(usize, Vec<u8>)>>,
+struct Mailbox {
+    activations: HashMap<(usize, usize), Vec<u8>>,
+    grads: HashMap<(usize, usize), Vec<u8>>,
 }
 
-impl ChannelNeighbours {
-    /// The neighbours of every stage of a `stages`-stage pipeline, first to last.
-    fn chain(stages: usize) -> Vec<Self> {
-        let mut all: Vec<Self> = (0..stages).map(|_| Self::default()).collect();
-        for s in 1..stages {
-            let (tx, rx) = channel();
-            all[s - 1].activations_out = Some(tx);
-            all[s].activations_in = Some(rx);
-            let (tx, rx) = channel();
-            all[s].grads_out = Some(tx);
-            all[s - 1].grads_in = Some(rx);
-        }
-        all
-    }
-
-    fn take(from: &Option<Receiver<(usize, Vec<u8>)>>, mb: usize) -> Result<Vec<u8>> {
-        let rx = from
-            .as_ref()
-            .ok_or_else(|| ModelError::InvalidConfig("no neighbour on that side".into()))?;
-        match rx.recv() {
-            Ok((got, bytes)) if got == mb => Ok(bytes),
-            Ok((got, _)) => Err(ModelError::InvalidConfig(format!(
-                "micro-batch {got} arrived where the schedule expects {mb}"
-            ))),
-            Err(_) => Err(ModelError::InvalidConfig(NEIGHBOUR_STOPPED.into())),
-        }
-    }
-
-    fn put(to: &Option<Sender<(usize, Vec<u8>)>>, mb: usize, bytes: Vec<u8>) -> Result<()> {
-        to.as_ref()
-            .ok_or_else(|| ModelError::InvalidConfig("no neighbour on that side".into()))?
-            .send((mb, bytes))
-            .map_err(|_| ModelError::InvalidConfig(NEIGHBOUR_STOPPED.into()))
-    }
+/// Stage `stage`'s view of the mailbox: a message not yet sent is "not here yet".
+struct MailboxNeighbours<'a> {
+    stage: usize,
+    mailbox: &'a mut Mailbox,
 }
 
-impl Neighbours for ChannelNeighbours {
+impl Neighbours for MailboxNeighbours<'_> {
     type Error = ModelError;
 
-    fn recv_activation(&mut self, mb: usize) -> Result<Vec<u8>> {
-        Self::take(&self.activations_in, mb)
+    fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>> {
+        Ok(self.mailbox.activations.remove(&(self.stage, mb)))
     }
 
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<()> {
-        Self::put(&self.activations_out, mb, bytes)
+        self.mailbox.activations.insert((self.stage + 1, mb), bytes);
+        Ok(())
     }
 
-    fn recv_grad(&mut self, mb: usize) -> Result<Vec<u8>> {
-        Self::take(&self.grads_in, mb)
+    fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>> {
+        Ok(self.mailbox.grads.remove(&(self.stage, mb)))
     }
 
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<()> {
-        Self::put(&self.grads_out, mb, bytes)
+        let to = self.stage.checked_sub(1).ok_or_else(|| {
+            ModelError::InvalidConfig("the first stage has no previous stage".into())
+        })?;
+        self.mailbox.grads.insert((to, mb), bytes);
+        Ok(())
     }
 }
 

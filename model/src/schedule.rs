@@ -1,9 +1,10 @@
 //! The 1F1B schedule and the one driver that runs it, whoever the neighbours are.
 //!
-//! [`one_f_one_b`] is the per-stage operation order; [`run_one_f_one_b`] executes it on a
-//! [`Stage`], reaching the previous and next stage through [`Neighbours`]. The in-process
-//! [`crate::Pipeline`] gives it channels, a node gives it its data-plane links; a decorator
-//! (pacing, fault injection, tracing) wraps the trait without touching the driver.
+//! [`one_f_one_b`] is the per-stage operation order; [`OneFOneB`] executes it on a [`Stage`],
+//! reaching the previous and next stage through [`Neighbours`]. A node runs a step at once
+//! ([`run_one_f_one_b`]) over its data-plane links; the in-process [`crate::Pipeline`] advances
+//! every stage's driver in turns over a mailbox, in one thread. A decorator (pacing, fault
+//! injection, tracing) wraps the trait without touching the driver.
 
 use crate::error::ModelError;
 use crate::pipeline_model::{Batch, PipelineModel};
@@ -58,71 +59,152 @@ impl StagePosition {
 
 /// A stage's neighbours in its pipeline as the 1F1B driver sees them: activations come from
 /// the previous stage and go to the next, gradients come back from the next and go to the
-/// previous. Messages of one direction arrive in schedule order; an implementation checks
-/// that the micro-batch is the one asked for.
+/// previous. Messages of one direction arrive in schedule order; an implementation checks that
+/// the micro-batch is the one asked for.
+///
+/// A receive may answer `None`, "not here yet", when waiting would block a caller that drives
+/// several stages in one thread (the in-process [`crate::Pipeline`]); the driver then stops
+/// before the operation and resumes it later. Neighbours in other processes wait instead.
 pub trait Neighbours {
     /// What a failed exchange reports; a model error converts into it.
     type Error: From<ModelError>;
     /// The activation of micro-batch `mb` from the previous stage.
-    fn recv_activation(&mut self, mb: usize) -> Result<Vec<u8>, Self::Error>;
+    fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error>;
     /// Hands the activation of micro-batch `mb` to the next stage.
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error>;
     /// The gradient of micro-batch `mb` from the next stage.
-    fn recv_grad(&mut self, mb: usize) -> Result<Vec<u8>, Self::Error>;
+    fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error>;
     /// Hands the gradient of micro-batch `mb` to the previous stage.
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error>;
 }
 
-/// Runs forward and backward of `micro_batches` micro-batches of one step at `position` in
-/// 1F1B order and accumulates gradients in `stage`. `batch(i)` gives micro-batch `i` (asked for
-/// only by the first stage, for inputs, and the last, for targets); micro-batch `i`'s loss and
-/// gradient are scaled by `weight(i)`. Returns the weighted loss sum at the last stage, 0
-/// elsewhere.
-pub fn run_one_f_one_b<M: PipelineModel, N: Neighbours>(
+/// What one step of a stage trains on: micro-batch `i` is `batch(i)` (asked for only by the
+/// first stage, for inputs, and the last, for targets), its loss and gradient scaled by
+/// `weight(i)`.
+pub struct MicroBatches<B, W> {
+    /// Micro-batches in the step.
+    pub count: usize,
+    /// Micro-batch `i`.
+    pub batch: B,
+    /// The scale of micro-batch `i`'s loss and gradient.
+    pub weight: W,
+}
+
+/// The 1F1B driver of one stage in one step: where it is in [`one_f_one_b`]'s order and the
+/// weighted loss so far (at the last stage).
+#[derive(Debug)]
+pub struct OneFOneB {
+    position: StagePosition,
+    ops: Vec<Op>,
+    next: usize,
+    loss: f64,
+}
+
+impl OneFOneB {
+    /// The driver of a step of `micro_batches` micro-batches at `position`.
+    pub fn new(position: StagePosition, micro_batches: usize) -> Self {
+        Self {
+            position,
+            ops: one_f_one_b(position.stages, position.stage, micro_batches),
+            next: 0,
+            loss: 0.0,
+        }
+    }
+
+    /// Whether every operation of the step ran.
+    pub fn done(&self) -> bool {
+        self.next == self.ops.len()
+    }
+
+    /// The weighted loss sum at the last stage (0 elsewhere).
+    pub fn loss(&self) -> f64 {
+        self.loss
+    }
+
+    /// Runs operations in order until the step is done or one waits on a neighbour; returns
+    /// whether any ran. Gradients accumulate in `stage`.
+    pub fn advance<M, N, B, W>(
+        &mut self,
+        stage: &mut Stage<M>,
+        neighbours: &mut N,
+        data: &mut MicroBatches<B, W>,
+    ) -> Result<bool, N::Error>
+    where
+        M: PipelineModel,
+        N: Neighbours,
+        B: FnMut(usize) -> Result<Batch, N::Error>,
+        W: Fn(usize) -> f32,
+    {
+        let (first, last) = (self.position.is_first(), self.position.is_last());
+        let start = self.next;
+        while let Some(&op) = self.ops.get(self.next) {
+            match op {
+                Op::Forward(i) => {
+                    let out = if first {
+                        let b = (data.batch)(i)?;
+                        let out = stage.forward(i as u64, b.inputs, last.then_some(&b.targets))?;
+                        stage.encode_output(out)?
+                    } else {
+                        let Some(bytes) = neighbours.recv_activation(i)? else {
+                            break;
+                        };
+                        let b = if last { Some((data.batch)(i)?) } else { None };
+                        stage.forward_wire(i as u64, &bytes, b.as_ref().map(|b| &b.targets))?
+                    };
+                    match out {
+                        WireOutput::Activation(bytes) => neighbours.send_activation(i, bytes)?,
+                        WireOutput::Loss(l) => {
+                            self.loss += f64::from(l) * f64::from((data.weight)(i));
+                        }
+                    }
+                }
+                Op::Backward(i) => {
+                    let upstream = if last {
+                        None
+                    } else {
+                        match neighbours.recv_grad(i)? {
+                            Some(bytes) => Some(bytes),
+                            None => break,
+                        }
+                    };
+                    let scale = (data.weight)(i);
+                    if let Some(g) = stage.backward_wire(i as u64, upstream.as_deref(), scale)?
+                        && !first
+                    {
+                        neighbours.send_grad(i, g)?;
+                    }
+                }
+            }
+            self.next += 1;
+        }
+        Ok(self.next > start)
+    }
+}
+
+/// Runs a whole step of one stage with neighbours that wait (a node's links): every operation
+/// of [`one_f_one_b`] in order. Returns the weighted loss sum at the last stage, 0 elsewhere.
+pub fn run_one_f_one_b<M, N, B, W>(
     stage: &mut Stage<M>,
     neighbours: &mut N,
     position: StagePosition,
-    micro_batches: usize,
-    mut batch: impl FnMut(usize) -> Result<Batch, N::Error>,
-    weight: impl Fn(usize) -> f32,
-) -> Result<f64, N::Error> {
-    let (first, last) = (position.is_first(), position.is_last());
-    let mut loss = 0.0f64;
-    for op in one_f_one_b(position.stages, position.stage, micro_batches) {
-        match op {
-            Op::Forward(i) => {
-                let given = if first || last { Some(batch(i)?) } else { None };
-                let targets = given.as_ref().filter(|_| last).map(|b| &b.targets);
-                let out = match given.as_ref().filter(|_| first) {
-                    Some(b) => {
-                        let out = stage.forward(i as u64, b.inputs.clone(), targets)?;
-                        stage.encode_output(out)?
-                    }
-                    None => {
-                        let bytes = neighbours.recv_activation(i)?;
-                        stage.forward_wire(i as u64, &bytes, targets)?
-                    }
-                };
-                match out {
-                    WireOutput::Activation(bytes) => neighbours.send_activation(i, bytes)?,
-                    WireOutput::Loss(l) => loss += f64::from(l) * f64::from(weight(i)),
-                }
-            }
-            Op::Backward(i) => {
-                let upstream = if last {
-                    None
-                } else {
-                    Some(neighbours.recv_grad(i)?)
-                };
-                if let Some(g) = stage.backward_wire(i as u64, upstream.as_deref(), weight(i))?
-                    && !first
-                {
-                    neighbours.send_grad(i, g)?;
-                }
-            }
+    data: &mut MicroBatches<B, W>,
+) -> Result<f64, N::Error>
+where
+    M: PipelineModel,
+    N: Neighbours,
+    B: FnMut(usize) -> Result<Batch, N::Error>,
+    W: Fn(usize) -> f32,
+{
+    let mut driver = OneFOneB::new(position, data.count);
+    while !driver.done() {
+        if !driver.advance(stage, neighbours, data)? {
+            return Err(ModelError::InvalidConfig(
+                "a neighbour answered that its message is not here yet".into(),
+            )
+            .into());
         }
     }
-    Ok(loss)
+    Ok(driver.loss())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! A stage's pipeline neighbours over the data plane, as the 1F1B driver of `parcae-model`
 //! sees them ([`parcae_model::Neighbours`]): every message carries the round's [`Header`], and
-//! every wait ends on a timeout or as soon as a newer plan is committed ([`Waiter`]).
+//! a receive waits (never "not here yet"), ending on a timeout or as soon as a newer plan is
+//! committed ([`Waiter`]).
 
 use parcae_model::Neighbours;
 
@@ -81,16 +82,16 @@ impl LinkNeighbours<'_, '_> {
 impl Neighbours for LinkNeighbours<'_, '_> {
     type Error = TrainError;
 
-    fn recv_activation(&mut self, mb: usize) -> Result<Vec<u8>, TrainError> {
-        self.recv(Side::Prev, MsgKind::Activation, mb)
+    fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>, TrainError> {
+        self.recv(Side::Prev, MsgKind::Activation, mb).map(Some)
     }
 
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), TrainError> {
         self.send(Side::Next, MsgKind::Activation, mb, &bytes)
     }
 
-    fn recv_grad(&mut self, mb: usize) -> Result<Vec<u8>, TrainError> {
-        self.recv(Side::Next, MsgKind::Grad, mb)
+    fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, TrainError> {
+        self.recv(Side::Next, MsgKind::Grad, mb).map(Some)
     }
 
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), TrainError> {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use parcae_consensus::ControlState;
 use parcae_consensus::state::{Digest32, StageSlot};
 use parcae_model::{
-    Dataset, PipelineModel, Sampler, Stage, StagePosition, run_one_f_one_b, token_batch,
+    Dataset, MicroBatches, PipelineModel, Sampler, Stage, StagePosition, run_one_f_one_b,
+    token_batch,
 };
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
@@ -208,21 +209,24 @@ fn run_inner<M: PipelineModel>(
         )));
     }
     let mbs = micro_batches(share, spec.micro_batch);
-    let weight = |i: usize| {
-        let r = &mbs[i];
-        ((r.end - r.start) as f64 * f64::from(spec.data_parallel) / f64::from(spec.global_batch))
-            as f32
-    };
     let device = stage.device().clone();
-    let batch = |i: usize| {
-        let r = &mbs[i];
-        Ok(token_batch(
-            data.dataset.as_ref(),
-            &data.sampler,
-            r.start,
-            (r.end - r.start) as usize,
-            &device,
-        )?)
+    let mut batches = MicroBatches {
+        count: mbs.len(),
+        batch: |i: usize| {
+            let r = &mbs[i];
+            Ok(token_batch(
+                data.dataset.as_ref(),
+                &data.sampler,
+                r.start,
+                (r.end - r.start) as usize,
+                &device,
+            )?)
+        },
+        weight: |i: usize| {
+            let r = &mbs[i];
+            ((r.end - r.start) as f64 * f64::from(spec.data_parallel)
+                / f64::from(spec.global_batch)) as f32
+        },
     };
     let links = &mut *io.links;
     let mut neighbours = LinkNeighbours {
@@ -231,7 +235,7 @@ fn run_inner<M: PipelineModel>(
         prev: links.prev.as_mut(),
         next: links.next.as_mut(),
     };
-    let mut loss = run_one_f_one_b(stage, &mut neighbours, position, mbs.len(), batch, weight)?;
+    let mut loss = run_one_f_one_b(stage, &mut neighbours, position, &mut batches)?;
     if let Some(ring) = links.ring.as_mut() {
         let mut values: Vec<f32> = stage
             .export_grads()?
