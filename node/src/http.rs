@@ -3,8 +3,8 @@
 //!
 //! The server reads only those cells and the metrics atomics, on a worker thread of its own, so
 //! no client can block an actor. Clients are untrusted: connections are capped, a request head
-//! must arrive within [`REQUEST_TIMEOUT`], idle keep-alive connections close after
-//! [`KEEP_ALIVE`], and only `GET` on the three paths is served.
+//! must arrive within `REQUEST_TIMEOUT`, idle keep-alive connections close after
+//! `KEEP_ALIVE`, and only `GET` on the three paths is served.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -11,11 +11,12 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use parcae_testnet::imds::FakeImds;
+use parcae_testnet::supervise::{ChildId, Spawn, Supervisor, log_tail};
 
 use crate::error::TestnetError;
 use crate::node_api::{Client, Status};
 use crate::node_config::{self, Dialect, NodeSettings};
-use crate::process::{ChildId, Interrupt, Spawn, Supervisor, log_tail};
+use crate::process::Interrupt;
 
 /// How long a new node may take to serve `/status`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

@@ -11,8 +11,8 @@
 //! * `chaos`: SIGKILL without notice every `--kill-every` seconds, replaced by new nodes;
 //! * `simulate`: every planning strategy on a trace, without processes.
 //!
-//! Design: [`cluster`] starts and stops node processes through a [`process::Supervisor`] that
-//! kills every child on every exit path (drop, Ctrl-C through [`process::Interrupt`], and the
+//! Design: [`cluster`] starts and stops node processes through a
+//! [`parcae_testnet::supervise::Supervisor`] that kills every child on every exit path (drop, Ctrl-C through [`process::Interrupt`], and the
 //! kernel's parent-death signal if the testnet itself is killed). A [`engine::Scenario`]
 //! ([`replay::Replay`] or [`chaos::Chaos`]) decides when nodes get notices, die or arrive;
 //! [`engine::execute`] drives it and [`monitor::Monitor`] polls the nodes' `/status` and

@@ -6,16 +6,18 @@
 //! asking cargo to build it once per test process (`$CARGO build --workspace --bin
 //! parcae-node`, a no-op when up to date). `PARCAE_NODE_BIN` overrides both.
 //!
-//! Every spawned process is killed (SIGKILL) and reaped when its [`NodeProcess`] is dropped, so
-//! a failing assertion never leaves nodes behind. Tests that start clusters take [`serial`] so
+//! Every spawned process is supervised by the testnet's [`parcae_testnet::supervise`]: killed
+//! (SIGKILL) and reaped when its [`NodeProcess`] is dropped, and killed by the kernel if the test
+//! process dies, so a failing assertion never leaves nodes behind. Tests that start clusters take [`serial`] so
 //! that at most one cluster runs at a time on a small machine.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use parcae_testnet::supervise::{ChildId, Spawn, Supervisor, log_tail};
 use serde_json::Value;
 
 /// Serialises cluster tests within one test binary.
@@ -132,16 +134,18 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     resp.body_mut().read_to_string().ok()
 }
 
-/// A `parcae-node run` process.
+/// A `parcae-node run` process, supervised as the testnet supervises its nodes
+/// ([`parcae_testnet::supervise`]: its own process group, SIGKILL if this test process dies).
 pub struct NodeProcess {
-    child: Option<Child>,
+    supervisor: Supervisor,
+    child: Option<ChildId>,
     /// Its data directory.
     pub data_dir: PathBuf,
     /// Its HTTP status address.
     pub status_addr: SocketAddr,
     /// Its libp2p listen address (without `/p2p`).
     pub listen: String,
-    /// Its log file (stderr).
+    /// Its log file (stdout and stderr).
     pub log: PathBuf,
     args: Vec<String>,
 }
@@ -166,6 +170,7 @@ impl NodeProcess {
         ];
         args.extend(extra);
         let mut node = Self {
+            supervisor: Supervisor::default(),
             child: None,
             data_dir,
             status_addr,
@@ -178,21 +183,15 @@ impl NodeProcess {
     }
 
     fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("log file");
-        let child = Command::new(node_binary())
-            .args(&self.args)
-            .env(
-                "RUST_LOG",
-                std::env::var("PARCAE_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
+        let level = std::env::var("PARCAE_TEST_LOG").unwrap_or_else(|_| "info".into());
+        let child = self
+            .supervisor
+            .spawn(&Spawn {
+                program: &node_binary(),
+                args: &self.args,
+                env: &[("RUST_LOG", level)],
+                log: &self.log,
+            })
             .expect("spawning parcae-node");
         self.child = Some(child);
     }
@@ -201,11 +200,6 @@ impl NodeProcess {
     pub fn restart(&mut self) {
         self.kill();
         self.start();
-    }
-
-    /// The OS process id, while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
     }
 
     /// `GET /status` as JSON.
@@ -225,49 +219,41 @@ impl NodeProcess {
 
     /// Sends a signal (e.g. `Signal::SIGTERM`) to the running process.
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        if let Some(pid) = self.pid() {
-            // A child we spawned and have not reaped yet; one that just exited is no error here.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        if let Some(child) = self.child {
+            self.supervisor.signal(child, sig);
         }
     }
 
     /// Kills the process (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            self.supervisor.kill(child);
         }
     }
 
     /// Waits up to `timeout` for the process to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let status = wait_for(timeout, || {
-            self.child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-        })?;
+        let child = self.child?;
+        let status = wait_for(timeout, || self.supervisor.try_exit(child))?;
         self.child = None;
         Some(status)
     }
 
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        match self.child {
+            Some(child) if self.supervisor.try_exit(child).is_none() => true,
+            Some(_) => {
+                self.child = None;
+                false
+            }
+            None => false,
+        }
     }
 
     /// The last `lines` lines of the node's log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        self.kill();
+        log_tail(&self.log, lines)
     }
 }
 

@@ -1,8 +1,8 @@
 //! The control plane: raft over the libp2p swarm, and the decisions about membership.
 //!
-//! * [`driver`]: the [`ControlDriver`](driver::ControlDriver) actor, sole owner of the
+//! * [`driver`]: the [`ControlDriver`] actor, sole owner of the
 //!   `RaftNode`, on its own arbiter: drains its mailbox, runs one ready cycle, publishes.
-//! * [`handle`]: [`ControlHandle`](handle::ControlHandle), what every other part holds: one
+//! * [`handle`]: [`ControlHandle`], what every other part holds: one
 //!   `propose`, and watch channels of the applied state and of the leadership.
 //! * pure decisions, each with its unit tests: [`authorize`] (what a peer may propose),
 //!   [`liveness`] (who is lost, gone or back), [`membership`] (this node's `Join`, notices

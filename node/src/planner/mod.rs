@@ -429,7 +429,7 @@ impl Actor for Planner {
     type Context = Context<Self>;
 
     /// Plans whenever the applied state or the leadership changes, and at every interval
-    /// boundary (a timer [`Planner::round`] re-arms).
+    /// boundary (a timer `Planner::round` re-arms).
     fn started(&mut self, ctx: &mut Context<Self>) {
         let changes = (self.control.state(), self.control.leading());
         ctx.add_stream(futures::stream::unfold(

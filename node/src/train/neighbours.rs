@@ -1,7 +1,7 @@
 //! A stage's pipeline neighbours over the data plane, as the 1F1B driver of `parcae-model`
 //! sees them ([`parcae_model::Neighbours`]): every message carries the round's [`Header`], and
 //! a receive waits (never "not here yet"), ending on a timeout or as soon as a newer plan is
-//! committed ([`Waiter`]).
+//! committed (`Waiter`).
 
 use parcae_model::Neighbours;
 

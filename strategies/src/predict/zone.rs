@@ -309,7 +309,7 @@ impl ZoneModel {
     }
 
     /// Expected intervals from interval `index` until the node count changes, starting with
-    /// `nodes` alive; at most [`MAX_STAY_H`] hours.
+    /// `nodes` alive; at most `MAX_STAY_H` hours.
     pub fn expected_stay_intervals(&self, index: usize, nodes: u32) -> f64 {
         let base = self.change_probability(self.regime(nodes));
         let pattern = self.daily_pattern();
