@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
+use parcae_api::StatusSnapshot;
+use parcae_api::client::Client;
 use parcae_testnet::imds::FakeImds;
 use parcae_testnet::supervise::{ChildId, Spawn, Supervisor, log_tail};
 
 use crate::error::TestnetError;
-use crate::node_api::{Client, Status};
 use crate::node_config::{self, Dialect, NodeSettings};
 use crate::process::Interrupt;
 
@@ -223,7 +224,7 @@ impl Cluster {
     }
 
     /// The status of node `i` (if it answers).
-    pub fn status(&self, i: usize) -> Option<Status> {
+    pub fn status(&self, i: usize) -> Option<StatusSnapshot> {
         self.client.status(self.nodes[i].status_addr)
     }
 

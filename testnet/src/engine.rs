@@ -7,9 +7,9 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::cluster::{Cluster, Phase};
 use crate::error::TestnetError;
 use crate::monitor::Monitor;
-use crate::node_api::StepRecord;
 use crate::process::Interrupt;
 use crate::progress::Progress;
+use parcae_api::StepRecord;
 
 /// How long the initial cluster may take to form.
 const FORM_TIMEOUT: Duration = Duration::from_secs(60);

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::node_api::{Migration, StepRecord};
+use parcae_api::{MigrationKind, MigrationView, StepRecord};
 
 /// A committed step as first seen, and the first later sighting that differed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -158,7 +158,7 @@ pub struct MigrationCounts {
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpochMigration {
     /// Its kind (first node to report it wins).
-    pub kind: String,
+    pub kind: MigrationKind,
     /// Longest duration any node reported.
     pub secs: f64,
     /// Step at which it took over.
@@ -175,7 +175,7 @@ pub struct MigrationLedger {
 
 impl MigrationLedger {
     /// Records one node's `migrations` list at time `t`.
-    pub fn observe(&mut self, list: &[Migration], t: f64) {
+    pub fn observe(&mut self, list: &[MigrationView], t: f64) {
         for m in list {
             let secs = if m.secs.is_finite() {
                 m.secs.max(0.0)
@@ -186,7 +186,7 @@ impl MigrationLedger {
                 .entry(m.epoch)
                 .and_modify(|e| e.secs = e.secs.max(secs))
                 .or_insert(EpochMigration {
-                    kind: m.kind.clone(),
+                    kind: m.kind,
                     secs,
                     at_step: m.at_step,
                     seen_at: t,
@@ -196,19 +196,21 @@ impl MigrationLedger {
 
     /// Reconfigurations that moved a running job (everything but the initial plan).
     pub fn migrations(&self) -> impl Iterator<Item = (&u64, &EpochMigration)> {
-        self.epochs.iter().filter(|(_, m)| m.kind != "initial")
+        self.epochs
+            .iter()
+            .filter(|(_, m)| m.kind != MigrationKind::Initial)
     }
 
-    /// Counts by kind; kinds the report does not know are left out.
+    /// Counts by kind.
     pub fn counts(&self) -> MigrationCounts {
         let mut c = MigrationCounts::default();
         for (_, m) in self.migrations() {
-            match m.kind.as_str() {
-                "intra" => c.intra += 1,
-                "inter" => c.inter += 1,
-                "repartition" => c.repartition += 1,
-                "restart" => c.restart += 1,
-                _ => {}
+            match m.kind {
+                MigrationKind::Intra => c.intra += 1,
+                MigrationKind::Inter => c.inter += 1,
+                MigrationKind::Repartition => c.repartition += 1,
+                MigrationKind::Restart => c.restart += 1,
+                MigrationKind::Initial => {}
             }
         }
         c
@@ -279,16 +281,18 @@ mod tests {
 
     #[test]
     fn migrations_by_epoch_take_the_longest_node() {
-        let m = |epoch, kind: &str, secs| Migration {
+        use MigrationKind::{Initial, Inter, Intra, Repartition, Restart};
+        let m = |epoch, kind, secs| MigrationView {
             epoch,
-            kind: kind.into(),
+            kind,
             at_step: epoch * 10,
             secs,
+            received_bytes: 0,
         };
         let mut l = MigrationLedger::default();
-        l.observe(&[m(1, "initial", 2.0), m(2, "intra", 0.1)], 1.0);
-        l.observe(&[m(2, "intra", 0.3), m(3, "repartition", 1.5)], 2.0);
-        l.observe(&[m(4, "restart", f64::NAN), m(5, "inter", 0.5)], 3.0);
+        l.observe(&[m(1, Initial, 2.0), m(2, Intra, 0.1)], 1.0);
+        l.observe(&[m(2, Intra, 0.3), m(3, Repartition, 1.5)], 2.0);
+        l.observe(&[m(4, Restart, f64::NAN), m(5, Inter, 0.5)], 3.0);
         let c = l.counts();
         assert_eq!(
             c,

@@ -27,7 +27,6 @@ mod engine;
 mod error;
 mod ledger;
 mod monitor;
-mod node_api;
 mod node_bin;
 mod node_config;
 mod plot;

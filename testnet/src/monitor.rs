@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::Cluster;
 use crate::ledger::{MigrationLedger, StepLedger};
-use crate::node_api::{Client, Estimate, Status, StepRecord};
+use parcae_api::client::Client;
+use parcae_api::{EstimateView, RoleView, StatusSnapshot, StepRecord};
 
 /// Every node's `/steps` is read on every this many polls (the leader's on every poll).
 const ALL_STEPS_EVERY: u64 = 5;
@@ -45,7 +46,7 @@ pub struct Monitor {
     /// One sample per poll.
     pub timeline: Vec<Sample>,
     /// The leader's latest throughput estimates (its measured cost model).
-    pub estimates: Vec<Estimate>,
+    pub estimates: Vec<EstimateView>,
     polls: u64,
 }
 
@@ -53,7 +54,7 @@ impl Monitor {
     /// Polls the cluster at time `t` while the trace asks for `target` nodes.
     pub fn poll(&mut self, cluster: &Cluster, t: f64, target: u32) {
         let running = cluster.running();
-        let statuses: Vec<(usize, Status)> = running
+        let statuses: Vec<(usize, StatusSnapshot)> = running
             .iter()
             .filter_map(|&i| Some((i, cluster.status(i)?)))
             .collect();
@@ -141,10 +142,10 @@ impl Monitor {
 
 /// The node that the most nodes name as leader and that answered, with its status; when no
 /// one names a leader that answered, the node with the highest epoch.
-fn leader_of(statuses: &[(usize, Status)]) -> Option<(usize, &Status)> {
-    let named = statuses
-        .iter()
-        .find(|(_, s)| s.role == "leader" && s.leader.as_deref() == Some(s.peer_id.as_str()));
+fn leader_of(statuses: &[(usize, StatusSnapshot)]) -> Option<(usize, &StatusSnapshot)> {
+    let named = statuses.iter().find(|(_, s)| {
+        s.role == RoleView::Leader && s.leader.as_deref() == Some(s.peer_id.as_str())
+    });
     named
         .or_else(|| statuses.iter().max_by_key(|(_, s)| (s.epoch, s.step)))
         .map(|(i, s)| (*i, s))
@@ -156,21 +157,21 @@ mod tests {
 
     #[test]
     fn the_leader_is_the_node_that_says_so() {
-        let s = |id: &str, role: &str, leader: &str, epoch| Status {
+        let s = |id: &str, role, leader: &str, epoch| StatusSnapshot {
             peer_id: id.into(),
-            role: role.into(),
+            role,
             leader: Some(leader.into()),
             epoch,
-            ..Status::default()
+            ..StatusSnapshot::default()
         };
         let list = vec![
-            (0, s("a", "follower", "b", 5)),
-            (3, s("b", "leader", "b", 4)),
+            (0, s("a", RoleView::Follower, "b", 5)),
+            (3, s("b", RoleView::Leader, "b", 4)),
         ];
         assert_eq!(leader_of(&list).map(|(i, _)| i), Some(3));
         let headless = vec![
-            (0, s("a", "follower", "x", 5)),
-            (1, s("c", "candidate", "x", 6)),
+            (0, s("a", RoleView::Follower, "x", 5)),
+            (1, s("c", RoleView::Candidate, "x", 6)),
         ];
         assert_eq!(leader_of(&headless).map(|(i, _)| i), Some(1));
         assert!(leader_of(&[]).is_none());

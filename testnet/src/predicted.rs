@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use parcae_api::MigrationKind;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::baselines::CHECKPOINT_MS;
 use parcae_strategies::cost::CostModel;
@@ -70,9 +71,9 @@ pub fn measured_throughput(runs: &[&Observed]) -> ThroughputTable {
         .collect();
     let mut estimated: BTreeMap<ParallelConfig, (f64, f64)> = BTreeMap::new();
     for e in runs.iter().flat_map(|r| &r.monitor.estimates) {
-        if e.samples_per_sec.is_finite() && e.samples_per_sec > 0.0 && e.config.0 > 0 {
+        if e.samples_per_sec.is_finite() && e.samples_per_sec > 0.0 && e.config[0] > 0 {
             let slot = estimated
-                .entry(ParallelConfig::new(e.config.0, e.config.1))
+                .entry(ParallelConfig::new(e.config[0], e.config[1]))
                 .or_default();
             slot.0 += e.samples_per_sec;
             slot.1 += 1.0;
@@ -89,7 +90,7 @@ pub fn measured_restart_ms(runs: &[&Observed]) -> f64 {
     let secs: Vec<f64> = runs
         .iter()
         .flat_map(|r| r.monitor.migrations.migrations())
-        .filter(|(_, m)| m.kind == "restart")
+        .filter(|(_, m)| m.kind == MigrationKind::Restart)
         .map(|(_, m)| m.secs)
         .collect();
     if secs.is_empty() {
@@ -203,7 +204,7 @@ pub fn simulated_ratio(model: CostModel, trace: &Trace, nodes_max: u32, seed: u6
 mod tests {
     use super::*;
     use crate::monitor::{Monitor, Sample};
-    use crate::node_api::Estimate;
+    use parcae_api::EstimateView;
 
     fn sample(t: f64, epoch: u64, config: Option<(u32, u32)>, samples: u64) -> Sample {
         Sample {
@@ -241,12 +242,12 @@ mod tests {
         ]);
         let mut run = run;
         run.monitor.estimates = vec![
-            Estimate {
-                config: (2, 2),
+            EstimateView {
+                config: [2, 2],
                 samples_per_sec: 80.0,
             },
-            Estimate {
-                config: (1, 4),
+            EstimateView {
+                config: [1, 4],
                 samples_per_sec: 60.0,
             },
         ];

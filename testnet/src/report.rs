@@ -227,7 +227,7 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 mod tests {
     use super::*;
     use crate::monitor::Monitor;
-    use crate::node_api::{Migration, StepRecord};
+    use parcae_api::{MigrationKind, MigrationView, StepRecord};
 
     #[test]
     fn report_fields_are_the_issue_contract() {
@@ -241,11 +241,12 @@ mod tests {
         let mut monitor = Monitor::default();
         monitor.steps.observe(&[step(1, 0, 4.0), step(2, 8, 3.0)]);
         monitor.migrations.observe(
-            &[Migration {
+            &[MigrationView {
                 epoch: 2,
-                kind: "inter".into(),
+                kind: MigrationKind::Inter,
                 at_step: 2,
                 secs: 0.5,
+                received_bytes: 0,
             }],
             1.0,
         );

@@ -17,8 +17,9 @@ use std::process::{Command, ExitStatus};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use parcae_api::client::Client;
+use parcae_api::{RoleView, StatusSnapshot, StepRecord};
 use parcae_testnet::supervise::{ChildId, Spawn, Supervisor, log_tail};
-use serde_json::Value;
 
 /// Serialises cluster tests within one test binary.
 pub fn serial() -> MutexGuard<'static, ()> {
@@ -123,6 +124,13 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
     }
 }
 
+/// The client the harness reads node APIs with: a node that takes longer than a second to
+/// answer reads as not answering.
+fn api_client() -> &'static Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT.get_or_init(|| Client::with_timeout(Duration::from_millis(1000)))
+}
+
 /// Fetches `http://addr/path` with a short timeout; `None` on any failure.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let agent = ureq::Agent::new_with_config(
@@ -202,14 +210,19 @@ impl NodeProcess {
         self.start();
     }
 
-    /// `GET /status` as JSON.
-    pub fn status(&self) -> Option<Value> {
-        serde_json::from_str(&http_get(self.status_addr, "/status")?).ok()
+    /// `GET /status`, read through the node's own API types.
+    pub fn status(&self) -> Option<StatusSnapshot> {
+        api_client().status(self.status_addr)
+    }
+
+    /// `GET /steps`: the committed steps applied on this node.
+    pub fn steps(&self) -> Option<Vec<StepRecord>> {
+        api_client().steps(self.status_addr)
     }
 
     /// The node's peer id (from `/status`).
     pub fn peer_id(&self) -> Option<String> {
-        Some(self.status()?["peer_id"].as_str()?.to_string())
+        Some(self.status()?.peer_id).filter(|p| !p.is_empty())
     }
 
     /// `listen/p2p/peer id`, for `--bootstrap`.
@@ -350,8 +363,8 @@ impl TestCluster {
         c
     }
 
-    /// Statuses of the running nodes (index, JSON).
-    pub fn statuses(&self) -> Vec<(usize, Value)> {
+    /// Statuses of the running nodes (index, status).
+    pub fn statuses(&self) -> Vec<(usize, StatusSnapshot)> {
         self.nodes
             .iter()
             .enumerate()
@@ -372,15 +385,15 @@ impl TestCluster {
             let mut view: Option<Vec<String>> = None;
             for &i in indices {
                 let s = self.nodes[i].status()?;
-                let l = s["leader"].as_str()?.to_string();
+                let l = s.leader.clone()?;
                 if leader.get_or_insert(l.clone()) != &l {
                     return None;
                 }
-                let mut ids: Vec<String> = s["members"]
-                    .as_array()?
+                let mut ids: Vec<String> = s
+                    .members
                     .iter()
-                    .filter(|m| matches!(m["status"].as_str(), Some("active" | "spare")))
-                    .filter_map(|m| Some(m["peer_id"].as_str()?.to_string()))
+                    .filter(|m| m.status.is_healthy())
+                    .map(|m| m.peer_id.clone())
                     .collect();
                 ids.sort();
                 if ids.len() != members || view.get_or_insert(ids.clone()) != &ids {
@@ -392,7 +405,7 @@ impl TestCluster {
                 .filter(|&&i| {
                     self.nodes[i]
                         .status()
-                        .is_some_and(|s| s["role"] == "leader")
+                        .is_some_and(|s| s.role == RoleView::Leader)
                 })
                 .count();
             (leaders == 1).then(|| leader.expect("checked"))

@@ -3,15 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use parcae_api::MemberState;
 use parcae_tests::{TEST_CONFIG, TestCluster, node_binary, serial, wait_for};
-use serde_json::Value;
-
-fn member<'a>(status: &'a Value, peer: &str) -> Option<&'a Value> {
-    status["members"]
-        .as_array()?
-        .iter()
-        .find(|m| m["peer_id"] == peer)
-}
 
 #[test]
 fn five_nodes_form_a_cluster_and_survive_leader_kill() {
@@ -32,12 +25,7 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     let mut ids: Vec<String> = c.nodes.iter().filter_map(|n| n.peer_id()).collect();
     ids.sort();
     let s0 = c.nodes[0].status().expect("status");
-    let mut listed: Vec<String> = s0["members"]
-        .as_array()
-        .expect("members")
-        .iter()
-        .map(|m| m["peer_id"].as_str().expect("peer id").to_string())
-        .collect();
+    let mut listed: Vec<String> = s0.members.iter().map(|m| m.peer_id.clone()).collect();
     listed.sort();
     assert_eq!(listed, ids);
 
@@ -45,7 +33,7 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     let li = c.index_of(&leader).expect("leader index");
     let committed = wait_for(Duration::from_secs(5), || {
         let s = c.nodes[li].status()?;
-        let ci = s["commit_index"].as_u64()?;
+        let ci = s.commit_index;
         (ci >= 10).then_some(ci)
     })
     .expect("leader commits");
@@ -54,8 +42,8 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     let rest: Vec<usize> = all.iter().copied().filter(|&i| i != li).collect();
     let new_leader = wait_for(Duration::from_secs(5), || {
         let s = c.nodes[rest[0]].status()?;
-        let l = s["leader"].as_str()?.to_string();
-        (l != leader && s["term"].as_u64()? > 0).then_some(l)
+        let l = s.leader.clone()?;
+        (l != leader && s.term > 0).then_some(l)
     })
     .unwrap_or_else(|| panic!("no new leader within 5 s\n{}", c.logs()));
     eprintln!("new leader after {:?}", killed.elapsed());
@@ -66,9 +54,10 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
         rest.iter()
             .all(|&i| {
                 c.nodes[i].status().is_some_and(|s| {
-                    member(&s, &leader).is_some_and(|m| m["status"] == "lost")
-                        && s["commit_index"].as_u64().unwrap_or(0) >= committed
-                        && s["members"].as_array().map_or(0, |m| m.len()) == 5
+                    s.member(&leader)
+                        .is_some_and(|m| m.status == MemberState::Lost)
+                        && s.commit_index >= committed
+                        && s.members.len() == 5
                 })
             })
             .then_some(())
@@ -88,17 +77,17 @@ fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
     let li = c.index_of(&leader).expect("leader");
     let (learner, victim) = wait_for(Duration::from_secs(10), || {
         let s = c.nodes[li].status()?;
-        let members = s["members"].as_array()?;
-        let learners: Vec<&Value> = members.iter().filter(|m| m["voter"] == false).collect();
+        let members = &s.members;
+        let learners: Vec<_> = members.iter().filter(|m| !m.voter).collect();
         if members.len() != 6 || learners.len() != 1 {
             return None;
         }
-        let learner = learners[0]["peer_id"].as_str()?.to_string();
+        let learner = learners[0].peer_id.clone();
         let victim = members
             .iter()
-            .filter(|m| m["voter"] == true && m["peer_id"] != leader.as_str())
-            .map(|m| m["peer_id"].as_str().map(str::to_string))
-            .next()??;
+            .find(|m| m.voter && m.peer_id != leader)?
+            .peer_id
+            .clone();
         Some((learner, victim))
     })
     .unwrap_or_else(|| panic!("no 5 voters + 1 learner\n{}", c.logs()));
@@ -111,12 +100,8 @@ fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
             .iter()
             .map(|&i| {
                 let s = c.nodes[i].status()?;
-                let n = s["notices"]
-                    .as_array()?
-                    .iter()
-                    .find(|n| n["peer_id"] == victim.as_str())?
-                    .clone();
-                Some(n["received_unix_ms"].as_u64()? - n["issued_unix_ms"].as_u64()?)
+                let n = s.notices.iter().find(|n| n.peer_id == victim)?;
+                Some(n.received_unix_ms - n.issued_unix_ms)
             })
             .collect::<Option<Vec<u64>>>()
     })
@@ -130,8 +115,8 @@ fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
     // The learner becomes a voter while the victim is still running.
     wait_for(Duration::from_secs(3), || {
         let s = c.nodes[li].status()?;
-        let promoted = member(&s, &learner)?["voter"] == true;
-        let demoted = member(&s, &victim)?["status"] == "leaving";
+        let promoted = s.member(&learner)?.voter;
+        let demoted = s.member(&victim)?.status == MemberState::Leaving;
         (promoted && demoted).then_some(())
     })
     .unwrap_or_else(|| panic!("learner not promoted\n{}", c.logs()));
@@ -147,7 +132,7 @@ fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
     // Once it is gone the leader forgets it.
     wait_for(Duration::from_secs(6), || {
         let s = c.nodes[li].status()?;
-        member(&s, &victim).is_none().then_some(())
+        s.member(&victim).is_none().then_some(())
     })
     .unwrap_or_else(|| panic!("departed node not removed\n{}", c.logs()));
 }
@@ -166,21 +151,18 @@ fn restart_with_same_data_dir_keeps_identity_and_catches_up() {
     // Down long enough to be declared lost, while the others keep committing.
     wait_for(Duration::from_secs(10), || {
         let s = c.nodes[li].status()?;
-        (member(&s, &peer)?["status"] == "lost").then_some(())
+        (s.member(&peer)?.status == MemberState::Lost).then_some(())
     })
     .unwrap_or_else(|| panic!("killed node not marked lost\n{}", c.logs()));
-    let commit_before = c.nodes[li].status().expect("status")["commit_index"]
-        .as_u64()
-        .expect("commit");
+    let commit_before = c.nodes[li].status().expect("status").commit_index;
 
     c.nodes[vi].restart();
     let s = wait_for(Duration::from_secs(15), || {
         let s = c.nodes[vi].status()?;
-        let me = member(&s, &peer)?;
-        let healthy = matches!(me["status"].as_str(), Some("active" | "spare"));
-        (healthy && s["applied_index"].as_u64()? >= commit_before).then_some(s)
+        let healthy = s.member(&peer)?.status.is_healthy();
+        (healthy && s.applied_index >= commit_before).then_some(s)
     })
     .unwrap_or_else(|| panic!("restarted node did not catch up\n{}", c.logs()));
-    assert_eq!(s["peer_id"], peer.as_str(), "same data dir, same peer id");
-    assert_eq!(s["leader"], leader.as_str());
+    assert_eq!(s.peer_id, peer, "same data dir, same peer id");
+    assert_eq!(s.leader.as_deref(), Some(leader.as_str()));
 }

@@ -1,23 +1,12 @@
 //! The library API: a user-defined Burn model (not the built-in GPT, see
 //! `node/examples/token_mlp.rs`) trained across two processes through `parcae_node::Trainer`.
 
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use parcae_tests::{free_port, http_get, node_example, serial, wait_for};
-use serde_json::Value;
-
-/// Kills the example processes however the test ends.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+use parcae_api::client::Client;
+use parcae_testnet::supervise::{Spawn, Supervisor};
+use parcae_tests::{free_port, node_example, serial, wait_for};
 
 #[test]
 fn a_user_model_trains_across_two_processes() {
@@ -28,35 +17,39 @@ fn a_user_model_trains_across_two_processes() {
     parcae_node::key::ClusterKey::generate()
         .store(&key)
         .unwrap();
-    let status: Vec<String> = (0..2)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
+    let status: Vec<SocketAddr> = (0..2)
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
         .collect();
-    let spawn = |i: usize, bootstrap: Option<String>| {
-        let log = std::fs::File::create(dir.path().join(format!("n{i}.log"))).unwrap();
-        Command::new(&bin)
-            .arg(dir.path().join(format!("n{i}")))
-            .arg(&status[i])
-            .arg(&key)
-            .args(bootstrap)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
+    // Killed (and reaped) however the test ends.
+    let mut children = Supervisor::default();
+    let mut spawn = |i: usize, bootstrap: Option<String>| {
+        let mut args = vec![
+            dir.path().join(format!("n{i}")).display().to_string(),
+            status[i].to_string(),
+            key.display().to_string(),
+        ];
+        args.extend(bootstrap);
+        children
+            .spawn(&Spawn {
+                program: &bin,
+                args: &args,
+                env: &[],
+                log: &dir.path().join(format!("n{i}.log")),
+            })
+            .unwrap();
     };
-    let get = |i: usize, path: &str| -> Option<Value> {
-        serde_json::from_str(&http_get(status[i].parse().ok()?, path)?).ok()
-    };
-    let mut children = Children(vec![spawn(0, None)]);
+    let client = Client::with_timeout(Duration::from_secs(1));
+    spawn(0, None);
     let founder = wait_for(Duration::from_secs(20), || {
-        let s = get(0, "/status")?;
-        let addr = s["listen_addrs"].as_array()?.first()?.as_str()?.to_string();
-        Some(format!("{addr}/p2p/{}", s["peer_id"].as_str()?))
+        let s = client.status(status[0]).filter(|s| !s.peer_id.is_empty())?;
+        let addr = s.listen_addrs.first()?;
+        Some(format!("{addr}/p2p/{}", s.peer_id))
     })
     .expect("first process serves /status");
-    children.0.push(spawn(1, Some(founder)));
+    spawn(1, Some(founder));
     let steps = wait_for(Duration::from_secs(120), || {
-        let s = get(1, "/steps")?;
-        (s.as_array()?.len() >= 40).then_some(s)
+        let s = client.steps(status[1])?;
+        (s.len() >= 40).then_some(s)
     })
     .unwrap_or_else(|| {
         let logs: String = (0..2)
@@ -66,22 +59,25 @@ fn a_user_model_trains_across_two_processes() {
             .collect();
         panic!("40 steps did not commit\n{logs}")
     });
-    let loss = |k: usize| steps[k]["loss"].as_f64().unwrap();
+    let loss = |k: usize| steps[k].loss;
     assert!(
         loss(39) < 0.8 * loss(0),
         "loss fell: {} -> {}",
         loss(0),
         loss(39)
     );
-    let slots: Vec<Value> = (0..2)
-        .map(|i| get(i, "/status").unwrap()["training"]["slot"].clone())
+    let slots: Vec<Option<[u32; 2]>> = (0..2)
+        .map(|i| {
+            client
+                .status(status[i])
+                .unwrap()
+                .training
+                .and_then(|t| t.slot)
+        })
         .collect();
-    assert_eq!(
-        get(0, "/status").unwrap()["config"],
-        serde_json::json!([1, 2])
-    );
+    assert_eq!(client.status(status[0]).unwrap().config, Some((1, 2)));
     assert!(
-        slots.contains(&serde_json::json!([0, 0])) && slots.contains(&serde_json::json!([0, 1])),
+        slots.contains(&Some([0, 0])) && slots.contains(&Some([0, 1])),
         "{slots:?}"
     );
 }

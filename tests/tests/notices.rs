@@ -3,6 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use parcae_api::MemberState;
 use parcae_testnet::imds::FakeImds;
 use parcae_tests::{TEST_CONFIG, TestCluster, serial, wait_for};
 
@@ -40,20 +41,21 @@ fn fake_aws_spot_notice_triggers_the_notice_flow() {
     for i in 0..3 {
         wait_for(Duration::from_secs(5), || {
             let s = c.nodes[i].status()?;
-            let gossiped = s["notices"].as_array()?.iter().any(|n| {
-                n["peer_id"] == peer.as_str() && n["deadline_unix_ms"].as_u64() == Some(deadline_ms)
-            });
-            let replicated = s["members"].as_array()?.iter().any(|m| {
-                m["peer_id"] == peer.as_str()
-                    && m["status"] == "leaving"
-                    && m["deadline_unix_ms"].as_u64() == Some(deadline_ms)
+            let gossiped = s
+                .notices
+                .iter()
+                .any(|n| n.peer_id == peer && n.deadline_unix_ms == deadline_ms);
+            let replicated = s.members.iter().any(|m| {
+                m.peer_id == peer
+                    && m.status == MemberState::Leaving
+                    && m.deadline_unix_ms == Some(deadline_ms)
             });
             (gossiped && replicated).then_some(())
         })
         .unwrap_or_else(|| panic!("node {i} did not learn the AWS notice\n{}", c.logs()));
     }
     let s = c.nodes[spot].status().expect("status");
-    assert_eq!(s["leaving_deadline_unix_ms"].as_u64(), Some(deadline_ms));
+    assert_eq!(s.leaving_deadline_unix_ms, Some(deadline_ms));
     assert!(
         c.nodes[spot].running(),
         "the node serves until its deadline"

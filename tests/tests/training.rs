@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parcae_api::{MigrationKind, MigrationView, RoleView, StepRecord, TrainingPhase};
 use parcae_model::{
     Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, Sampler, Stage, StageConfig, SyntheticTask,
     data_parallel_step, token_batch,
 };
-use parcae_tests::{TRAIN_BASE_CONFIG, TestCluster, http_get, serial, wait_for};
-use serde_json::Value;
+use parcae_tests::{TRAIN_BASE_CONFIG, TestCluster, serial, wait_for};
 
 const SEED: u64 = 3;
 const BATCH: u64 = 16;
@@ -35,10 +35,8 @@ fn optimizer() -> OptimizerConfig {
 }
 
 /// The committed steps as a node applied them.
-fn steps(c: &TestCluster, i: usize) -> Vec<Value> {
-    http_get(c.nodes[i].status_addr, "/steps")
-        .and_then(|t| serde_json::from_str::<Vec<Value>>(&t).ok())
-        .unwrap_or_default()
+fn steps(c: &TestCluster, i: usize) -> Vec<StepRecord> {
+    c.nodes[i].steps().unwrap_or_default()
 }
 
 /// Checkpoint files `(steps, layers, path)` under a node's data directory.
@@ -101,14 +99,14 @@ fn two_by_two_across_processes_matches_one_process() {
     };
     let record = steps(&c, i);
     for (k, s) in record.iter().enumerate() {
-        assert_eq!(s["step"], k as u64);
-        assert_eq!(s["sample_start"], k as u64 * BATCH, "exactly-once cursor");
+        assert_eq!(s.step, k as u64);
+        assert_eq!(s.sample_start, k as u64 * BATCH, "exactly-once cursor");
     }
-    let first = record[0]["loss"].as_f64().unwrap();
-    let last = record[record.len() - 1]["loss"].as_f64().unwrap();
+    let first = record[0].loss;
+    let last = record[record.len() - 1].loss;
     assert!(last < 0.8 * first, "loss fell: {first} -> {last}");
     let status = c.nodes[i].status().unwrap();
-    assert_eq!(status["config"], serde_json::json!([2, 2]));
+    assert_eq!(status.config, Some((2, 2)));
 
     // The first replica of each stage checkpoints after the last step.
     let files = wait_for(Duration::from_secs(30), || {
@@ -174,15 +172,15 @@ fn two_by_two_across_processes_matches_one_process() {
 
 /// The longest committed step sequence any running node shows, checked for exactly-once data:
 /// steps `0..n` in order, each starting where the previous ended.
-fn committed_sequence(c: &TestCluster) -> Vec<Value> {
+fn committed_sequence(c: &TestCluster) -> Vec<StepRecord> {
     let best = (0..c.nodes.len())
         .map(|i| steps(c, i))
         .max_by_key(|s| s.len())
         .unwrap_or_default();
     for (k, s) in best.iter().enumerate() {
-        assert_eq!(s["step"], k as u64, "no committed step lost or repeated");
+        assert_eq!(s.step, k as u64, "no committed step lost or repeated");
         assert_eq!(
-            s["sample_start"],
+            s.sample_start,
             k as u64 * BATCH,
             "no sample skipped or repeated"
         );
@@ -193,8 +191,8 @@ fn committed_sequence(c: &TestCluster) -> Vec<Value> {
 fn last_step(c: &TestCluster) -> Option<u64> {
     (0..c.nodes.len())
         .filter_map(|i| c.nodes[i].status())
-        .filter(|s| s["loss"].is_number())
-        .map(|s| s["step"].as_u64().unwrap_or(0))
+        .filter(|s| s.loss.is_some())
+        .map(|s| s.step)
         .max()
 }
 
@@ -202,10 +200,10 @@ fn last_step(c: &TestCluster) -> Option<u64> {
 fn workers(c: &TestCluster) -> Vec<(usize, [u64; 2])> {
     c.statuses()
         .into_iter()
-        .filter(|(_, s)| s["role"] != "leader")
+        .filter(|(_, s)| s.role != RoleView::Leader)
         .filter_map(|(i, s)| {
-            let slot = s["training"]["slot"].as_array()?;
-            Some((i, [slot[0].as_u64()?, slot[1].as_u64()?]))
+            let slot = s.training?.slot?;
+            Some((i, slot.map(u64::from)))
         })
         .collect()
 }
@@ -228,10 +226,10 @@ fn trains_on(c: &TestCluster, before: u64, more: u64, timeout: Duration) -> Dura
     t.elapsed()
 }
 
-fn migrations(c: &TestCluster) -> Vec<Value> {
+fn migrations(c: &TestCluster) -> Vec<MigrationView> {
     c.statuses()
         .into_iter()
-        .flat_map(|(_, s)| s["migrations"].as_array().cloned().unwrap_or_default())
+        .flat_map(|(_, s)| s.migrations)
         .collect()
 }
 
@@ -240,7 +238,7 @@ fn a_noticed_node_is_drained_before_its_deadline() {
     let _serial = serial();
     let mut c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
-    let epoch_before = c.nodes[0].status().unwrap()["epoch"].as_u64().unwrap();
+    let epoch_before = c.nodes[0].status().unwrap().epoch;
     let noticed_at = std::time::Instant::now();
     c.nodes[victim].signal(nix::sys::signal::Signal::SIGTERM);
     // A new plan without the node is in force, and trained under, before the 10 s deadline.
@@ -248,10 +246,8 @@ fn a_noticed_node_is_drained_before_its_deadline() {
         .find(|i| *i != victim)
         .expect("a survivor");
     let trained_after = wait_for(Duration::from_secs(10), || {
-        let epoch = c.nodes[survivor].status()?["epoch"].as_u64()?;
-        let under_new = steps(&c, survivor)
-            .iter()
-            .any(|r| r["epoch"].as_u64() == Some(epoch));
+        let epoch = c.nodes[survivor].status()?.epoch;
+        let under_new = steps(&c, survivor).iter().any(|r| r.epoch == epoch);
         (epoch > epoch_before && under_new).then_some(noticed_at.elapsed())
     })
     .unwrap_or_else(|| panic!("no reconfiguration before the deadline\n{}", c.logs()));
@@ -264,14 +260,19 @@ fn a_noticed_node_is_drained_before_its_deadline() {
         "the noticed node exits cleanly"
     );
     assert!(
-        status.is_none_or(|s| s["training"]["phase"] != "training"),
+        status.is_none_or(|s| s
+            .training
+            .is_none_or(|t| t.phase != TrainingPhase::Training)),
         "drained"
     );
     let m = migrations(&c);
     assert!(
-        m.iter().any(|x| x["epoch"].as_u64() > Some(epoch_before)
-            && matches!(x["kind"].as_str(), Some("intra" | "inter" | "repartition"))
-            && x["secs"].as_f64().is_some()),
+        m.iter().any(|x| x.epoch > epoch_before
+            && matches!(
+                x.kind,
+                MigrationKind::Intra | MigrationKind::Inter | MigrationKind::Repartition
+            )
+            && x.secs.is_finite()),
         "migration kind and duration in /status: {m:?}"
     );
     let before = last_step(&c).unwrap();
@@ -309,7 +310,7 @@ fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
     trains_on(&c, before, 2, Duration::from_secs(60));
     let m = migrations(&c);
     assert!(
-        m.iter().any(|x| x["kind"] == "restart"),
+        m.iter().any(|x| x.kind == MigrationKind::Restart),
         "stage {slot:?} restored from a checkpoint: {m:?}"
     );
     assert!(c.logs().contains("restoring layers from a checkpoint"));
@@ -324,15 +325,14 @@ fn a_joining_node_is_put_to_work() {
     let new = c.spawn(std::slice::from_ref(&founder), None);
     let slot = wait_for(Duration::from_secs(60), || {
         let s = c.nodes[new].status()?;
-        s["training"]["slot"]
-            .as_array()
-            .map(|_| s["config"].clone())
+        s.training.as_ref()?.slot?;
+        s.config
     })
     .unwrap_or_else(|| panic!("the new node got no slot\n{}", c.logs()));
-    let nodes = slot[0].as_u64().unwrap() * slot[1].as_u64().unwrap();
+    let nodes = slot.0 * slot.1;
     assert_eq!(
         nodes, 3,
-        "the larger configuration uses the new node: {slot}"
+        "the larger configuration uses the new node: {slot:?}"
     );
     let before = last_step(&c).unwrap();
     trains_on(&c, before, 2, Duration::from_secs(30));
@@ -353,7 +353,7 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
         others
             .iter()
             .filter_map(|i| c.nodes[*i].status())
-            .map(|s| s["step"].as_u64().unwrap_or(0))
+            .map(|s| s.step)
             .max()
             .filter(|s| *s >= before + 3)
     })
@@ -362,22 +362,16 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
     // Healed: it is a healthy member again and follows the log.
     wait_for(Duration::from_secs(60), || {
         let s = c.nodes[others[0]].status()?;
-        let me = s["members"]
-            .as_array()?
-            .iter()
-            .find(|m| m["peer_id"] == peer.as_str())?
-            .clone();
+        let healthy = s.member(&peer)?.status.is_healthy();
         let mine = c.nodes[victim].status()?;
-        (matches!(me["status"].as_str(), Some("active" | "spare"))
-            && mine["step"].as_u64()? + 2 >= s["step"].as_u64()?)
-        .then_some(())
+        (healthy && mine.step + 2 >= s.step).then_some(())
     })
     .unwrap_or_else(|| panic!("the node did not rejoin\n{}", c.logs()));
     // No two configurations committed the same step: every node's record agrees.
     let reference = committed_sequence(&c);
     for i in 0..c.nodes.len() {
         for r in steps(&c, i) {
-            let k = r["step"].as_u64().unwrap() as usize;
+            let k = r.step as usize;
             if let Some(same) = reference.get(k) {
                 assert_eq!(&r, same, "step {k} on node {i}");
             }
@@ -395,7 +389,7 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         .find(|i| {
             c.nodes[*i]
                 .status()
-                .is_some_and(|s| s["training"]["slot"].is_null())
+                .is_some_and(|s| s.training.is_none_or(|t| t.slot.is_none()))
         })
         .expect("a spare");
     let (target, slot) = *workers(&c)
@@ -403,9 +397,9 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         .find(|(i, _)| *i != spare)
         .expect("a training non-leader");
     let status = c.nodes[target].status().unwrap();
-    let addr: std::net::SocketAddr = status["data_addr"].as_str().unwrap().parse().unwrap();
-    let target_peer: libp2p::PeerId = status["peer_id"].as_str().unwrap().parse().unwrap();
-    let epoch = status["epoch"].as_u64().unwrap();
+    let addr: std::net::SocketAddr = status.data_addr.as_deref().unwrap().parse().unwrap();
+    let target_peer: libp2p::PeerId = status.peer_id.parse().unwrap();
+    let epoch = status.epoch;
     c.nodes[spare].kill();
     let keypair = parcae_node::identity::load_or_create(&c.nodes[spare].data_dir).unwrap();
     let key = parcae_node::key::ClusterKey::load(&c.key).unwrap();

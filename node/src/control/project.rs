@@ -7,7 +7,9 @@ use libp2p::PeerId;
 use parcae_consensus::state::{MemberStatus, RaftRole};
 use parcae_consensus::{ControlState, NodeId, NodeStatus, Role};
 
-use crate::status::{LatencySummary, MemberView, NoticeView, RoleView, StatusSnapshot};
+use crate::status::{
+    LatencySummary, MemberState, MemberView, NoticeView, RoleView, StatusSnapshot,
+};
 
 /// What only this node knows, as shown on `/status`.
 pub struct LocalView<'a> {
@@ -42,10 +44,10 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
             // Before the first configuration is applied, the recorded role is all there is.
             voter: voters.contains(id) || m.role == RaftRole::Voter && voters.is_empty(),
             status: match m.status {
-                MemberStatus::Active => "active",
-                MemberStatus::Spare => "spare",
-                MemberStatus::Leaving { .. } => "leaving",
-                MemberStatus::Lost => "lost",
+                MemberStatus::Active => MemberState::Active,
+                MemberStatus::Spare => MemberState::Spare,
+                MemberStatus::Leaving { .. } => MemberState::Leaving,
+                MemberStatus::Lost => MemberState::Lost,
             },
             deadline_unix_ms: match m.status {
                 MemberStatus::Leaving { deadline_ms } => Some(deadline_ms),
@@ -75,6 +77,9 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
         leaving_deadline_unix_ms: local.leaving_deadline_unix_ms,
         notices: local.notices.to_vec(),
         commit_latency_us: LatencySummary::of_sorted(local.sorted_commit_latency_us),
+        // The trainer's side is the `Status` actor's to add.
+        training: None,
+        migrations: Vec::new(),
     }
 }
 
@@ -155,11 +160,11 @@ mod tests {
                 .unwrap()
                 .clone()
         };
-        assert!(view(a).voter && view(a).status == "spare");
+        assert!(view(a).voter && view(a).status == MemberState::Spare);
         assert!(!view(b).voter);
         assert_eq!(
             (view(b).status, view(b).deadline_unix_ms),
-            ("leaving", Some(77))
+            (MemberState::Leaving, Some(77))
         );
         assert_eq!(snapshot.commit_latency_us.p50, 20);
         assert_eq!(snapshot.commit_latency_us.max, 40);

@@ -26,7 +26,7 @@ use super::step::{self, DataSource, StepIo, StepSpec, Waiter, block_on_timeout};
 use crate::dataplane::links::{self, EpochLinks};
 use crate::dataplane::server::{Endpoint, Held};
 use crate::retry::Retry;
-use crate::status::{MigrationView, TrainingView};
+use crate::status::{MigrationKind, MigrationView, TrainingPhase, TrainingView};
 
 /// First delay before a step report is proposed again (a lost proposal, a leader change).
 const REPORT_RETRY_MIN: Duration = Duration::from_secs(1);
@@ -139,9 +139,9 @@ impl<M: PipelineModel> Worker<M> {
         }
     }
 
-    fn set_phase(&mut self, phase: &str) {
+    fn set_phase(&mut self, phase: TrainingPhase) {
         if self.status.phase != phase {
-            self.status.phase = phase.to_owned();
+            self.status.phase = phase;
             (self.publish)(self.status.clone());
         }
     }
@@ -151,7 +151,7 @@ impl<M: PipelineModel> Worker<M> {
         if let Some(c) = self.current.take() {
             self.idle_stage = Some(c.stage);
         }
-        self.set_phase("waiting");
+        self.set_phase(TrainingPhase::Waiting);
     }
 
     /// One round of work; `true` when something happened and the loop should go on at once.
@@ -175,7 +175,7 @@ impl<M: PipelineModel> Worker<M> {
             return Ok(true);
         }
         if self.setup.max_steps > 0 && next >= self.setup.max_steps {
-            self.set_phase("finished");
+            self.set_phase(TrainingPhase::Finished);
             return Ok(false);
         }
         self.train_step(state, plan, next)?;
@@ -191,7 +191,7 @@ impl<M: PipelineModel> Worker<M> {
         next: u64,
     ) -> Result<(), TrainError> {
         let started = Instant::now();
-        self.set_phase("migrating");
+        self.set_phase(TrainingPhase::Migrating);
         let old = self
             .current
             .take()
@@ -215,7 +215,7 @@ impl<M: PipelineModel> Worker<M> {
         let Some(slot) = slot else {
             self.idle_stage = old;
             self.status.slot = None;
-            self.set_phase("spare");
+            self.set_phase(TrainingPhase::Spare);
             return Ok(());
         };
         let range = plan
@@ -262,7 +262,7 @@ impl<M: PipelineModel> Worker<M> {
         tracing::info!(
             epoch = plan.epoch,
             ?slot,
-            kind,
+            %kind,
             secs,
             received_bytes = acquired.as_ref().map_or(0, |a| a.received_bytes),
             "reconfiguration done"
@@ -283,7 +283,7 @@ impl<M: PipelineModel> Worker<M> {
         self.status.slot = Some([slot.pipeline, slot.stage]);
         self.status.migrations.push(MigrationView {
             epoch: plan.epoch,
-            kind: kind.to_owned(),
+            kind,
             at_step: next,
             secs,
             received_bytes: acquired.as_ref().map_or(0, |a| a.received_bytes),
@@ -298,7 +298,7 @@ impl<M: PipelineModel> Worker<M> {
             links,
             digest: None,
         });
-        self.set_phase("training");
+        self.set_phase(TrainingPhase::Training);
         (self.publish)(self.status.clone());
         Ok(())
     }
@@ -519,19 +519,23 @@ pub fn migration_kind(
     plan: &Plan,
     acquired: Option<&Acquired>,
     restart: bool,
-) -> &'static str {
+) -> MigrationKind {
     let Some(prev) = previous else {
-        return "initial";
+        return MigrationKind::Initial;
     };
     if restart || acquired.is_some_and(|a| !a.restored.is_empty() || !a.lost.is_empty()) {
-        return "restart";
+        return MigrationKind::Restart;
     }
     if prev.partition != plan.partition {
-        return "repartition";
+        return MigrationKind::Repartition;
     }
     let same_stages = plan
         .assignment
         .iter()
         .all(|(n, s)| prev.assignment.get(n).is_some_and(|p| p.stage == s.stage));
-    if same_stages { "intra" } else { "inter" }
+    if same_stages {
+        MigrationKind::Intra
+    } else {
+        MigrationKind::Inter
+    }
 }

@@ -45,13 +45,8 @@ fn main() {
                 .filter(|&&i| i != vi)
                 .map(|&i| {
                     let s = c.nodes[i].status()?;
-                    let n = s["notices"]
-                        .as_array()?
-                        .iter()
-                        .rev()
-                        .find(|n| n["peer_id"] == victim.as_str())?
-                        .clone();
-                    Some(n["received_unix_ms"].as_u64()? - n["issued_unix_ms"].as_u64()?)
+                    let n = s.notices.iter().rev().find(|n| n.peer_id == victim)?;
+                    Some(n.received_unix_ms - n.issued_unix_ms)
                 })
                 .collect::<Option<Vec<u64>>>()
         })
@@ -68,11 +63,7 @@ fn main() {
         // Let the leader forget it, then bring it back from its data directory.
         wait_for(Duration::from_secs(10), || {
             let s = c.nodes[li].status()?;
-            let known = s["members"]
-                .as_array()?
-                .iter()
-                .any(|m| m["peer_id"] == victim.as_str());
-            (!known).then_some(())
+            s.member(&victim).is_none().then_some(())
         });
         c.nodes[vi].restart();
         leader = c
@@ -83,8 +74,8 @@ fn main() {
     let li = c.index_of(&leader).expect("leader");
     let lat = wait_for(Duration::from_secs(60), || {
         let s = c.nodes[li].status()?;
-        let l = s["commit_latency_us"].clone();
-        (l["count"].as_u64()? >= 200).then_some(l)
+        let l = s.commit_latency_us;
+        (l.count >= 200).then_some(l)
     })
     .expect("200 commits measured");
 
@@ -98,12 +89,12 @@ fn main() {
         quantile(&notice_ms, 0.99),
         notice_ms.last().copied().unwrap_or(0)
     );
-    let us = |k: &str| lat[k].as_u64().unwrap_or(0) as f64 / 1000.0;
+    let ms = |us: u64| us as f64 / 1000.0;
     println!(
         "| raft commit (leader propose -> apply, fsync) | {} | {:.2} ms | {:.2} ms | {:.2} ms |",
-        lat["count"],
-        us("p50"),
-        us("p99"),
-        us("max")
+        lat.count,
+        ms(lat.p50),
+        ms(lat.p99),
+        ms(lat.max)
     );
 }

@@ -60,12 +60,7 @@ fn across_processes(model: &str, batch: u64, micro: u64, steps: u64) -> f64 {
          peer_timeout_secs = 60.0\n"
     );
     let c = TestCluster::start(&config, 4);
-    let step = || {
-        c.statuses()
-            .iter()
-            .filter_map(|(_, s)| s["step"].as_u64())
-            .max()
-    };
+    let step = || c.statuses().iter().map(|(_, s)| s.step).max();
     let start = wait_for(Duration::from_secs(600), || step().filter(|s| *s >= 2))
         .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
     let t = Instant::now();
