@@ -1,6 +1,6 @@
 //! Reading a node's `/status` and `/steps`: responses are untrusted, so bodies are size-capped
-//! and every request times out. A node that does not answer, or answers something else, reads
-//! as `None`.
+//! and every request times out; a node that does not answer, or answers something else, is an
+//! [`ApiError`] that says which.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,6 +13,29 @@ use crate::{StatusSnapshot, StepRecord};
 pub const MAX_STATUS_BYTES: u64 = 4 << 20;
 /// Largest `/steps` body read (about 400k steps).
 pub const MAX_STEPS_BYTES: u64 = 64 << 20;
+
+/// Why a node's document could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request failed (refused, timed out, not 200, body over the cap).
+    #[error("GET {url}: {source}")]
+    Request {
+        /// The URL.
+        url: String,
+        /// What the HTTP client said.
+        source: ureq::Error,
+    },
+    /// The body is not the document asked for.
+    #[error("{url} did not return {what}: {source}")]
+    Decode {
+        /// The URL.
+        url: String,
+        /// The document expected.
+        what: &'static str,
+        /// What the JSON decoder said.
+        source: serde_json::Error,
+    },
+}
 
 /// HTTP client for the node API.
 pub struct Client {
@@ -38,28 +61,39 @@ impl Client {
         }
     }
 
-    fn get<T: DeserializeOwned>(&self, addr: SocketAddr, path: &str, limit: u64) -> Option<T> {
-        let mut resp = self
-            .agent
-            .get(&format!("http://{addr}{path}"))
-            .call()
-            .ok()?;
+    fn get<T: DeserializeOwned>(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        limit: u64,
+        what: &'static str,
+    ) -> Result<T, ApiError> {
+        let url = format!("http://{addr}{path}");
+        let request = |source| ApiError::Request {
+            url: url.clone(),
+            source,
+        };
+        let mut resp = self.agent.get(&url).call().map_err(request)?;
         let body = resp
             .body_mut()
             .with_config()
             .limit(limit)
             .read_to_string()
-            .ok()?;
-        serde_json::from_str(&body).ok()
+            .map_err(request)?;
+        serde_json::from_str(&body).map_err(|source| ApiError::Decode {
+            url: url.clone(),
+            what,
+            source,
+        })
     }
 
-    /// `GET /status`; `None` when the node does not answer with a status object.
-    pub fn status(&self, addr: SocketAddr) -> Option<StatusSnapshot> {
-        self.get(addr, "/status", MAX_STATUS_BYTES)
+    /// `GET /status`.
+    pub fn status(&self, addr: SocketAddr) -> Result<StatusSnapshot, ApiError> {
+        self.get(addr, "/status", MAX_STATUS_BYTES, "a status object")
     }
 
-    /// `GET /steps`; `None` when the node does not answer (or has no such endpoint).
-    pub fn steps(&self, addr: SocketAddr) -> Option<Vec<StepRecord>> {
-        self.get(addr, "/steps", MAX_STEPS_BYTES)
+    /// `GET /steps`.
+    pub fn steps(&self, addr: SocketAddr) -> Result<Vec<StepRecord>, ApiError> {
+        self.get(addr, "/steps", MAX_STEPS_BYTES, "a list of steps")
     }
 }

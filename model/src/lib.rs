@@ -81,7 +81,7 @@ pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
 pub use pipeline_model::{Batch, PipelineModel};
 pub use rng::StageRng;
 pub use schedule::{
-    MicroBatches, Neighbours, OneFOneB, Op, StagePosition, one_f_one_b, run_one_f_one_b,
+    Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, one_f_one_b, run_one_f_one_b,
 };
 pub use stage::{
     LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, Upstream, WireOutput,

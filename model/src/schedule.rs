@@ -4,7 +4,8 @@
 //! reaching the previous and next stage through [`Neighbours`]. A node runs a step at once
 //! ([`run_one_f_one_b`]) over its data-plane links; the in-process [`crate::Pipeline`] advances
 //! every stage's driver in turns over a mailbox, in one thread. A decorator (pacing, fault
-//! injection, tracing) wraps the trait without touching the driver.
+//! injection, tracing) wraps the trait without touching the driver; [`Collective`] is the same
+//! seam for the gradient reduction across replicas.
 
 use crate::error::ModelError;
 use crate::pipeline_model::{Batch, PipelineModel};
@@ -76,6 +77,17 @@ pub trait Neighbours {
     fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error>;
     /// Hands the gradient of micro-batch `mb` to the previous stage.
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error>;
+}
+
+/// A stage's replicas in the other pipelines, as a step sees them: the data-parallel reduction
+/// of the accumulated gradients. A node reduces over its ring links; a decorator (pacing,
+/// fault injection) wraps it like [`Neighbours`].
+pub trait Collective {
+    /// What a failed reduction reports.
+    type Error;
+    /// Replaces `values` by their element-wise mean over every replica (each replica ends with
+    /// identical values).
+    fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error>;
 }
 
 /// What one step of a stage trains on: micro-batch `i` is `batch(i)` (asked for only by the

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use libp2p::Multiaddr;
+use parcae_api::client::Client;
 use parcae_model::{ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask};
 use parcae_node::Trainer;
 use parcae_node::config::{NodeConfig, TrainConfig};
@@ -128,28 +129,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status { addr } => {
-            let url = format!("http://{addr}/status");
-            let agent = ureq::Agent::new_with_config(
-                ureq::Agent::config_builder()
-                    .timeout_global(Some(Duration::from_secs(5)))
-                    .build(),
-            );
-            let mut resp = agent
-                .get(&url)
-                .call()
-                .with_context(|| format!("GET {url}"))?;
-            let body = resp
-                .body_mut()
-                .with_config()
-                .limit(4 << 20)
-                .read_to_string()
-                .with_context(|| format!("reading {url}"))?;
-            let value: serde_json::Value = serde_json::from_str(&body)
-                .with_context(|| format!("{url} did not return JSON"))?;
-            if !value.is_object() {
-                bail!("{url} returned {value}, not a status object");
-            }
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            let status = Client::with_timeout(Duration::from_secs(5)).status(addr)?;
+            println!("{}", serde_json::to_string_pretty(&status)?);
             Ok(())
         }
     }

@@ -195,7 +195,7 @@ impl Cluster {
         while Instant::now() < end {
             self.interrupt.check()?;
             for &i in &self.up() {
-                if let Some(s) = self.client.status(self.nodes[i].status_addr) {
+                if let Ok(s) = self.client.status(self.nodes[i].status_addr) {
                     if s.leader.is_some() && s.healthy_members() >= members {
                         return Ok(());
                     }
@@ -225,7 +225,7 @@ impl Cluster {
 
     /// The status of node `i` (if it answers).
     pub fn status(&self, i: usize) -> Option<StatusSnapshot> {
-        self.client.status(self.nodes[i].status_addr)
+        self.client.status(self.nodes[i].status_addr).ok()
     }
 
     fn ports_for(&self, k: usize) -> Result<(SocketAddr, String), TestnetError> {

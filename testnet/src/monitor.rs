@@ -90,7 +90,7 @@ impl Monitor {
 
     /// Reads node `i`'s `/steps` (e.g. right before it is killed).
     pub fn observe_steps_of(&mut self, cluster: &Cluster, i: usize) {
-        if let Some(list) = cluster.client().steps(cluster.nodes[i].status_addr) {
+        if let Ok(list) = cluster.client().steps(cluster.nodes[i].status_addr) {
             self.steps.observe(&list);
         }
     }
@@ -105,10 +105,10 @@ impl Monitor {
         let mut longest: Option<(usize, Vec<StepRecord>)> = None;
         for i in cluster.running() {
             let addr = cluster.nodes[i].status_addr;
-            if let Some(s) = patient.status(addr) {
+            if let Ok(s) = patient.status(addr) {
                 self.migrations.observe(&s.migrations, t);
             }
-            if let Some(list) = patient.steps(addr) {
+            if let Ok(list) = patient.steps(addr) {
                 self.steps.observe(&list);
                 if longest.as_ref().is_none_or(|(_, l)| list.len() > l.len()) {
                     longest = Some((i, list));
@@ -127,7 +127,7 @@ impl Monitor {
                 return list;
             }
             std::thread::sleep(Duration::from_millis(200));
-            if let Some(newer) = patient.steps(addr) {
+            if let Ok(newer) = patient.steps(addr) {
                 self.steps.observe(&newer);
                 list = newer;
             }

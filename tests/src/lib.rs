@@ -212,12 +212,12 @@ impl NodeProcess {
 
     /// `GET /status`, read through the node's own API types.
     pub fn status(&self) -> Option<StatusSnapshot> {
-        api_client().status(self.status_addr)
+        api_client().status(self.status_addr).ok()
     }
 
     /// `GET /steps`: the committed steps applied on this node.
     pub fn steps(&self) -> Option<Vec<StepRecord>> {
-        api_client().steps(self.status_addr)
+        api_client().steps(self.status_addr).ok()
     }
 
     /// The node's peer id (from `/status`).

@@ -41,14 +41,17 @@ fn a_user_model_trains_across_two_processes() {
     let client = Client::with_timeout(Duration::from_secs(1));
     spawn(0, None);
     let founder = wait_for(Duration::from_secs(20), || {
-        let s = client.status(status[0]).filter(|s| !s.peer_id.is_empty())?;
+        let s = client
+            .status(status[0])
+            .ok()
+            .filter(|s| !s.peer_id.is_empty())?;
         let addr = s.listen_addrs.first()?;
         Some(format!("{addr}/p2p/{}", s.peer_id))
     })
     .expect("first process serves /status");
     spawn(1, Some(founder));
     let steps = wait_for(Duration::from_secs(120), || {
-        let s = client.steps(status[1])?;
+        let s = client.steps(status[1]).ok()?;
         (s.len() >= 40).then_some(s)
     })
     .unwrap_or_else(|| {

@@ -1,13 +1,14 @@
-//! A stage's pipeline neighbours over the data plane, as the 1F1B driver of `parcae-model`
-//! sees them ([`parcae_model::Neighbours`]): every message carries the round's [`Header`], and
-//! a receive waits (never "not here yet"), ending on a timeout or as soon as a newer plan is
-//! committed (`Waiter`).
+//! A stage's pipeline neighbours and its replicas over the data plane, as a step of
+//! `parcae-model` sees them ([`parcae_model::Neighbours`], [`parcae_model::Collective`]): every
+//! message carries the round's [`Header`], and a receive waits (never "not here yet"), ending on
+//! a timeout or as soon as a newer plan is committed (`Waiter`).
 
-use parcae_model::Neighbours;
+use parcae_model::{Collective, Neighbours};
 
 use super::TrainError;
 use super::step::Waiter;
-use crate::dataplane::links::PipeLink;
+use crate::dataplane::collective::{RingLinks, all_reduce_mean};
+use crate::dataplane::links::{PipeLink, RingLink};
 use crate::dataplane::protocol::{Header, MsgKind, Round};
 
 /// Largest activation or gradient message accepted from a pipeline neighbour (the wire decoder
@@ -96,5 +97,30 @@ impl Neighbours for LinkNeighbours<'_, '_> {
 
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), TrainError> {
         self.send(Side::Prev, MsgKind::Grad, mb, &bytes)
+    }
+}
+
+/// The all-reduce ring of this node's stage for one step.
+pub(crate) struct RingCollective<'w, 'l> {
+    /// Bounds the reduction.
+    pub(crate) waiter: &'w Waiter<'w>,
+    /// The step's round, in every chunk's header.
+    pub(crate) round: Round,
+    /// The ring.
+    pub(crate) ring: &'l mut RingLink,
+}
+
+impl Collective for RingCollective<'_, '_> {
+    type Error = TrainError;
+
+    fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), TrainError> {
+        let links = RingLinks {
+            rank: self.ring.rank,
+            size: self.ring.size,
+            next: &mut self.ring.next,
+            prev: &mut self.ring.prev,
+        };
+        self.waiter
+            .wait("all-reduce", all_reduce_mean(values, links, self.round))
     }
 }

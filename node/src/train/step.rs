@@ -10,15 +10,14 @@ use std::time::Duration;
 use parcae_consensus::ControlState;
 use parcae_consensus::state::{Digest32, StageSlot};
 use parcae_model::{
-    Dataset, MicroBatches, PipelineModel, Sampler, Stage, StagePosition, run_one_f_one_b,
-    token_batch,
+    Collective, Dataset, MicroBatches, PipelineModel, Sampler, Stage, StagePosition,
+    run_one_f_one_b, token_batch,
 };
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 use super::TrainError;
-use super::neighbours::{LinkNeighbours, Side};
-use crate::dataplane::collective::{RingLinks, all_reduce_mean};
+use super::neighbours::{LinkNeighbours, RingCollective, Side};
 use crate::dataplane::links::EpochLinks;
 use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
 
@@ -245,13 +244,12 @@ fn run_inner<M: PipelineModel>(
         if last {
             values.push(loss as f32);
         }
-        let links = RingLinks {
-            rank: ring.rank,
-            size: ring.size,
-            next: &mut ring.next,
-            prev: &mut ring.prev,
-        };
-        w.wait("all-reduce", all_reduce_mean(&mut values, links, round))?;
+        RingCollective {
+            waiter: &w,
+            round,
+            ring,
+        }
+        .all_reduce_mean(&mut values)?;
         if last {
             loss = f64::from(values.pop().unwrap_or_default());
         }
