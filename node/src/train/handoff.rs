@@ -128,7 +128,7 @@ pub async fn acquire(
     let remote = fetches.iter().filter(|f| f.from != me).map(|f| async {
         let peer = by_addr
             .get(&f.from)
-            .ok_or_else(|| TrainError::Peer(format!("{} has no address", f.from)))?;
+            .ok_or_else(|| DataplaneError::Peer(format!("{} has no address", f.from)))?;
         let bufs = client::fetch(ep, peer, step, f.layers.clone()).await?;
         Ok::<_, TrainError>((f.layers.clone(), bufs))
     });

@@ -37,12 +37,6 @@ pub enum TrainError {
     /// A data-plane channel failed.
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
-    /// A peer refused or is unknown.
-    #[error("peer: {0}")]
-    Peer(String),
-    /// A peer did not answer in time.
-    #[error("timed out waiting for {0}")]
-    Timeout(String),
     /// A checkpoint could not be stored or read.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::TrainError;
 use super::neighbours::{LinkNeighbours, RingCollective, Side};
+use crate::dataplane::DataplaneError;
 use crate::dataplane::links::EpochLinks;
 use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
 
@@ -155,7 +156,7 @@ impl<'a> Waiter<'a> {
             tokio::select! {
                 r = tokio::time::timeout(self.timeout, f) => match r {
                     Ok(r) => r.map_err(TrainError::from),
-                    Err(_) => Err(TrainError::Timeout(format!("{what} of step {}", self.step))),
+                    Err(_) => Err(DataplaneError::Timeout(format!("{what} of step {}", self.step)).into()),
                 },
                 () = superseded => Err(TrainError::Superseded(self.step)),
             }

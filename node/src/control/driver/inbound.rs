@@ -1,0 +1,192 @@
+//! What comes in from outside the driver: network events (raft frames, proposals relayed by
+//! peers, gossiped notices, connections) and this node's own leave request. Inbound bytes are
+//! untrusted: an undecodable frame, or a raft message that is oversized, malformed or forged,
+//! disconnects the sender.
+
+use std::time::{Instant, SystemTime};
+
+use actix::prelude::*;
+use libp2p::{Multiaddr, PeerId};
+use parcae_consensus::{Command, StepError};
+
+use super::{ControlDriver, MAX_NOTICES_SHOWN, node_id};
+use crate::control::authorize::authorize;
+use crate::net::actor::{DisconnectPeer, NetEvent, PublishNotice};
+use crate::notice::{Notice, unix_ms};
+use crate::status::NoticeView;
+use crate::watch::LeaveRequested;
+use crate::wire::ControlMessage;
+
+impl ControlDriver {
+    fn on_control(&mut self, from: PeerId, frame: Vec<u8>, ctx: &mut Context<Self>) {
+        self.liveness.heard(node_id(&from), Instant::now());
+        let message = match ControlMessage::decode(&frame) {
+            Ok(m) => m,
+            Err(e) => return self.punish(from, format!("undecodable control frame: {e}")),
+        };
+        match message {
+            ControlMessage::Raft(bytes) => match self.node.step(node_id(&from), &bytes) {
+                Ok(()) => self.schedule_ready(ctx),
+                Err(
+                    e @ (StepError::TooLarge { .. }
+                    | StepError::Malformed(_)
+                    | StepError::WrongSender { .. }),
+                ) => self.punish(from, format!("bad raft message: {e}")),
+                Err(e) => tracing::debug!(peer = %from, "raft message refused: {e}"),
+            },
+            ControlMessage::Propose(bytes) => self.on_proposal(from, from.to_bytes(), &bytes, ctx),
+            ControlMessage::Forwarded { origin, command } => {
+                if self.node.state().members.contains_key(&node_id(&from)) {
+                    self.on_proposal(from, origin, &command, ctx);
+                } else {
+                    self.punish(from, "relayed a proposal without being a member".into());
+                }
+            }
+        }
+    }
+
+    /// A node asks for a change about itself: check it, then propose or relay it.
+    fn on_proposal(
+        &mut self,
+        from: PeerId,
+        origin: Vec<u8>,
+        bytes: &[u8],
+        ctx: &mut Context<Self>,
+    ) {
+        let command = match Command::decode(bytes) {
+            Ok(c) => c,
+            Err(e) => return self.punish(from, format!("undecodable proposal: {e}")),
+        };
+        if let Err(e) = authorize(self.node.state(), &origin, &command) {
+            return self.punish(from, e.to_string());
+        }
+        if self.node.is_leader() {
+            self.propose_logged(command, ctx);
+        } else if let Some(leader) = self.node.leader().and_then(|l| self.peer_of(l))
+            && leader != self.me
+            && leader != from
+        {
+            let relay = ControlMessage::Forwarded {
+                origin,
+                command: bytes.to_vec(),
+            };
+            self.send_control(leader, relay);
+        }
+    }
+
+    fn punish(&mut self, peer: PeerId, reason: String) {
+        self.net.do_send(DisconnectPeer { peer, reason });
+    }
+
+    fn record_notice(&mut self, notice: &Notice, received: u64) {
+        let Some(peer) = notice.peer() else { return };
+        if self.notices.len() == MAX_NOTICES_SHOWN {
+            self.notices.pop_front();
+        }
+        self.notices.push_back(NoticeView {
+            peer_id: peer.to_string(),
+            deadline_unix_ms: notice.deadline_unix_ms,
+            issued_unix_ms: notice.issued_unix_ms,
+            received_unix_ms: received,
+        });
+    }
+}
+
+impl Handler<NetEvent> for ControlDriver {
+    type Result = ();
+
+    fn handle(&mut self, event: NetEvent, ctx: &mut Context<Self>) {
+        match event {
+            NetEvent::Listening(addr) => {
+                let mut base = addr.clone();
+                base.pop();
+                if !self.listen_addrs.contains(&base) {
+                    // Replace configured addresses (port 0, unspecified IPs) with real ones.
+                    self.listen_addrs.retain(|a| !is_placeholder(a));
+                    self.listen_addrs.push(base);
+                    self.join_retry.reset();
+                    self.maintain_membership(ctx);
+                }
+            }
+            NetEvent::Connected(peer) => {
+                self.connected.insert(peer);
+                self.liveness.connected(node_id(&peer));
+                if !self.node.state().members.contains_key(&self.my_id) {
+                    // A new way to reach the cluster: worth trying at once.
+                    self.join_retry.reset();
+                    self.maintain_membership(ctx);
+                }
+            }
+            NetEvent::Disconnected(peer) => {
+                self.connected.remove(&peer);
+                self.liveness.disconnected(node_id(&peer), Instant::now());
+            }
+            NetEvent::Control { from, frame } => self.on_control(from, frame, ctx),
+            NetEvent::Notice { from, notice } => {
+                self.record_notice(&notice, unix_ms(SystemTime::now()));
+                tracing::info!(peer = %from, deadline = notice.deadline_unix_ms, "preemption notice received");
+                if self.node.is_leader() {
+                    let notice = Command::Notice {
+                        node: node_id(&from),
+                        deadline_ms: notice.deadline_unix_ms,
+                    };
+                    self.propose_logged(notice, ctx);
+                }
+                self.schedule_ready(ctx);
+            }
+            NetEvent::SendFailed(peer) => self.node.report_unreachable(node_id(&peer)),
+        }
+    }
+}
+
+/// Whether a configured listen address cannot be dialled as is (port 0 or unspecified IP).
+fn is_placeholder(addr: &Multiaddr) -> bool {
+    use libp2p::multiaddr::Protocol;
+    addr.iter().any(|p| match p {
+        Protocol::Tcp(0) => true,
+        Protocol::Ip4(ip) => ip.is_unspecified(),
+        Protocol::Ip6(ip) => ip.is_unspecified(),
+        _ => false,
+    })
+}
+
+impl Handler<LeaveRequested> for ControlDriver {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaveRequested, ctx: &mut Context<Self>) {
+        if self.leaving.is_some() {
+            return;
+        }
+        self.leaving = Some(msg.deadline);
+        let grace = msg
+            .deadline
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        let notice = Notice::with_deadline(self.me, msg.deadline, msg.source);
+        self.record_notice(&notice, notice.issued_unix_ms);
+        match notice.encode() {
+            Ok(bytes) => {
+                let net = self.net.clone();
+                actix::spawn(async move {
+                    match net.send(PublishNotice(bytes)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!("notice not gossiped: {e}"),
+                        Err(e) => tracing::warn!("network actor gone: {e}"),
+                    }
+                });
+            }
+            Err(e) => tracing::error!("cannot encode notice: {e}"),
+        }
+        tracing::warn!(source = ?msg.source, ?grace, "leaving the cluster");
+        let own = Command::Notice {
+            node: self.my_id,
+            deadline_ms: notice.deadline_unix_ms,
+        };
+        self.propose_logged(own, ctx);
+        self.schedule_ready(ctx);
+        ctx.run_later(grace, |_, _| {
+            tracing::info!("grace period over: exiting");
+            System::current().stop_with_code(0);
+        });
+    }
+}

@@ -1,0 +1,61 @@
+//! Opening the raft node at start: its storage in the data directory, founding a one-member
+//! cluster there when the directory is new and no bootstrap peers were given.
+
+use std::path::PathBuf;
+
+use libp2p::{Multiaddr, PeerId};
+use parcae_consensus::{NodeId, RaftNode};
+
+use crate::config::NodeConfig;
+use crate::control::membership::peer_info;
+use crate::wire::MAX_RAFT_MESSAGE;
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftActorError {
+    /// The raft node could not be opened or bootstrapped.
+    #[error("raft: {0}")]
+    Raft(#[from] parcae_consensus::RaftError),
+}
+
+/// Where the node keeps its raft state and who it is.
+pub struct RaftSetup {
+    /// Local peer id.
+    pub peer_id: PeerId,
+    /// Raft directory.
+    pub dir: PathBuf,
+    /// Whether to create a new cluster when the directory is empty (no bootstrap peers given).
+    pub found_cluster: bool,
+    /// Listen addresses as configured (used until the real ones are known).
+    pub listen: Vec<Multiaddr>,
+    /// Bootstrap peers (relays for the `Join`).
+    pub bootstrap: Vec<PeerId>,
+    /// The trainer's data-plane address, recorded in the membership.
+    pub data_addr: Option<std::net::SocketAddr>,
+}
+
+/// Opens the raft node in `setup.dir`, founding a one-member cluster there when the directory is
+/// new and no bootstrap peers were given.
+pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, RaftActorError> {
+    let my_id = NodeId::from_peer_bytes(&setup.peer_id.to_bytes());
+    let mut raft_config = parcae_consensus::RaftConfig::new(my_id);
+    raft_config.election_tick = config.raft.election_ticks;
+    raft_config.heartbeat_tick = config.raft.heartbeat_ticks;
+    raft_config.max_voters = config.max_voters;
+    raft_config.max_message_bytes = MAX_RAFT_MESSAGE;
+    let mut node = if !setup.dir.exists() && setup.found_cluster {
+        let me = peer_info(
+            &setup.peer_id,
+            &setup.listen,
+            setup.data_addr.map(|a| a.to_string()),
+        );
+        let mut node = RaftNode::bootstrap(&setup.dir, raft_config, &[me])?;
+        node.campaign()?;
+        tracing::info!("founded a new cluster");
+        node
+    } else {
+        RaftNode::open(&setup.dir, raft_config)?
+    };
+    node.drive()?;
+    Ok(node)
+}
