@@ -6,13 +6,14 @@
 //! a live node reports on `/status`.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use parcae_api::StatusSnapshot;
 use parcae_api::client::Client;
 use parcae_testnet::imds::FakeImds;
+use parcae_testnet::launch::NodeLaunch;
 use parcae_testnet::supervise::{ChildId, Spawn, Supervisor, log_tail};
 
 use crate::error::TestnetError;
@@ -283,23 +284,18 @@ impl Cluster {
             imds.as_ref().map(FakeImds::url),
         );
         std::fs::write(&config, text).map_err(|e| io("writing its config", e))?;
-        let mut args = vec![
-            "run".to_string(),
-            "--data-dir".into(),
-            path_arg(&dir.join(&name)),
-            "--listen".into(),
-            listen,
-            "--cluster-key".into(),
-            path_arg(&self.key),
-            "--status-addr".into(),
-            status_addr.to_string(),
-            "--config".into(),
-            path_arg(&config),
-        ];
-        if let Some(b) = bootstrap {
-            args.push("--bootstrap".into());
-            args.push(b.to_string());
+        let args = NodeLaunch {
+            data_dir: &dir.join(&name),
+            listen: &listen,
+            status_addr,
+            cluster_key: &self.key,
+            config: &config,
+            bootstrap: &bootstrap
+                .map(str::to_string)
+                .into_iter()
+                .collect::<Vec<_>>(),
         }
+        .args();
         let log = dir.join(format!("{name}.log"));
         let rust_log = std::env::var("PARCAE_NODE_LOG").unwrap_or_else(|_| "info".into());
         let env = [
@@ -439,8 +435,4 @@ impl Cluster {
             n.imds = None;
         }
     }
-}
-
-fn path_arg(p: &Path) -> String {
-    p.display().to_string()
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use parcae_api::client::Client;
 use parcae_api::{RoleView, StatusSnapshot, StepRecord};
+use parcae_testnet::launch::NodeLaunch;
 use parcae_testnet::supervise::{ChildId, Spawn, Supervisor, log_tail};
 
 /// Serialises cluster tests within one test binary.
@@ -159,32 +160,18 @@ pub struct NodeProcess {
 }
 
 impl NodeProcess {
-    /// Starts `parcae-node run` with the given arguments.
-    pub fn spawn(
-        data_dir: PathBuf,
-        listen: String,
-        status_addr: SocketAddr,
-        extra: Vec<String>,
-    ) -> Self {
+    /// Starts `parcae-node` as `launch` says.
+    pub fn spawn(launch: &NodeLaunch<'_>) -> Self {
+        let data_dir = launch.data_dir.to_path_buf();
         let log = data_dir.with_extension("log");
-        let mut args = vec![
-            "run".to_string(),
-            "--data-dir".into(),
-            data_dir.display().to_string(),
-            "--listen".into(),
-            listen.clone(),
-            "--status-addr".into(),
-            status_addr.to_string(),
-        ];
-        args.extend(extra);
         let mut node = Self {
             supervisor: Supervisor::default(),
             child: None,
             data_dir,
-            status_addr,
-            listen,
+            status_addr: launch.status_addr,
+            listen: launch.listen.to_string(),
             log,
-            args,
+            args: launch.args(),
         };
         node.start();
         node
@@ -330,18 +317,14 @@ impl TestCluster {
         let data_dir = self.dir.path().join(format!("node{i}"));
         let listen = format!("/ip4/127.0.0.1/tcp/{}", free_port());
         let status: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let mut extra = vec![
-            "--cluster-key".to_string(),
-            key.unwrap_or(&self.key).display().to_string(),
-            "--config".into(),
-            config.display().to_string(),
-        ];
-        for b in bootstrap {
-            extra.push("--bootstrap".into());
-            extra.push(b.clone());
-        }
-        self.nodes
-            .push(NodeProcess::spawn(data_dir, listen, status, extra));
+        self.nodes.push(NodeProcess::spawn(&NodeLaunch {
+            data_dir: &data_dir,
+            listen: &listen,
+            status_addr: status,
+            cluster_key: key.unwrap_or(&self.key),
+            config,
+            bootstrap,
+        }));
         i
     }
 
