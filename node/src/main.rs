@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use libp2p::Multiaddr;
 use parcae_api::client::Client;
 use parcae_model::{ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask};
 use parcae_node::Trainer;
-use parcae_node::config::{NodeConfig, TrainConfig};
+use parcae_node::config::TrainConfig;
 use parcae_node::key::ClusterKey;
-use parcae_node::runtime::{self, RunOptions};
+use parcae_node::runtime::{self, RunArgs};
 use parcae_node::train::TrainerLauncher;
 
 /// Burn allocates a fresh buffer for every tensor operation; glibc's allocator hands large ones
@@ -50,27 +49,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a node.
-    Run {
-        /// Directory for the identity key and the raft log (created if missing).
-        #[arg(long)]
-        data_dir: PathBuf,
-        /// libp2p listen address, e.g. /ip4/0.0.0.0/tcp/7000 (repeatable).
-        #[arg(long, required = true)]
-        listen: Vec<Multiaddr>,
-        /// Peers to join through, each ending in /p2p/PEER_ID (repeatable). Without any, the node
-        /// starts a new cluster (unless its data directory already holds one).
-        #[arg(long, num_args = 1..)]
-        bootstrap: Vec<Multiaddr>,
-        /// File holding the cluster key (see `keygen`).
-        #[arg(long)]
-        cluster_key: PathBuf,
-        /// Address of the HTTP status server (/status, /metrics).
-        #[arg(long)]
-        status_addr: SocketAddr,
-        /// Optional TOML configuration file.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// Create a new cluster key file.
     Keygen {
         /// Where to write the key (must not exist).
@@ -89,34 +68,12 @@ fn main() -> anyhow::Result<()> {
     keep_freed_memory();
     parcae_node::runtime::init_logging();
     match Cli::parse().command {
-        Command::Run {
-            data_dir,
-            listen,
-            bootstrap,
-            cluster_key,
-            status_addr,
-            config,
-        } => {
-            let config = match config {
-                Some(path) => NodeConfig::load(&path)?,
-                None => NodeConfig::default(),
-            };
-            let cluster_key = ClusterKey::load(&cluster_key)?;
-            let trainer = if config.train.enabled {
-                Some(builtin_trainer(&config.train)?)
-            } else {
-                None
-            };
-            let code = runtime::run(RunOptions {
-                data_dir,
-                listen,
-                bootstrap,
-                cluster_key,
-                status_addr,
-                config,
-                trainer,
-            })?;
-            std::process::exit(code);
+        Command::Run(args) => {
+            let mut opts = args.load()?;
+            if opts.config.train.enabled {
+                opts.trainer = Some(builtin_trainer(&opts.config.train)?);
+            }
+            std::process::exit(runtime::run(opts)?);
         }
         Command::Keygen { out } => {
             let key = ClusterKey::generate();

@@ -9,12 +9,12 @@ use std::time::Duration;
 use actix::prelude::*;
 use libp2p::Multiaddr;
 
-use crate::config::{NodeConfig, PlanStrategy};
+use crate::config::{ConfigError, NodeConfig, PlanStrategy};
 use crate::control::driver::Outlets;
 use crate::control::{ControlDriver, ControlPlane, RaftActorError, RaftSetup, open_node};
 use crate::http::{HttpError, serve_http};
 use crate::identity::{self, IdentityError};
-use crate::key::ClusterKey;
+use crate::key::{ClusterKey, KeyError};
 use crate::metrics::Metrics;
 use crate::net::actor::{MissingPeerId, Network, split_peer_addr};
 use crate::net::swarm::{SwarmError, build_swarm};
@@ -26,7 +26,63 @@ use crate::watch::NoticeWatcher;
 /// Directory of the raft log inside the data directory.
 pub const RAFT_DIR: &str = "raft";
 
-/// What `parcae-node run` was given.
+/// The command line of `parcae-node run` as clap parses it; [`RunArgs::load`] reads the files
+/// it names into [`RunOptions`].
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Directory for the identity key and the raft log (created if missing).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// libp2p listen address, e.g. /ip4/0.0.0.0/tcp/7000 (repeatable).
+    #[arg(long, required = true)]
+    pub listen: Vec<Multiaddr>,
+    /// Peers to join through, each ending in /p2p/PEER_ID (repeatable). Without any, the node
+    /// starts a new cluster (unless its data directory already holds one).
+    #[arg(long, num_args = 1..)]
+    pub bootstrap: Vec<Multiaddr>,
+    /// File holding the cluster key (see `keygen`).
+    #[arg(long)]
+    pub cluster_key: PathBuf,
+    /// Address of the HTTP status server (/status, /steps, /metrics).
+    #[arg(long)]
+    pub status_addr: SocketAddr,
+    /// Optional TOML configuration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// A file the command line names could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// The configuration file.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The cluster key file.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
+
+impl RunArgs {
+    /// Loads the cluster key and the configuration (defaults without a file); the options of a
+    /// node that runs no trainer yet.
+    pub fn load(self) -> Result<RunOptions, ArgsError> {
+        let config = match &self.config {
+            Some(path) => NodeConfig::load(path)?,
+            None => NodeConfig::default(),
+        };
+        Ok(RunOptions {
+            cluster_key: ClusterKey::load(&self.cluster_key)?,
+            data_dir: self.data_dir,
+            listen: self.listen,
+            bootstrap: self.bootstrap,
+            status_addr: self.status_addr,
+            config,
+            trainer: None,
+        })
+    }
+}
+
+/// What a node runs with.
 pub struct RunOptions {
     /// Data directory (identity key, raft log).
     pub data_dir: PathBuf,
