@@ -37,7 +37,8 @@ pub enum ApiError {
     },
 }
 
-/// HTTP client for the node API.
+/// HTTP client for the node API (clones share one connection pool).
+#[derive(Clone)]
 pub struct Client {
     agent: ureq::Agent,
 }

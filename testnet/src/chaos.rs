@@ -9,10 +9,10 @@ use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{Ctx, Scenario};
-use crate::error::TestnetError;
-use crate::process::Interrupt;
 use crate::report;
 use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec};
+use parcae_testnet::error::TestnetError;
+use parcae_testnet::interrupt::Interrupt;
 
 /// Options of `chaos`.
 #[derive(clap::Args, Debug)]

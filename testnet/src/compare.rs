@@ -9,10 +9,10 @@ use serde::Serialize;
 
 use crate::cluster::NoticeMode;
 use crate::predicted;
-use crate::process::Interrupt;
 use crate::replay::Replay;
 use crate::report::{self, RunReport};
 use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec, TraceArgs};
+use parcae_testnet::interrupt::Interrupt;
 
 /// Options of `compare`.
 #[derive(clap::Args, Debug)]

@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cluster::{Cluster, Phase};
-use crate::error::TestnetError;
 use crate::monitor::Monitor;
-use crate::process::Interrupt;
 use crate::progress::Progress;
 use parcae_api::StepRecord;
+use parcae_testnet::error::TestnetError;
+use parcae_testnet::interrupt::Interrupt;
 
 /// How long the initial cluster may take to form.
 const FORM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -147,7 +147,7 @@ pub fn execute(
 fn enforce_deadlines(ctx: &mut Ctx<'_>) {
     let now = Instant::now();
     for i in ctx.cluster.running() {
-        if let Phase::Leaving { deadline } = ctx.cluster.nodes[i].phase
+        if let Phase::Leaving { deadline } = ctx.cluster.phase(i)
             && deadline <= now
         {
             ctx.kill(i);
@@ -158,9 +158,8 @@ fn enforce_deadlines(ctx: &mut Ctx<'_>) {
 /// The earliest pending notice deadline, in seconds since `start`.
 fn next_deadline(cluster: &Cluster, start: Instant) -> Option<f64> {
     cluster
-        .nodes
-        .iter()
-        .filter_map(|n| match n.phase {
+        .phases()
+        .filter_map(|phase| match phase {
             Phase::Leaving { deadline } => {
                 Some(deadline.saturating_duration_since(start).as_secs_f64())
             }

@@ -7,47 +7,44 @@
 //! so the notice path under test is the one production uses.
 
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::SystemTime;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use crate::background_http::BackgroundServer;
 
 /// Token the fake hands out and requires.
 const TOKEN: &str = "parcae-testnet-token";
 
+/// The deadline the fake announces, once armed.
+type Armed = Arc<Mutex<Option<SystemTime>>>;
+
 /// A running fake metadata server; stopped when dropped.
 pub struct FakeImds {
-    server: Arc<tiny_http::Server>,
-    deadline: Arc<Mutex<Option<SystemTime>>>,
-    url: String,
-    thread: Option<JoinHandle<()>>,
+    server: BackgroundServer,
+    deadline: Armed,
 }
 
 impl FakeImds {
     /// Starts a server on an ephemeral loopback port.
     pub fn start() -> std::io::Result<Self> {
-        let server = tiny_http::Server::http("127.0.0.1:0")
-            .map(Arc::new)
-            .map_err(std::io::Error::other)?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| std::io::Error::other("metadata server has no IP address"))?;
-        let deadline = Arc::new(Mutex::new(None));
-        let thread = {
-            let server = server.clone();
-            let deadline = deadline.clone();
-            std::thread::spawn(move || serve(&server, &deadline))
-        };
-        Ok(Self {
-            server,
-            deadline,
-            url: format!("http://{addr}"),
-            thread: Some(thread),
-        })
+        let deadline: Armed = Arc::default();
+        let data = web::Data::from(deadline.clone());
+        let server = BackgroundServer::start(move |cfg| {
+            cfg.app_data(data.clone())
+                .route("/latest/api/token", web::put().to(token))
+                .route(
+                    "/latest/meta-data/spot/instance-action",
+                    web::get().to(instance_action),
+                )
+                .default_service(web::to(HttpResponse::BadRequest));
+        })?;
+        Ok(Self { server, deadline })
     }
 
     /// Base URL for the node's `aws_base_url`.
     pub fn url(&self) -> &str {
-        &self.url
+        self.server.url()
     }
 
     /// From now on, announce a termination at `deadline`.
@@ -56,43 +53,34 @@ impl FakeImds {
     }
 }
 
-impl Drop for FakeImds {
-    fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+/// `PUT /latest/api/token`: a token for any request that asks for a TTL, as IMDSv2.
+async fn token(req: HttpRequest) -> HttpResponse {
+    if req
+        .headers()
+        .contains_key("X-aws-ec2-metadata-token-ttl-seconds")
+    {
+        HttpResponse::Ok().body(TOKEN)
+    } else {
+        HttpResponse::BadRequest().finish()
     }
 }
 
-fn serve(server: &tiny_http::Server, deadline: &Mutex<Option<SystemTime>>) {
-    for req in server.incoming_requests() {
-        let header = |name: &str| {
-            req.headers()
-                .iter()
-                .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
-                .map(|h| h.value.as_str().to_string())
-        };
-        let armed = *deadline.lock().unwrap_or_else(|p| p.into_inner());
-        let (code, body) = match (req.method(), req.url()) {
-            (tiny_http::Method::Put, "/latest/api/token")
-                if header("X-aws-ec2-metadata-token-ttl-seconds").is_some() =>
-            {
-                (200, TOKEN.to_string())
-            }
-            (tiny_http::Method::Get, "/latest/meta-data/spot/instance-action") => {
-                match (header("X-aws-ec2-metadata-token").as_deref(), armed) {
-                    (Some(TOKEN), Some(at)) => (
-                        200,
-                        format!(r#"{{"action": "terminate", "time": "{}"}}"#, rfc3339(at)),
-                    ),
-                    (Some(TOKEN), None) => (404, "Not Found".to_string()),
-                    _ => (401, String::new()),
-                }
-            }
-            _ => (400, String::new()),
-        };
-        let _ = req.respond(tiny_http::Response::from_string(body).with_status_code(code));
+/// `GET /latest/meta-data/spot/instance-action`: 401 without the token, 404 until armed, then
+/// the termination notice.
+async fn instance_action(
+    req: HttpRequest,
+    deadline: web::Data<Mutex<Option<SystemTime>>>,
+) -> HttpResponse {
+    let token = req.headers().get("X-aws-ec2-metadata-token");
+    if token.is_none_or(|t| t.as_bytes() != TOKEN.as_bytes()) {
+        return HttpResponse::Unauthorized().finish();
+    }
+    match *deadline.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some(at) => HttpResponse::Ok().body(format!(
+            r#"{{"action": "terminate", "time": "{}"}}"#,
+            rfc3339(at)
+        )),
+        None => HttpResponse::NotFound().body("Not Found"),
     }
 }
 

@@ -11,8 +11,10 @@
 //! * `chaos`: SIGKILL without notice every `--kill-every` seconds, replaced by new nodes;
 //! * `simulate`: every planning strategy on a trace, without processes.
 //!
-//! Design: [`cluster`] starts and stops node processes through a
-//! [`parcae_testnet::supervise::Supervisor`] that kills every child on every exit path (drop, Ctrl-C through [`process::Interrupt`], and the
+//! Design: [`cluster`] gives the nodes of a
+//! [`parcae_testnet::local_cluster::LocalCluster`] their life in a run (notices, deadlines,
+//! crashes against expected exits); every node process is supervised so that it is killed on
+//! every exit path (drop, Ctrl-C through [`parcae_testnet::interrupt::Interrupt`], and the
 //! kernel's parent-death signal if the testnet itself is killed). A [`engine::Scenario`]
 //! ([`replay::Replay`] or [`chaos::Chaos`]) decides when nodes get notices, die or arrive;
 //! [`engine::execute`] drives it and [`monitor::Monitor`] polls the nodes' `/status` and
@@ -24,7 +26,6 @@ mod chaos;
 mod cluster;
 mod compare;
 mod engine;
-mod error;
 mod ledger;
 mod monitor;
 mod node_bin;
@@ -42,8 +43,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::error::TestnetError;
-use crate::process::Interrupt;
+use parcae_testnet::error::TestnetError;
+use parcae_testnet::interrupt::Interrupt;
 
 /// Parcae-rs testnet and strategy simulator.
 #[derive(Parser, Debug)]

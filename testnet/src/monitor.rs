@@ -90,7 +90,7 @@ impl Monitor {
 
     /// Reads node `i`'s `/steps` (e.g. right before it is killed).
     pub fn observe_steps_of(&mut self, cluster: &Cluster, i: usize) {
-        if let Ok(list) = cluster.client().steps(cluster.nodes[i].status_addr) {
+        if let Ok(list) = cluster.client().steps(cluster.node(i).status_addr) {
             self.steps.observe(&list);
         }
     }
@@ -104,7 +104,7 @@ impl Monitor {
         let patient = Client::with_timeout(FINAL_TIMEOUT);
         let mut longest: Option<(usize, Vec<StepRecord>)> = None;
         for i in cluster.running() {
-            let addr = cluster.nodes[i].status_addr;
+            let addr = cluster.node(i).status_addr;
             if let Ok(s) = patient.status(addr) {
                 self.migrations.observe(&s.migrations, t);
             }
@@ -118,7 +118,7 @@ impl Monitor {
         let Some((source, mut list)) = longest else {
             return Vec::new();
         };
-        let addr = cluster.nodes[source].status_addr;
+        let addr = cluster.node(source).status_addr;
         let target = self.steps.last_step();
         let end = Instant::now() + FINAL_TIMEOUT;
         loop {

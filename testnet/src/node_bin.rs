@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::error::TestnetError;
+use parcae_testnet::error::TestnetError;
 
 /// Name of the node executable.
 const NODE_BIN: &str = "parcae-node";

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::error::TestnetError;
+use parcae_testnet::error::TestnetError;
 
 /// What the nodes of one run share (per-node differences are the metadata URL).
 #[derive(Debug, Clone, PartialEq)]

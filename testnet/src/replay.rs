@@ -17,8 +17,8 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{Ctx, Scenario};
-use crate::error::TestnetError;
 use parcae_strategies::trace::Trace;
+use parcae_testnet::error::TestnetError;
 
 /// The node counts to replay: the first `intervals` of `trace`, scaled down by
 /// `nodes_max / peak` when the peak exceeds `nodes_max` (rounded, at least 1 node).

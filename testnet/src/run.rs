@@ -7,14 +7,16 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use parcae_strategies::trace;
 
-use crate::cluster::{Cluster, ClusterOptions, NoticeMode, Ports};
+use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
 use crate::engine::{self, Observed, Scenario};
 use crate::node_bin;
 use crate::node_config::NodeSettings;
-use crate::process::{self, Interrupt};
+use crate::process;
 use crate::progress::Progress;
 use crate::replay::{self, Replay};
 use crate::report::{self, RunMeta, RunReport};
+use parcae_testnet::interrupt::Interrupt;
+use parcae_testnet::local_cluster::Ports;
 
 /// The embedded default trace: the high-availability, high-preemption band, with a seed whose
 /// first 15 intervals at 6 nodes have two preemptions and two arrivals

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use parcae_api::MemberState;
-use parcae_tests::{TEST_CONFIG, TestCluster, node_binary, serial, wait_for};
+use parcae_tests::{TEST_CONFIG, node_binary, serial, start_cluster, wait_for};
 
 #[test]
 fn five_nodes_form_a_cluster_and_survive_leader_kill() {
@@ -12,7 +12,7 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     // Build (or find) the binary first: the 10 s budget is for the cluster, not for cargo.
     let _ = node_binary();
     let started = Instant::now();
-    let mut c = TestCluster::start(TEST_CONFIG, 5);
+    let mut c = start_cluster(TEST_CONFIG, 5);
     let all: Vec<usize> = (0..5).collect();
     let leader = c
         .wait_converged(
@@ -68,7 +68,7 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
 #[test]
 fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
     let _serial = serial();
-    let mut c = TestCluster::start(TEST_CONFIG, 6);
+    let mut c = start_cluster(TEST_CONFIG, 6);
     let all: Vec<usize> = (0..6).collect();
     let leader = c
         .wait_converged(&all, 6, Duration::from_secs(15))
@@ -140,7 +140,7 @@ fn sigterm_on_a_voter_gossips_the_notice_and_promotes_the_learner() {
 #[test]
 fn restart_with_same_data_dir_keeps_identity_and_catches_up() {
     let _serial = serial();
-    let mut c = TestCluster::start(TEST_CONFIG, 3);
+    let mut c = start_cluster(TEST_CONFIG, 3);
     let leader = c
         .wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))
         .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
@@ -156,7 +156,7 @@ fn restart_with_same_data_dir_keeps_identity_and_catches_up() {
     .unwrap_or_else(|| panic!("killed node not marked lost\n{}", c.logs()));
     let commit_before = c.nodes[li].status().expect("status").commit_index;
 
-    c.nodes[vi].restart();
+    c.nodes[vi].restart().expect("restarting the node");
     let s = wait_for(Duration::from_secs(15), || {
         let s = c.nodes[vi].status()?;
         let healthy = s.member(&peer)?.status.is_healthy();

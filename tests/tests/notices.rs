@@ -5,24 +5,26 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parcae_api::MemberState;
 use parcae_testnet::imds::FakeImds;
-use parcae_tests::{TEST_CONFIG, TestCluster, serial, wait_for};
+use parcae_tests::{TEST_CONFIG, serial, start_cluster, wait_for};
 
 #[test]
 fn fake_aws_spot_notice_triggers_the_notice_flow() {
     let _serial = serial();
     let imds = FakeImds::start().expect("fake metadata server");
 
-    let mut c = TestCluster::start(TEST_CONFIG, 3);
+    let mut c = start_cluster(TEST_CONFIG, 3);
     c.wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))
         .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
     let founder = c.nodes[0].p2p_addr().expect("addr");
-    let spot = c.spawn_with_config(
-        &[founder],
-        &format!(
-            "{TEST_CONFIG}[notices]\npoll_interval_ms = 200\naws_base_url = \"{}\"\n",
-            imds.url()
-        ),
-    );
+    let spot = c
+        .spawn_with_config(
+            &[founder],
+            &format!(
+                "{TEST_CONFIG}[notices]\npoll_interval_ms = 200\naws_base_url = \"{}\"\n",
+                imds.url()
+            ),
+        )
+        .expect("spawn");
     c.wait_converged(&[0, 1, 2, spot], 4, Duration::from_secs(10))
         .unwrap_or_else(|| panic!("spot node did not join\n{}", c.logs()));
     let peer = c.nodes[spot].peer_id().expect("peer id");

@@ -13,7 +13,9 @@ use parcae_node::key::ClusterKey;
 use parcae_node::net::codec::ControlRequest;
 use parcae_node::net::swarm::{Behaviour, BehaviourEvent, NetLimits, build_swarm};
 use parcae_node::wire::ControlMessage;
-use parcae_tests::{TEST_CONFIG, TestCluster, http_get, serial, wait_for};
+use parcae_tests::{
+    LocalCluster, TEST_CONFIG, http_get, new_cluster, serial, start_cluster, wait_for,
+};
 
 fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
     http_get(addr, "/metrics")
@@ -25,14 +27,14 @@ fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn member_count(c: &TestCluster, i: usize) -> usize {
+fn member_count(c: &LocalCluster, i: usize) -> usize {
     c.nodes[i].status().map(|s| s.members.len()).unwrap_or(0)
 }
 
 #[test]
 fn node_with_another_key_cannot_connect_or_join() {
     let _serial = serial();
-    let mut c = TestCluster::start(TEST_CONFIG, 3);
+    let mut c = start_cluster(TEST_CONFIG, 3);
     c.wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))
         .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
     let admitted_before = metric(
@@ -40,10 +42,10 @@ fn node_with_another_key_cannot_connect_or_join() {
         "parcae_connections_established_total",
     );
 
-    let other_key = c.dir.path().join("other.key");
+    let other_key = c.dir().join("other.key");
     ClusterKey::generate().store(&other_key).expect("key");
     let founder = c.nodes[0].p2p_addr().expect("addr");
-    let intruder = c.spawn(&[founder], Some(&other_key));
+    let intruder = c.spawn(&[founder], Some(&other_key)).expect("spawn");
     wait_for(Duration::from_secs(5), || c.nodes[intruder].status()).expect("intruder runs");
     // It keeps trying (redials with backoff, at most ~4 s apart); give it several attempts.
     wait_for(Duration::from_secs(10), || {
@@ -107,8 +109,8 @@ async fn send_and_expect_disconnect(
 #[test]
 fn hostile_input_is_dropped_and_the_node_keeps_serving() {
     let _serial = serial();
-    let mut c = TestCluster::new(&format!("{TEST_CONFIG}[net]\nmax_control_frame = 65536\n"));
-    c.spawn(&[], None);
+    let mut c = new_cluster(&format!("{TEST_CONFIG}[net]\nmax_control_frame = 65536\n"));
+    c.spawn(&[], None).expect("spawn");
     let node = &c.nodes[0];
     let target: PeerId = wait_for(Duration::from_secs(10), || node.peer_id())
         .expect("node up")
@@ -141,7 +143,7 @@ fn hostile_input_is_dropped_and_the_node_keeps_serving() {
     );
 
     // 2. An authenticated peer sending malformed and oversized messages.
-    let key = ClusterKey::load(&c.key).expect("key");
+    let key = ClusterKey::load(c.key()).expect("key");
     let frames = vec![
         vec![0xff; 64], // not a control message
         ControlMessage::Raft(vec![0xde, 0xad, 0xbe, 0xef])

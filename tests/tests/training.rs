@@ -10,7 +10,7 @@ use parcae_model::{
     Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, Sampler, Stage, StageConfig, SyntheticTask,
     data_parallel_step, token_batch,
 };
-use parcae_tests::{TRAIN_BASE_CONFIG, TestCluster, serial, wait_for};
+use parcae_tests::{LocalCluster, TRAIN_BASE_CONFIG, serial, start_cluster, wait_for};
 
 const SEED: u64 = 3;
 const BATCH: u64 = 16;
@@ -35,7 +35,7 @@ fn optimizer() -> OptimizerConfig {
 }
 
 /// The committed steps as a node applied them.
-fn steps(c: &TestCluster, i: usize) -> Vec<StepRecord> {
+fn steps(c: &LocalCluster, i: usize) -> Vec<StepRecord> {
     c.nodes[i].steps().unwrap_or_default()
 }
 
@@ -90,7 +90,7 @@ fn two_by_two_across_processes_matches_one_process() {
         "pin = [2, 2]",
         &format!("max_steps = {steps_total}\ncheckpoint_every = {steps_total}"),
     );
-    let c = TestCluster::start(&config, 4);
+    let c = start_cluster(&config, 4);
     let done = wait_for(Duration::from_secs(240), || {
         (0..4).find(|&i| steps(&c, i).len() as u64 == steps_total)
     });
@@ -172,7 +172,7 @@ fn two_by_two_across_processes_matches_one_process() {
 
 /// The longest committed step sequence any running node shows, checked for exactly-once data:
 /// steps `0..n` in order, each starting where the previous ended.
-fn committed_sequence(c: &TestCluster) -> Vec<StepRecord> {
+fn committed_sequence(c: &LocalCluster) -> Vec<StepRecord> {
     let best = (0..c.nodes.len())
         .map(|i| steps(c, i))
         .max_by_key(|s| s.len())
@@ -188,7 +188,7 @@ fn committed_sequence(c: &TestCluster) -> Vec<StepRecord> {
     best
 }
 
-fn last_step(c: &TestCluster) -> Option<u64> {
+fn last_step(c: &LocalCluster) -> Option<u64> {
     (0..c.nodes.len())
         .filter_map(|i| c.nodes[i].status())
         .filter(|s| s.loss.is_some())
@@ -197,7 +197,7 @@ fn last_step(c: &TestCluster) -> Option<u64> {
 }
 
 /// Index and slot of the running nodes that train, the leader excluded.
-fn workers(c: &TestCluster) -> Vec<(usize, [u64; 2])> {
+fn workers(c: &LocalCluster) -> Vec<(usize, [u64; 2])> {
     c.statuses()
         .into_iter()
         .filter(|(_, s)| s.role != RoleView::Leader)
@@ -209,8 +209,8 @@ fn workers(c: &TestCluster) -> Vec<(usize, [u64; 2])> {
 }
 
 /// A cluster of `n` nodes that has committed at least `min_step` steps.
-fn training_cluster(config: &str, n: usize, min_step: u64) -> TestCluster {
-    let c = TestCluster::start(config, n);
+fn training_cluster(config: &str, n: usize, min_step: u64) -> LocalCluster {
+    let c = start_cluster(config, n);
     wait_for(Duration::from_secs(120), || {
         last_step(&c).filter(|s| *s >= min_step)
     })
@@ -219,14 +219,14 @@ fn training_cluster(config: &str, n: usize, min_step: u64) -> TestCluster {
 }
 
 /// Waits until training went `more` steps beyond `before`.
-fn trains_on(c: &TestCluster, before: u64, more: u64, timeout: Duration) -> Duration {
+fn trains_on(c: &LocalCluster, before: u64, more: u64, timeout: Duration) -> Duration {
     let t = std::time::Instant::now();
     wait_for(timeout, || last_step(c).filter(|s| *s >= before + more))
         .unwrap_or_else(|| panic!("training did not go on past step {before}\n{}", c.logs()));
     t.elapsed()
 }
 
-fn migrations(c: &TestCluster) -> Vec<MigrationView> {
+fn migrations(c: &LocalCluster) -> Vec<MigrationView> {
     c.statuses()
         .into_iter()
         .flat_map(|(_, s)| s.migrations)
@@ -322,7 +322,9 @@ fn a_joining_node_is_put_to_work() {
     let _serial = serial();
     let mut c = training_cluster(&train_config("", "checkpoint_every = 0"), 2, 3);
     let founder = c.nodes[0].p2p_addr().unwrap();
-    let new = c.spawn(std::slice::from_ref(&founder), None);
+    let new = c
+        .spawn(std::slice::from_ref(&founder), None)
+        .expect("spawn");
     let slot = wait_for(Duration::from_secs(60), || {
         let s = c.nodes[new].status()?;
         s.training.as_ref()?.slot?;
@@ -402,7 +404,7 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
     let epoch = status.epoch;
     c.nodes[spare].kill();
     let keypair = parcae_node::identity::load_or_create(&c.nodes[spare].data_dir).unwrap();
-    let key = parcae_node::key::ClusterKey::load(&c.key).unwrap();
+    let key = parcae_node::key::ClusterKey::load(c.key()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -306,38 +306,46 @@ pub fn parse_rfc3339_utc(s: &str) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parcae_testnet::background_http::BackgroundServer;
     use std::time::UNIX_EPOCH;
 
-    /// A one-route fake metadata server answering `status` and `body` to every request that
-    /// carries `header`, 403 otherwise; returns its base URL.
-    fn fake(header: (&'static str, &'static str), status: u16, body: &'static str) -> String {
-        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
-        let base = format!("http://{}", server.server_addr().to_ip().unwrap());
-        std::thread::spawn(move || {
-            for req in server.incoming_requests() {
-                let ok = req.headers().iter().any(|h| {
-                    h.field.as_str().as_str().eq_ignore_ascii_case(header.0)
-                        && h.value.as_str() == header.1
-                });
-                let (code, text) = if ok { (status, body) } else { (403, "") };
-                let _ = req.respond(tiny_http::Response::from_string(text).with_status_code(code));
-            }
-        });
-        base
+    /// A fake metadata server answering `status` and `body` to every request that carries
+    /// `header`, 403 otherwise; stopped when dropped.
+    fn fake(
+        header: (&'static str, &'static str),
+        status: u16,
+        body: &'static str,
+    ) -> BackgroundServer {
+        use actix_web::http::StatusCode;
+        use actix_web::{HttpRequest, HttpResponse, web};
+        BackgroundServer::start(move |cfg| {
+            cfg.default_service(web::to(move |req: HttpRequest| async move {
+                let ok = req
+                    .headers()
+                    .get(header.0)
+                    .is_some_and(|v| v.as_bytes() == header.1.as_bytes());
+                if ok {
+                    HttpResponse::build(StatusCode::from_u16(status).expect("status")).body(body)
+                } else {
+                    HttpResponse::Forbidden().finish()
+                }
+            }));
+        })
+        .expect("fake metadata server")
     }
 
     #[test]
     fn gce_preempted_flag() {
         let t = Duration::from_secs(2);
         let yes = fake(("Metadata-Flavor", "Google"), 200, "TRUE");
-        let n = GcePoller::new(&yes, t).check().unwrap().unwrap();
+        let n = GcePoller::new(yes.url(), t).check().unwrap().unwrap();
         assert_eq!(n.source, NoticeSource::Gce);
         assert!(n.deadline > SystemTime::now());
         let no = fake(("Metadata-Flavor", "Google"), 200, "FALSE");
-        assert_eq!(GcePoller::new(&no, t).check().unwrap(), None);
+        assert_eq!(GcePoller::new(no.url(), t).check().unwrap(), None);
         let junk = fake(("Metadata-Flavor", "Google"), 200, "maybe");
         assert!(matches!(
-            GcePoller::new(&junk, t).check(),
+            GcePoller::new(junk.url(), t).check(),
             Err(PollError::Parse { .. })
         ));
     }
@@ -350,17 +358,17 @@ mod tests {
             200,
             r#"{"DocumentIncarnation": 1, "Events": [{"EventId": "x", "EventType": "Preempt", "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT"}]}"#,
         );
-        let n = AzurePoller::new(&preempt, t).check().unwrap().unwrap();
+        let n = AzurePoller::new(preempt.url(), t).check().unwrap().unwrap();
         assert_eq!(n.source, NoticeSource::Azure);
         let reboot = fake(
             ("Metadata", "true"),
             200,
             r#"{"Events": [{"EventType": "Reboot"}]}"#,
         );
-        assert_eq!(AzurePoller::new(&reboot, t).check().unwrap(), None);
+        assert_eq!(AzurePoller::new(reboot.url(), t).check().unwrap(), None);
         let broken = fake(("Metadata", "true"), 500, "");
         assert!(matches!(
-            AzurePoller::new(&broken, t).check(),
+            AzurePoller::new(broken.url(), t).check(),
             Err(PollError::Status { status: 500, .. })
         ));
     }

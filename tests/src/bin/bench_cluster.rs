@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use parcae_tests::{TestCluster, wait_for};
+use parcae_tests::{start_cluster, wait_for};
 
 const CONFIG: &str = "grace_secs = 1.0\n[raft]\ntick_ms = 100\nelection_ticks = 10\nheartbeat_ticks = 2\nlost_timeout_ms = 3000\n[planner]\ninterval_secs = 0.05\n[train]\nenabled = false\n";
 
@@ -25,7 +25,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let nodes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(6);
-    let mut c = TestCluster::start(CONFIG, nodes);
+    let mut c = start_cluster(CONFIG, nodes);
     let all: Vec<usize> = (0..nodes).collect();
     let mut leader = c
         .wait_converged(&all, nodes, Duration::from_secs(60))
@@ -65,7 +65,7 @@ fn main() {
             let s = c.nodes[li].status()?;
             s.member(&victim).is_none().then_some(())
         });
-        c.nodes[vi].restart();
+        c.nodes[vi].restart().expect("restarting the node");
         leader = c
             .wait_converged(&all, nodes, Duration::from_secs(30))
             .unwrap_or_else(|| panic!("round {round}: no reconvergence\n{}", c.logs()));

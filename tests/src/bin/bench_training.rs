@@ -13,7 +13,7 @@ use parcae_model::{
     Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, Sampler, StageConfig, SyntheticTask,
     data_parallel_step, default_device, token_batch,
 };
-use parcae_tests::{TRAIN_BASE_CONFIG, TestCluster, wait_for};
+use parcae_tests::{TRAIN_BASE_CONFIG, start_cluster, wait_for};
 
 const SEED: u64 = 1;
 
@@ -59,7 +59,7 @@ fn across_processes(model: &str, batch: u64, micro: u64, steps: u64) -> f64 {
          seed = {SEED}\nglobal_batch = {batch}\nmicro_batch = {micro}\ncheckpoint_every = 0\n\
          peer_timeout_secs = 60.0\n"
     );
-    let c = TestCluster::start(&config, 4);
+    let c = start_cluster(&config, 4);
     let step = || c.statuses().iter().map(|(_, s)| s.step).max();
     let start = wait_for(Duration::from_secs(600), || step().filter(|s| *s >= 2))
         .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
