@@ -202,6 +202,25 @@ pub struct TrainingView {
     pub migrations: Vec<MigrationView>,
     /// The planner's cost estimates (on the leader): samples/s of the best configurations.
     pub estimates: Vec<EstimateView>,
+    /// The emulated accelerator this node trains on, if any.
+    pub emulated: Option<EmulatedView>,
+}
+
+/// An emulated accelerator's pacing: what it emulates, and the work that outlasted its
+/// emulated time (the machine was too slow for the time scale).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmulatedView {
+    /// The profiled model (e.g. `gpt-1.5b`).
+    pub profile: String,
+    /// Emulated durations are divided by this.
+    pub time_scale: f64,
+    /// Pieces of work that outlasted their emulated time.
+    pub overrun_count: u64,
+    /// Their excess, seconds.
+    pub overrun_secs: f64,
+    /// Emulated busy time paced so far, seconds.
+    pub busy_secs: f64,
 }
 
 /// `GET /status`: everything a node shows about itself and the cluster as it sees it.

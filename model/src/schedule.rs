@@ -7,6 +7,8 @@
 //! injection, tracing) wraps the trait without touching the driver; [`Collective`] is the same
 //! seam for the gradient reduction across replicas.
 
+use std::time::{Duration, Instant};
+
 use crate::error::ModelError;
 use crate::pipeline_model::{Batch, PipelineModel};
 use crate::stage::{Stage, WireOutput};
@@ -77,6 +79,13 @@ pub trait Neighbours {
     fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error>;
     /// Hands the gradient of micro-batch `mb` to the previous stage.
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error>;
+    /// The stage finished the computation of `op`, which took `real`, and is about to hand
+    /// its result on: where an emulated accelerator waits out the rest of the operation's
+    /// emulated time. Real neighbours have nothing to do.
+    fn computed(&mut self, op: Op, real: Duration) -> Result<(), Self::Error> {
+        let _ = (op, real);
+        Ok(())
+    }
 }
 
 /// A stage's replicas in the other pipelines, as a step sees them: the data-parallel reduction
@@ -154,14 +163,21 @@ impl OneFOneB {
                 Op::Forward(i) => {
                     let out = if first {
                         let b = (data.batch)(i)?;
+                        let started = Instant::now();
                         let out = stage.forward(i as u64, b.inputs, last.then_some(&b.targets))?;
-                        stage.encode_output(out)?
+                        let out = stage.encode_output(out)?;
+                        neighbours.computed(op, started.elapsed())?;
+                        out
                     } else {
                         let Some(bytes) = neighbours.recv_activation(i)? else {
                             break;
                         };
                         let b = if last { Some((data.batch)(i)?) } else { None };
-                        stage.forward_wire(i as u64, &bytes, b.as_ref().map(|b| &b.targets))?
+                        let started = Instant::now();
+                        let out =
+                            stage.forward_wire(i as u64, &bytes, b.as_ref().map(|b| &b.targets))?;
+                        neighbours.computed(op, started.elapsed())?;
+                        out
                     };
                     match out {
                         WireOutput::Activation(bytes) => neighbours.send_activation(i, bytes)?,
@@ -180,7 +196,10 @@ impl OneFOneB {
                         }
                     };
                     let scale = (data.weight)(i);
-                    if let Some(g) = stage.backward_wire(i as u64, upstream.as_deref(), scale)?
+                    let started = Instant::now();
+                    let grad = stage.backward_wire(i as u64, upstream.as_deref(), scale)?;
+                    neighbours.computed(op, started.elapsed())?;
+                    if let Some(g) = grad
                         && !first
                     {
                         neighbours.send_grad(i, g)?;
@@ -254,5 +273,58 @@ mod tests {
                 Op::Backward(2)
             ]
         );
+    }
+
+    /// Neighbours of a one-stage pipeline: nothing is ever sent; every computed operation is
+    /// recorded.
+    #[derive(Default)]
+    struct Recording(Vec<Op>);
+
+    impl Neighbours for Recording {
+        type Error = ModelError;
+        fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>, ModelError> {
+            unreachable!("a single stage receives no activation ({mb})")
+        }
+        fn send_activation(&mut self, mb: usize, _: Vec<u8>) -> Result<(), ModelError> {
+            unreachable!("a single stage sends no activation ({mb})")
+        }
+        fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, ModelError> {
+            unreachable!("a single stage receives no gradient ({mb})")
+        }
+        fn send_grad(&mut self, mb: usize, _: Vec<u8>) -> Result<(), ModelError> {
+            unreachable!("a single stage sends no gradient ({mb})")
+        }
+        fn computed(&mut self, op: Op, _: Duration) -> Result<(), ModelError> {
+            self.0.push(op);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_driver_reports_every_computed_operation_in_order() {
+        use crate::data::{Dataset, Sampler, SyntheticTask, token_batch};
+        use crate::gpt::{Gpt, GptConfig};
+        use crate::{StageConfig, default_device};
+        use std::sync::Arc;
+
+        let config = GptConfig::tiny();
+        let model = Arc::new(Gpt::new(config.clone()).unwrap());
+        let device = default_device();
+        let mut stage = Stage::new(model, 0..4, 0, &device, StageConfig::default()).unwrap();
+        let task = SyntheticTask::new(1, config.vocab_size, config.seq_len, 64, 0.0).unwrap();
+        let sampler = Sampler::new(1, task.len()).unwrap();
+        let mut data = MicroBatches {
+            count: 3,
+            batch: |i: usize| token_batch(&task, &sampler, 2 * i as u64, 2, &device),
+            weight: |_| 1.0 / 3.0,
+        };
+        let mut neighbours = Recording::default();
+        let position = StagePosition {
+            stage: 0,
+            stages: 1,
+        };
+        let loss = run_one_f_one_b(&mut stage, &mut neighbours, position, &mut data).unwrap();
+        assert!(loss > 0.0);
+        assert_eq!(neighbours.0, one_f_one_b(1, 0, 3));
     }
 }

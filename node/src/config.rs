@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::emulate::Emulation;
 use crate::net::swarm::NetLimits;
 
 /// Why the configuration could not be loaded.
@@ -53,6 +54,54 @@ pub struct NodeConfig {
     pub net: NetConfig,
     /// What to train and how.
     pub train: TrainConfig,
+    /// What the stage runs on.
+    pub device: DeviceConfig,
+}
+
+/// Where a stage's work runs.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// Burn's CPU backend, at its own speed.
+    #[default]
+    Cpu,
+    /// An emulated GPU ([`crate::emulate`]): the model's layer structure is the profile's, the
+    /// work runs on the CPU at a small width and is paced to the profiled GPU's times.
+    Emulated,
+}
+
+/// The `[device]` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// CPU or an emulated accelerator.
+    pub kind: DeviceKind,
+    /// The profiled model an emulated accelerator runs (a built-in of `parcae-strategies`).
+    pub profile: String,
+    /// Emulated durations are divided by this (2: the emulated cluster runs twice as fast).
+    pub time_scale: f64,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            kind: DeviceKind::Cpu,
+            profile: "gpt-1.5b".into(),
+            time_scale: 1.0,
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// The emulation this section asks for (`None` on the CPU).
+    pub fn emulation(&self) -> Result<Option<Emulation>, ConfigError> {
+        match self.kind {
+            DeviceKind::Cpu => Ok(None),
+            DeviceKind::Emulated => Emulation::new(&self.profile, self.time_scale)
+                .map(Some)
+                .map_err(|e| ConfigError::Invalid(format!("device: {e}"))),
+        }
+    }
 }
 
 /// Raft timing.
@@ -187,6 +236,7 @@ impl Default for NodeConfig {
             notices: NoticeConfig::default(),
             net: NetConfig::default(),
             train: TrainConfig::default(),
+            device: DeviceConfig::default(),
         }
     }
 }
@@ -322,7 +372,18 @@ impl NodeConfig {
                 "notices.poll_interval_ms must be > 0".into(),
             ));
         }
+        self.device.emulation()?;
         Ok(())
+    }
+
+    /// The GPT the node trains: the `[train]` preset, with the emulated model's blocks on an
+    /// emulated device (its layer list is the profile's, at the preset's width).
+    pub fn model(&self) -> parcae_model::GptConfig {
+        let mut gpt = self.train.model.gpt();
+        if let Ok(Some(e)) = self.device.emulation() {
+            gpt.n_blocks = e.blocks();
+        }
+        gpt
     }
 
     /// The grace period as a duration.
@@ -379,6 +440,32 @@ mod tests {
             NodeConfig::parse("grace_secs = -1.0", "x"),
             Err(ConfigError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn an_emulated_device_trains_the_profile_s_layer_list() {
+        let c = NodeConfig::parse(
+            "[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\ntime_scale = 4.0\n",
+            "x",
+        )
+        .unwrap();
+        let e = c.device.emulation().unwrap().expect("emulated");
+        assert_eq!(e.time_scale(), 4.0);
+        assert_eq!(c.model().n_blocks, 48);
+        assert_eq!(c.model().d_model, parcae_model::GptConfig::tiny().d_model);
+        assert_eq!(
+            NodeConfig::default().model(),
+            parcae_model::GptConfig::tiny()
+        );
+        for (bad, named) in [
+            ("profile = \"gpt-9b\"", "gpt-9b"),
+            ("time_scale = 0.0", "time_scale"),
+        ] {
+            let text = format!("[device]\nkind = \"emulated\"\n{bad}\n");
+            let e = NodeConfig::parse(&text, "x").unwrap_err().to_string();
+            assert!(e.contains(named), "{e}");
+        }
+        assert!(NodeConfig::parse("[device]\nkind = \"tpu\"\n", "x").is_err());
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod control;
 pub mod dataplane;
+pub mod emulate;
 pub mod fsutil;
 pub mod http;
 pub mod identity;

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use parcae_api::client::Client;
 use parcae_model::{ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask};
 use parcae_node::Trainer;
-use parcae_node::config::TrainConfig;
+use parcae_node::config::NodeConfig;
 use parcae_node::key::ClusterKey;
 use parcae_node::runtime::{self, RunArgs};
 use parcae_node::train::TrainerLauncher;
@@ -71,7 +71,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => {
             let mut opts = args.load()?;
             if opts.config.train.enabled {
-                opts.trainer = Some(builtin_trainer(&opts.config.train)?);
+                opts.trainer = Some(builtin_trainer(&opts.config)?);
             }
             std::process::exit(runtime::run(opts)?);
         }
@@ -93,9 +93,12 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The built-in GPT on the synthetic task or a byte-level text file, as `[train]` says.
-fn builtin_trainer(t: &TrainConfig) -> anyhow::Result<TrainerLauncher> {
-    let mut gpt = t.model.gpt();
+/// The built-in GPT on the synthetic task or a byte-level text file, as `[train]` says, on the
+/// device `[device]` names.
+fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
+    let t = &config.train;
+    let emulation = config.device.emulation()?;
+    let mut gpt = config.model();
     let optimizer = OptimizerConfig {
         peak_lr: t.peak_lr,
         min_lr: t.peak_lr / 10.0,
@@ -112,6 +115,7 @@ fn builtin_trainer(t: &TrainConfig) -> anyhow::Result<TrainerLauncher> {
             .max_steps(t.max_steps)
             .checkpoint_every(t.checkpoint_every)
             .optimizer(optimizer)
+            .emulate(emulation.clone())
             .launcher())
     };
     if t.data == "synthetic" {

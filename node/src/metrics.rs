@@ -65,6 +65,9 @@ metrics! {
     raft_rejected_commands: UGauge => "Committed commands the state machine rejected.",
     raft_membership_proposals: UGauge => "Configuration changes this node proposed as leader.",
     raft_snapshots_installed: UGauge => "Snapshots installed from a leader.",
+    emulated_overruns: UGauge => "Pieces of work that outlasted their emulated accelerator time.",
+    emulated_overrun_ms: UGauge => "Milliseconds by which real work outlasted its emulated time.",
+    emulated_busy_ms: UGauge => "Emulated accelerator busy time paced so far, ms.",
 }
 
 impl Metrics {

@@ -182,6 +182,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
                 publish: Box::new(move |v| publish.do_send(v)),
                 peer_timeout: Duration::from_secs_f64(config.train.peer_timeout_secs),
                 restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
+                metrics: metrics.clone(),
             })?)
         }
         None => None,

@@ -13,8 +13,8 @@ use std::sync::{Arc, RwLock};
 use actix::prelude::*;
 
 pub use parcae_api::{
-    EstimateView, LatencySummary, MemberState, MemberView, MigrationKind, MigrationView,
-    NoticeView, RoleView, StatusSnapshot, StepRecord, TrainingPhase, TrainingView,
+    EmulatedView, EstimateView, LatencySummary, MemberState, MemberView, MigrationKind,
+    MigrationView, NoticeView, RoleView, StatusSnapshot, StepRecord, TrainingPhase, TrainingView,
 };
 
 /// Step records kept for `/steps`.

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use parcae_model::{Dataset, OptimizerConfig, PipelineModel, default_device};
 
+use crate::emulate::Emulation;
 use crate::runtime::{NodeError, RunOptions};
 use crate::train::{TrainJob, TrainerLauncher};
 
@@ -47,6 +48,7 @@ impl<M: PipelineModel> Trainer<M> {
                 checkpoint_every: 20,
                 optimizer: OptimizerConfig::default(),
                 device: default_device(),
+                emulation: None,
             },
         }
     }
@@ -85,6 +87,14 @@ impl<M: PipelineModel> Trainer<M> {
     /// The Burn device (CPU by default; `Device::cuda(0)` with the `cuda` feature).
     pub fn device(mut self, device: burn::tensor::Device) -> Self {
         self.job.device = device;
+        self
+    }
+
+    /// Paces the stage's work to an emulated accelerator ([`crate::emulate`]); the model must
+    /// have the emulated model's layer list (gpt-1.5b: embedding, 48 blocks, head). `None`:
+    /// the device's own speed.
+    pub fn emulate(mut self, emulation: Option<Emulation>) -> Self {
+        self.job.emulation = emulation;
         self
     }
 

@@ -2,12 +2,13 @@
 //! migrations it reports) and the leader's `/steps`, every few seconds every node's `/steps`,
 //! and a timeline of what the leader reports for the progress line and the plots.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::cluster::Cluster;
 use crate::ledger::{MigrationLedger, StepLedger};
 use parcae_api::client::Client;
-use parcae_api::{EstimateView, RoleView, StatusSnapshot, StepRecord};
+use parcae_api::{EmulatedView, EstimateView, RoleView, StatusSnapshot, StepRecord};
 
 /// Every node's `/steps` is read on every this many polls (the leader's on every poll).
 const ALL_STEPS_EVERY: u64 = 5;
@@ -47,6 +48,8 @@ pub struct Monitor {
     pub timeline: Vec<Sample>,
     /// The leader's latest throughput estimates (its measured cost model).
     pub estimates: Vec<EstimateView>,
+    /// Each node's latest emulated-accelerator pacing, by peer id (kept after it is gone).
+    pub emulated: BTreeMap<String, EmulatedView>,
     polls: u64,
 }
 
@@ -60,6 +63,9 @@ impl Monitor {
             .collect();
         for (_, s) in &statuses {
             self.migrations.observe(&s.migrations, t);
+            if let Some(e) = s.training.as_ref().and_then(|t| t.emulated.as_ref()) {
+                self.emulated.insert(s.peer_id.clone(), e.clone());
+            }
         }
         let leader = leader_of(&statuses);
         let all = self.polls.is_multiple_of(ALL_STEPS_EVERY);

@@ -32,6 +32,44 @@ pub struct NodeSettings {
     pub max_steps: u64,
     /// Compute threads per node process.
     pub threads: u32,
+    /// The emulated accelerator of every node, if any.
+    pub emulate: Option<Emulate>,
+}
+
+/// An emulated GPU for every node: a profiled model at a time scale. The job then has the
+/// emulated job's batch shape, so that its steps are the profiled ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Emulate {
+    /// The profiled model (`gpt-1.5b`).
+    pub profile: String,
+    /// Emulated durations are divided by this.
+    pub time_scale: f64,
+    /// The profiled job's samples per step.
+    pub global_batch: u32,
+    /// The profiled job's samples per micro-batch.
+    pub micro_batch: u32,
+}
+
+impl Emulate {
+    /// The built-in profile `profile` at `time_scale`; an unknown name is an error naming the
+    /// known ones.
+    pub fn new(profile: &str, time_scale: f64) -> Result<Self, String> {
+        let (spec, _) = parcae_strategies::cost::builtin::builtin(profile).ok_or_else(|| {
+            format!(
+                "unknown profile {profile:?} (known: {})",
+                parcae_strategies::cost::builtin::MODELS.join(", ")
+            )
+        })?;
+        if !(time_scale.is_finite() && time_scale > 0.0) {
+            return Err(format!("--time-scale must be > 0, got {time_scale}"));
+        }
+        Ok(Self {
+            profile: profile.to_string(),
+            time_scale,
+            global_batch: spec.global_batch,
+            micro_batch: spec.micro_batch,
+        })
+    }
 }
 
 /// Which optional keys the node binary understands.
@@ -71,9 +109,9 @@ pub fn render(s: &NodeSettings, dialect: Dialect, aws_base_url: Option<&str>) ->
 }
 
 /// The keys of the trainer: `[planner] strategy` (continuing the `[planner]` table that
-/// [`render`] opened) and the `[train]` table.
+/// [`render`] opened), the `[train]` table, and `[device]` when emulated.
 fn training_keys(s: &NodeSettings) -> String {
-    format!(
+    let mut out = format!(
         "strategy = {strategy:?}\n\
          [train]\n\
          model = {model:?}\n\
@@ -85,7 +123,15 @@ fn training_keys(s: &NodeSettings) -> String {
         data = s.data,
         seed = s.seed,
         max_steps = s.max_steps,
-    )
+    );
+    if let Some(e) = &s.emulate {
+        out.push_str(&format!(
+            "global_batch = {}\nmicro_batch = {}\n\
+             [device]\nkind = \"emulated\"\nprofile = {:?}\ntime_scale = {:?}\n",
+            e.global_batch, e.micro_batch, e.profile, e.time_scale
+        ));
+    }
+    out
 }
 
 /// Finds out which keys `bin` accepts by letting it parse the configuration in `dir`.
@@ -166,7 +212,30 @@ mod tests {
             seed: 7,
             max_steps: 0,
             threads: 1,
+            emulate: None,
         }
+    }
+
+    #[test]
+    fn an_emulated_device_brings_the_profiled_batch_shape() {
+        let s = NodeSettings {
+            emulate: Some(Emulate::new("gpt-1.5b", 2.0).unwrap()),
+            ..settings()
+        };
+        let text = render(&s, Dialect { training: true }, None);
+        assert!(
+            text.ends_with(
+                "max_steps = 0\nglobal_batch = 128\nmicro_batch = 1\n\
+             [device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\ntime_scale = 2.0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            Emulate::new("gpt-9b", 1.0)
+                .unwrap_err()
+                .contains("gpt-1.5b")
+        );
+        assert!(Emulate::new("gpt-1.5b", 0.0).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use parcae_api::EmulatedView;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
@@ -39,6 +40,55 @@ pub struct RunReport {
     /// Wall-clock seconds of the run: cluster start-up, replay and collection (not a build of
     /// the node binary).
     pub wall_secs: f64,
+    /// The nodes' emulated accelerator and how far real work overran it (absent on CPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulated: Option<EmulatedReport>,
+}
+
+/// Pacing of the emulated accelerators over every node of a run. Every wait of an emulated
+/// run comes from the profile; what real work could not fit in it is this overrun.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmulatedReport {
+    /// The profiled model.
+    pub profile: String,
+    /// Emulated durations were divided by this.
+    pub time_scale: f64,
+    /// Pieces of work that outlasted their emulated time.
+    pub overrun_count: u64,
+    /// Their excess over all nodes, seconds.
+    pub overrun_secs: f64,
+    /// Emulated busy time over all nodes, seconds.
+    pub busy_secs: f64,
+    /// `overrun_secs / busy_secs`.
+    pub overrun_fraction: f64,
+}
+
+/// Most overrun a `--check` accepts, as a fraction of the emulated busy time.
+pub const MAX_OVERRUN_FRACTION: f64 = 0.05;
+
+impl EmulatedReport {
+    /// The sum over the nodes' last views (`None` when no node was emulated).
+    pub fn of<'a>(views: impl IntoIterator<Item = &'a EmulatedView>) -> Option<Self> {
+        let mut views = views.into_iter().peekable();
+        let first = views.peek()?;
+        let mut r = Self {
+            profile: first.profile.clone(),
+            time_scale: first.time_scale,
+            overrun_count: 0,
+            overrun_secs: 0.0,
+            busy_secs: 0.0,
+            overrun_fraction: 0.0,
+        };
+        for v in views {
+            r.overrun_count += v.overrun_count;
+            r.overrun_secs += v.overrun_secs;
+            r.busy_secs += v.busy_secs;
+        }
+        if r.busy_secs > 0.0 {
+            r.overrun_fraction = r.overrun_secs / r.busy_secs;
+        }
+        Some(r)
+    }
 }
 
 /// What describes a run besides its observations.
@@ -86,6 +136,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         lost_committed_steps: lost.len() as u64,
         duplicate_samples: duplicates,
         wall_secs: meta.wall_secs,
+        emulated: EmulatedReport::of(obs.monitor.emulated.values()),
     };
     let details = Details {
         gaps,
@@ -136,6 +187,20 @@ pub fn print_table(runs: &[(&RunReport, u64)]) {
             runs.iter().map(|(_, gaps)| gaps.to_string()).collect(),
         ),
         ("wall (s)", col(runs, |r| format!("{:.1}", r.wall_secs))),
+        (
+            "emulated overrun",
+            col(runs, |r| {
+                r.emulated.as_ref().map_or("-".into(), |e| {
+                    format!(
+                        "{:.1}% ({:.1} s, {} at 1/{})",
+                        100.0 * e.overrun_fraction,
+                        e.overrun_secs,
+                        e.profile,
+                        e.time_scale
+                    )
+                })
+            }),
+        ),
     ];
     print!("{:<20}", "strategy");
     for (r, _) in runs {
@@ -200,6 +265,18 @@ pub fn check(r: &RunReport) -> Result<(), String> {
         failed.push(format!(
             "{} samples were trained twice",
             r.duplicate_samples
+        ));
+    }
+    if let Some(e) = &r.emulated
+        && e.overrun_fraction > MAX_OVERRUN_FRACTION
+    {
+        failed.push(format!(
+            "real work overran the emulated {} by {:.1}% of its busy time (more than {:.0}%): \
+             the machine is too slow for time scale {}",
+            e.profile,
+            100.0 * e.overrun_fraction,
+            100.0 * MAX_OVERRUN_FRACTION,
+            e.time_scale
         ));
     }
     if failed.is_empty() {
@@ -331,5 +408,48 @@ mod tests {
              (0 intra, 1 inter, 0 repartition, 0 restart) taking 0.5 s; 0 committed steps \
              LOST, 4 samples trained twice"
         );
+    }
+
+    #[test]
+    fn emulated_overrun_is_summed_over_nodes_and_checked() {
+        let view = |overrun_secs, busy_secs| EmulatedView {
+            profile: "gpt-1.5b".into(),
+            time_scale: 2.0,
+            overrun_count: 3,
+            overrun_secs,
+            busy_secs,
+        };
+        assert_eq!(EmulatedReport::of(&[]), None);
+        let e = EmulatedReport::of(&[view(1.0, 30.0), view(2.0, 30.0)]).unwrap();
+        assert_eq!(e.overrun_count, 6);
+        assert!((e.overrun_fraction - 0.05).abs() < 1e-12);
+        let base = RunReport {
+            strategy: "liveput".into(),
+            trace: "t".into(),
+            intervals: 1,
+            nodes_max: 2,
+            committed_steps: 2,
+            samples: 16,
+            loss_first: Some(2.0),
+            loss_last: Some(1.0),
+            migrations: MigrationCounts::default(),
+            migration_secs: 0.0,
+            lost_committed_steps: 0,
+            duplicate_samples: 0,
+            wall_secs: 1.0,
+            emulated: Some(e),
+        };
+        assert!(check(&base).is_ok(), "5 % is within the bound");
+        let slow = RunReport {
+            emulated: EmulatedReport::of(&[view(4.0, 30.0), view(2.0, 30.0)]),
+            ..base
+        };
+        let err = check(&slow).unwrap_err();
+        assert!(
+            err.contains("overran the emulated gpt-1.5b by 10.0%"),
+            "{err}"
+        );
+        let json = serde_json::to_value(&slow).unwrap();
+        assert_eq!(json["emulated"]["overrun_fraction"], 0.1);
     }
 }

@@ -10,7 +10,7 @@ use parcae_strategies::trace;
 use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
 use crate::engine::{self, Observed, Scenario};
 use crate::node_bin;
-use crate::node_config::NodeSettings;
+use crate::node_config::{Emulate, NodeSettings};
 use crate::process;
 use crate::progress::Progress;
 use crate::replay::{self, Replay};
@@ -61,6 +61,13 @@ pub struct NodeArgs {
     /// six nodes on two.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: u32,
+    /// Emulate a GPU of this profiled model on every node (e.g. `gpt-1.5b`): the nodes train
+    /// its layer list at a small width and pace the work to the profiled times.
+    #[arg(long)]
+    pub emulate: Option<String>,
+    /// Emulated durations are divided by this (with --emulate).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
     /// First port: node k serves /status on BASE+2k and p2p on BASE+2k+1 (default: ephemeral).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
     pub base_port: Option<u16>,
@@ -179,6 +186,12 @@ impl NodeArgs {
             seed: self.seed,
             max_steps: self.max_steps,
             threads: self.threads,
+            emulate: self
+                .emulate
+                .as_deref()
+                .map(|p| Emulate::new(p, self.time_scale))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
         })
     }
 }

@@ -21,7 +21,9 @@ use super::step::DataSource;
 use super::worker::{Worker, WorkerSetup};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::server::{self, Endpoint};
+use crate::emulate::{Accelerator, Emulation};
 use crate::key::ClusterKey;
+use crate::metrics::Metrics;
 use crate::status::TrainingView;
 
 /// Directory of checkpoints inside the data directory.
@@ -51,6 +53,8 @@ pub struct TrainerContext {
     pub peer_timeout: Duration,
     /// Reactive strategy: restart on every change.
     pub restart_on_change: bool,
+    /// The node's metrics (the trainer's emulated-accelerator pacing).
+    pub metrics: Arc<Metrics>,
 }
 
 /// Starts a trainer; returns its data-plane address.
@@ -77,6 +81,8 @@ pub struct TrainJob<M: PipelineModel> {
     pub optimizer: OptimizerConfig,
     /// The Burn device.
     pub device: burn::tensor::Device,
+    /// The emulated accelerator the stage's work is paced to, if any.
+    pub emulation: Option<Emulation>,
 }
 
 impl<M: PipelineModel> TrainJob<M> {
@@ -88,6 +94,17 @@ impl<M: PipelineModel> TrainJob<M> {
     fn start(self, ctx: TrainerContext) -> Result<SocketAddr, TrainError> {
         if self.global_batch == 0 || self.micro_batch == 0 {
             return Err(TrainError::Config("batch sizes must be > 0".into()));
+        }
+        if let Some(e) = &self.emulation
+            && e.layers() != self.model.num_layers()
+        {
+            return Err(TrainError::Config(format!(
+                "the emulated {} has {} layers, the model {}: an emulated stage must hold the \
+                 emulated model's layers",
+                e.profile(),
+                e.layers(),
+                self.model.num_layers()
+            )));
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -137,6 +154,8 @@ impl<M: PipelineModel> TrainJob<M> {
             peer_timeout: ctx.peer_timeout,
             restart_on_change: ctx.restart_on_change,
             layer_costs: Vec::new(),
+            accelerator: self.emulation.map(Accelerator::new),
+            metrics: ctx.metrics,
         };
         let submit = ctx.submit.clone();
         let publish = ctx.publish;
@@ -182,7 +201,12 @@ fn measure_costs<M: PipelineModel>(
         s.micro_batch as usize,
         &s.device,
     )?;
-    let costs = stage.measure_layer_costs(probe.inputs, Some(&probe.targets), 2)?;
+    let mut costs = stage.measure_layer_costs(probe.inputs, Some(&probe.targets), 2)?;
+    if let Some(device) = &s.accelerator {
+        for c in &mut costs {
+            *c = device.measured(c, s.micro_batch)?;
+        }
+    }
     Ok(costs
         .into_iter()
         .map(|c| {

@@ -40,6 +40,9 @@ pub enum TrainError {
     /// A checkpoint could not be stored or read.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The emulated accelerator cannot run the stage.
+    #[error("emulated device: {0}")]
+    Emulation(#[from] crate::emulate::EmulationError),
     /// Local resources (threads, runtimes) could not be set up.
     #[error("local resources: {0}")]
     Resources(String),

@@ -21,6 +21,7 @@ use super::neighbours::{LinkNeighbours, RingCollective, Side};
 use crate::dataplane::DataplaneError;
 use crate::dataplane::links::EpochLinks;
 use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
+use crate::emulate::{Accelerator, PacedCollective, PacedNeighbours};
 
 /// Runs `f` on the trainer's runtime for at most `limit` (the timer is created inside the
 /// runtime, which tokio requires).
@@ -103,6 +104,8 @@ pub struct StepIo<'a> {
     pub timeout: Duration,
     /// The replicated state: a newer plan ends a step that waits on a neighbour at once.
     pub view: watch::Receiver<Arc<ControlState>>,
+    /// The emulated accelerator the step is paced to, if any.
+    pub accelerator: Option<&'a Accelerator>,
 }
 
 /// Waits on the network for one step: gives up after the timeout, or as soon as the replicated
@@ -235,7 +238,24 @@ fn run_inner<M: PipelineModel>(
         prev: links.prev.as_mut(),
         next: links.next.as_mut(),
     };
-    let mut loss = run_one_f_one_b(stage, &mut neighbours, position, &mut batches)?;
+    let emulated = match io.accelerator {
+        Some(device) => Some((
+            device.pacer(),
+            device
+                .emulation()
+                .stage(stage.layer_range(), spec.micro_batch, spec.data_parallel)?,
+        )),
+        None => None,
+    };
+    let mut loss = match emulated {
+        Some((pacer, costs)) => run_one_f_one_b(
+            stage,
+            &mut PacedNeighbours::new(&mut neighbours, costs, pacer),
+            position,
+            &mut batches,
+        )?,
+        None => run_one_f_one_b(stage, &mut neighbours, position, &mut batches)?,
+    };
     if let Some(ring) = links.ring.as_mut() {
         let mut values: Vec<f32> = stage
             .export_grads()?
@@ -245,12 +265,17 @@ fn run_inner<M: PipelineModel>(
         if last {
             values.push(loss as f32);
         }
-        RingCollective {
+        let mut collective = RingCollective {
             waiter: &w,
             round,
             ring,
+        };
+        match emulated {
+            Some((pacer, costs)) => {
+                PacedCollective::new(&mut collective, costs, pacer).all_reduce_mean(&mut values)?
+            }
+            None => collective.all_reduce_mean(&mut values)?,
         }
-        .all_reduce_mean(&mut values)?;
         if last {
             loss = f64::from(values.pop().unwrap_or_default());
         }
@@ -407,6 +432,7 @@ mod wire_tests {
             data: &data,
             timeout: Duration::from_secs(5),
             view,
+            accelerator: None,
         };
         let err = run(&mut io, &mut stage, &spec).unwrap_err();
         assert!(matches!(err, TrainError::Model(_)), "{err}");

@@ -25,6 +25,8 @@ use super::handoff::{self, Acquired};
 use super::step::{self, DataSource, StepIo, StepSpec, Waiter, block_on_timeout};
 use crate::dataplane::links::{self, EpochLinks};
 use crate::dataplane::server::{Endpoint, Held};
+use crate::emulate::Accelerator;
+use crate::metrics::Metrics;
 use crate::retry::Retry;
 use crate::status::{MigrationKind, MigrationView, TrainingPhase, TrainingView};
 
@@ -65,6 +67,10 @@ pub struct WorkerSetup<M: PipelineModel> {
     pub restart_on_change: bool,
     /// Per-layer costs this node measured at start (re-sent with measured transfer rates).
     pub layer_costs: Vec<(u32, LayerCost)>,
+    /// The emulated accelerator the stage's work is paced to, if any.
+    pub accelerator: Option<Accelerator>,
+    /// The node's metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Where this node is.
@@ -358,6 +364,7 @@ impl<M: PipelineModel> Worker<M> {
             data: &self.setup.data,
             timeout: self.setup.peer_timeout,
             view: self.view.clone(),
+            accelerator: self.setup.accelerator.as_ref(),
         };
         let result = step::run(&mut io, &mut cur.stage, &spec)?;
         let ran = started.elapsed();
@@ -380,6 +387,22 @@ impl<M: PipelineModel> Worker<M> {
                 let committed = started.elapsed();
                 let cur = self.current.as_mut().expect("current slot");
                 cur.stage.optimizer_step(result.global_sq_norm)?;
+                if let Some(device) = &self.setup.accelerator {
+                    let emulated = device.emulation().stage(
+                        cur.stage.layer_range(),
+                        self.setup.micro_batch,
+                        1,
+                    )?;
+                    device
+                        .pacer()
+                        .after(started.elapsed() - committed, emulated.optimizer);
+                    let view = device.view();
+                    let m = &self.setup.metrics;
+                    m.emulated_overruns.set(view.overrun_count);
+                    m.emulated_overrun_ms.set((view.overrun_secs * 1e3) as u64);
+                    m.emulated_busy_ms.set((view.busy_secs * 1e3) as u64);
+                    self.status.emulated = Some(view);
+                }
                 cur.digest = None;
                 let stepped = started.elapsed();
                 self.status.last_step_ms = stepped.as_secs_f64() * 1e3;

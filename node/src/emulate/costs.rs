@@ -1,0 +1,207 @@
+//! What the emulated hardware takes for one stage's work: sums of the profiled per-layer costs
+//! of the layers the stage holds, and the profiled link for what it sends.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use parcae_strategies::cost::builtin::{MODELS, builtin};
+use parcae_strategies::cost::spec::ModelSpec;
+use parcae_strategies::cost::transfer::TransferModel;
+
+/// Why an emulation cannot be set up; each names the bad value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EmulationError {
+    /// No profiled model of that name.
+    #[error("unknown emulation profile {0:?} (known: {known})", known = MODELS.join(", "))]
+    UnknownProfile(String),
+    /// The time scale is not a positive finite number.
+    #[error("emulation time_scale must be a positive finite number, got {0}")]
+    TimeScale(f64),
+    /// The stage's layers are not layers of the emulated model.
+    #[error("layers {start}..{end} are not within the {layers} layers of {profile}")]
+    Layers {
+        /// The emulated model.
+        profile: String,
+        /// Its layer count.
+        layers: usize,
+        /// First layer asked for.
+        start: usize,
+        /// End of the layers asked for.
+        end: usize,
+    },
+}
+
+/// The emulated model on the emulated hardware, at a time scale.
+#[derive(Debug, Clone)]
+pub struct Emulation {
+    spec: ModelSpec,
+    link: TransferModel,
+    time_scale: f64,
+}
+
+/// What the emulated hardware takes for one stage's work, divided by the time scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmulatedStage {
+    /// Forward of one micro-batch through the stage's layers.
+    pub forward: Duration,
+    /// Backward of one micro-batch.
+    pub backward: Duration,
+    /// The optimizer step of the stage's layers.
+    pub optimizer: Duration,
+    /// One activation or gradient at the stage boundary over the link.
+    pub boundary: Duration,
+    /// The ring all-reduce of the stage's gradients among its replicas.
+    pub all_reduce: Duration,
+    /// The stage's whole state (weights and optimizer moments) over the link.
+    pub state: Duration,
+}
+
+impl Emulation {
+    /// The built-in profiled model `profile` (e.g. `gpt-1.5b`) on Parcae's 10 Gb/s cluster,
+    /// every duration divided by `time_scale`.
+    pub fn new(profile: &str, time_scale: f64) -> Result<Self, EmulationError> {
+        if !(time_scale.is_finite() && time_scale > 0.0) {
+            return Err(EmulationError::TimeScale(time_scale));
+        }
+        let (spec, _) =
+            builtin(profile).ok_or_else(|| EmulationError::UnknownProfile(profile.into()))?;
+        Ok(Self {
+            spec,
+            link: TransferModel::Profiled10Gbps,
+            time_scale,
+        })
+    }
+
+    /// The emulated model's name.
+    pub fn profile(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Every emulated duration is divided by this.
+    pub fn time_scale(&self) -> f64 {
+        self.time_scale
+    }
+
+    /// Entries of the emulated model's layer list (gpt-1.5b: embedding, 48 blocks, head).
+    pub fn layers(&self) -> usize {
+        self.spec.layers.len()
+    }
+
+    /// Transformer blocks of the emulated model (its layer list less embedding and head).
+    pub fn blocks(&self) -> usize {
+        self.layers().saturating_sub(2)
+    }
+
+    /// What the stage holding `layers` takes with micro-batches of `micro_batch` samples and
+    /// `replicas` replicas. The profile is per micro-batch of the emulated job's size; other
+    /// sizes scale compute and boundary bytes linearly.
+    pub fn stage(
+        &self,
+        layers: Range<usize>,
+        micro_batch: u32,
+        replicas: u32,
+    ) -> Result<EmulatedStage, EmulationError> {
+        let entries = self
+            .spec
+            .layers
+            .get(layers.clone())
+            .filter(|e| !e.is_empty());
+        let entries = entries.ok_or_else(|| EmulationError::Layers {
+            profile: self.spec.name.clone(),
+            layers: self.layers(),
+            start: layers.start,
+            end: layers.end,
+        })?;
+        let per_sample = f64::from(micro_batch) / f64::from(self.spec.micro_batch.max(1));
+        let sum = |f: fn(&parcae_strategies::cost::spec::LayerCost) -> f64| {
+            entries.iter().map(f).sum::<f64>()
+        };
+        let params = sum(|l| l.params);
+        let grad_bytes = params * 4.0;
+        Ok(EmulatedStage {
+            forward: self.ms(sum(|l| l.forward_ms) * per_sample),
+            backward: self.ms(sum(|l| l.backward_ms) * per_sample),
+            optimizer: self.ms(sum(|l| l.optimizer_ms)),
+            boundary: self.ms(self.link.cost_ms(self.spec.boundary_bytes * per_sample)),
+            all_reduce: self.ms(ring_all_reduce_ms(&self.link, grad_bytes, replicas)),
+            state: self.ms(self.link.cost_ms(self.spec.state_bytes(params))),
+        })
+    }
+
+    /// Emulated milliseconds as a wall-clock duration at the time scale.
+    fn ms(&self, ms: f64) -> Duration {
+        Duration::from_secs_f64((ms / 1000.0 / self.time_scale).max(0.0))
+    }
+}
+
+/// A ring all-reduce of `bytes` among `replicas`: `2 (n - 1)` rounds, each moving a `1/n`
+/// chunk between neighbours (reduce-scatter, then all-gather); nothing for one replica.
+fn ring_all_reduce_ms(link: &TransferModel, bytes: f64, replicas: u32) -> f64 {
+    if replicas <= 1 {
+        return 0.0;
+    }
+    let n = f64::from(replicas);
+    2.0 * (n - 1.0) * link.cost_ms(bytes / n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0
+    }
+
+    #[test]
+    fn a_stage_costs_the_sum_of_its_profiled_layers() {
+        let e = Emulation::new("gpt-1.5b", 1.0).unwrap();
+        assert_eq!(e.layers(), 50);
+        assert_eq!(e.blocks(), 48);
+        // Embedding and six blocks of gpt-1.5b at mbs 1 (spec 2.2 table).
+        let s = e.stage(0..7, 1, 1).unwrap();
+        assert!((ms(s.forward) - (0.752 + 6.0 * 6.51)).abs() < 1e-6);
+        assert!((ms(s.backward) - (0.798 + 6.0 * 13.448)).abs() < 1e-6);
+        assert!((ms(s.optimizer) - (5.655 + 6.0 * 2.117)).abs() < 1e-6);
+        assert_eq!(s.all_reduce, Duration::ZERO);
+        // The boundary activation (1024 x 1600 f32 = 6.25 MiB) on the 10 Gb/s curve.
+        let link = TransferModel::Profiled10Gbps.cost_ms(1024.0 * 1600.0 * 4.0);
+        assert!((ms(s.boundary) - link).abs() < 1e-6);
+        // Weights and two Adam moments, f32.
+        let params = 82_124_800.0 + 6.0 * 30_740_800.0;
+        let state = TransferModel::Profiled10Gbps.cost_ms(params * 12.0);
+        assert!((ms(s.state) - state).abs() < 1e-6);
+    }
+
+    #[test]
+    fn time_scale_micro_batch_and_replicas_scale_as_documented() {
+        let one = Emulation::new("gpt-1.5b", 1.0).unwrap();
+        let fast = Emulation::new("gpt-1.5b", 4.0).unwrap();
+        let a = one.stage(1..2, 1, 1).unwrap();
+        let b = fast.stage(1..2, 1, 1).unwrap();
+        assert!((ms(a.forward) / ms(b.forward) - 4.0).abs() < 1e-9);
+        let double = one.stage(1..2, 2, 1).unwrap();
+        assert!((ms(double.forward) / ms(a.forward) - 2.0).abs() < 1e-9);
+        let ring = one.stage(1..2, 1, 4).unwrap();
+        let chunk = TransferModel::Profiled10Gbps.cost_ms(30_740_800.0 * 4.0 / 4.0);
+        assert!((ms(ring.all_reduce) - 6.0 * chunk).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        assert_eq!(
+            Emulation::new("gpt-9b", 1.0).unwrap_err(),
+            EmulationError::UnknownProfile("gpt-9b".into())
+        );
+        for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                Emulation::new("gpt-1.5b", scale),
+                Err(EmulationError::TimeScale(_))
+            ));
+        }
+        let e = Emulation::new("gpt-1.5b", 1.0).unwrap();
+        for r in [49..51, 3..3] {
+            let err = e.stage(r, 1, 1).unwrap_err();
+            assert!(err.to_string().contains("of gpt-1.5b"), "{err}");
+        }
+    }
+}

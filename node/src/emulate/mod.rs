@@ -1,0 +1,24 @@
+//! The emulated accelerator: a node trains a real (narrow) Burn stage and waits out the rest
+//! of what the emulated model would take on the emulated GPU cluster, from the profiled tables
+//! that `parcae-strategies` embeds (per-layer forward, backward and optimizer times, the
+//! 10 Gb/s transfer curve).
+//!
+//! Real work runs first; pacing waits only for the remainder, and a remainder below zero is
+//! an overrun, counted and never hidden ([`Overrun`]). Every emulated duration is divided by
+//! the time scale. The planner learns the emulated costs only by measuring them, as it
+//! measures real ones: nothing here reaches it but time.
+//!
+//! * [`accelerator`]: the emulated device a trainer holds, and what measuring on it finds;
+//! * [`costs`]: what the emulated hardware takes for one stage's work (pure);
+//! * [`pacer`]: waiting out the remainder and counting overruns;
+//! * [`paced`]: the pacing decorators of the 1F1B driver's neighbours and of the collective.
+
+pub mod accelerator;
+pub mod costs;
+pub mod paced;
+pub mod pacer;
+
+pub use accelerator::Accelerator;
+pub use costs::{EmulatedStage, Emulation, EmulationError};
+pub use paced::{PacedCollective, PacedNeighbours};
+pub use pacer::{Overrun, OverrunSnapshot, Pacer};

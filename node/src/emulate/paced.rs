@@ -1,0 +1,183 @@
+//! The pacing decorators: a stage's neighbours and its collective as the emulated hardware
+//! would serve them. Computation is paced when the driver reports it (`computed`), transfers
+//! before they leave, the all-reduce after the real one (every replica ends it together, then
+//! each waits out the same remainder).
+
+use std::time::{Duration, Instant};
+
+use parcae_model::{Collective, Neighbours, Op};
+
+use super::costs::EmulatedStage;
+use super::pacer::Pacer;
+
+/// `inner` with every operation taking what it takes on the emulated hardware.
+pub struct PacedNeighbours<'a, N> {
+    inner: &'a mut N,
+    stage: EmulatedStage,
+    pacer: &'a Pacer,
+}
+
+impl<'a, N> PacedNeighbours<'a, N> {
+    /// Paces `inner` to `stage` through `pacer`.
+    pub fn new(inner: &'a mut N, stage: EmulatedStage, pacer: &'a Pacer) -> Self {
+        Self {
+            inner,
+            stage,
+            pacer,
+        }
+    }
+}
+
+impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
+    type Error = N::Error;
+
+    fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
+        self.inner.recv_activation(mb)
+    }
+
+    fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
+        let inner = &mut *self.inner;
+        self.pacer
+            .transfer(self.stage.boundary, || inner.send_activation(mb, bytes))
+    }
+
+    fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
+        self.inner.recv_grad(mb)
+    }
+
+    fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
+        let inner = &mut *self.inner;
+        self.pacer
+            .transfer(self.stage.boundary, || inner.send_grad(mb, bytes))
+    }
+
+    fn computed(&mut self, op: Op, real: Duration) -> Result<(), Self::Error> {
+        let emulated = match op {
+            Op::Forward(_) => self.stage.forward,
+            Op::Backward(_) => self.stage.backward,
+        };
+        self.pacer.after(real, emulated);
+        self.inner.computed(op, real)
+    }
+}
+
+/// `inner` with the reduction taking what the ring all-reduce takes on the emulated link.
+pub struct PacedCollective<'a, C> {
+    inner: &'a mut C,
+    stage: EmulatedStage,
+    pacer: &'a Pacer,
+}
+
+impl<'a, C> PacedCollective<'a, C> {
+    /// Paces `inner` to `stage` through `pacer`.
+    pub fn new(inner: &'a mut C, stage: EmulatedStage, pacer: &'a Pacer) -> Self {
+        Self {
+            inner,
+            stage,
+            pacer,
+        }
+    }
+}
+
+impl<C: Collective> Collective for PacedCollective<'_, C> {
+    type Error = C::Error;
+
+    fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error> {
+        let started = Instant::now();
+        self.inner.all_reduce_mean(values)?;
+        self.pacer.after(started.elapsed(), self.stage.all_reduce);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulate::Overrun;
+    use parcae_model::ModelError;
+    use std::sync::Arc;
+
+    /// Records when each message left.
+    #[derive(Default)]
+    struct Clocked {
+        sent: Vec<(usize, Instant)>,
+    }
+
+    impl Neighbours for Clocked {
+        type Error = ModelError;
+        fn recv_activation(&mut self, _: usize) -> Result<Option<Vec<u8>>, ModelError> {
+            Ok(Some(Vec::new()))
+        }
+        fn send_activation(&mut self, mb: usize, _: Vec<u8>) -> Result<(), ModelError> {
+            self.sent.push((mb, Instant::now()));
+            Ok(())
+        }
+        fn recv_grad(&mut self, _: usize) -> Result<Option<Vec<u8>>, ModelError> {
+            Ok(Some(Vec::new()))
+        }
+        fn send_grad(&mut self, mb: usize, _: Vec<u8>) -> Result<(), ModelError> {
+            self.sent.push((mb, Instant::now()));
+            Ok(())
+        }
+    }
+
+    impl Collective for Clocked {
+        type Error = ModelError;
+        fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), ModelError> {
+            values.iter_mut().for_each(|v| *v /= 2.0);
+            Ok(())
+        }
+    }
+
+    fn stage() -> EmulatedStage {
+        let ms = Duration::from_millis;
+        EmulatedStage {
+            forward: ms(30),
+            backward: ms(40),
+            optimizer: ms(0),
+            boundary: ms(20),
+            all_reduce: ms(25),
+            state: ms(0),
+        }
+    }
+
+    #[test]
+    fn a_forward_then_its_activation_take_the_emulated_times() {
+        let overrun = Arc::new(Overrun::default());
+        let pacer = Pacer::new(overrun.clone());
+        let mut inner = Clocked::default();
+        let started = Instant::now();
+        {
+            let mut paced = PacedNeighbours::new(&mut inner, stage(), &pacer);
+            paced
+                .computed(Op::Forward(0), Duration::from_millis(1))
+                .unwrap();
+            paced.send_activation(0, vec![1]).unwrap();
+        }
+        let (mb, at) = inner.sent[0];
+        assert_eq!(mb, 0);
+        // 30 ms of forward (1 of them real, reported as already spent) and 20 ms of link.
+        assert!(at.duration_since(started) >= Duration::from_millis(49));
+        let s = overrun.snapshot();
+        assert!((s.busy_secs - 0.050).abs() < 1e-9, "{s:?}");
+        // A slow backward is an overrun, not hidden.
+        PacedNeighbours::new(&mut inner, stage(), &pacer)
+            .computed(Op::Backward(0), Duration::from_millis(45))
+            .unwrap();
+        let s = overrun.snapshot();
+        assert!(s.overrun_secs >= 0.005, "{s:?}");
+    }
+
+    #[test]
+    fn the_collective_reduces_then_waits_out_the_ring() {
+        let pacer = Pacer::new(Arc::new(Overrun::default()));
+        let mut inner = Clocked::default();
+        let mut values = [2.0f32, 4.0];
+        let started = Instant::now();
+        PacedCollective::new(&mut inner, stage(), &pacer)
+            .all_reduce_mean(&mut values)
+            .unwrap();
+        assert_eq!(values, [1.0, 2.0]);
+        assert!(started.elapsed() >= Duration::from_millis(25));
+    }
+}

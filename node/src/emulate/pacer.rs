@@ -1,0 +1,161 @@
+//! Waiting out the remainder of an emulated duration, and counting what could not be waited
+//! out: when real work outlasts its emulated time (the machine is too slow for the requested
+//! time scale), the excess is an overrun, reported in `/status`, `/metrics` and the testnet's
+//! run report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// What to do after real work that took `real` when the emulated hardware takes `emulated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// Wait this long: the real work was faster.
+    Wait(Duration),
+    /// The real work was this much slower than the emulated hardware.
+    Overrun(Duration),
+}
+
+/// The decision: wait the remainder, or count the excess (exactly on time is a zero wait).
+pub fn pace(real: Duration, emulated: Duration) -> Pace {
+    match emulated.checked_sub(real) {
+        Some(rest) => Pace::Wait(rest),
+        None => Pace::Overrun(real - emulated),
+    }
+}
+
+/// Overruns so far, shared by the pacers of a node and read by its status and metrics.
+#[derive(Debug, Default)]
+pub struct Overrun {
+    count: AtomicU64,
+    overrun_ns: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+/// A consistent-enough reading of [`Overrun`] for a report.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OverrunSnapshot {
+    /// Pieces of work that outlasted their emulated time.
+    pub count: u64,
+    /// Their excess, seconds.
+    pub overrun_secs: f64,
+    /// Emulated busy time paced so far, seconds.
+    pub busy_secs: f64,
+}
+
+impl OverrunSnapshot {
+    /// Overrun as a fraction of the emulated busy time (0 before any work).
+    pub fn fraction(&self) -> f64 {
+        if self.busy_secs > 0.0 {
+            self.overrun_secs / self.busy_secs
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Overrun {
+    /// The totals so far.
+    pub fn snapshot(&self) -> OverrunSnapshot {
+        let secs = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed)).as_secs_f64();
+        OverrunSnapshot {
+            count: self.count.load(Ordering::Relaxed),
+            overrun_secs: secs(&self.overrun_ns),
+            busy_secs: secs(&self.busy_ns),
+        }
+    }
+
+    fn add(total: &AtomicU64, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        total.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Paces work to emulated durations and counts overruns into a shared [`Overrun`].
+#[derive(Debug, Clone, Default)]
+pub struct Pacer {
+    overrun: Arc<Overrun>,
+}
+
+impl Pacer {
+    /// A pacer counting into `overrun`.
+    pub fn new(overrun: Arc<Overrun>) -> Self {
+        Self { overrun }
+    }
+
+    /// Real work that took `real` is done; waits until `emulated` has passed since it began,
+    /// or counts the overrun.
+    pub fn after(&self, real: Duration, emulated: Duration) {
+        Overrun::add(&self.overrun.busy_ns, emulated);
+        match pace(real, emulated) {
+            Pace::Wait(rest) => std::thread::sleep(rest),
+            Pace::Overrun(excess) => self.record(excess),
+        }
+    }
+
+    /// Emulates a transfer that takes `emulated` on the emulated link, then does the real one
+    /// (`send`): what arrives is never earlier than the emulated link allows. The real
+    /// transfer's own time cannot be hidden behind the wait before it, so it counts as
+    /// overrun.
+    pub fn transfer<T, E>(
+        &self,
+        emulated: Duration,
+        send: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        Overrun::add(&self.overrun.busy_ns, emulated);
+        std::thread::sleep(emulated);
+        let started = std::time::Instant::now();
+        let out = send();
+        self.record(started.elapsed());
+        out
+    }
+
+    fn record(&self, excess: Duration) {
+        if excess.is_zero() {
+            return;
+        }
+        self.overrun.count.fetch_add(1, Ordering::Relaxed);
+        Overrun::add(&self.overrun.overrun_ns, excess);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn the_remainder_is_waited_and_the_excess_counted() {
+        let ms = Duration::from_millis;
+        assert_eq!(pace(ms(3), ms(10)), Pace::Wait(ms(7)));
+        assert_eq!(pace(ms(10), ms(10)), Pace::Wait(Duration::ZERO));
+        assert_eq!(pace(ms(12), ms(10)), Pace::Overrun(ms(2)));
+    }
+
+    #[test]
+    fn a_pacer_waits_out_fast_work_and_reports_slow_work() {
+        let overrun = Arc::new(Overrun::default());
+        let pacer = Pacer::new(overrun.clone());
+        let started = Instant::now();
+        pacer.after(Duration::from_millis(5), Duration::from_millis(30));
+        assert!(started.elapsed() >= Duration::from_millis(25));
+        assert_eq!(overrun.snapshot().count, 0);
+        pacer.after(Duration::from_millis(50), Duration::from_millis(20));
+        let s = overrun.snapshot();
+        assert_eq!(s.count, 1);
+        assert!((s.overrun_secs - 0.030).abs() < 1e-9);
+        assert!((s.busy_secs - 0.050).abs() < 1e-9);
+        assert!((s.fraction() - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_transfer_arrives_no_earlier_than_the_emulated_link() {
+        let overrun = Arc::new(Overrun::default());
+        let pacer = Pacer::new(overrun.clone());
+        let started = Instant::now();
+        let sent: Result<Duration, ()> =
+            pacer.transfer(Duration::from_millis(20), || Ok(started.elapsed()));
+        assert!(sent.unwrap() >= Duration::from_millis(20));
+        assert!((overrun.snapshot().busy_secs - 0.020).abs() < 1e-9);
+    }
+}
