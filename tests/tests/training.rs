@@ -173,6 +173,11 @@ fn two_by_two_across_processes_matches_one_process() {
 /// The longest committed step sequence any running node shows, checked for exactly-once data:
 /// steps `0..n` in order, each starting where the previous ended.
 fn committed_sequence(c: &LocalCluster) -> Vec<StepRecord> {
+    committed_sequence_of(c, BATCH)
+}
+
+/// [`committed_sequence`] of a job with `batch` samples per step.
+fn committed_sequence_of(c: &LocalCluster, batch: u64) -> Vec<StepRecord> {
     let best = (0..c.nodes.len())
         .map(|i| steps(c, i))
         .max_by_key(|s| s.len())
@@ -181,7 +186,7 @@ fn committed_sequence(c: &LocalCluster) -> Vec<StepRecord> {
         assert_eq!(s.step, k as u64, "no committed step lost or repeated");
         assert_eq!(
             s.sample_start,
-            k as u64 * BATCH,
+            k as u64 * batch,
             "no sample skipped or repeated"
         );
     }
@@ -467,4 +472,35 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
     assert!(logs.contains("link refused"), "{logs}");
     assert!(logs.contains("bad digest"), "{logs}");
     committed_sequence(&c);
+}
+
+#[test]
+fn an_emulated_accelerator_paces_every_step_to_the_profile() {
+    let _serial = serial();
+    let scale = 50.0;
+    let config = format!(
+        "{TRAIN_BASE_CONFIG}[planner]\ninterval_secs = 2.0\npin = [1, 2]\n[train]\nseed = {SEED}\n\
+         global_batch = 128\nmicro_batch = 1\npeer_timeout_secs = 10.0\ncheckpoint_every = 0\n\
+         [device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\ntime_scale = {scale:?}\n"
+    );
+    let c = training_cluster(&config, 2, 2);
+    // Whatever the partition, the slower of two stages holds at least half of the model's
+    // forward and backward time, and a step runs it on all 128 micro-batches.
+    let emulation = parcae_node::emulate::Emulation::new("gpt-1.5b", scale).unwrap();
+    let whole = emulation.stage(0..emulation.layers(), 1, 1).unwrap();
+    let floor_ms = 128.0 * (whole.forward + whole.backward).as_secs_f64() * 1e3 / 2.0;
+    for (i, s) in c.statuses() {
+        let t = s.training.expect("a training view");
+        let e = t
+            .emulated
+            .unwrap_or_else(|| panic!("node{i} reports no emulated device"));
+        assert_eq!((e.profile.as_str(), e.time_scale), ("gpt-1.5b", scale));
+        assert!(e.busy_secs > 0.0, "node{i}: {e:?}");
+        assert!(
+            t.last_step_ms >= floor_ms,
+            "node{i}: a step took {:.0} ms, the emulated profile at 1/{scale} at least {floor_ms:.0} ms",
+            t.last_step_ms
+        );
+    }
+    assert!(committed_sequence_of(&c, 128).len() >= 2);
 }
