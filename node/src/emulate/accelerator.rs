@@ -53,8 +53,9 @@ impl Accelerator {
 
     /// What measuring a layer on this device finds, given what it took on the CPU (`real`,
     /// micro-batches of `micro_batch` samples): the real work, waited out to the emulated
-    /// time, as the pacer does for every step. This is the only way the emulated costs reach
-    /// the planner: as measurements.
+    /// time, as the pacer does for every step, and the emulated model's parameters and output
+    /// bytes (the narrow stand-in's are not what the emulated cluster moves). This is the only
+    /// way the emulated costs reach the planner: as measurements.
     pub fn measured(
         &self,
         real: &LayerCost,
@@ -64,11 +65,53 @@ impl Accelerator {
             .emulation
             .stage(real.layer..real.layer + 1, micro_batch, 1)?;
         let at_least = |real_ms: f64, emulated: Duration| real_ms.max(emulated.as_secs_f64() * 1e3);
+        let (params, output_bytes) = self
+            .emulation
+            .layer_size(real.layer, micro_batch)
+            .unwrap_or((real.param_count as f64, real.output_bytes as f64));
         Ok(LayerCost {
+            param_count: params as usize,
+            output_bytes: output_bytes as usize,
             forward_ms: at_least(real.forward_ms, e.forward),
             backward_ms: at_least(real.backward_ms, e.backward),
             optimizer_ms: at_least(real.optimizer_ms, e.optimizer),
             ..real.clone()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(layer: usize, ms: f64) -> LayerCost {
+        LayerCost {
+            layer,
+            name: format!("layer{layer}"),
+            forward_ms: ms,
+            backward_ms: ms,
+            optimizer_ms: ms,
+            param_count: 12_704,
+            param_bytes: 4 * 12_704,
+            optimizer_state_bytes: 8 * 12_704,
+            output_bytes: 256,
+        }
+    }
+
+    #[test]
+    fn measuring_finds_the_emulated_layer_unless_the_cpu_is_slower() {
+        let device = Accelerator::new(Emulation::new("gpt-1.5b", 2.0).unwrap());
+        let block = device.measured(&cpu(5, 0.1), 1).unwrap();
+        assert!((block.forward_ms - 6.51 / 2.0).abs() < 1e-9);
+        assert!((block.backward_ms - 13.448 / 2.0).abs() < 1e-9);
+        assert!((block.optimizer_ms - 2.117 / 2.0).abs() < 1e-9);
+        assert_eq!(block.param_count, 30_740_800);
+        assert_eq!(block.output_bytes, 1024 * 1600 * 4);
+        assert_eq!(block.name, "layer5");
+        // A CPU slower than the emulated GPU shows through (and overruns when training).
+        let slow = device.measured(&cpu(5, 100.0), 1).unwrap();
+        assert_eq!(slow.forward_ms, 100.0);
+        assert!(device.measured(&cpu(50, 0.1), 1).is_err());
+        assert_eq!(device.view().busy_secs, 0.0);
     }
 }

@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::{MODELS, builtin};
 use parcae_strategies::cost::spec::ModelSpec;
 use parcae_strategies::cost::transfer::TransferModel;
@@ -87,6 +88,25 @@ impl Emulation {
         self.spec.layers.len()
     }
 
+    /// Usable memory of the emulated device, MiB (Parcae's p3.2xlarge: a 16 GB V100).
+    pub fn memory_mb(&self) -> f64 {
+        Hardware::default().memory_mb
+    }
+
+    /// Parameters of layer `layer` and the bytes of its output for a micro-batch of
+    /// `micro_batch` samples, as the emulated model has them.
+    pub fn layer_size(&self, layer: usize, micro_batch: u32) -> Option<(f64, f64)> {
+        let l = self.spec.layers.get(layer)?;
+        Some((
+            l.params,
+            self.spec.boundary_bytes * self.per_sample(micro_batch),
+        ))
+    }
+
+    fn per_sample(&self, micro_batch: u32) -> f64 {
+        f64::from(micro_batch) / f64::from(self.spec.micro_batch.max(1))
+    }
+
     /// Transformer blocks of the emulated model (its layer list less embedding and head).
     pub fn blocks(&self) -> usize {
         self.layers().saturating_sub(2)
@@ -112,7 +132,7 @@ impl Emulation {
             start: layers.start,
             end: layers.end,
         })?;
-        let per_sample = f64::from(micro_batch) / f64::from(self.spec.micro_batch.max(1));
+        let per_sample = self.per_sample(micro_batch);
         let sum = |f: fn(&parcae_strategies::cost::spec::LayerCost) -> f64| {
             entries.iter().map(f).sum::<f64>()
         };

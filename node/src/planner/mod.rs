@@ -105,6 +105,10 @@ impl Planner {
             micro_batch: config.train.micro_batch,
             max_nodes: 64,
             restart_ms: 2000.0,
+            memory_mb: match config.device.emulation() {
+                Ok(Some(device)) => device.memory_mb(),
+                _ => model::CPU_MEMORY_MB,
+            },
         };
         let interval = Duration::from_secs_f64(config.planner.interval_secs);
         Self {

@@ -16,6 +16,9 @@ use parcae_strategies::cost::transfer::TransferModel;
 /// the encrypted data plane measured 1.3-1.5 GB/s on loopback).
 pub const DEFAULT_BYTES_PER_SEC: f64 = 1.25e9;
 
+/// Memory planned for on CPU hosts, MiB.
+pub const CPU_MEMORY_MB: f64 = 64.0 * 1024.0;
+
 /// What the job looks like beyond its layers.
 #[derive(Debug, Clone, Copy)]
 pub struct JobShape {
@@ -27,6 +30,8 @@ pub struct JobShape {
     pub max_nodes: u32,
     /// Cost of a restart, ms (process restart, state reload).
     pub restart_ms: f64,
+    /// Usable memory of a node's device, MiB: which depths fit.
+    pub memory_mb: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -91,7 +96,7 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
         bytes_per_sec,
     };
     let hw = Hardware {
-        memory_mb: 64.0 * 1024.0,
+        memory_mb: shape.memory_mb,
         allreduce_mb_per_ms: bytes_per_sec / (1024.0 * 1024.0) / 1000.0,
     };
     let max_nodes = shape.max_nodes.min(shape.global_batch).max(1);
