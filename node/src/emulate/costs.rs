@@ -32,6 +32,10 @@ pub enum EmulationError {
     },
 }
 
+/// Bytes per parameter of the gradients the emulated replicas all-reduce: Parcae's runs train
+/// in mixed precision and reduce fp16 gradients (as `strategies::cost::analytic` does).
+const GRAD_BYTES_PER_PARAM: f64 = 2.0;
+
 /// The emulated model on the emulated hardware, at a time scale.
 #[derive(Debug, Clone)]
 pub struct Emulation {
@@ -137,7 +141,7 @@ impl Emulation {
             entries.iter().map(f).sum::<f64>()
         };
         let params = sum(|l| l.params);
-        let grad_bytes = params * 4.0;
+        let grad_bytes = params * GRAD_BYTES_PER_PARAM;
         Ok(EmulatedStage {
             forward: self.ms(sum(|l| l.forward_ms) * per_sample),
             backward: self.ms(sum(|l| l.backward_ms) * per_sample),
@@ -202,7 +206,7 @@ mod tests {
         let double = one.stage(1..2, 2, 1).unwrap();
         assert!((ms(double.forward) / ms(a.forward) - 2.0).abs() < 1e-9);
         let ring = one.stage(1..2, 1, 4).unwrap();
-        let chunk = TransferModel::Profiled10Gbps.cost_ms(30_740_800.0 * 4.0 / 4.0);
+        let chunk = TransferModel::Profiled10Gbps.cost_ms(30_740_800.0 * 2.0 / 4.0);
         assert!((ms(ring.all_reduce) - 6.0 * chunk).abs() < 1e-6);
     }
 
