@@ -4,9 +4,10 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::{MODELS, builtin};
-use parcae_strategies::cost::spec::ModelSpec;
+use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
 use parcae_strategies::cost::transfer::TransferModel;
 
 /// Why an emulation cannot be set up; each names the bad value.
@@ -125,17 +126,7 @@ impl Emulation {
         micro_batch: u32,
         replicas: u32,
     ) -> Result<EmulatedStage, EmulationError> {
-        let entries = self
-            .spec
-            .layers
-            .get(layers.clone())
-            .filter(|e| !e.is_empty());
-        let entries = entries.ok_or_else(|| EmulationError::Layers {
-            profile: self.spec.name.clone(),
-            layers: self.layers(),
-            start: layers.start,
-            end: layers.end,
-        })?;
+        let entries = self.entries(layers)?;
         let per_sample = self.per_sample(micro_batch);
         let sum = |f: fn(&parcae_strategies::cost::spec::LayerCost) -> f64| {
             entries.iter().map(f).sum::<f64>()
@@ -150,6 +141,57 @@ impl Emulation {
             all_reduce: self.ms(ring_all_reduce_ms(&self.link, grad_bytes, replicas)),
             state: self.ms(self.link.cost_ms(self.spec.state_bytes(params))),
         })
+    }
+
+    /// What a reconfiguration of this node into `to` takes on the emulated cluster: Parcae's
+    /// profiled rebuild of the communication groups, or for a `restart` its whole profiled
+    /// restart (process, rendezvous when nodes joined, groups, model build); then the state of
+    /// the layers `fetched` from live holders (one range per source; the sources send at once,
+    /// so the slowest one counts) and of the layers `restored` from checkpoints, at the
+    /// emulated state size over the link.
+    pub fn switch(
+        &self,
+        to: ParallelConfig,
+        kind: RestartKind,
+        restart: bool,
+        fetched: &[Range<usize>],
+        restored: &[Range<usize>],
+    ) -> Result<Duration, EmulationError> {
+        let state_ms = |layers: &Range<usize>| -> Result<f64, EmulationError> {
+            let params = self.entries(layers.clone())?.iter().map(|l| l.params).sum();
+            Ok(self.link.cost_ms(self.spec.state_bytes(params)))
+        };
+        let mut fetch_ms = 0.0f64;
+        for layers in fetched {
+            fetch_ms = fetch_ms.max(state_ms(layers)?);
+        }
+        let mut restore_ms = 0.0;
+        for layers in restored {
+            restore_ms += state_ms(layers)?;
+        }
+        let rebuild_ms = if restart {
+            self.spec.restart.restart_ms(to, kind)
+        } else {
+            self.spec.restart.groups_ms(to, kind)
+        };
+        Ok(self.ms(rebuild_ms + fetch_ms + restore_ms))
+    }
+
+    /// The profiled entries of `layers` (non-empty and within the model).
+    fn entries(
+        &self,
+        layers: Range<usize>,
+    ) -> Result<&[parcae_strategies::cost::spec::LayerCost], EmulationError> {
+        self.spec
+            .layers
+            .get(layers.clone())
+            .filter(|e| !e.is_empty())
+            .ok_or_else(|| EmulationError::Layers {
+                profile: self.spec.name.clone(),
+                layers: self.layers(),
+                start: layers.start,
+                end: layers.end,
+            })
     }
 
     /// Emulated milliseconds as a wall-clock duration at the time scale.
@@ -208,6 +250,36 @@ mod tests {
         let ring = one.stage(1..2, 1, 4).unwrap();
         let chunk = TransferModel::Profiled10Gbps.cost_ms(30_740_800.0 * 2.0 / 4.0);
         assert!((ms(ring.all_reduce) - 6.0 * chunk).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_switch_costs_its_slowest_source_its_restores_and_a_restart() {
+        let e = Emulation::new("gpt-1.5b", 1.0).unwrap();
+        let state = |params: f64| TransferModel::Profiled10Gbps.cost_ms(params * 12.0);
+        let block = 30_740_800.0;
+        let to = ParallelConfig::new(2, 8);
+        let remove = RestartKind::Remove;
+        // Groups rebuilt: 35 + 39.3 ms x (d + p + 1 + d p) (spec 3.2).
+        let groups = 35.0 + 39.3 * (2.0 + 8.0 + 1.0 + 16.0);
+        assert!((ms(e.switch(to, remove, false, &[], &[]).unwrap()) - groups).abs() < 1e-6);
+        // Two sources in parallel: the one sending two blocks is the slower.
+        let t = e.switch(to, remove, false, &[1..3, 3..4], &[]).unwrap();
+        assert!((ms(t) - (groups + state(2.0 * block))).abs() < 1e-6);
+        // A restore adds its state; a restart is Parcae's profiled restart: process 240 ms,
+        // the groups, the build of ceil(48 / p) blocks.
+        let restored = std::slice::from_ref(&(5..6));
+        let t = e.switch(to, remove, true, &[], restored).unwrap();
+        let build = TransferModel::Profiled10Gbps.cost_ms(50257.0 * 1024.0 * 4.0) + 430.0 * 6.0;
+        assert!(
+            (ms(t) - (240.0 + groups + build + state(block))).abs() < 1e-6,
+            "{t:?}"
+        );
+        // Nodes joining add the rendezvous (6.6 s) and dearer groups (500 ms each).
+        let add = e.switch(to, RestartKind::Add, true, &[], &[]).unwrap();
+        let joined = 6600.0 + 35.0 + 500.0 * 27.0 + 240.0 + build;
+        assert!((ms(add) - joined).abs() < 1e-6, "{add:?}");
+        let beyond = std::slice::from_ref(&(49..51));
+        assert!(e.switch(to, remove, false, beyond, &[]).is_err());
     }
 
     #[test]

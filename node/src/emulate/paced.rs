@@ -1,9 +1,10 @@
 //! The pacing decorators: a stage's neighbours and its collective as the emulated hardware
 //! would serve them. Computation is paced when the driver reports it (`computed`), transfers
-//! before they leave, the all-reduce after the real one (every replica ends it together, then
-//! each waits out the same remainder).
+//! before they leave, the all-reduce after the real one: the real exchange ends when the last
+//! replica arrived, where the emulated ring starts, so each replica then waits the ring's
+//! whole time.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parcae_model::{Collective, Neighbours, Op};
 
@@ -83,9 +84,8 @@ impl<C: Collective> Collective for PacedCollective<'_, C> {
     type Error = C::Error;
 
     fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error> {
-        let started = Instant::now();
         self.inner.all_reduce_mean(values)?;
-        self.pacer.after(started.elapsed(), self.stage.all_reduce);
+        self.pacer.after_sync(self.stage.all_reduce);
         Ok(())
     }
 }
@@ -96,6 +96,7 @@ mod tests {
     use crate::emulate::Overrun;
     use parcae_model::ModelError;
     use std::sync::Arc;
+    use std::time::Instant;
 
     /// Records when each message left.
     #[derive(Default)]

@@ -93,6 +93,24 @@ impl Pacer {
         }
     }
 
+    /// After an exchange with peers, whose real time is mostly waiting for the slowest of them
+    /// (as on the emulated cluster, where the exchange starts when the last one arrives): the
+    /// exchange's emulated time in full. Waiting is not work, so it is never an overrun.
+    pub fn after_sync(&self, emulated: Duration) {
+        Overrun::add(&self.overrun.busy_ns, emulated);
+        std::thread::sleep(emulated);
+    }
+
+    /// After a reconfiguration that took `real`, much of it waiting for peers that
+    /// reconfigure too: waits until `emulated` has passed since it began. A longer real one
+    /// is not counted as an overrun, for the same reason as in [`Pacer::after_sync`].
+    pub fn after_reconfiguration(&self, real: Duration, emulated: Duration) {
+        Overrun::add(&self.overrun.busy_ns, emulated);
+        if let Pace::Wait(rest) = pace(real, emulated) {
+            std::thread::sleep(rest);
+        }
+    }
+
     /// Emulates a transfer that takes `emulated` on the emulated link, then does the real one
     /// (`send`): what arrives is never earlier than the emulated link allows. The real
     /// transfer's own time cannot be hidden behind the wait before it, so it counts as
@@ -146,6 +164,19 @@ mod tests {
         assert!((s.overrun_secs - 0.030).abs() < 1e-9);
         assert!((s.busy_secs - 0.050).abs() < 1e-9);
         assert!((s.fraction() - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn waiting_for_peers_is_paced_but_never_an_overrun() {
+        let overrun = Arc::new(Overrun::default());
+        let pacer = Pacer::new(overrun.clone());
+        let started = Instant::now();
+        pacer.after_sync(Duration::from_millis(20));
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        pacer.after_reconfiguration(Duration::from_millis(90), Duration::from_millis(10));
+        let s = overrun.snapshot();
+        assert_eq!((s.count, s.overrun_secs), (0, 0.0));
+        assert!((s.busy_secs - 0.030).abs() < 1e-9);
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub struct Acquired {
     pub received_bytes: u64,
     /// The nodes they came from.
     pub sources: Vec<NodeId>,
+    /// What was fetched from each of them.
+    pub fetched: Vec<Fetch>,
     /// Seconds the parallel fetches took.
     pub fetch_secs: f64,
 }
@@ -141,6 +143,7 @@ pub async fn acquire(
         .collect();
     sources.sort_unstable();
     sources.dedup();
+    let fetched_from_peers: Vec<Fetch> = fetches.iter().filter(|f| f.from != me).cloned().collect();
     let started = std::time::Instant::now();
     let fetched = join_all(remote).await;
     let fetch_secs = started.elapsed().as_secs_f64();
@@ -163,6 +166,7 @@ pub async fn acquire(
         lost,
         received_bytes,
         sources,
+        fetched: fetched_from_peers,
         fetch_secs,
     })
 }

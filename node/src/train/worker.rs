@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use parcae_consensus::state::{Digest32, LayerCost, OptimizerScalars, Plan, StageSlot};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{PipelineModel, Stage, StageConfig};
+use parcae_strategies::ParallelConfig;
+use parcae_strategies::cost::spec::RestartKind;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
@@ -258,13 +260,33 @@ impl<M: PipelineModel> Worker<M> {
             )
         };
         let links = superseding.wait("links", links::connect(&self.ep, state, plan, slot))?;
-        let secs = started.elapsed().as_secs_f64();
         let kind = migration_kind(
             previous.as_ref(),
             plan,
             acquired.as_ref(),
             self.setup.restart_on_change,
         );
+        if let Some(device) = &self.setup.accelerator
+            && kind != MigrationKind::Initial
+        {
+            let to = ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
+            let joined = restart_kind(previous.as_ref(), plan);
+            let restart = kind == MigrationKind::Restart;
+            let (fetched, restored): (Vec<_>, Vec<_>) =
+                acquired.as_ref().map_or_else(Default::default, |a| {
+                    (
+                        a.fetched.iter().map(|f| f.layers.clone()).collect(),
+                        a.restored.iter().map(|(_, p)| p.layers.clone()).collect(),
+                    )
+                });
+            let emulated = device
+                .emulation()
+                .switch(to, joined, restart, &fetched, &restored)?;
+            device
+                .pacer()
+                .after_reconfiguration(started.elapsed(), emulated);
+        }
+        let secs = started.elapsed().as_secs_f64();
         tracing::info!(
             epoch = plan.epoch,
             ?slot,
@@ -534,6 +556,20 @@ fn checkpoint_peer(
     crate::dataplane::client::peer_addr(state, node).ok()
 }
 
+/// Whether a restart into `plan` brings in nodes that were not in `previous` (a full
+/// rendezvous in Parcae's restart cost).
+pub fn restart_kind(previous: Option<&Plan>, plan: &Plan) -> RestartKind {
+    let joined = plan
+        .assignment
+        .keys()
+        .any(|n| previous.is_none_or(|p| !p.assignment.contains_key(n)));
+    if joined {
+        RestartKind::Add
+    } else {
+        RestartKind::Remove
+    }
+}
+
 /// The kind of a reconfiguration, as Parcae names them: `intra` (pipelines re-formed, nothing
 /// moves), `inter` (nodes take other stages), `repartition` (layer boundaries move), `restart`
 /// (state restored from checkpoints, or the reactive strategy), `initial`.
@@ -560,5 +596,49 @@ pub fn migration_kind(
         MigrationKind::Intra
     } else {
         MigrationKind::Inter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(nodes: &[u64]) -> Plan {
+        Plan {
+            epoch: 1,
+            data_parallel: 1,
+            pipeline_stages: nodes.len() as u32,
+            partition: (0..=nodes.len() as u32).collect(),
+            assignment: nodes
+                .iter()
+                .enumerate()
+                .map(|(s, &n)| {
+                    let slot = StageSlot {
+                        pipeline: 0,
+                        stage: s as u32,
+                    };
+                    (NodeId(n), slot)
+                })
+                .collect(),
+            at_step: 0,
+        }
+    }
+
+    #[test]
+    fn a_restart_adds_when_a_node_joined() {
+        let before = plan(&[1, 2, 3]);
+        assert_eq!(
+            restart_kind(Some(&before), &plan(&[1, 2])),
+            RestartKind::Remove
+        );
+        assert_eq!(
+            restart_kind(Some(&before), &plan(&[3, 1, 2])),
+            RestartKind::Remove
+        );
+        assert_eq!(
+            restart_kind(Some(&before), &plan(&[1, 4])),
+            RestartKind::Add
+        );
+        assert_eq!(restart_kind(None, &plan(&[1])), RestartKind::Add);
     }
 }
