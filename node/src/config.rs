@@ -386,6 +386,18 @@ impl NodeConfig {
         gpt
     }
 
+    /// Time a pipeline neighbour or ring peer may take: `train.peer_timeout_secs`, stretched
+    /// by `1 / time_scale` on an emulated device slower than real time, as every emulated wait
+    /// is (a faster one keeps it: its waits only shrink). Control-plane timeouts do not
+    /// change: heartbeats and elections are not paced.
+    pub fn peer_timeout(&self) -> Duration {
+        let stretch = match self.device.emulation() {
+            Ok(Some(e)) => (1.0 / e.time_scale()).max(1.0),
+            _ => 1.0,
+        };
+        Duration::from_secs_f64(self.train.peer_timeout_secs * stretch)
+    }
+
     /// The grace period as a duration.
     pub fn grace(&self) -> Duration {
         Duration::from_secs_f64(self.grace_secs)
@@ -466,6 +478,19 @@ mod tests {
             assert!(e.contains(named), "{e}");
         }
         assert!(NodeConfig::parse("[device]\nkind = \"tpu\"\n", "x").is_err());
+        let timeout = |device: &str| {
+            let text = format!("[train]\npeer_timeout_secs = 6.0\n[device]\n{device}\n");
+            NodeConfig::parse(&text, "x").unwrap().peer_timeout()
+        };
+        assert_eq!(timeout(""), Duration::from_secs(6));
+        assert_eq!(
+            timeout("kind = \"emulated\"\ntime_scale = 4.0"),
+            Duration::from_secs(6)
+        );
+        assert_eq!(
+            timeout("kind = \"emulated\"\ntime_scale = 0.5"),
+            Duration::from_secs(12)
+        );
     }
 
     #[test]

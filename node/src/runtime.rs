@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use actix::prelude::*;
 use libp2p::Multiaddr;
@@ -180,7 +179,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
                 view: handle.state(),
                 submit: Arc::new(move |c| reports.submit(c)),
                 publish: Box::new(move |v| publish.do_send(v)),
-                peer_timeout: Duration::from_secs_f64(config.train.peer_timeout_secs),
+                peer_timeout: config.peer_timeout(),
                 restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
                 metrics: metrics.clone(),
             })?)

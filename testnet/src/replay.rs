@@ -12,6 +12,8 @@
 //! among all but the founder, which stays so that the run always has a node to bootstrap
 //! through and a continuous raft history to read.
 
+use std::ops::Range;
+
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -20,10 +22,11 @@ use crate::engine::{Ctx, Scenario};
 use parcae_strategies::trace::Trace;
 use parcae_testnet::error::TestnetError;
 
-/// The node counts to replay: the first `intervals` of `trace`, scaled down by
-/// `nodes_max / peak` when the peak exceeds `nodes_max` (rounded, at least 1 node).
-pub fn plan(trace: &Trace, intervals: usize, nodes_max: u32) -> Vec<u32> {
-    let window = &trace.intervals[..intervals.min(trace.len())];
+/// The node counts to replay: the first `intervals` of the trace's intervals `window`, scaled
+/// down by `nodes_max / peak` when the peak exceeds `nodes_max` (rounded, at least 1 node).
+pub fn plan(trace: &Trace, window: Range<usize>, intervals: usize, nodes_max: u32) -> Vec<u32> {
+    let window = trace.intervals.get(window).unwrap_or_default();
+    let window = &window[..intervals.min(window.len())];
     let peak = window.iter().map(|i| i.nodes).max().unwrap_or(0);
     window
         .iter()
@@ -161,9 +164,12 @@ mod tests {
 
     #[test]
     fn plan_scales_to_the_cap_and_keeps_one_node() {
-        assert_eq!(plan(&trace(&[32, 24, 16, 0]), 4, 6), vec![6, 5, 3, 1]);
-        assert_eq!(plan(&trace(&[4, 5, 3]), 10, 6), vec![4, 5, 3]);
-        assert_eq!(plan(&trace(&[4, 5, 3]), 2, 6), vec![4, 5]);
+        assert_eq!(plan(&trace(&[32, 24, 16, 0]), 0..4, 4, 6), vec![6, 5, 3, 1]);
+        assert_eq!(plan(&trace(&[4, 5, 3]), 0..3, 10, 6), vec![4, 5, 3]);
+        assert_eq!(plan(&trace(&[4, 5, 3]), 0..3, 2, 6), vec![4, 5]);
+        // A window, scaled by its own peak.
+        assert_eq!(plan(&trace(&[32, 12, 24, 6]), 1..4, 10, 6), vec![3, 6, 2]);
+        assert_eq!(plan(&trace(&[4, 5, 3]), 3..3, 10, 6), Vec::<u32>::new());
     }
 
     #[test]
