@@ -36,6 +36,7 @@ mod process;
 mod progress;
 mod replay;
 mod report;
+mod resources;
 mod run;
 mod simulate;
 

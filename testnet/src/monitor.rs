@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::Cluster;
 use crate::ledger::{MigrationLedger, StepLedger};
+use crate::resources::ResourceLedger;
 use parcae_api::client::Client;
 use parcae_api::{EmulatedView, EstimateView, RoleView, StatusSnapshot, StepRecord};
 
@@ -50,6 +51,8 @@ pub struct Monitor {
     pub estimates: Vec<EstimateView>,
     /// Each node's latest emulated-accelerator pacing, by peer id (kept after it is gone).
     pub emulated: BTreeMap<String, EmulatedView>,
+    /// Memory and CPU of the node processes and of the testnet.
+    pub resources: ResourceLedger,
     polls: u64,
 }
 
@@ -57,6 +60,11 @@ impl Monitor {
     /// Polls the cluster at time `t` while the trace asks for `target` nodes.
     pub fn poll(&mut self, cluster: &Cluster, t: f64, target: u32) {
         let running = cluster.running();
+        let pids: Vec<u32> = running
+            .iter()
+            .filter_map(|&i| cluster.node(i).pid())
+            .collect();
+        self.resources.observe(&pids);
         let statuses: Vec<(usize, StatusSnapshot)> = running
             .iter()
             .filter_map(|&i| Some((i, cluster.status(i)?)))

@@ -138,6 +138,11 @@ impl NodeProcess {
         self.child.is_some() && self.try_exit().is_none()
     }
 
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.supervisor.pid(self.child?)
+    }
+
     /// Time since the process was (last) started.
     pub fn age(&self) -> Duration {
         self.child

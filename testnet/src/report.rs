@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
 use crate::ledger::{MigrationCounts, sample_overlap};
+use crate::resources::ResourceReport;
 
 /// One run, as `--json` writes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +44,9 @@ pub struct RunReport {
     /// The nodes' emulated accelerator and how far real work overran it (absent on CPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emulated: Option<EmulatedReport>,
+    /// Memory and CPU of the node processes and of the testnet (absent without a poll).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceReport>,
 }
 
 /// Pacing of the emulated accelerators over every node of a run. Every wait of an emulated
@@ -137,6 +141,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         duplicate_samples: duplicates,
         wall_secs: meta.wall_secs,
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
+        resources: obs.monitor.resources.report(),
     };
     let details = Details {
         gaps,
@@ -187,6 +192,33 @@ pub fn print_table(runs: &[(&RunReport, u64)]) {
             runs.iter().map(|(_, gaps)| gaps.to_string()).collect(),
         ),
         ("wall (s)", col(runs, |r| format!("{:.1}", r.wall_secs))),
+        (
+            "node RSS peak/mean",
+            col(runs, |r| {
+                r.resources.as_ref().map_or("-".into(), |x| {
+                    format!("{:.0}/{:.0} MiB", x.node_peak_mib, x.node_mean_mib)
+                })
+            }),
+        ),
+        (
+            "all nodes RSS, CPU",
+            col(runs, |r| {
+                r.resources.as_ref().map_or("-".into(), |x| {
+                    format!(
+                        "{:.0} MiB, {:.0} s",
+                        x.nodes_peak_total_mib, x.nodes_cpu_secs
+                    )
+                })
+            }),
+        ),
+        (
+            "testnet RSS",
+            col(runs, |r| {
+                r.resources
+                    .as_ref()
+                    .map_or("-".into(), |x| format!("{:.0} MiB", x.testnet_peak_mib))
+            }),
+        ),
         (
             "emulated overrun",
             col(runs, |r| {
@@ -438,6 +470,7 @@ mod tests {
             duplicate_samples: 0,
             wall_secs: 1.0,
             emulated: Some(e),
+            resources: None,
         };
         assert!(check(&base).is_ok(), "5 % is within the bound");
         let slow = RunReport {

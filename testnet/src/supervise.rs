@@ -111,6 +111,11 @@ impl Supervisor {
         Some(status)
     }
 
+    /// The process id of a running child.
+    pub fn pid(&self, id: ChildId) -> Option<u32> {
+        Some(self.children.get(id.0)?.child.as_ref()?.id())
+    }
+
     /// Time since the child was started.
     pub fn age(&self, id: ChildId) -> Duration {
         self.children
