@@ -312,10 +312,20 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     }
     assert!(v["migration_secs"].as_f64().unwrap() >= 0.0);
     assert!(v["wall_secs"].as_f64().unwrap() > 0.0);
+    // What the nodes and the testnet cost the machine (issue 14), read at every poll.
+    for key in [
+        "nodes_peak_total_mib",
+        "node_peak_mib",
+        "node_mean_mib",
+        "nodes_cpu_secs",
+        "testnet_peak_mib",
+    ] {
+        assert!(v["resources"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
     assert_eq!(
         v.as_object().unwrap().len(),
-        13,
-        "exactly the issue's fields: {v}"
+        14,
+        "exactly the issues' fields (no emulated device here): {v}"
     );
     assert_eq!(v["lost_committed_steps"], 0);
     assert_eq!(v["duplicate_samples"], 0);
