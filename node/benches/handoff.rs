@@ -45,7 +45,9 @@ async fn secure(data: &[u8], key: &ClusterKey) -> f64 {
     let k = key.clone();
     let rx = tokio::spawn(async move {
         let (s, _) = l.accept().await.expect("accept");
-        let (_, mut st) = accept(s, &b, &k, |_| true).await.expect("handshake");
+        let (_, mut st) = accept(s, &b, &k, |_| async { true })
+            .await
+            .expect("handshake");
         let got = st.recv(u64::MAX).await.expect("recv").len();
         st.send(&[1]).await.expect("ack");
         got

@@ -125,12 +125,16 @@ pub struct PlannerConfig {
     /// Seconds between availability ticks (one planning interval).
     pub interval_secs: f64,
     /// How configurations are chosen: `liveput` (Parcae's look-ahead optimizer on the measured
-    /// cost model, moving state peer to peer) or `reactive` (the throughput-optimal
+    /// cost model, moving state peer to peer), `liveput-predict` (the same optimizer on
+    /// Parcae's published ARIMA predictor) or `reactive` (the throughput-optimal
     /// configuration for the nodes present, restarting from checkpoints on every change, like
     /// Parcae's throughput-optimised baseline).
     pub strategy: PlanStrategy,
     /// Planning intervals the liveput optimizer looks ahead.
     pub lookahead: u16,
+    /// The cluster size the job asked for (Parcae's 32): the most nodes planned for, and the
+    /// upper bound of `liveput-predict`'s forecasts.
+    pub max_nodes: u32,
     /// A fixed `[D, P]` (experiments, reproducible runs): used whenever enough nodes are
     /// present; the first plan waits for them.
     pub pin: Option<[u32; 2]>,
@@ -138,10 +142,14 @@ pub struct PlannerConfig {
 
 /// See [`PlannerConfig::strategy`].
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum PlanStrategy {
-    /// Look-ahead liveput optimization with live migration.
+    /// Look-ahead liveput optimization with live migration, on the zone model's forecast
+    /// with the notices the cluster holds (the simulator's `liveput-zone`).
     Liveput,
+    /// Parcae as published: the look-ahead optimizer on its ARIMA predictor of the recorded
+    /// availability, nothing valued past the horizon (the simulator's `liveput-predict`).
+    LiveputPredict,
     /// Throughput-optimal configuration, restart on every change.
     Reactive,
 }
@@ -277,6 +285,7 @@ impl Default for PlannerConfig {
             interval_secs: 60.0,
             strategy: PlanStrategy::Liveput,
             lookahead: 8,
+            max_nodes: 64,
             pin: None,
         }
     }
@@ -367,6 +376,11 @@ impl NodeConfig {
                 "planner.lookahead must be in 1..=64".into(),
             ));
         }
+        if self.planner.max_nodes == 0 || self.planner.max_nodes > 1024 {
+            return Err(ConfigError::Invalid(
+                "planner.max_nodes must be in 1..=1024".into(),
+            ));
+        }
         if self.notices.poll_interval_ms == Some(0) {
             return Err(ConfigError::Invalid(
                 "notices.poll_interval_ms must be > 0".into(),
@@ -452,6 +466,35 @@ mod tests {
             NodeConfig::parse("grace_secs = -1.0", "x"),
             Err(ConfigError::Invalid(_))
         ));
+        let e = NodeConfig::parse(
+            "[planner]
+max_nodes = 0",
+            "x",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("planner.max_nodes"), "{e}");
+        assert!(
+            NodeConfig::parse(
+                "[planner]
+strategy = \"liveput_predict\"",
+                "x"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn the_planner_runs_any_of_the_three_strategies() {
+        for (name, strategy) in [
+            ("liveput", PlanStrategy::Liveput),
+            ("liveput-predict", PlanStrategy::LiveputPredict),
+            ("reactive", PlanStrategy::Reactive),
+        ] {
+            let text = format!("[planner]\nstrategy = {name:?}\nmax_nodes = 32\n");
+            let c = NodeConfig::parse(&text, "x").unwrap();
+            assert_eq!((c.planner.strategy, c.planner.max_nodes), (strategy, 32));
+        }
+        assert_eq!(NodeConfig::default().planner.max_nodes, 64);
     }
 
     #[test]

@@ -157,7 +157,7 @@ mod tests {
             let s2 = secret.clone();
             let acc = tokio::spawn(async move {
                 let (s, _) = l.accept().await.unwrap();
-                accept(s, &kj, &s2, |_| true).await.unwrap().1
+                accept(s, &kj, &s2, |_| async { true }).await.unwrap().1
             });
             let out = connect(addr, &keys[i], keys[j].public().to_peer_id(), &secret)
                 .await

@@ -48,16 +48,16 @@ pub async fn connect(
 }
 
 /// Accept a channel on `s`, admitting only peers for which `admit` is true.
-pub async fn accept(
+pub async fn accept<F: Future<Output = bool>>(
     mut s: TcpStream,
     local: &Keypair,
     secret: &ClusterKey,
-    admit: impl Fn(&PeerId) -> bool,
+    admit: impl FnOnce(PeerId) -> F,
 ) -> Result<(PeerId, SecureStream), DataplaneError> {
     s.set_nodelay(true)?;
     let theirs = read_hello(&mut s).await?;
     let peer = theirs.public.to_peer_id();
-    if !admit(&peer) {
+    if !admit(peer).await {
         return Err(DataplaneError::NotAdmitted(peer.to_string()));
     }
     let mine = send_hello(&mut s, local).await?;
@@ -211,7 +211,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (s, _) = l.accept().await.unwrap();
-            accept(s, &b, &kb, |_| admit).await
+            accept(s, &b, &kb, |_| async move { admit }).await
         });
         let client = connect(addr, &a, expected, &ka).await;
         let server = server.await.unwrap();
@@ -274,7 +274,7 @@ mod tests {
         let k2 = k.clone();
         let server = tokio::spawn(async move {
             let (s, _) = l.accept().await.unwrap();
-            accept(s, &b, &k2, |_| true).await.map(|_| ())
+            accept(s, &b, &k2, |_| async { true }).await.map(|_| ())
         });
         let mut raw = TcpStream::connect(addr).await.unwrap();
         raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();

@@ -22,6 +22,10 @@ use crate::checkpoint::CheckpointStore;
 use crate::dataplane::{self, SecureStream};
 use crate::key::ClusterKey;
 
+/// How long an inbound connection from a peer this node does not know as a member waits for
+/// its `Join` to be applied here before it is refused.
+const ADMIT_WAIT: Duration = Duration::from_secs(2);
+
 /// Stage state this node can hand to others: layer `start + i` is `layers[i]`, each a
 /// self-contained state buffer after `step` optimizer steps.
 #[derive(Debug)]
@@ -147,9 +151,14 @@ impl Endpoint {
         Ok(())
     }
 
-    fn is_member(&self, peer: &PeerId) -> bool {
+    /// Whether `peer` is a member, waiting up to [`ADMIT_WAIT`] for its `Join` to be applied
+    /// here: a peer that applied a plan before this node did may dial before this node knows
+    /// it. 32 nodes starting together did, and each refusal abandoned a step on both sides.
+    async fn admits(&self, peer: &PeerId) -> bool {
         let id = NodeId::from_peer_bytes(&peer.to_bytes());
-        self.view.borrow().members.contains_key(&id)
+        let mut view = self.view.clone();
+        let member = view.wait_for(|s| s.members.contains_key(&id));
+        matches!(tokio::time::timeout(ADMIT_WAIT, member).await, Ok(Ok(_)))
     }
 
     /// Waits for the link `key` opened by `expected`; links of older epochs are dropped.
@@ -212,7 +221,9 @@ pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>) {
 async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), DataplaneError> {
     let (peer, mut stream) = tokio::time::timeout(
         ep.timeout,
-        dataplane::accept(socket, &ep.keypair, &ep.key, |p| ep.is_member(p)),
+        dataplane::accept(socket, &ep.keypair, &ep.key, |p| async move {
+            ep.admits(&p).await
+        }),
     )
     .await
     .map_err(|_| DataplaneError::Timeout("data plane handshake".into()))??;
@@ -314,4 +325,48 @@ async fn on_blocking_pool<T: Send + 'static>(
 async fn reply(stream: &mut SecureStream, r: &Reply) -> Result<(), DataplaneError> {
     stream.send(&protocol::encode(r)?).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parcae_consensus::Command;
+    use parcae_consensus::state::PeerInfo;
+
+    #[tokio::test]
+    async fn a_peer_is_admitted_once_its_join_is_applied_here_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = watch::channel(Arc::new(ControlState::default()));
+        let ep = Endpoint::new(
+            Keypair::generate_ed25519(),
+            ClusterKey::generate(),
+            rx,
+            CheckpointStore::new(dir.path().to_path_buf()),
+            1 << 20,
+            Duration::from_secs(5),
+        );
+        let late = Keypair::generate_ed25519().public().to_peer_id();
+        let stranger = Keypair::generate_ed25519().public().to_peer_id();
+        let join = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut state = ControlState::default();
+            let command = Command::Join {
+                node: NodeId::from_peer_bytes(&late.to_bytes()),
+                peer: PeerInfo {
+                    peer_id: late.to_bytes(),
+                    ..PeerInfo::default()
+                },
+            };
+            state.apply(&command).unwrap();
+            tx.send(Arc::new(state)).unwrap();
+            tx
+        });
+        let started = std::time::Instant::now();
+        assert!(ep.admits(&late).await, "admitted when its join arrives");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        let _tx = join.await.unwrap();
+        let started = std::time::Instant::now();
+        assert!(!ep.admits(&stranger).await, "never a member");
+        assert!(started.elapsed() >= ADMIT_WAIT);
+    }
 }

@@ -8,8 +8,11 @@
 //!   simulator's node default (`sim::NODE_DEFAULT`, `liveput-zone` in `docs/strategies.md`):
 //!   Parcae's look-ahead optimizer with the cost model the nodes measured ([`model`]), on the
 //!   zone model's forecast (persistence plus its time-of-day drift, known notices folded in),
-//!   its look-ahead valued past the horizon by the zone's expected stay; `reactive` takes the
-//!   throughput-optimal configuration for the nodes present.
+//!   its look-ahead valued past the horizon by the zone's expected stay; `liveput-predict` is
+//!   Parcae as published (the simulator's `liveput-predict`): the same optimizer on Parcae's
+//!   ARIMA predictor of the recorded availability, nothing valued past the horizon, its choice
+//!   shrunk to the nodes present as Parcae does; `reactive` takes the throughput-optimal
+//!   configuration for the nodes present.
 //!
 //! Slots go to nodes by `strategies::assign` (maximum overlap with the layers each node holds,
 //! so survivors keep their stage when they can). All inputs come from the replicated state, so
@@ -28,7 +31,10 @@ use parcae_strategies::assign::{Holding, assign};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::spec::partition;
 use parcae_strategies::liveput::{LiveputOptimizer, PlanState, Terminal};
-use parcae_strategies::predict::{ForecastInput, NoticeAhead, NoticeAware, Predictor, ZoneModel};
+use parcae_strategies::predict::{
+    ForecastInput, NoticeAhead, NoticeAware, Predictor, RulePredictor, SeriesModel, ZoneModel,
+};
+use parcae_strategies::sim::job_bounds;
 use parcae_strategies::trace::Interval;
 
 use crate::config::{NodeConfig, PlanStrategy};
@@ -65,9 +71,10 @@ fn plan_on_its_way(state: &ControlState, proposed: Option<Proposed>, now: Instan
 }
 
 /// How long the set of workers must stay the same before the first plan: the nodes of a
-/// cluster started together join within a second or so, and planning at each arrival would
-/// restart training as many times.
-const FIRST_PLAN_SETTLE: Duration = Duration::from_secs(1);
+/// cluster started together join over seconds (32 nodes started within 0.7 s on two busy
+/// cores joined with gaps of more than a second, and a 1 s settle planned for 3 of them), and
+/// planning at each arrival would restart training as many times.
+const FIRST_PLAN_SETTLE: Duration = Duration::from_secs(3);
 
 /// Until when the first plan waits: [`FIRST_PLAN_SETTLE`] after the set of workers last
 /// changed (`workers_since`), if there is no plan yet; `None` when planning may go ahead.
@@ -95,6 +102,10 @@ pub struct Planner {
     workers_seen: Option<(Vec<NodeId>, Instant)>,
     optimizer: Option<(usize, LiveputOptimizer)>,
     zone: NoticeAware<ZoneModel>,
+    /// Parcae's predictor for `liveput-predict`, made with the first cost model (its bounds
+    /// are the smallest feasible configuration and the job's cluster size).
+    arima: Option<RulePredictor>,
+    seed: u64,
 }
 
 impl Planner {
@@ -103,7 +114,7 @@ impl Planner {
         let shape = JobShape {
             global_batch: config.train.global_batch,
             micro_batch: config.train.micro_batch,
-            max_nodes: 64,
+            max_nodes: config.planner.max_nodes,
             restart_ms: 2000.0,
             memory_mb: match config.device.emulation() {
                 Ok(Some(device)) => device.memory_mb(),
@@ -125,6 +136,8 @@ impl Planner {
             workers_seen: None,
             optimizer: None,
             zone: NoticeAware::new(ZoneModel::new(interval.as_secs_f64())),
+            arima: None,
+            seed: config.train.seed,
         }
     }
 
@@ -235,8 +248,21 @@ impl Planner {
                 }
                 cost.best(n)
             }
-            (_, PlanStrategy::Liveput) => {
-                let (future, terminal) = self.forecast(state, n);
+            (_, strategy) => {
+                let (future, terminal) = match strategy {
+                    PlanStrategy::LiveputPredict => {
+                        let seed = self.seed;
+                        let bounds = job_bounds(&cost, self.shape.max_nodes);
+                        let arima = self.arima.get_or_insert_with(|| {
+                            RulePredictor::new(SeriesModel::Arima, bounds, seed)
+                        });
+                        (
+                            parcae_forecast(arima, state, n, self.lookahead),
+                            Terminal::default(),
+                        )
+                    }
+                    _ => self.forecast(state, n),
+                };
                 let layers = cost.spec.layers.len();
                 let optimizer = match &mut self.optimizer {
                     Some((l, o)) if *l == layers => o,
@@ -254,12 +280,13 @@ impl Planner {
                     &future,
                     terminal,
                 );
-                // The optimizer plans for the upcoming interval's count; never ask for more
-                // nodes than are here now.
-                if decision.config.nodes() <= n {
-                    decision.config
-                } else {
-                    cost.best(n)
+                // The optimizer plans for a forecast count; never ask for more nodes than are
+                // here now. Parcae shrinks D first (spec 1.4); ours takes the best
+                // configuration for the nodes present.
+                match strategy {
+                    _ if decision.config.nodes() <= n => decision.config,
+                    PlanStrategy::LiveputPredict => decision.config.clamp_to(n),
+                    _ => cost.best(n),
                 }
             }
         };
@@ -282,17 +309,7 @@ impl Planner {
     /// nodes that announced they leave folded in, and the zone's terminal value as the
     /// forecast ends.
     fn forecast(&mut self, state: &ControlState, n: u32) -> (Vec<Interval>, Terminal) {
-        let mut history: Vec<Interval> = Vec::with_capacity(state.availability.len());
-        let mut prev: Option<u32> = None;
-        for s in &state.availability {
-            let p = prev.unwrap_or(s.count);
-            history.push(Interval {
-                nodes: s.count,
-                added: s.count.saturating_sub(p),
-                removed: p.saturating_sub(s.count),
-            });
-            prev = Some(s.count);
-        }
+        let history = availability_history(state);
         let leaving = state
             .members
             .values()
@@ -316,6 +333,41 @@ impl Planner {
         );
         (future, terminal)
     }
+}
+
+/// Parcae's forecast of the next `horizon` intervals from the recorded availability alone:
+/// the count of the upcoming interval is told only before any was recorded (the job's
+/// initial allocation), and notices are not folded in (the simulator's `liveput-predict`).
+fn parcae_forecast(
+    predictor: &mut impl Predictor,
+    state: &ControlState,
+    n: u32,
+    horizon: usize,
+) -> Vec<Interval> {
+    let history = availability_history(state);
+    predictor.forecast(&ForecastInput {
+        history: &history,
+        known_next: history.is_empty().then_some(n),
+        notices: &[],
+        horizon,
+    })
+}
+
+/// The recorded availability as intervals (each one's arrivals and departures against the
+/// previous count).
+fn availability_history(state: &ControlState) -> Vec<Interval> {
+    let mut history: Vec<Interval> = Vec::with_capacity(state.availability.len());
+    let mut prev: Option<u32> = None;
+    for s in &state.availability {
+        let p = prev.unwrap_or(s.count);
+        history.push(Interval {
+            nodes: s.count,
+            added: s.count.saturating_sub(p),
+            removed: p.saturating_sub(s.count),
+        });
+        prev = Some(s.count);
+    }
+    history
 }
 
 /// Members that can take a slot: healthy, with a data plane, most stable first.
@@ -496,6 +548,41 @@ mod tests {
                 count: 3
             }
         );
+    }
+
+    #[test]
+    fn parcae_forecasts_from_the_recorded_availability_alone() {
+        let bounds = parcae_strategies::predict::Bounds {
+            min_nodes: 2,
+            max_nodes: 32,
+        };
+        let mut arima = RulePredictor::new(SeriesModel::Arima, bounds, 7);
+        let mut state = ControlState::default();
+        // Before any interval was recorded, the nodes present are the job's allocation.
+        let first = parcae_forecast(&mut arima, &state, 12, 4);
+        assert_eq!(first.len(), 4);
+        assert_eq!(first[0].nodes, 12);
+        for (interval, count) in [(0, 20), (1, 18), (2, 16), (3, 14)] {
+            state
+                .apply(&Command::AvailabilityTick { interval, count })
+                .unwrap();
+        }
+        assert_eq!(
+            availability_history(&state)
+                .iter()
+                .map(|i| (i.nodes, i.added, i.removed))
+                .collect::<Vec<_>>(),
+            vec![(20, 0, 0), (18, 0, 2), (16, 0, 2), (14, 0, 2)]
+        );
+        // Afterwards the present count is not told (30 here): the forecast continues the
+        // recorded series from its last count, within the job's bounds.
+        let later = parcae_forecast(&mut arima, &state, 30, 4);
+        assert_eq!(later.len(), 4);
+        assert!(
+            later.iter().all(|i| (2..=32).contains(&i.nodes)),
+            "{later:?}"
+        );
+        assert!(later[0].nodes <= 16, "{later:?}");
     }
 
     #[test]
