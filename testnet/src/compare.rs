@@ -1,8 +1,9 @@
-//! `parcae-testnet compare`: the same trace and seed replayed with `liveput` and then with
-//! `reactive` (restart on every change, Parcae's throughput-optimised baseline, which has no
-//! notice handler: its nodes are killed at their deadlines unannounced), both reports,
-//! the measured ratio of committed samples, and the simulator's ratio for the same trace with
-//! the cost model measured on these two runs (see [`crate::predicted`]).
+//! `parcae-testnet compare`: the same trace and seed replayed with each of `--strategies`
+//! (by default `liveput`, then `reactive`: restart on every change, Parcae's
+//! throughput-optimised baseline, which has no notice handler, so its nodes are killed at
+//! their deadlines unannounced), every run's report beside the simulator's account of the
+//! same strategy on the same trace and cost model (see [`crate::predicted`]), and the
+//! measured and simulated ratio of liveput's committed samples over reactive's.
 
 use anyhow::Result;
 use serde::Serialize;
@@ -14,11 +15,17 @@ use crate::report::{self, RunReport};
 use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec, TraceArgs};
 use parcae_testnet::interrupt::Interrupt;
 
+/// The proactive strategy the ratio is taken of.
+const LIVEPUT: &str = "liveput";
+
 /// Options of `compare`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     trace: TraceArgs,
+    /// Strategies to run, in this order, each on the same trace and seed.
+    #[arg(long, value_delimiter = ',', default_value = "liveput,reactive", value_parser = STRATEGIES)]
+    strategies: Vec<String>,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -28,21 +35,34 @@ pub struct Args {
 /// The JSON `--json` writes.
 #[derive(Debug, Serialize)]
 pub struct CompareReport {
-    /// The liveput run, then the reactive run.
+    /// One run per strategy, in the order of `--strategies`.
     pub runs: Vec<RunReport>,
-    /// Committed samples of liveput over reactive (null when reactive committed none).
+    /// Committed samples of liveput over reactive (null unless both ran and reactive
+    /// committed some).
     pub ratio: Option<f64>,
-    /// The simulator's ratio for the same trace (null without a measured configuration).
+    /// The simulator's ratio for the same trace and cost model (null without both).
     pub simulated_ratio: Option<f64>,
+}
+
+/// `a / b` of two strategies' values, when both ran and `b` is positive.
+fn ratio_of(runs: &[RunReport], value: impl Fn(&RunReport) -> Option<f64>) -> Option<f64> {
+    let of = |name: &str| runs.iter().find(|r| r.strategy == name).and_then(&value);
+    let (a, b) = (of(LIVEPUT)?, of(REACTIVE)?);
+    (b > 0.0).then(|| a / b)
 }
 
 /// `parcae-testnet compare`.
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.node.validate()?;
     let planned = run::plan_trace(&args.trace)?;
-    let mut outcomes = Vec::with_capacity(STRATEGIES.len());
-    // Proactive first, then the reactive baseline.
-    for strategy in STRATEGIES {
+    let mut strategies: Vec<&str> = Vec::new();
+    for s in &args.strategies {
+        if !strategies.contains(&s.as_str()) {
+            strategies.push(s);
+        }
+    }
+    let mut outcomes = Vec::with_capacity(strategies.len());
+    for strategy in strategies {
         let mut scenario = Replay::new(
             planned.counts.clone(),
             args.node.interval_secs as f64,
@@ -67,20 +87,18 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         };
         outcomes.push(run::session(&node, spec, &mut scenario, interrupt)?);
     }
+    run::simulate_sessions(&mut outcomes, &args.node, &planned, args.trace.nodes_max);
     let refs: Vec<&run::Outcome> = outcomes.iter().collect();
     run::finish(&refs, &args.output, &planned.source)?;
-    let (live, reactive) = (&outcomes[0].report, &outcomes[1].report);
-    let ratio = (reactive.samples > 0).then(|| live.samples as f64 / reactive.samples as f64);
-    let observed: Vec<&crate::engine::Observed> = outcomes.iter().map(|o| &o.observed).collect();
-    let simulated_ratio = predicted::measured_model(&args.node.model, &observed).and_then(|m| {
-        let trace =
-            predicted::replayed_trace(&planned.source, &planned.counts, args.node.interval_secs);
-        predicted::simulated_ratio(m, &trace, args.trace.nodes_max, args.node.seed)
-    });
-    if simulated_ratio.is_some()
-        && let Some(note) = predicted::restart_floor_note(&observed)
-    {
-        println!("{note}");
+    let runs: Vec<RunReport> = outcomes.iter().map(|o| o.report.clone()).collect();
+    let ratio = ratio_of(&runs, |r| Some(r.samples as f64));
+    let simulated_ratio = ratio_of(&runs, |r| r.simulated_samples);
+    if args.node.emulate.is_none() && simulated_ratio.is_some() {
+        let observed: Vec<&crate::engine::Observed> =
+            outcomes.iter().map(|o| &o.observed).collect();
+        if let Some(note) = predicted::restart_floor_note(&observed) {
+            println!("{note}");
+        }
     }
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
     println!(
@@ -91,11 +109,45 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     );
     if let Some(path) = &args.output.json {
         let doc = CompareReport {
-            runs: outcomes.iter().map(|o| o.report.clone()).collect(),
+            runs,
             ratio,
             simulated_ratio,
         };
         report::write_json(path, &doc)?;
     }
     run::check(&refs, &args.output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ratio_needs_both_strategies_and_reactive_samples() {
+        let json = |strategy: &str, samples: u64| {
+            serde_json::json!({
+                "strategy": strategy, "trace": "t", "intervals": 1, "nodes_max": 4,
+                "committed_steps": 1, "samples": samples, "loss_first": null,
+                "loss_last": null,
+                "migrations": {"intra": 0, "inter": 0, "repartition": 0, "restart": 0},
+                "migration_secs": 0.0, "reconfigurations": [], "lost_committed_steps": 0, "duplicate_samples": 0,
+                "wall_secs": 1.0, "simulated_samples": null, "vs_simulated": null,
+                "percent_of_ideal": null
+            })
+        };
+        let run = |s, n| serde_json::from_value::<RunReport>(json(s, n)).unwrap();
+        let samples = |r: &RunReport| Some(r.samples as f64);
+        let both = [
+            run("reactive", 100),
+            run("liveput-predict", 90),
+            run("liveput", 130),
+        ];
+        assert_eq!(ratio_of(&both, samples), Some(1.3));
+        assert_eq!(ratio_of(&both[..2], samples), None, "no liveput");
+        assert_eq!(
+            ratio_of(&[run("liveput", 5), run("reactive", 0)], samples),
+            None
+        );
+        assert_eq!(ratio_of(&both, |r| r.simulated_samples), None);
+    }
 }

@@ -15,6 +15,9 @@ use parcae_testnet::interrupt::Interrupt;
 const FORM_TIMEOUT: Duration = Duration::from_secs(60);
 /// Seconds between polls.
 const POLL_SECS: f64 = 1.0;
+/// Seconds between polls while a killed leader has no successor yet (the failover's
+/// resolution).
+const FAILOVER_POLL_SECS: f64 = 0.2;
 
 /// A script of availability changes.
 pub trait Scenario {
@@ -60,6 +63,13 @@ impl Ctx<'_> {
         self.monitor.observe_steps_of(self.cluster, i);
         self.cluster.kill(i);
     }
+
+    /// SIGKILLs the cluster's leader without notice and times the failover (`false` when no
+    /// node leads right now).
+    pub fn kill_leader(&mut self) -> bool {
+        let t = self.now();
+        self.monitor.kill_leader(self.cluster, t)
+    }
 }
 
 /// What a run observed.
@@ -88,7 +98,7 @@ pub fn execute(
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let end = scenario.duration_secs();
-    let mut next_poll = 0.0;
+    let mut next_poll: f64 = 0.0;
     loop {
         interrupt.check()?;
         for w in cluster.reap()? {
@@ -110,6 +120,9 @@ pub fn execute(
             && due <= t
         {
             scenario.act(&mut ctx)?;
+            if monitor.awaiting_leader() {
+                next_poll = next_poll.min(t);
+            }
             continue;
         }
         if t >= next_poll {
@@ -118,8 +131,13 @@ pub fn execute(
                 let (pos, len) = scenario.interval_at(t);
                 progress.update(pos, len, sample);
             }
+            let every = if monitor.awaiting_leader() {
+                FAILOVER_POLL_SECS
+            } else {
+                POLL_SECS
+            };
             while next_poll <= t {
-                next_poll += POLL_SECS;
+                next_poll += every;
             }
         }
         let wake = [

@@ -26,6 +26,7 @@ mod chaos;
 mod cluster;
 mod compare;
 mod engine;
+mod failover;
 mod ledger;
 mod monitor;
 mod node_bin;

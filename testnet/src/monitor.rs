@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::cluster::Cluster;
+use crate::failover::{self, LeaderFailover};
 use crate::ledger::{MigrationLedger, StepLedger};
 use crate::resources::ResourceLedger;
 use parcae_api::client::Client;
-use parcae_api::{EmulatedView, EstimateView, RoleView, StatusSnapshot, StepRecord};
+use parcae_api::{EmulatedView, EstimateView, StatusSnapshot, StepRecord};
 
 /// Every node's `/steps` is read on every this many polls (the leader's on every poll).
 const ALL_STEPS_EVERY: u64 = 5;
@@ -53,12 +54,15 @@ pub struct Monitor {
     pub emulated: BTreeMap<String, EmulatedView>,
     /// Memory and CPU of the node processes and of the testnet.
     pub resources: ResourceLedger,
+    /// The leader killed on purpose, if any, and the failover that followed.
+    pub failover: Option<LeaderFailover>,
     polls: u64,
 }
 
 impl Monitor {
     /// Polls the cluster at time `t` while the trace asks for `target` nodes.
     pub fn poll(&mut self, cluster: &Cluster, t: f64, target: u32) {
+        let started = Instant::now();
         let running = cluster.running();
         let pids: Vec<u32> = running
             .iter()
@@ -74,6 +78,9 @@ impl Monitor {
             if let Some(e) = s.training.as_ref().and_then(|t| t.emulated.as_ref()) {
                 self.emulated.insert(s.peer_id.clone(), e.clone());
             }
+        }
+        if let Some(f) = &mut self.failover {
+            f.observe(t + started.elapsed().as_secs_f64(), &statuses);
         }
         let leader = leader_of(&statuses);
         let all = self.polls.is_multiple_of(ALL_STEPS_EVERY);
@@ -152,15 +159,34 @@ impl Monitor {
     pub fn last(&self) -> Option<&Sample> {
         self.timeline.last()
     }
+
+    /// Whether a leader was killed and no new one was seen yet.
+    pub fn awaiting_leader(&self) -> bool {
+        self.failover.as_ref().is_some_and(LeaderFailover::pending)
+    }
+
+    /// SIGKILLs the node of `cluster` that says it leads, `t` seconds into the replay (after
+    /// reading its committed steps), and times the failover; `false` when no node leads.
+    pub fn kill_leader(&mut self, cluster: &mut Cluster, t: f64) -> bool {
+        let statuses: Vec<(usize, StatusSnapshot)> = cluster
+            .up()
+            .into_iter()
+            .filter_map(|i| Some((i, cluster.status(i)?)))
+            .collect();
+        let Some((i, s)) = failover::leader(&statuses) else {
+            return false;
+        };
+        self.failover = Some(LeaderFailover::new(t, s.peer_id.clone()));
+        self.observe_steps_of(cluster, *i);
+        cluster.kill(*i);
+        true
+    }
 }
 
 /// The node that the most nodes name as leader and that answered, with its status; when no
 /// one names a leader that answered, the node with the highest epoch.
 fn leader_of(statuses: &[(usize, StatusSnapshot)]) -> Option<(usize, &StatusSnapshot)> {
-    let named = statuses.iter().find(|(_, s)| {
-        s.role == RoleView::Leader && s.leader.as_deref() == Some(s.peer_id.as_str())
-    });
-    named
+    failover::leader(statuses)
         .or_else(|| statuses.iter().max_by_key(|(_, s)| (s.epoch, s.step)))
         .map(|(i, s)| (*i, s))
 }
@@ -168,6 +194,7 @@ fn leader_of(statuses: &[(usize, StatusSnapshot)]) -> Option<(usize, &StatusSnap
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parcae_api::RoleView;
 
     #[test]
     fn the_leader_is_the_node_that_says_so() {

@@ -22,6 +22,8 @@ pub struct NodeSettings {
     pub lost_timeout_ms: u64,
     /// Planning strategy (`liveput`, `reactive`, ...).
     pub strategy: String,
+    /// The cluster size the job asked for (the run's most nodes).
+    pub max_nodes: u32,
     /// Model preset (`tiny`, `small`).
     pub model: String,
     /// `synthetic` or a dataset path.
@@ -113,12 +115,14 @@ pub fn render(s: &NodeSettings, dialect: Dialect, aws_base_url: Option<&str>) ->
 fn training_keys(s: &NodeSettings) -> String {
     let mut out = format!(
         "strategy = {strategy:?}\n\
+         max_nodes = {max_nodes}\n\
          [train]\n\
          model = {model:?}\n\
          data = {data:?}\n\
          seed = {seed}\n\
          max_steps = {max_steps}\n",
         strategy = s.strategy,
+        max_nodes = s.max_nodes,
         model = s.model,
         data = s.data,
         seed = s.seed,
@@ -207,6 +211,7 @@ mod tests {
             interval_secs: 10.0,
             lost_timeout_ms: 2000,
             strategy: "liveput".into(),
+            max_nodes: 6,
             model: "tiny".into(),
             data: "synthetic".into(),
             seed: 7,

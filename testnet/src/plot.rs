@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
+use parcae_strategies::ParallelConfig;
 use parcae_strategies::sim::StrategyRun;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
@@ -37,16 +38,13 @@ pub fn simulation(
     let palette = |i: usize| Palette99::pick(i).to_rgba();
 
     let n_max = f64::from(avail.iter().copied().max().unwrap_or(1).max(1)) * 1.1;
-    let mut chart = ChartBuilder::on(&panels[0])
-        .caption(
-            format!("{title}: nodes available and used"),
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_max, 0.0..n_max)
-        .map_err(err)?;
+    let mut chart = panel(
+        &panels[0],
+        &format!("{title}: nodes available and used"),
+        50,
+        0.0..x_max,
+        0.0..n_max,
+    )?;
     chart.configure_mesh().y_desc("nodes").draw().map_err(err)?;
     chart
         .draw_series(LineSeries::new(
@@ -73,12 +71,7 @@ pub fn simulation(
             .label(r.name.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 15, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
 
     let p_max = runs
         .iter()
@@ -86,13 +79,13 @@ pub fn simulation(
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut chart = ChartBuilder::on(&panels[1])
-        .caption("pipeline depth P chosen", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_max, 0.0..f64::from(p_max) * 1.1)
-        .map_err(err)?;
+    let mut chart = panel(
+        &panels[1],
+        "pipeline depth P chosen",
+        50,
+        0.0..x_max,
+        0.0..f64::from(p_max) * 1.1,
+    )?;
     chart.configure_mesh().y_desc("P").draw().map_err(err)?;
     for (k, r) in runs.iter().enumerate() {
         chart
@@ -111,13 +104,7 @@ pub fn simulation(
         .filter_map(|r| r.cumulative.last().copied())
         .fold(1.0, f64::max)
         * 1.05;
-    let mut chart = ChartBuilder::on(&panels[2])
-        .caption("cumulative samples", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..x_max, 0.0..s_max)
-        .map_err(err)?;
+    let mut chart = panel(&panels[2], "cumulative samples", 70, 0.0..x_max, 0.0..s_max)?;
     chart
         .configure_mesh()
         .x_desc("minutes")
@@ -139,14 +126,21 @@ pub fn simulation(
     Ok(())
 }
 
-/// A testnet run: nodes (running, asked for by the trace, used by the plan) and throughput
-/// over time, loss over the committed steps, every reconfiguration marked by a vertical line.
-pub fn testnet_run(path: &Path, title: &str, obs: &crate::engine::Observed) -> Result<()> {
+/// A testnet run: nodes (running, asked for by the trace, used by the plan), the
+/// configuration beside the simulator's choice for each interval (`simulated`: its
+/// configurations and the wall-clock seconds of one interval), and throughput over time, loss
+/// over the committed steps, every reconfiguration marked by a vertical line.
+pub fn testnet_run(
+    path: &Path,
+    title: &str,
+    obs: &crate::engine::Observed,
+    simulated: Option<(&[ParallelConfig], f64)>,
+) -> Result<()> {
     fonts();
     let timeline = &obs.monitor.timeline;
-    let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1200, 1300)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let panels = root.split_evenly((3, 1));
+    let panels = root.split_evenly((4, 1));
     let x_max = timeline.last().map_or(1.0, |s| s.t).max(1.0);
     let marks: Vec<f64> = obs
         .monitor
@@ -162,16 +156,13 @@ pub fn testnet_run(path: &Path, title: &str, obs: &crate::engine::Observed) -> R
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut chart = ChartBuilder::on(&panels[0])
-        .caption(
-            format!("{title}: nodes (reconfigurations in red)"),
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_max, 0.0..f64::from(n_max) * 1.15)
-        .map_err(err)?;
+    let mut chart = panel(
+        &panels[0],
+        &format!("{title}: nodes (reconfigurations in red)"),
+        50,
+        0.0..x_max,
+        0.0..f64::from(n_max) * 1.15,
+    )?;
     chart.configure_mesh().y_desc("nodes").draw().map_err(err)?;
     // Drawn thick to thin so that equal lines stay visible.
     let lines: [NodeSeries; 3] = [
@@ -192,22 +183,19 @@ pub fn testnet_run(path: &Path, title: &str, obs: &crate::engine::Observed) -> R
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 15, y)], color));
     }
     draw_marks(&mut chart, &marks, f64::from(n_max) * 1.15, mark_style)?;
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
+
+    configurations(&panels[1], obs, simulated, x_max, &marks, mark_style)?;
 
     let rate = throughput(timeline);
     let r_max = rate.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
-    let mut chart = ChartBuilder::on(&panels[1])
-        .caption("throughput (committed samples/s)", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_max, 0.0..r_max)
-        .map_err(err)?;
+    let mut chart = panel(
+        &panels[2],
+        "throughput (committed samples/s)",
+        50,
+        0.0..x_max,
+        0.0..r_max,
+    )?;
     chart
         .configure_mesh()
         .y_desc("samples/s")
@@ -226,16 +214,13 @@ pub fn testnet_run(path: &Path, title: &str, obs: &crate::engine::Observed) -> R
         .collect();
     let step_max = losses.last().map_or(1.0, |p| p.0).max(1.0);
     let l_max = losses.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1;
-    let mut chart = ChartBuilder::on(&panels[2])
-        .caption(
-            "loss of the committed steps (grey) and its moving average",
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..step_max, 0.0..l_max)
-        .map_err(err)?;
+    let mut chart = panel(
+        &panels[3],
+        "loss of the committed steps (grey) and its moving average",
+        50,
+        0.0..step_max,
+        0.0..l_max,
+    )?;
     chart
         .configure_mesh()
         .x_desc("step")
@@ -266,6 +251,74 @@ pub fn testnet_run(path: &Path, title: &str, obs: &crate::engine::Observed) -> R
     Ok(())
 }
 
+/// The panel of data-parallel width D and pipeline depth P the cluster ran (solid) and the
+/// simulator chose for each interval of the same trace (dashed, when given).
+fn configurations(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    obs: &crate::engine::Observed,
+    simulated: Option<(&[ParallelConfig], f64)>,
+    x_max: f64,
+    marks: &[f64],
+    mark_style: ShapeStyle,
+) -> Result<()> {
+    let timeline = &obs.monitor.timeline;
+    let sim = simulated.unwrap_or((&[], 1.0));
+    let top = timeline
+        .iter()
+        .filter_map(|s| s.config.map(|(d, p)| d.max(p)))
+        .chain(sim.0.iter().map(|c| c.d.max(c.p)))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let y_max = f64::from(top) * 1.15;
+    let mut chart = panel(
+        area,
+        "configuration: cluster (solid) and simulator (dashed), D and P",
+        50,
+        0.0..x_max,
+        0.0..y_max,
+    )?;
+    chart.configure_mesh().y_desc("D, P").draw().map_err(err)?;
+    let parts: [ConfigSeries; 2] = [
+        ("D", RGBColor(0, 110, 0), |d, _| d),
+        ("P", RGBColor(120, 0, 160), |_, p| p),
+    ];
+    for (name, color, part) in parts {
+        chart
+            .draw_series(LineSeries::new(
+                timeline.iter().map(|s| {
+                    let v = s.config.map_or(0, |(d, p)| part(d, p));
+                    (s.t, f64::from(v))
+                }),
+                color.stroke_width(3),
+            ))
+            .map_err(err)?
+            .label(format!("{name} (cluster)"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 15, y)], color));
+        let (configs, interval) = sim;
+        let steps = configs.iter().enumerate().flat_map(|(i, c)| {
+            let v = f64::from(part(c.d, c.p));
+            [(i as f64 * interval, v), ((i + 1) as f64 * interval, v)]
+        });
+        chart
+            .draw_series(DashedLineSeries::new(
+                steps,
+                8,
+                6,
+                color.mix(0.6).stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(format!("{name} (simulator)"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 15, y)], color.mix(0.6)));
+    }
+    draw_marks(&mut chart, marks, y_max, mark_style)?;
+    legend(&mut chart)?;
+    Ok(())
+}
+
+/// A line of the configuration panel: name, colour, the part of `(D, P)` it shows.
+type ConfigSeries = (&'static str, RGBColor, fn(u32, u32) -> u32);
+
 /// A line of the nodes panel: name, colour, width, value of a sample.
 type NodeSeries = (
     &'static str,
@@ -279,6 +332,33 @@ type Chart<'a, 'b> = ChartContext<
     BitMapBackend<'b>,
     Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
 >;
+
+/// A panel with its caption, axes over `x` and `y`, and `y_label` pixels for the y labels.
+fn panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    y_label: u32,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> Result<Chart<'a, 'b>> {
+    ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(y_label)
+        .build_cartesian_2d(x, y)
+        .map_err(err)
+}
+
+/// The legend of a panel's labelled series.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
 
 /// Vertical lines at `xs` from 0 to `top`.
 fn draw_marks(chart: &mut Chart<'_, '_>, xs: &[f64], top: f64, style: ShapeStyle) -> Result<()> {

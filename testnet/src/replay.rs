@@ -48,6 +48,8 @@ enum Step {
     Notice(usize),
     /// Start missing nodes for interval `k`.
     Arrive(usize),
+    /// SIGKILL the leader without notice.
+    KillLeader,
 }
 
 /// The replay of a planned trace.
@@ -77,6 +79,19 @@ impl Replay {
             next: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
+    }
+
+    /// Also SIGKILLs the cluster's leader, without notice, `at` seconds into the replay (the
+    /// trace's next arrival replaces it).
+    pub fn kill_leader_at(mut self, at: f64) -> Self {
+        self.schedule(at, Step::KillLeader);
+        self
+    }
+
+    /// Adds `step` at `at` among the steps still to come, in time order.
+    fn schedule(&mut self, at: f64, step: Step) {
+        let k = self.next + self.steps[self.next..].partition_point(|s| s.0 <= at);
+        self.steps.insert(k, (at, step));
     }
 
     /// The seeded choice of `n` nodes to preempt among `candidates`.
@@ -122,6 +137,12 @@ impl Scenario for Replay {
                 let want = self.counts[k] as usize;
                 if up.len() < want {
                     ctx.cluster.start_nodes(want - up.len())?;
+                }
+            }
+            Step::KillLeader => {
+                if !ctx.kill_leader() {
+                    // No node leads this instant (an election): try again shortly.
+                    self.schedule(ctx.now() + 0.5, Step::KillLeader);
                 }
             }
         }
@@ -193,6 +214,15 @@ mod tests {
         // A grace longer than an interval is cut at the previous boundary.
         let r = Replay::new(vec![3, 2], 2.0, 5.0, 1);
         assert_eq!(r.steps[0], (0.0, Step::Notice(1)));
+    }
+
+    #[test]
+    fn the_leader_kill_is_scheduled_in_order() {
+        let r = Replay::new(vec![3, 2, 4], 10.0, 3.0, 1).kill_leader_at(15.0);
+        let kinds: Vec<(f64, Step)> = r.steps.clone();
+        assert_eq!(kinds[2], (15.0, Step::KillLeader));
+        assert_eq!(kinds[3], (17.0, Step::Notice(2)));
+        assert_eq!(kinds.len(), 5);
     }
 
     #[test]

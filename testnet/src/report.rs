@@ -4,10 +4,11 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use parcae_api::EmulatedView;
+use parcae_api::{EmulatedView, MigrationKind};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
+use crate::failover::LeaderFailover;
 use crate::ledger::{MigrationCounts, sample_overlap};
 use crate::resources::ResourceReport;
 
@@ -34,6 +35,8 @@ pub struct RunReport {
     pub migrations: MigrationCounts,
     /// Seconds spent in reconfigurations (per epoch the slowest node).
     pub migration_secs: f64,
+    /// Every re-plan that moved the running job: when it was seen and how long it took.
+    pub reconfigurations: Vec<Reconfiguration>,
     /// Steps seen committed during the run that are missing from or changed in the end.
     pub lost_committed_steps: u64,
     /// Samples trained by more than one committed step.
@@ -47,6 +50,43 @@ pub struct RunReport {
     /// Memory and CPU of the node processes and of the testnet (absent without a poll).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceReport>,
+    /// The leader SIGKILLed on purpose (`run --kill-leader-at`) and the failover's time
+    /// (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_failover: Option<LeaderFailover>,
+    /// Samples the simulator trains with the same strategy on the replayed trace and the cost
+    /// model the cluster ran under (`crate::predicted`; null without a trace or a cost model).
+    pub simulated_samples: Option<f64>,
+    /// `samples / simulated_samples`.
+    pub vs_simulated: Option<f64>,
+    /// `samples` as a percentage of the simulator's ideal on the same trace and model (every
+    /// interval at the best configuration for its nodes, reconfigurations free).
+    pub percent_of_ideal: Option<f64>,
+}
+
+impl RunReport {
+    /// Adds the simulator's samples for this run and its ideal's.
+    pub fn compare_with_simulator(&mut self, simulated: f64, ideal: f64) {
+        let measured = self.samples as f64;
+        self.simulated_samples = Some(simulated);
+        self.vs_simulated = (simulated > 0.0).then(|| measured / simulated);
+        self.percent_of_ideal = (ideal > 0.0).then(|| 100.0 * measured / ideal);
+    }
+}
+
+/// One re-plan of a run (an epoch that moved the running job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reconfiguration {
+    /// The plan's epoch.
+    pub epoch: u64,
+    /// How the nodes moved (the first node to report it).
+    pub kind: MigrationKind,
+    /// The step the plan took over at.
+    pub at_step: u64,
+    /// Seconds into the replay when a node first reported it.
+    pub seen_at_secs: f64,
+    /// The longest time any node spent in it, seconds.
+    pub secs: f64,
 }
 
 /// Pacing of the emulated accelerators over every node of a run. Every wait of an emulated
@@ -137,11 +177,27 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         loss_last: seq.last().map(|r| r.loss).filter(|l| l.is_finite()),
         migrations: obs.monitor.migrations.counts(),
         migration_secs: obs.monitor.migrations.total_secs(),
+        reconfigurations: obs
+            .monitor
+            .migrations
+            .migrations()
+            .map(|(&epoch, m)| Reconfiguration {
+                epoch,
+                kind: m.kind,
+                at_step: m.at_step,
+                seen_at_secs: m.seen_at,
+                secs: m.secs,
+            })
+            .collect(),
         lost_committed_steps: lost.len() as u64,
         duplicate_samples: duplicates,
         wall_secs: meta.wall_secs,
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
         resources: obs.monitor.resources.report(),
+        leader_failover: obs.monitor.failover.clone(),
+        simulated_samples: None,
+        vs_simulated: None,
+        percent_of_ideal: None,
     };
     let details = Details {
         gaps,
@@ -191,7 +247,30 @@ pub fn print_table(runs: &[(&RunReport, u64)]) {
             "skipped samples",
             runs.iter().map(|(_, gaps)| gaps.to_string()).collect(),
         ),
+        (
+            "simulated samples",
+            col(runs, |r| {
+                r.simulated_samples
+                    .map_or("-".into(), |x| format!("{x:.0}"))
+            }),
+        ),
+        ("measured/simulated", col(runs, |r| opt(r.vs_simulated))),
+        (
+            "% of ideal",
+            col(runs, |r| {
+                r.percent_of_ideal.map_or("-".into(), |x| format!("{x:.1}"))
+            }),
+        ),
         ("wall (s)", col(runs, |r| format!("{:.1}", r.wall_secs))),
+        (
+            "leader failover",
+            col(runs, |r| {
+                r.leader_failover.as_ref().map_or("-".into(), |f| {
+                    f.new_leader_after_secs
+                        .map_or("no new leader".into(), |s| format!("{s:.1} s"))
+                })
+            }),
+        ),
         (
             "node RSS peak/mean",
             col(runs, |r| {
@@ -311,6 +390,9 @@ pub fn check(r: &RunReport) -> Result<(), String> {
             e.time_scale
         ));
     }
+    if let Some(problem) = r.leader_failover.as_ref().and_then(LeaderFailover::problem) {
+        failed.push(problem);
+    }
     if failed.is_empty() {
         Ok(())
     } else {
@@ -381,8 +463,19 @@ mod tests {
         assert_eq!(r.loss_last, Some(2.5));
         assert_eq!(r.migrations.inter, 1);
         assert_eq!(r.migration_secs, 0.5);
+        assert_eq!(
+            r.reconfigurations,
+            vec![Reconfiguration {
+                epoch: 2,
+                kind: MigrationKind::Inter,
+                at_step: 2,
+                seen_at_secs: 1.0,
+                secs: 0.5
+            }]
+        );
         assert_eq!(r.lost_committed_steps, 0);
         let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["reconfigurations"][0]["kind"], "inter");
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         keys.sort_unstable();
         assert_eq!(
@@ -397,9 +490,13 @@ mod tests {
                 "migration_secs",
                 "migrations",
                 "nodes_max",
+                "percent_of_ideal",
+                "reconfigurations",
                 "samples",
+                "simulated_samples",
                 "strategy",
                 "trace",
+                "vs_simulated",
                 "wall_secs"
             ]
         );
@@ -471,7 +568,21 @@ mod tests {
             wall_secs: 1.0,
             emulated: Some(e),
             resources: None,
+            leader_failover: None,
+            reconfigurations: Vec::new(),
+            simulated_samples: None,
+            vs_simulated: None,
+            percent_of_ideal: None,
         };
+        let mut compared = base.clone();
+        compared.compare_with_simulator(20.0, 32.0);
+        assert_eq!(compared.vs_simulated, Some(0.8));
+        assert_eq!(compared.percent_of_ideal, Some(50.0));
+        compared.compare_with_simulator(0.0, 0.0);
+        assert_eq!(
+            (compared.vs_simulated, compared.percent_of_ideal),
+            (None, None)
+        );
         assert!(check(&base).is_ok(), "5 % is within the bound");
         let slow = RunReport {
             emulated: EmulatedReport::of(&[view(4.0, 30.0), view(2.0, 30.0)]),

@@ -2,15 +2,18 @@
 //! `chaos` share with it (node options, output options, one supervised session).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use parcae_strategies::sim::StrategyRun;
 use parcae_strategies::trace;
 
 use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
 use crate::engine::{self, Observed, Scenario};
 use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
+use crate::predicted;
 use crate::process;
 use crate::progress::Progress;
 use crate::replay::{self, Replay};
@@ -24,7 +27,7 @@ use parcae_testnet::local_cluster::Ports;
 pub const DEFAULT_TRACE: &str = "synthetic:hh:15";
 
 /// Planning strategies of the node (`[planner] strategy`).
-pub const STRATEGIES: [&str; 2] = ["liveput", REACTIVE];
+pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
 /// The reactive baseline's name.
 pub const REACTIVE: &str = "reactive";
 
@@ -120,9 +123,14 @@ pub struct TraceArgs {
 pub struct Args {
     #[command(flatten)]
     trace: TraceArgs,
-    /// Planning strategy of the nodes: liveput (proactive) or reactive (restart on changes).
+    /// Planning strategy of the nodes: liveput (proactive, the zone forecast with notices),
+    /// liveput-predict (proactive, Parcae's ARIMA predictor) or reactive (restart on changes).
     #[arg(long, default_value = "liveput", value_parser = STRATEGIES)]
     strategy: String,
+    /// SIGKILL the cluster's leader, without notice, this many seconds into the replay; the
+    /// report times the failover (`--check` fails above 5 s) and lists every re-plan.
+    #[arg(long)]
+    kill_leader_at: Option<f64>,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -214,7 +222,7 @@ impl NodeArgs {
         Ok(())
     }
 
-    fn settings(&self, strategy: &str) -> Result<NodeSettings> {
+    fn settings(&self, strategy: &str, max_nodes: u32) -> Result<NodeSettings> {
         let data = if self.data == "synthetic" {
             self.data.clone()
         } else {
@@ -228,6 +236,7 @@ impl NodeArgs {
             interval_secs: self.interval_secs as f64,
             lost_timeout_ms: 2000,
             strategy: strategy.to_string(),
+            max_nodes,
             model: self.model.clone(),
             data,
             seed: self.seed,
@@ -251,6 +260,11 @@ pub struct Outcome {
     pub details: report::Details,
     /// Everything observed.
     pub observed: Observed,
+    /// Wall-clock seconds of one replayed interval.
+    pub interval_secs: f64,
+    /// The simulator's run of the same strategy on the same trace and cost model, if any
+    /// ([`simulate_sessions`]).
+    pub simulated: Option<StrategyRun>,
 }
 
 /// What a session replays and how it is named in the report.
@@ -281,7 +295,7 @@ pub fn session(
     let opts = ClusterOptions {
         bin,
         dir: dir.clone(),
-        settings: node.settings(spec.strategy)?,
+        settings: node.settings(spec.strategy, spec.nodes_max)?,
         notice: node.notice,
         ports: node.base_port.map_or(Ports::Ephemeral, Ports::Base),
     };
@@ -308,14 +322,63 @@ pub fn session(
         report,
         details,
         observed,
+        interval_secs: node.interval_secs as f64,
+        simulated: None,
     })
+}
+
+/// Gives every session replaying `planned` the simulator's account of it
+/// ([`crate::predicted`]): its strategy on the same trace, under the emulated profile's cost
+/// model (the simulated interval is the emulated one), or on CPUs under the model measured on
+/// these sessions together; and its share of the simulator's ideal. Nothing when there is no
+/// model (a CPU run too short to measure a configuration).
+pub fn simulate_sessions(
+    outcomes: &mut [Outcome],
+    node: &NodeArgs,
+    planned: &Planned,
+    nodes_max: u32,
+) {
+    let (model, interval_secs) = match &node.emulate {
+        Some(profile) => (
+            predicted::emulated_model(profile, nodes_max),
+            node.interval_secs as f64 * node.time_scale,
+        ),
+        None => {
+            let observed: Vec<&Observed> = outcomes.iter().map(|o| &o.observed).collect();
+            (
+                predicted::measured_model(&node.model, &observed),
+                node.interval_secs as f64,
+            )
+        }
+    };
+    let Some(model) = model.map(Arc::new) else {
+        return;
+    };
+    let trace = predicted::replayed_trace(
+        &planned.source,
+        &planned.counts,
+        interval_secs.round().max(1.0) as u64,
+    );
+    let simulate =
+        |strategy: &str| predicted::simulate(&model, &trace, nodes_max, node.seed, strategy);
+    let ideal = simulate("ideal").map_or(0.0, |r| r.samples);
+    for o in outcomes {
+        if let Some(run) = simulate(&o.report.strategy) {
+            o.report.compare_with_simulator(run.samples, ideal);
+            o.simulated = Some(run);
+        }
+    }
 }
 
 /// Writes the plots of one session into `dir` as `<name>.png`.
 pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{name}.png"));
-    crate::plot::testnet_run(&path, title, &outcome.observed)
+    let simulated = outcome
+        .simulated
+        .as_ref()
+        .map(|run| (run.configs.as_slice(), outcome.interval_secs));
+    crate::plot::testnet_run(&path, title, &outcome.observed, simulated)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
@@ -330,16 +393,31 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         args.node.grace_secs,
         args.node.seed,
     );
+    if let Some(at) = args.kill_leader_at {
+        let end = planned.counts.len() as f64 * args.node.interval_secs as f64;
+        if !(at.is_finite() && at >= 0.0 && at < end) {
+            bail!("--kill-leader-at {at}: must be within the replay's {end} s");
+        }
+        scenario = scenario.kill_leader_at(at);
+    }
     let spec = SessionSpec {
         strategy: &args.strategy,
         trace: planned.source.clone(),
         intervals: planned.counts.len() as u64,
         nodes_max: args.trace.nodes_max,
     };
-    let outcome = session(&args.node, spec, &mut scenario, interrupt)?;
+    let mut outcomes = [session(&args.node, spec, &mut scenario, interrupt)?];
+    simulate_sessions(&mut outcomes, &args.node, &planned, args.trace.nodes_max);
+    let [outcome] = outcomes;
     finish(&[&outcome], &args.output, &planned.source)?;
     if let Some(path) = &args.output.json {
         report::write_json(path, &outcome.report)?;
+    }
+    if args.output.check
+        && args.kill_leader_at.is_some()
+        && outcome.report.leader_failover.is_none()
+    {
+        bail!("--kill-leader-at: no node led the cluster to be killed");
     }
     check(&[&outcome], &args.output)
 }
@@ -366,6 +444,15 @@ pub fn finish(outcomes: &[&Outcome], output: &OutputArgs, title: &str) -> Result
         println!("{}", report::summary(&o.report));
     }
     for o in outcomes {
+        if !o.report.reconfigurations.is_empty() {
+            let replans: Vec<String> = o
+                .report
+                .reconfigurations
+                .iter()
+                .map(|r| format!("{:.0} s {:?} {:.1} s", r.seen_at_secs, r.kind, r.secs))
+                .collect();
+            println!("re-plans ({}): {}", o.report.strategy, replans.join(", "));
+        }
         for w in &o.observed.warnings {
             println!("warning ({}): {w}", o.report.strategy);
         }

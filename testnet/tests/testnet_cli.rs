@@ -311,6 +311,19 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
         assert!(v["migrations"][kind].is_u64(), "{kind}: {v}");
     }
     assert!(v["migration_secs"].as_f64().unwrap() >= 0.0);
+    // One entry per re-plan that moved the job, with the counts' kinds.
+    let replans = v["reconfigurations"].as_array().unwrap();
+    let counted: u64 = ["intra", "inter", "repartition", "restart"]
+        .iter()
+        .map(|k| v["migrations"][k].as_u64().unwrap())
+        .sum();
+    assert_eq!(replans.len() as u64, counted, "{v}");
+    for r in replans {
+        assert!(
+            r["secs"].as_f64().unwrap() >= 0.0 && r["seen_at_secs"].is_f64(),
+            "{r}"
+        );
+    }
     assert!(v["wall_secs"].as_f64().unwrap() > 0.0);
     // What the nodes and the testnet cost the machine (issue 14), read at every poll.
     for key in [
@@ -322,9 +335,22 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     ] {
         assert!(v["resources"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
     }
+    // The simulator's account of the same strategy (null when no cost model was measured).
+    if let Some(simulated) = v["simulated_samples"].as_f64() {
+        let samples = v["samples"].as_f64().unwrap();
+        assert!(simulated > 0.0, "{v}");
+        let ratio = v["vs_simulated"].as_f64().unwrap();
+        assert!((ratio - samples / simulated).abs() < 1e-9, "{v}");
+        assert!(v["percent_of_ideal"].as_f64().unwrap() >= 0.0, "{v}");
+    } else {
+        assert!(
+            v["simulated_samples"].is_null() && v["vs_simulated"].is_null(),
+            "{v}"
+        );
+    }
     assert_eq!(
         v.as_object().unwrap().len(),
-        14,
+        18,
         "exactly the issues' fields (no emulated device here): {v}"
     );
     assert_eq!(v["lost_committed_steps"], 0);
@@ -359,6 +385,36 @@ fn a_short_real_run_writes_the_run_json() {
     assert_eq!(v["trace"], "synthetic:hh:15:nodes=3");
     // 3 intervals of 4 s plus start-up and collection.
     assert!(v["wall_secs"].as_f64().unwrap() >= 12.0);
+}
+
+#[test]
+fn a_killed_leader_is_replaced_and_timed() {
+    let _serial = serial();
+    let v = real_run(
+        &[
+            "run",
+            "--intervals",
+            "3",
+            "--interval-secs",
+            "5",
+            "--nodes-max",
+            "3",
+            "--kill-leader-at",
+            "6",
+            "--check",
+        ],
+        "failover",
+    );
+    let f = &v["leader_failover"];
+    assert!(
+        (f["killed_at_secs"].as_f64().unwrap() - 6.0).abs() < 1.0,
+        "{f}"
+    );
+    assert!(f["killed"].as_str().unwrap().starts_with("12D3"), "{f}");
+    let after = f["new_leader_after_secs"].as_f64().unwrap();
+    assert!(after > 0.0 && after <= 5.0, "{f}");
+    assert_eq!(v["lost_committed_steps"], 0);
+    assert_eq!(v["duplicate_samples"], 0);
 }
 
 #[test]
