@@ -269,6 +269,9 @@ pub struct StatusSnapshot {
     /// Reconfigurations this node took part in (the trainer's, at the top level for readers
     /// that only want these).
     pub migrations: Vec<MigrationView>,
+    /// Where this node watches for preemption notices besides SIGTERM: `"aws"`, `"gce"` or
+    /// `"azure"` (the metadata service it polls), `"none"`, or `null` while it is detecting.
+    pub notice_provider: Option<String>,
 }
 
 impl StatusSnapshot {

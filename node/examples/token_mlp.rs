@@ -124,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         data_dir: data_dir.into(),
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
         bootstrap: rest.iter().map(|b| b.parse()).collect::<Result<_, _>>()?,
+        bootstrap_file: None,
         cluster_key: ClusterKey::load(std::path::Path::new(key))?,
         status_addr: status_addr.parse().context("STATUS_ADDR")?,
         trainer: None,

@@ -206,17 +206,37 @@ pub struct TrainConfig {
     pub data_port: u16,
 }
 
-/// Cloud metadata pollers; a poller runs only when its base URL is set.
+/// Where preemption notices come from besides SIGTERM and SIGINT (which always count).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticeProvider {
+    /// Probe the AWS, GCE and Azure metadata services at start and poll the one that answers.
+    #[default]
+    Auto,
+    /// AWS IMDSv2 spot instance-action.
+    Aws,
+    /// GCE `instance/preempted`.
+    Gce,
+    /// Azure Scheduled Events.
+    Azure,
+    /// Signals only.
+    None,
+}
+
+/// Cloud metadata polling: which provider, and where each one's metadata service is (the
+/// well-known addresses unless set; tests point them at local fakes).
 #[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct NoticeConfig {
+    /// Which provider to poll (`auto`: the one that answers at start).
+    pub provider: NoticeProvider,
     /// Milliseconds between metadata polls.
     pub poll_interval_ms: Option<u64>,
-    /// AWS IMDS base URL, e.g. `http://169.254.169.254`.
+    /// AWS IMDS base URL (default `http://169.254.169.254`).
     pub aws_base_url: Option<String>,
-    /// GCE metadata base URL, e.g. `http://metadata.google.internal`.
+    /// GCE metadata base URL (default `http://metadata.google.internal`).
     pub gce_base_url: Option<String>,
-    /// Azure IMDS base URL, e.g. `http://169.254.169.254`.
+    /// Azure IMDS base URL (default `http://169.254.169.254`).
     pub azure_base_url: Option<String>,
 }
 
@@ -410,6 +430,11 @@ impl NodeConfig {
             _ => 1.0,
         };
         Duration::from_secs_f64(self.train.peer_timeout_secs * stretch)
+    }
+
+    /// Raft's election timeout: `election_ticks` ticks of `tick_ms`.
+    pub fn raft_election_timeout(&self) -> Duration {
+        Duration::from_millis(self.raft.tick_ms) * self.raft.election_ticks as u32
     }
 
     /// The grace period as a duration.

@@ -1,10 +1,13 @@
 //! The node's HTTP endpoints, on actix-web: `/status` and `/steps` (JSON, rendered by the
-//! [`Status`](crate::status::Status) actor into shared cells) and `/metrics` (OpenMetrics).
+//! [`Status`](crate::status::Status) actor into shared cells), `/metrics` (OpenMetrics), and the
+//! orchestrators' probes: `/healthz` (200 while the process serves) and `/readyz` (200 when the
+//! node is a member of a cluster with a leader and trains or is ready to, else 503 and why; see
+//! [`readiness`](crate::status::readiness)).
 //!
 //! The server reads only those cells and the metrics atomics, on a worker thread of its own, so
 //! no client can block an actor. Clients are untrusted: connections are capped, a request head
 //! must arrive within `REQUEST_TIMEOUT`, idle keep-alive connections close after
-//! `KEEP_ALIVE`, and only `GET` on the three paths is served.
+//! `KEEP_ALIVE`, and only `GET` on these paths is served.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -71,7 +74,7 @@ pub fn serve_http(
     Ok(bound)
 }
 
-/// The three endpoints; anything else is 404, another method on them 405.
+/// The endpoints; anything else is 404, another method on them 405.
 fn routes(json: Published, metrics: Arc<Metrics>) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         cfg.app_data(web::Data::new(json))
@@ -79,6 +82,8 @@ fn routes(json: Published, metrics: Arc<Metrics>) -> impl FnOnce(&mut web::Servi
             .service(web::resource("/status").route(web::get().to(status)))
             .service(web::resource("/steps").route(web::get().to(steps)))
             .service(web::resource("/metrics").route(web::get().to(render_metrics)))
+            .service(web::resource("/healthz").route(web::get().to(healthz)))
+            .service(web::resource("/readyz").route(web::get().to(readyz)))
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().body("not found\n")
             }));
@@ -94,6 +99,25 @@ async fn status(json: web::Data<Published>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(body)
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+}
+
+async fn readyz(json: web::Data<Published>) -> HttpResponse {
+    let ready = *json
+        .ready
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    match ready {
+        Ok(()) => HttpResponse::Ok()
+            .content_type("text/plain")
+            .body("ready\n"),
+        Err(why) => HttpResponse::ServiceUnavailable()
+            .content_type("text/plain")
+            .body(format!("not ready: {why}\n")),
+    }
 }
 
 /// `/steps?from=STEP`: lets a poller fetch only what is new; unknown parameters are refused.
@@ -176,6 +200,13 @@ mod tests {
         assert_eq!(code(Method::GET, "/status"), 200);
         assert_eq!(code(Method::GET, "/metrics"), 200);
         assert_eq!(code(Method::GET, "/steps"), 200);
+        assert_eq!(code(Method::GET, "/healthz"), 200);
+        assert_eq!(
+            call(&json, Method::GET, "/readyz"),
+            (503, "not ready: not a member of a cluster yet\n".into())
+        );
+        *json.ready.write().unwrap() = Ok(());
+        assert_eq!(call(&json, Method::GET, "/readyz"), (200, "ready\n".into()));
         assert_eq!(code(Method::GET, "/nope"), 404);
         assert_eq!(code(Method::GET, "/steps?from=x"), 400);
         assert_eq!(code(Method::GET, "/steps?to=1"), 400);

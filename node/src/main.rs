@@ -53,13 +53,13 @@ enum Command {
     /// Create a new cluster key file.
     Keygen {
         /// Where to write the key (must not exist).
-        #[arg(long)]
+        #[arg(long, env = "PARCAE_OUT")]
         out: PathBuf,
     },
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
-        #[arg(long)]
+        #[arg(long, env = "PARCAE_ADDR")]
         addr: SocketAddr,
     },
 }

@@ -8,14 +8,17 @@ use std::sync::{Arc, RwLock};
 use actix::prelude::*;
 use libp2p::Multiaddr;
 
-use crate::config::{ConfigError, NodeConfig, PlanStrategy};
+use crate::config::{ConfigError, NodeConfig, NoticeProvider, PlanStrategy};
 use crate::control::driver::Outlets;
-use crate::control::{ControlDriver, ControlPlane, RaftActorError, RaftSetup, open_node};
+use crate::control::{
+    ControlDriver, ControlPlane, RaftActorError, RaftSetup, known_peers, open_node,
+};
 use crate::http::{HttpError, serve_http};
 use crate::identity::{self, IdentityError};
 use crate::key::{ClusterKey, KeyError};
 use crate::metrics::Metrics;
-use crate::net::actor::{MissingPeerId, Network, split_peer_addr};
+use crate::net::actor::{Network, SeedSource};
+use crate::net::seeds::{self, SeedError};
 use crate::net::swarm::{SwarmError, build_swarm};
 use crate::planner::Planner;
 use crate::status::{Published, Status, StatusSnapshot};
@@ -26,28 +29,42 @@ use crate::watch::NoticeWatcher;
 pub const RAFT_DIR: &str = "raft";
 
 /// The command line of `parcae-node run` as clap parses it; [`RunArgs::load`] reads the files
-/// it names into [`RunOptions`].
+/// it names into [`RunOptions`]. Every flag can also come from the environment variable named
+/// after it (`PARCAE_` and the flag in upper snake case); lists there are comma-separated.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Directory for the identity key and the raft log (created if missing).
-    #[arg(long)]
+    /// Directory for the identity key, the raft log and the remembered members (created if
+    /// missing).
+    #[arg(long, env = "PARCAE_DATA_DIR")]
     pub data_dir: PathBuf,
     /// libp2p listen address, e.g. /ip4/0.0.0.0/tcp/7000 (repeatable).
-    #[arg(long, required = true)]
+    #[arg(long, env = "PARCAE_LISTEN", value_delimiter = ',', required = true)]
     pub listen: Vec<Multiaddr>,
-    /// Peers to join through, each ending in /p2p/PEER_ID (repeatable). Without any, the node
-    /// starts a new cluster (unless its data directory already holds one).
-    #[arg(long, num_args = 1..)]
+    /// Where to find the cluster (repeatable): /ip4/A/tcp/P, /ip6/A/tcp/P, /dns4/NAME/tcp/P,
+    /// /dns6/NAME/tcp/P or /dns/NAME/tcp/P, with or without /p2p/PEER_ID. Without any (and
+    /// without --bootstrap-file), the node founds a new cluster unless its data directory
+    /// already holds one; a node that already belongs to a cluster finds it again through the
+    /// members it remembers.
+    #[arg(long, env = "PARCAE_BOOTSTRAP", value_delimiter = ',', num_args = 1..)]
     pub bootstrap: Vec<Multiaddr>,
+    /// A file of bootstrap addresses, one per line (`#` starts a comment), read again every
+    /// few seconds while the node is connected to no member.
+    #[arg(long, env = "PARCAE_BOOTSTRAP_FILE")]
+    pub bootstrap_file: Option<PathBuf>,
     /// File holding the cluster key (see `keygen`).
-    #[arg(long)]
+    #[arg(long, env = "PARCAE_CLUSTER_KEY")]
     pub cluster_key: PathBuf,
-    /// Address of the HTTP status server (/status, /steps, /metrics).
-    #[arg(long)]
+    /// Address of the HTTP server (/status, /steps, /metrics, /healthz, /readyz).
+    #[arg(long, env = "PARCAE_STATUS_ADDR")]
     pub status_addr: SocketAddr,
     /// Optional TOML configuration file.
-    #[arg(long)]
+    #[arg(long, env = "PARCAE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Where preemption notices come from besides SIGTERM: `auto` probes the AWS, GCE and Azure
+    /// metadata services at start and polls the one that answers (overrides the config file's
+    /// `[notices] provider`, whose default is `auto`).
+    #[arg(long, env = "PARCAE_NOTICE", value_enum)]
+    pub notice: Option<NoticeProvider>,
 }
 
 /// A file the command line names could not be loaded.
@@ -65,15 +82,19 @@ impl RunArgs {
     /// Loads the cluster key and the configuration (defaults without a file); the options of a
     /// node that runs no trainer yet.
     pub fn load(self) -> Result<RunOptions, ArgsError> {
-        let config = match &self.config {
+        let mut config = match &self.config {
             Some(path) => NodeConfig::load(path)?,
             None => NodeConfig::default(),
         };
+        if let Some(provider) = self.notice {
+            config.notices.provider = provider;
+        }
         Ok(RunOptions {
             cluster_key: ClusterKey::load(&self.cluster_key)?,
             data_dir: self.data_dir,
             listen: self.listen,
             bootstrap: self.bootstrap,
+            bootstrap_file: self.bootstrap_file,
             status_addr: self.status_addr,
             config,
             trainer: None,
@@ -87,8 +108,10 @@ pub struct RunOptions {
     pub data_dir: PathBuf,
     /// libp2p listen addresses.
     pub listen: Vec<Multiaddr>,
-    /// Bootstrap peers, each ending in `/p2p/<peer id>`.
+    /// Seed addresses (see [`crate::net::seeds`]).
     pub bootstrap: Vec<Multiaddr>,
+    /// A file of seed addresses, read again while the node is alone.
+    pub bootstrap_file: Option<PathBuf>,
     /// The cluster key.
     pub cluster_key: ClusterKey,
     /// HTTP status address.
@@ -105,9 +128,9 @@ pub enum NodeError {
     /// Identity key problem.
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    /// Bad bootstrap address.
+    /// Bad bootstrap address or file.
     #[error(transparent)]
-    Bootstrap(#[from] MissingPeerId),
+    Bootstrap(#[from] SeedError),
     /// Swarm construction failed.
     #[error(transparent)]
     Swarm(#[from] SwarmError),
@@ -141,19 +164,25 @@ pub fn init_logging() {
 pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let keypair = identity::load_or_create(&opts.data_dir)?;
     let peer_id = keypair.public().to_peer_id();
-    let bootstrap = opts
-        .bootstrap
-        .iter()
-        .map(split_peer_addr)
-        .collect::<Result<Vec<_>, _>>()?;
-    tracing::info!(%peer_id, key = %opts.cluster_key.fingerprint(), "starting node");
+    let mut given = seeds::parse_all("--bootstrap", &opts.bootstrap)?;
+    if let Some(file) = &opts.bootstrap_file {
+        seeds::read_file(file)?;
+    }
+    let found_cluster = given.is_empty() && opts.bootstrap_file.is_none();
+    let remembered = known_peers::path(&opts.data_dir);
+    given.extend(known_peers::load(&remembered));
+    let seeds = SeedSource {
+        seeds: given,
+        file: opts.bootstrap_file.clone(),
+    };
+    tracing::info!(%peer_id, key = %opts.cluster_key.fingerprint(), seeds = seeds.seeds.len(), "starting node");
 
     let metrics = Arc::new(Metrics::default());
     let initial = serde_json::to_string(&StatusSnapshot::initial(peer_id.to_string()))
         .unwrap_or_else(|_| "{}".into());
     let cells = Published {
         status: Arc::new(RwLock::new(initial)),
-        steps: Arc::default(),
+        ..Published::default()
     };
     let system = System::new();
     let http =
@@ -192,9 +221,9 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let setup = RaftSetup {
         peer_id,
         dir: opts.data_dir.join(RAFT_DIR),
-        found_cluster: bootstrap.is_empty(),
+        found_cluster,
         listen: listen.clone(),
-        bootstrap: bootstrap.iter().map(|(p, _)| *p).collect(),
+        known_peers: remembered,
         data_addr,
     };
     let raft_node = open_node(&setup, &config)?;
@@ -205,7 +234,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         let events = handle.driver().clone().recipient();
         let net_metrics = metrics.clone();
         let net = Network::start_in_arbiter(&net_arbiter.handle(), move |_| {
-            Network::new(swarm, listen, bootstrap, events, net_metrics)
+            Network::new(swarm, listen, seeds, events, net_metrics)
         });
         let driver_config = config.clone();
         let driver_status = status.clone();
@@ -217,7 +246,12 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
             };
             ControlDriver::new(raft_node, setup, driver_config, net, out)
         });
-        NoticeWatcher::new(&config, handle.driver().clone().recipient()).start();
+        NoticeWatcher::new(
+            &config,
+            handle.driver().clone().recipient(),
+            status.clone().recipient(),
+        )
+        .start();
         Planner::new(handle, status, &config).start();
     });
     Ok(system.run_with_code()?)

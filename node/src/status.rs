@@ -28,12 +28,66 @@ pub type SharedJson = Arc<RwLock<String>>;
 pub type SharedSteps = Arc<RwLock<VecDeque<StepRecord>>>;
 
 /// What the HTTP thread serves.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Published {
     /// `/status`, rendered by the actor.
     pub status: SharedJson,
     /// `/steps`.
     pub steps: SharedSteps,
+    /// `/readyz`: ready, or why not.
+    pub ready: Arc<RwLock<Result<(), NotReady>>>,
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Self {
+            status: SharedJson::default(),
+            steps: SharedSteps::default(),
+            ready: Arc::new(RwLock::new(Err(NotReady::NotAMember))),
+        }
+    }
+}
+
+/// Why a node is not ready (`/readyz` answers 503 with this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The replicated membership does not list this node as active or spare.
+    #[error("not a member of a cluster yet")]
+    NotAMember,
+    /// No leader is known: nothing can be committed.
+    #[error("no leader known")]
+    NoLeader,
+    /// The node got a preemption notice and is draining.
+    #[error("leaving (preemption notice)")]
+    Leaving,
+    /// The job reached its step limit.
+    #[error("the job finished")]
+    Finished,
+}
+
+/// Whether a node is ready: a healthy member of a cluster with a leader, not leaving, and
+/// training or ready to (a node that trains nothing is ready once it is a member).
+pub fn readiness(status: &StatusSnapshot) -> Result<(), NotReady> {
+    if status.leaving_deadline_unix_ms.is_some() {
+        return Err(NotReady::Leaving);
+    }
+    if !status
+        .member(&status.peer_id)
+        .is_some_and(|m| m.status.is_healthy())
+    {
+        return Err(NotReady::NotAMember);
+    }
+    if status.leader.is_none() {
+        return Err(NotReady::NoLeader);
+    }
+    if status
+        .training
+        .as_ref()
+        .is_some_and(|t| t.phase == TrainingPhase::Finished)
+    {
+        return Err(NotReady::Finished);
+    }
+    Ok(())
 }
 
 /// The actor: renders snapshots into the shared cells.
@@ -41,7 +95,13 @@ pub struct Status {
     cells: Published,
     snapshot: Option<StatusSnapshot>,
     training: TrainingView,
+    notice_provider: Option<String>,
 }
+
+/// Where the notice watcher ended up watching (see [`StatusSnapshot::notice_provider`]).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct NoticeWatch(pub String);
 
 impl Status {
     /// An actor publishing into `cells`.
@@ -50,6 +110,7 @@ impl Status {
             cells,
             snapshot: None,
             training: TrainingView::default(),
+            notice_provider: None,
         }
     }
 
@@ -58,8 +119,14 @@ impl Status {
         let full = StatusSnapshot {
             training: Some(self.training.clone()),
             migrations: self.training.migrations.clone(),
+            notice_provider: self.notice_provider.clone(),
             ..raft.clone()
         };
+        *self
+            .cells
+            .ready
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = readiness(&full);
         store(&self.cells.status, serde_json::to_string(&full));
     }
 }
@@ -114,6 +181,15 @@ impl Handler<Estimates> for Status {
     }
 }
 
+impl Handler<NoticeWatch> for Status {
+    type Result = ();
+
+    fn handle(&mut self, watch: NoticeWatch, _: &mut Context<Self>) {
+        self.notice_provider = Some(watch.0);
+        self.render_status();
+    }
+}
+
 impl Handler<StepRecord> for Status {
     type Result = ();
 
@@ -127,5 +203,64 @@ impl Handler<StepRecord> for Status {
             steps.pop_front();
         }
         steps.push_back(record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(status: MemberState) -> StatusSnapshot {
+        StatusSnapshot {
+            peer_id: "me".into(),
+            leader: Some("other".into()),
+            members: vec![MemberView {
+                peer_id: "me".into(),
+                voter: true,
+                status,
+                deadline_unix_ms: None,
+            }],
+            ..StatusSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn ready_means_a_healthy_member_with_a_leader_that_is_not_leaving_or_done() {
+        assert_eq!(readiness(&member(MemberState::Active)), Ok(()));
+        assert_eq!(readiness(&member(MemberState::Spare)), Ok(()));
+        assert_eq!(
+            readiness(&StatusSnapshot::initial("me".into())),
+            Err(NotReady::NotAMember)
+        );
+        assert_eq!(
+            readiness(&member(MemberState::Lost)),
+            Err(NotReady::NotAMember)
+        );
+        let leaderless = StatusSnapshot {
+            leader: None,
+            ..member(MemberState::Active)
+        };
+        assert_eq!(readiness(&leaderless), Err(NotReady::NoLeader));
+        let leaving = StatusSnapshot {
+            leaving_deadline_unix_ms: Some(1),
+            ..member(MemberState::Active)
+        };
+        assert_eq!(readiness(&leaving), Err(NotReady::Leaving));
+        let done = StatusSnapshot {
+            training: Some(TrainingView {
+                phase: TrainingPhase::Finished,
+                ..TrainingView::default()
+            }),
+            ..member(MemberState::Active)
+        };
+        assert_eq!(readiness(&done), Err(NotReady::Finished));
+        let training = StatusSnapshot {
+            training: Some(TrainingView {
+                phase: TrainingPhase::Training,
+                ..TrainingView::default()
+            }),
+            ..member(MemberState::Active)
+        };
+        assert_eq!(readiness(&training), Ok(()));
     }
 }

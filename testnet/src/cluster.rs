@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parcae_api::StatusSnapshot;
 use parcae_api::client::Client;
 use parcae_testnet::error::TestnetError;
-use parcae_testnet::imds::FakeImds;
+use parcae_testnet::imds::FakeMetadata;
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::{ClusterSetup, LocalCluster, Ports};
 use parcae_testnet::node_process::NodeProcess;
@@ -48,7 +48,7 @@ pub enum Phase {
 /// What the run knows of one node beyond its process.
 struct Member {
     phase: Phase,
-    imds: Option<FakeImds>,
+    imds: Option<FakeMetadata>,
 }
 
 /// Everything a cluster needs to start nodes.
@@ -164,13 +164,14 @@ impl Cluster {
             let imds = match notice {
                 NoticeMode::Sigterm | NoticeMode::None => None,
                 NoticeMode::Metadata => {
-                    Some(FakeImds::start().map_err(|source| TestnetError::Io {
+                    Some(FakeMetadata::aws().map_err(|source| TestnetError::Io {
                         what: format!("node{k}: starting its metadata server"),
                         source,
                     })?)
                 }
             };
-            let config = node_config::render(settings, *dialect, imds.as_ref().map(FakeImds::url));
+            let config =
+                node_config::render(settings, *dialect, imds.as_ref().map(FakeMetadata::url));
             members.push(Member {
                 phase: Phase::Up,
                 imds,

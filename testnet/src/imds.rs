@@ -1,10 +1,20 @@
-//! A local fake of the AWS instance metadata service (IMDSv2) for `--notice metadata`.
+//! Local fakes of the clouds' instance metadata services, for `--notice metadata` and the
+//! tests of the node's cloud detection.
 //!
-//! One server per node: `PUT /latest/api/token` hands out a token, and
-//! `GET /latest/meta-data/spot/instance-action` answers 404 until the testnet arms a deadline,
-//! then `{"action": "terminate", "time": RFC 3339}` like AWS two minutes before a spot
-//! interruption. The node's real metadata poller (`[notices] aws_base_url`) finds it there,
-//! so the notice path under test is the one production uses.
+//! One server per node, speaking one cloud's dialect, as that cloud does:
+//!
+//! * AWS IMDSv2: `PUT /latest/api/token` hands out a token, and
+//!   `GET /latest/meta-data/spot/instance-action` answers 404 until a deadline is armed, then
+//!   `{"action": "terminate", "time": RFC 3339}` like AWS two minutes before a spot interruption.
+//! * GCE: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` answers
+//!   `FALSE`, then `TRUE` once armed (GCE states no deadline: it gives 30 s).
+//! * Azure IMDS: `GET /metadata/instance` with `Metadata: true` describes the VM, and
+//!   `GET /metadata/scheduledevents` lists a `Preempt` event with the deadline as `NotBefore`
+//!   once armed.
+//!
+//! Anything else, or a request without the cloud's header, is refused as the real service
+//! refuses it. The node's real pollers find the fakes through `[notices] *_base_url`, so the
+//! notice path under test is the one production uses.
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -19,30 +29,59 @@ const TOKEN: &str = "parcae-testnet-token";
 /// The deadline the fake announces, once armed.
 type Armed = Arc<Mutex<Option<SystemTime>>>;
 
+/// Which cloud a fake speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeCloud {
+    /// AWS IMDSv2.
+    Aws,
+    /// The GCE metadata server.
+    Gce,
+    /// Azure IMDS with Scheduled Events.
+    Azure,
+}
+
 /// A running fake metadata server; stopped when dropped.
-pub struct FakeImds {
+pub struct FakeMetadata {
     server: BackgroundServer,
     deadline: Armed,
 }
 
-impl FakeImds {
-    /// Starts a server on an ephemeral loopback port.
-    pub fn start() -> std::io::Result<Self> {
+impl FakeMetadata {
+    /// Starts a fake of AWS's service on an ephemeral loopback port.
+    pub fn aws() -> std::io::Result<Self> {
+        Self::start(FakeCloud::Aws)
+    }
+
+    /// Starts a fake of `cloud`'s service on an ephemeral loopback port.
+    pub fn start(cloud: FakeCloud) -> std::io::Result<Self> {
         let deadline: Armed = Arc::default();
         let data = web::Data::from(deadline.clone());
         let server = BackgroundServer::start(move |cfg| {
-            cfg.app_data(data.clone())
-                .route("/latest/api/token", web::put().to(token))
-                .route(
-                    "/latest/meta-data/spot/instance-action",
-                    web::get().to(instance_action),
-                )
-                .default_service(web::to(HttpResponse::BadRequest));
+            cfg.app_data(data.clone());
+            match cloud {
+                FakeCloud::Aws => {
+                    cfg.route("/latest/api/token", web::put().to(token)).route(
+                        "/latest/meta-data/spot/instance-action",
+                        web::get().to(instance_action),
+                    );
+                }
+                FakeCloud::Gce => {
+                    cfg.route(
+                        "/computeMetadata/v1/instance/preempted",
+                        web::get().to(gce_preempted),
+                    );
+                }
+                FakeCloud::Azure => {
+                    cfg.route("/metadata/instance", web::get().to(azure_instance))
+                        .route("/metadata/scheduledevents", web::get().to(azure_events));
+                }
+            }
+            cfg.default_service(web::to(HttpResponse::NotFound));
         })?;
         Ok(Self { server, deadline })
     }
 
-    /// Base URL for the node's `aws_base_url`.
+    /// Base URL for the node's `[notices] *_base_url`.
     pub fn url(&self) -> &str {
         self.server.url()
     }
@@ -84,6 +123,58 @@ async fn instance_action(
     }
 }
 
+/// The GCE preemption flag; 403 without `Metadata-Flavor: Google`, as GCE.
+async fn gce_preempted(
+    req: HttpRequest,
+    deadline: web::Data<Mutex<Option<SystemTime>>>,
+) -> HttpResponse {
+    if !has_header(&req, "Metadata-Flavor", "Google") {
+        return HttpResponse::Forbidden().finish();
+    }
+    let armed = deadline.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+    HttpResponse::Ok()
+        .insert_header(("Metadata-Flavor", "Google"))
+        .body(if armed { "TRUE" } else { "FALSE" })
+}
+
+/// Azure's description of the VM; 400 without `Metadata: true`, as Azure.
+async fn azure_instance(req: HttpRequest) -> HttpResponse {
+    if !has_header(&req, "Metadata", "true") {
+        return HttpResponse::BadRequest().finish();
+    }
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(r#"{"compute": {"name": "parcae-fake", "priority": "Spot"}}"#)
+}
+
+/// Azure Scheduled Events: none until armed, then one `Preempt` with the deadline.
+async fn azure_events(
+    req: HttpRequest,
+    deadline: web::Data<Mutex<Option<SystemTime>>>,
+) -> HttpResponse {
+    if !has_header(&req, "Metadata", "true") {
+        return HttpResponse::BadRequest().finish();
+    }
+    let events = match *deadline.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some(at) => format!(
+            r#"[{{"EventId": "fake-1", "EventType": "Preempt", "ResourceType": "VirtualMachine", "Resources": ["parcae-fake"], "EventStatus": "Scheduled", "NotBefore": "{}"}}]"#,
+            httpdate::fmt_http_date(at)
+        ),
+        None => "[]".into(),
+    };
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(format!(
+            r#"{{"DocumentIncarnation": 1, "Events": {events}}}"#
+        ))
+}
+
+fn has_header(req: &HttpRequest, name: &str, value: &str) -> bool {
+    req.headers()
+        .get(name)
+        .is_some_and(|v| v.as_bytes() == value.as_bytes())
+}
+
 /// `YYYY-MM-DDTHH:MM:SSZ` as AWS writes it, truncated to the whole second: the announced
 /// deadline is never later than the SIGKILL the testnet enforces, so a node that trusts it is
 /// never killed in the middle of its hand-off.
@@ -112,7 +203,7 @@ mod tests {
 
     #[test]
     fn serves_404_until_armed_then_the_deadline() {
-        let imds = FakeImds::start().unwrap();
+        let imds = FakeMetadata::aws().unwrap();
         let agent = ureq::Agent::new_with_config(
             ureq::Agent::config_builder()
                 .http_status_as_error(false)

@@ -16,8 +16,11 @@ pub struct NodeLaunch<'a> {
     pub cluster_key: &'a Path,
     /// TOML configuration file.
     pub config: &'a Path,
-    /// p2p addresses to join through (none: found a cluster).
+    /// p2p addresses to join through (none, and no `--bootstrap-file` in `extra`: found a
+    /// cluster).
     pub bootstrap: &'a [String],
+    /// Further arguments, as given (e.g. `--bootstrap-file PATH`).
+    pub extra: &'a [String],
 }
 
 impl NodeLaunch<'_> {
@@ -40,6 +43,7 @@ impl NodeLaunch<'_> {
             args.push("--bootstrap".into());
             args.push(b.clone());
         }
+        args.extend(self.extra.iter().cloned());
         args
     }
 }
@@ -61,13 +65,15 @@ mod tests {
             cluster_key: Path::new("/k"),
             config: Path::new("/c.toml"),
             bootstrap: &boot,
+            extra: &["--notice".into(), "none".into()],
         }
         .args();
         assert_eq!(
             args.join(" "),
             "run --data-dir /d --listen /ip4/127.0.0.1/tcp/0 --cluster-key /k \
              --status-addr 127.0.0.1:9 --config /c.toml \
-             --bootstrap /ip4/127.0.0.1/tcp/1/p2p/a --bootstrap /ip4/127.0.0.1/tcp/2/p2p/b"
+             --bootstrap /ip4/127.0.0.1/tcp/1/p2p/a --bootstrap /ip4/127.0.0.1/tcp/2/p2p/b \
+             --notice none"
         );
     }
 }

@@ -133,7 +133,7 @@ impl LocalCluster {
         key: Option<&Path>,
     ) -> Result<usize, TestnetError> {
         let config = self.setup.config.clone();
-        self.spawn_node(bootstrap, key, &config)
+        self.spawn_node(bootstrap, &[], key, &config)
     }
 
     /// Like [`LocalCluster::spawn`] with a configuration of the node's own.
@@ -142,12 +142,20 @@ impl LocalCluster {
         bootstrap: &[String],
         config: &str,
     ) -> Result<usize, TestnetError> {
-        self.spawn_node(bootstrap, None, config)
+        self.spawn_node(bootstrap, &[], None, config)
+    }
+
+    /// Starts node `nodes.len()` with the cluster's configuration and `args` added to its
+    /// command line as given (e.g. `--bootstrap ADDR` without a peer id, `--bootstrap-file`).
+    pub fn spawn_with_args(&mut self, args: &[String]) -> Result<usize, TestnetError> {
+        let config = self.setup.config.clone();
+        self.spawn_node(&[], args, None, &config)
     }
 
     fn spawn_node(
         &mut self,
         bootstrap: &[String],
+        extra: &[String],
         key: Option<&Path>,
         config: &str,
     ) -> Result<usize, TestnetError> {
@@ -166,6 +174,7 @@ impl LocalCluster {
             cluster_key: key.unwrap_or(&self.key),
             config: &config_path,
             bootstrap,
+            extra,
         };
         let node = NodeProcess::spawn(
             name.clone(),
@@ -236,7 +245,7 @@ impl LocalCluster {
         let mut started = Vec::with_capacity(count);
         if self.nodes.is_empty() && count > 0 {
             let config = config_for(0)?;
-            let founder = self.spawn_node(&[], None, &config)?;
+            let founder = self.spawn_node(&[], &[], None, &config)?;
             self.wait_serving(&[founder])?;
             started.push(founder);
         }
@@ -250,7 +259,7 @@ impl LocalCluster {
         let mut batch = Vec::with_capacity(count - started.len());
         for _ in started.len()..count {
             let config = config_for(self.nodes.len())?;
-            batch.push(self.spawn_node(std::slice::from_ref(&bootstrap), None, &config)?);
+            batch.push(self.spawn_node(std::slice::from_ref(&bootstrap), &[], None, &config)?);
         }
         self.wait_serving(&batch)?;
         started.extend(batch);

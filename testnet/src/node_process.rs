@@ -86,6 +86,16 @@ impl NodeProcess {
         self.start()
     }
 
+    /// Kills the process and starts it again on the same data directory and ports, with its
+    /// arguments changed by `edit` (e.g. the bootstrap flags dropped).
+    pub fn restart_with_args(
+        &mut self,
+        edit: impl FnOnce(&mut Vec<String>),
+    ) -> std::io::Result<()> {
+        edit(&mut self.args);
+        self.restart()
+    }
+
     /// `GET /status`; `None` when the node does not answer in the client's timeout.
     pub fn status(&self) -> Option<StatusSnapshot> {
         self.client.status(self.status_addr).ok()

@@ -4,13 +4,13 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parcae_api::MemberState;
-use parcae_testnet::imds::FakeImds;
+use parcae_testnet::imds::FakeMetadata;
 use parcae_tests::{TEST_CONFIG, serial, start_cluster, wait_for};
 
 #[test]
 fn fake_aws_spot_notice_triggers_the_notice_flow() {
     let _serial = serial();
-    let imds = FakeImds::start().expect("fake metadata server");
+    let imds = FakeMetadata::aws().expect("fake metadata server");
 
     let mut c = start_cluster(TEST_CONFIG, 3);
     c.wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))

@@ -21,14 +21,23 @@ pub fn peer_info(peer: &PeerId, addrs: &[Multiaddr], data_addr: Option<String>) 
     }
 }
 
-/// The `Join` this node must (re-)send, unless the replicated state already lists it healthy,
-/// at the addresses of `me`.
-pub fn join_needed(state: &ControlState, me: &PeerInfo) -> Option<Command> {
+/// The `Join` this node must (re-)send: unless the replicated state already lists it healthy,
+/// at the addresses of `me`; and even then when it has known no leader for `leaderless_for`
+/// of at least `patience`. Its state may be stale: a node that was down while the cluster
+/// declared it lost and took it out of raft still reads itself healthy in its own log, cannot
+/// be heard by the voters it remembers, and only the current leader can re-admit it. For a
+/// member that is in fact healthy, the repeat `Join` changes nothing.
+pub fn join_needed(
+    state: &ControlState,
+    me: &PeerInfo,
+    leaderless_for: Duration,
+    patience: Duration,
+) -> Option<Command> {
     let node = NodeId::from_peer_bytes(&me.peer_id);
     let current = state.members.get(&node).is_some_and(|m| {
         m.status.is_healthy() && m.peer.addrs == me.addrs && m.peer.data_addr == me.data_addr
     });
-    (!current).then(|| Command::Join {
+    (!current || leaderless_for >= patience).then(|| Command::Join {
         node,
         peer: me.clone(),
     })
@@ -77,9 +86,13 @@ impl NoticesInFlight {
 mod tests {
     use super::*;
 
+    const PATIENCE: Duration = Duration::from_secs(3);
+
     fn joined(me: &PeerInfo) -> ControlState {
         let mut state = ControlState::default();
-        state.apply(&join_needed(&state, me).unwrap()).unwrap();
+        state
+            .apply(&join_needed(&state, me, Duration::ZERO, PATIENCE).unwrap())
+            .unwrap();
         state
     }
 
@@ -95,13 +108,34 @@ mod tests {
     fn join_is_sent_until_the_record_is_current() {
         let me = me();
         let mut state = joined(&me);
-        assert_eq!(join_needed(&state, &me), None);
+        assert_eq!(join_needed(&state, &me, Duration::ZERO, PATIENCE), None);
         let mut moved = me.clone();
         moved.data_addr = Some("127.0.0.1:5002".into());
-        assert!(join_needed(&state, &moved).is_some(), "new data address");
+        assert!(
+            join_needed(&state, &moved, Duration::ZERO, PATIENCE).is_some(),
+            "new data address"
+        );
         let node = NodeId::from_peer_bytes(&me.peer_id);
         state.members.get_mut(&node).unwrap().status = MemberStatus::Lost;
-        assert!(join_needed(&state, &me).is_some(), "declared lost");
+        assert!(
+            join_needed(&state, &me, Duration::ZERO, PATIENCE).is_some(),
+            "declared lost"
+        );
+    }
+
+    #[test]
+    fn a_member_that_knows_no_leader_for_long_announces_itself_again() {
+        let me = me();
+        let state = joined(&me);
+        assert_eq!(join_needed(&state, &me, PATIENCE / 2, PATIENCE), None);
+        assert_eq!(
+            join_needed(&state, &me, PATIENCE, PATIENCE),
+            Some(Command::Join {
+                node: NodeId::from_peer_bytes(&me.peer_id),
+                peer: me.clone(),
+            }),
+            "its own healthy record may be stale"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod authorize;
 pub mod driver;
 pub mod handle;
+pub mod known_peers;
 pub mod liveness;
 pub mod membership;
 pub mod project;

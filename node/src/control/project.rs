@@ -77,9 +77,10 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
         leaving_deadline_unix_ms: local.leaving_deadline_unix_ms,
         notices: local.notices.to_vec(),
         commit_latency_us: LatencySummary::of_sorted(local.sorted_commit_latency_us),
-        // The trainer's side is the `Status` actor's to add.
+        // The trainer's side and the notice watch are the `Status` actor's to add.
         training: None,
         migrations: Vec::new(),
+        notice_provider: None,
     }
 }
 
@@ -130,7 +131,13 @@ mod tests {
         let (a, b) = (PeerId::random(), PeerId::random());
         let mut state = ControlState::default();
         for p in [a, b] {
-            let join = join_needed(&state, &peer_info(&p, &[], None)).unwrap();
+            let join = join_needed(
+                &state,
+                &peer_info(&p, &[], None),
+                std::time::Duration::ZERO,
+                std::time::Duration::MAX,
+            )
+            .unwrap();
             state.apply(&join).unwrap();
         }
         let b_id = NodeId::from_peer_bytes(&b.to_bytes());

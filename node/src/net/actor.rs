@@ -7,6 +7,8 @@
 //! one recipient (the control driver).
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -20,6 +22,7 @@ use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, request_response};
 
 use super::codec::{ControlAck, ControlRequest};
+use super::seeds::{self, MAX_RESOLVED, Seed, SeedHost};
 use super::swarm::{Behaviour, BehaviourEvent, NOTICE_TOPIC};
 use crate::metrics::Metrics;
 use crate::notice::Notice;
@@ -33,6 +36,8 @@ const REDIAL_MIN: Duration = Duration::from_millis(500);
 const REDIAL_MAX: Duration = Duration::from_secs(2);
 /// Most swarm events handled per poll before yielding to the mailbox.
 const EVENT_BATCH: usize = 256;
+/// How often a bootstrap file is read again while the node is alone.
+const SEED_FILE_REREAD: Duration = Duration::from_secs(2);
 
 /// What the network reports to the node.
 #[derive(Debug, Message)]
@@ -77,8 +82,8 @@ pub struct SendControl {
 #[rtype(result = "Result<(), String>")]
 pub struct PublishNotice(pub Vec<u8>);
 
-/// Replaces the set of peers the node keeps connections to (bootstrap peers and members), with
-/// the addresses to dial them at.
+/// Replaces the set of peers the node keeps connections to (the members), with the addresses to
+/// dial them at.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct KeepConnected(pub Vec<(PeerId, Vec<Multiaddr>)>);
@@ -102,44 +107,234 @@ pub struct Network {
     notice_topic: gossipsub::TopicHash,
     /// Peers to keep connected, with their dial addresses.
     wanted: HashMap<PeerId, Vec<Multiaddr>>,
-    /// Bootstrap peers stay wanted whatever the membership says.
-    bootstrap: HashMap<PeerId, Vec<Multiaddr>>,
+    /// Where to look for the cluster while no member is connected.
+    seeds: SeedDialer,
     listening: Vec<Multiaddr>,
     connected: HashSet<PeerId>,
     /// When each wanted but unconnected peer may be dialled again.
     dial_retry: HashMap<PeerId, Retry>,
 }
 
+/// Where the node looks for its cluster, and what it learned dialling there.
+pub struct SeedSource {
+    /// Seeds from the command line and the members remembered from the last run.
+    pub seeds: Vec<Seed>,
+    /// A bootstrap file, read again every [`SEED_FILE_REREAD`] while the node is alone.
+    pub file: Option<PathBuf>,
+}
+
+/// The seeds, their dial schedules, and the peers found at them.
+struct SeedDialer {
+    fixed: Vec<Seed>,
+    file: Option<PathBuf>,
+    from_file: Vec<Seed>,
+    file_read: Option<Instant>,
+    file_error: Option<String>,
+    retry: HashMap<Seed, Retry>,
+    /// The addresses each name seed resolved to last.
+    resolved: HashMap<Seed, Vec<IpAddr>>,
+    /// The peer that answered at each seed without a peer id.
+    found: HashMap<Seed, PeerId>,
+}
+
+impl SeedDialer {
+    fn new(source: SeedSource) -> Self {
+        Self {
+            fixed: source.seeds,
+            file: source.file,
+            from_file: Vec::new(),
+            file_read: None,
+            file_error: None,
+            retry: HashMap::new(),
+            resolved: HashMap::new(),
+            found: HashMap::new(),
+        }
+    }
+
+    /// Reads the bootstrap file again when it is due; a file that became unreadable or invalid
+    /// keeps the seeds it gave last (and is logged once per new error).
+    fn refresh_file(&mut self, now: Instant) {
+        let Some(path) = &self.file else { return };
+        if self
+            .file_read
+            .is_some_and(|t| now.duration_since(t) < SEED_FILE_REREAD)
+        {
+            return;
+        }
+        self.file_read = Some(now);
+        match seeds::read_file(path) {
+            Ok(seeds) => {
+                self.file_error = None;
+                self.from_file = seeds;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.file_error.as_ref() != Some(&e) {
+                    tracing::warn!("{e}; keeping the seeds it gave before");
+                }
+                self.file_error = Some(e);
+            }
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Seed> {
+        self.fixed.iter().chain(&self.from_file)
+    }
+
+    /// The peer at `seed`, when known (named by the address or found by dialling it).
+    fn peer(&self, seed: &Seed) -> Option<PeerId> {
+        seed.peer.or_else(|| self.found.get(seed).copied())
+    }
+
+    /// Records the peer that answered a dial of `addr`, for the seed that address belongs to.
+    fn learn(&mut self, addr: &Multiaddr, peer: PeerId) {
+        let Some((ip, port)) = ip_port(addr) else {
+            return;
+        };
+        let matching: Vec<Seed> = self
+            .all()
+            .filter(|s| s.port == port && s.peer.is_none())
+            .filter(|s| {
+                s.ip() == Some(ip) || self.resolved.get(*s).is_some_and(|r| r.contains(&ip))
+            })
+            .cloned()
+            .collect();
+        for seed in matching {
+            self.found.insert(seed, peer);
+        }
+    }
+}
+
+/// The IP and TCP port of a dialled address.
+fn ip_port(addr: &Multiaddr) -> Option<(IpAddr, u16)> {
+    let mut ip = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(a) => ip = Some(IpAddr::V4(a)),
+            Protocol::Ip6(a) => ip = Some(IpAddr::V6(a)),
+            Protocol::Tcp(port) => return ip.map(|ip| (ip, port)),
+            _ => {}
+        }
+    }
+    None
+}
+
 impl Network {
-    /// Creates the actor; it starts listening on `listen` and dialling `bootstrap` when started.
-    /// Bootstrap addresses must end in `/p2p/<peer id>` (checked by [`split_peer_addr`]).
+    /// Creates the actor; it starts listening on `listen` when started, and dials `seeds`
+    /// whenever no member is connected.
     pub fn new(
         swarm: Swarm<Behaviour>,
         listen: Vec<Multiaddr>,
-        bootstrap: Vec<(PeerId, Multiaddr)>,
+        seeds: SeedSource,
         events: Recipient<NetEvent>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let mut boot: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
-        for (peer, addr) in bootstrap {
-            boot.entry(peer).or_default().push(addr);
-        }
         Self {
             swarm,
             listen,
             events,
             metrics,
             notice_topic: gossipsub::IdentTopic::new(NOTICE_TOPIC).hash(),
-            wanted: boot.clone(),
-            bootstrap: boot,
+            wanted: HashMap::new(),
+            seeds: SeedDialer::new(seeds),
             listening: Vec::new(),
             connected: HashSet::new(),
             dial_retry: HashMap::new(),
         }
     }
 
+    /// Whether no member is connected: then the seeds are the way back to the cluster.
+    fn alone(&self) -> bool {
+        !self.wanted.keys().any(|p| self.connected.contains(p))
+    }
+
+    /// Dials the wanted peers that are not connected and whose backoff has run out, and the
+    /// seeds while the node is alone.
+    fn redial(&mut self, ctx: &mut Context<Self>) {
+        self.redial_members();
+        if self.alone() {
+            self.dial_seeds(ctx);
+        }
+    }
+
+    /// Dials each seed that is not connected and whose backoff has run out; a name is resolved
+    /// first, at every attempt.
+    fn dial_seeds(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        self.seeds.refresh_file(now);
+        let due: Vec<Seed> = self
+            .seeds
+            .all()
+            .filter(|s| {
+                self.seeds
+                    .peer(s)
+                    .is_none_or(|p| !self.connected.contains(&p))
+            })
+            .cloned()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .filter(|s| {
+                let retry = self
+                    .seeds
+                    .retry
+                    .entry(s.clone())
+                    .or_insert_with(|| Retry::new(REDIAL_MIN, REDIAL_MAX));
+                let due = retry.due(now);
+                if due {
+                    retry.attempted(now);
+                }
+                due
+            })
+            .collect();
+        for seed in due {
+            match &seed.host {
+                SeedHost::Ip(ip) => self.dial_seed(&seed, &[*ip]),
+                SeedHost::Name { name, family } => {
+                    let (name, family, port) = (name.clone(), *family, seed.port);
+                    let lookup = async move {
+                        tokio::net::lookup_host((name.as_str(), port))
+                            .await
+                            .map(|addrs| {
+                                addrs
+                                    .map(|a| a.ip())
+                                    .filter(|ip| family.admits(ip))
+                                    .take(MAX_RESOLVED)
+                                    .collect::<Vec<_>>()
+                            })
+                            .map_err(|e| format!("resolving {name}: {e}"))
+                    };
+                    ctx.spawn(lookup.into_actor(self).map(move |ips, act, _| match ips {
+                        Ok(ips) => {
+                            act.dial_seed(&seed, &ips);
+                            act.seeds.resolved.insert(seed, ips);
+                        }
+                        Err(e) => tracing::debug!("seed not dialled: {e}"),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Dials `seed` at each of `ips`: by peer id when the seed names one, else as an unknown
+    /// peer (noise learns its id, admission checks its key).
+    fn dial_seed(&mut self, seed: &Seed, ips: &[IpAddr]) {
+        for ip in ips {
+            let addr = seed.dial_addr(*ip);
+            let opts = match seed.peer {
+                Some(peer) => DialOpts::peer_id(peer)
+                    .addresses(vec![addr])
+                    .condition(PeerCondition::DisconnectedAndNotDialing)
+                    .build(),
+                None => DialOpts::unknown_peer_id().address(addr).build(),
+            };
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(?seed, "seed dial not started: {e}");
+            }
+        }
+    }
+
     /// Dials the wanted peers that are not connected and whose backoff has run out.
-    fn redial(&mut self) {
+    fn redial_members(&mut self) {
         let local = *self.swarm.local_peer_id();
         let now = Instant::now();
         let (wanted, connected) = (&self.wanted, &self.connected);
@@ -186,6 +381,9 @@ impl Network {
             } => {
                 self.metrics.connections_established_total.inc();
                 tracing::debug!(peer = %peer_id, addr = %endpoint.get_remote_address(), "connection admitted");
+                if endpoint.is_dialer() {
+                    self.seeds.learn(endpoint.get_remote_address(), peer_id);
+                }
                 if num_established.get() == 1 {
                     self.connected.insert(peer_id);
                     self.metrics
@@ -369,8 +567,8 @@ impl Actor for Network {
             }
         }
         ctx.spawn(SwarmDriver);
-        self.redial();
-        ctx.run_interval(REDIAL_CHECK, |act, _| act.redial());
+        self.redial(ctx);
+        ctx.run_interval(REDIAL_CHECK, |act, ctx| act.redial(ctx));
     }
 }
 
@@ -405,8 +603,8 @@ impl Handler<PublishNotice> for Network {
 impl Handler<KeepConnected> for Network {
     type Result = ();
 
-    fn handle(&mut self, msg: KeepConnected, _: &mut Context<Self>) {
-        let mut wanted = self.bootstrap.clone();
+    fn handle(&mut self, msg: KeepConnected, ctx: &mut Context<Self>) {
+        let mut wanted: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
         for (peer, addrs) in msg.0 {
             let entry = wanted.entry(peer).or_default();
             for addr in addrs {
@@ -416,7 +614,7 @@ impl Handler<KeepConnected> for Network {
             }
         }
         self.wanted = wanted;
-        self.redial();
+        self.redial(ctx);
     }
 }
 
@@ -428,34 +626,57 @@ impl Handler<DisconnectPeer> for Network {
     }
 }
 
-/// Why a bootstrap address was refused.
-#[derive(Debug, thiserror::Error)]
-#[error("bootstrap address {0} must end in /p2p/<peer id>")]
-pub struct MissingPeerId(pub Multiaddr);
-
-/// Splits `/ip4/.../tcp/N/p2p/ID` into the peer id and the address without the `/p2p` suffix.
-pub fn split_peer_addr(addr: &Multiaddr) -> Result<(PeerId, Multiaddr), MissingPeerId> {
-    let mut base = addr.clone();
-    match base.pop() {
-        Some(Protocol::P2p(peer)) => Ok((peer, base)),
-        _ => Err(MissingPeerId(addr.clone())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn bootstrap_addresses_need_a_peer_id() {
-        let peer = PeerId::random();
-        let addr: Multiaddr = format!("/ip4/127.0.0.1/tcp/4001/p2p/{peer}")
-            .parse()
-            .unwrap();
-        let (p, base) = split_peer_addr(&addr).unwrap();
-        assert_eq!(p, peer);
-        assert_eq!(base.to_string(), "/ip4/127.0.0.1/tcp/4001");
-        let bare: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().unwrap();
-        assert!(split_peer_addr(&bare).is_err());
+    fn a_dialled_address_teaches_the_peer_of_the_seed_it_belongs_to() {
+        let ip4 = Seed::parse(&"/ip4/10.0.0.1/tcp/7000".parse().unwrap()).unwrap();
+        let name = Seed::parse(&"/dns4/seed.internal/tcp/7000".parse().unwrap()).unwrap();
+        let mut dialer = SeedDialer::new(SeedSource {
+            seeds: vec![ip4.clone(), name.clone()],
+            file: None,
+        });
+        dialer
+            .resolved
+            .insert(name.clone(), vec!["10.0.0.2".parse().unwrap()]);
+        let (a, b) = (PeerId::random(), PeerId::random());
+        dialer.learn(&"/ip4/10.0.0.1/tcp/7000".parse().unwrap(), a);
+        dialer.learn(
+            &format!("/ip4/10.0.0.2/tcp/7000/p2p/{b}").parse().unwrap(),
+            b,
+        );
+        dialer.learn(&"/ip4/10.0.0.3/tcp/7000".parse().unwrap(), PeerId::random());
+        dialer.learn(&"/ip4/10.0.0.1/tcp/7001".parse().unwrap(), PeerId::random());
+        assert_eq!(dialer.peer(&ip4), Some(a));
+        assert_eq!(dialer.peer(&name), Some(b));
+    }
+
+    #[test]
+    fn a_bootstrap_file_that_breaks_keeps_its_last_seeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seeds");
+        std::fs::write(&path, "/ip4/10.0.0.1/tcp/7000\n").unwrap();
+        let mut dialer = SeedDialer::new(SeedSource {
+            seeds: Vec::new(),
+            file: Some(path.clone()),
+        });
+        let start = Instant::now();
+        dialer.refresh_file(start);
+        assert_eq!(dialer.all().count(), 1);
+        std::fs::write(&path, "/ip4/10.0.0.1/tcp/7000\n/ip4/10.0.0.2/tcp/7000\n").unwrap();
+        dialer.refresh_file(start + Duration::from_millis(10));
+        assert_eq!(
+            dialer.all().count(),
+            1,
+            "read again only after the interval"
+        );
+        dialer.refresh_file(start + SEED_FILE_REREAD);
+        assert_eq!(dialer.all().count(), 2);
+        std::fs::write(&path, "garbage\n").unwrap();
+        dialer.refresh_file(start + SEED_FILE_REREAD * 2);
+        assert_eq!(dialer.all().count(), 2);
+        assert!(dialer.file_error.as_deref().unwrap().contains("line 1"));
     }
 }

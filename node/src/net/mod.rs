@@ -3,4 +3,5 @@
 pub mod actor;
 pub mod admission;
 pub mod codec;
+pub mod seeds;
 pub mod swarm;

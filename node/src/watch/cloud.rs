@@ -58,6 +58,9 @@ pub enum PollError {
 
 /// One provider's metadata check.
 pub trait MetadataPoller: Send {
+    /// Whether this provider's metadata service answers here, as only it does (the address
+    /// alone says nothing: AWS and Azure both serve at 169.254.169.254).
+    fn answers(&mut self) -> bool;
     /// Checks once; `Ok(None)` means no preemption is scheduled.
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError>;
     /// Provider name for logs.
@@ -127,10 +130,9 @@ impl AwsPoller {
             client: MetadataClient::new(base, timeout),
         }
     }
-}
 
-impl MetadataPoller for AwsPoller {
-    fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
+    /// An IMDSv2 session token (`PUT /latest/api/token`).
+    fn token(&self) -> Result<String, PollError> {
         let token_url = format!("{}/latest/api/token", self.client.base);
         let resp = self
             .client
@@ -143,12 +145,23 @@ impl MetadataPoller for AwsPoller {
             .send_empty()
             .map_err(http_err(&token_url))?;
         let (status, token) = read_body(&token_url, resp)?;
-        if status != 200 {
-            return Err(PollError::Status {
+        match status {
+            200 => Ok(token),
+            status => Err(PollError::Status {
                 url: token_url,
                 status,
-            });
+            }),
         }
+    }
+}
+
+impl MetadataPoller for AwsPoller {
+    fn answers(&mut self) -> bool {
+        self.token().is_ok_and(|t| !t.trim().is_empty())
+    }
+
+    fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
+        let token = self.token()?;
         let url = format!("{}/latest/meta-data/spot/instance-action", self.client.base);
         let resp = self
             .client
@@ -200,6 +213,21 @@ impl GcePoller {
 }
 
 impl MetadataPoller for GcePoller {
+    fn answers(&mut self) -> bool {
+        let url = format!("{}/computeMetadata/v1/instance/preempted", self.client.base);
+        self.client
+            .agent
+            .get(&url)
+            .header("Metadata-Flavor", "Google")
+            .call()
+            .is_ok_and(|r| {
+                r.status() == 200
+                    && r.headers()
+                        .get("Metadata-Flavor")
+                        .is_some_and(|v| v.as_bytes() == b"Google")
+            })
+    }
+
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
         let url = format!("{}/computeMetadata/v1/instance/preempted", self.client.base);
         let resp = self
@@ -247,6 +275,9 @@ struct AzureEvents {
 struct AzureEvent {
     #[serde(rename = "EventType")]
     event_type: String,
+    /// When the event starts at the earliest (RFC 1123); empty once it has started.
+    #[serde(rename = "NotBefore", default)]
+    not_before: String,
 }
 
 impl AzurePoller {
@@ -259,6 +290,25 @@ impl AzurePoller {
 }
 
 impl MetadataPoller for AzurePoller {
+    fn answers(&mut self) -> bool {
+        let url = format!(
+            "{}/metadata/instance?api-version=2021-02-01",
+            self.client.base
+        );
+        let Ok(resp) = self
+            .client
+            .agent
+            .get(&url)
+            .header("Metadata", "true")
+            .call()
+        else {
+            return false;
+        };
+        matches!(read_body(&url, resp), Ok((200, body))
+            if serde_json::from_str::<serde_json::Value>(&body)
+                .is_ok_and(|v| v.get("compute").is_some()))
+    }
+
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
         let url = format!(
             "{}/metadata/scheduledevents?api-version=2020-07-01",
@@ -279,19 +329,31 @@ impl MetadataPoller for AzurePoller {
             url: url.clone(),
             reason: e.to_string(),
         })?;
-        let going = events
+        let now = SystemTime::now();
+        let deadline = events
             .events
             .iter()
-            .any(|e| matches!(e.event_type.as_str(), "Preempt" | "Terminate"));
-        Ok(going.then(|| CloudNotice {
+            .filter(|e| matches!(e.event_type.as_str(), "Preempt" | "Terminate"))
+            .map(|e| azure_deadline(&e.not_before, now))
+            .min();
+        Ok(deadline.map(|deadline| CloudNotice {
             source: NoticeSource::Azure,
-            deadline: SystemTime::now() + DEFAULT_LEAD,
+            deadline,
         }))
     }
 
     fn name(&self) -> &'static str {
         "azure"
     }
+}
+
+/// An Azure event's deadline: its `NotBefore`, or [`DEFAULT_LEAD`] from `now` when that is
+/// empty (the event started), unparsable, or past.
+fn azure_deadline(not_before: &str, now: SystemTime) -> SystemTime {
+    httpdate::parse_http_date(not_before.trim())
+        .ok()
+        .filter(|t| *t > now)
+        .unwrap_or(now + DEFAULT_LEAD)
 }
 
 fn truncate(s: &str) -> String {
@@ -371,6 +433,63 @@ mod tests {
             AzurePoller::new(broken.url(), t).check(),
             Err(PollError::Status { status: 500, .. })
         ));
+    }
+
+    #[test]
+    fn azure_deadlines_come_from_not_before() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_474_309_787); // 18:29:47 GMT
+        let later = azure_deadline("Mon, 19 Sep 2016 18:30:17 GMT", now);
+        assert_eq!(later.duration_since(now).unwrap(), Duration::from_secs(30));
+        assert_eq!(azure_deadline("", now), now + DEFAULT_LEAD);
+        assert_eq!(
+            azure_deadline("Mon, 19 Sep 2016 18:29:00 GMT", now),
+            now + DEFAULT_LEAD,
+            "a past NotBefore"
+        );
+        assert_eq!(azure_deadline("soon", now), now + DEFAULT_LEAD);
+    }
+
+    #[test]
+    fn each_cloud_answers_its_own_probe_and_no_other() {
+        use parcae_testnet::imds::{FakeCloud, FakeMetadata};
+        let t = Duration::from_secs(2);
+        for fake in [FakeCloud::Aws, FakeCloud::Gce, FakeCloud::Azure] {
+            let server = FakeMetadata::start(fake).unwrap();
+            let url = server.url();
+            let answers = [
+                AwsPoller::new(url, t).answers(),
+                GcePoller::new(url, t).answers(),
+                AzurePoller::new(url, t).answers(),
+            ];
+            let expected = [
+                fake == FakeCloud::Aws,
+                fake == FakeCloud::Gce,
+                fake == FakeCloud::Azure,
+            ];
+            assert_eq!(answers, expected, "{fake:?}");
+        }
+    }
+
+    #[test]
+    fn the_fakes_announce_what_the_pollers_read() {
+        use parcae_testnet::imds::{FakeCloud, FakeMetadata};
+        let t = Duration::from_secs(2);
+        let deadline = SystemTime::now() + Duration::from_secs(90);
+        let gce = FakeMetadata::start(FakeCloud::Gce).unwrap();
+        let azure = FakeMetadata::start(FakeCloud::Azure).unwrap();
+        assert_eq!(GcePoller::new(gce.url(), t).check().unwrap(), None);
+        assert_eq!(AzurePoller::new(azure.url(), t).check().unwrap(), None);
+        gce.arm(deadline);
+        azure.arm(deadline);
+        let g = GcePoller::new(gce.url(), t).check().unwrap().unwrap();
+        assert_eq!(g.source, NoticeSource::Gce);
+        let a = AzurePoller::new(azure.url(), t).check().unwrap().unwrap();
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        assert_eq!(
+            secs(a.deadline),
+            secs(deadline),
+            "Azure states its deadline"
+        );
     }
 
     #[test]

@@ -1,22 +1,25 @@
 //! The `NoticeWatcher` actor: turns "this machine is going away" into one [`LeaveRequested`].
 //!
-//! Sources: SIGTERM and SIGINT (deadline = now + grace), and the cloud metadata pollers of
-//! [`cloud`] (deadline from the provider). Only the first notice counts; a second SIGTERM or
-//! SIGINT while leaving means the operator wants out now, and the process exits at once.
+//! Sources: SIGTERM and SIGINT (deadline = now + grace), always, and the metadata poller of
+//! the cloud `[notices] provider` names, or of the one [`detect`] finds (`auto`; deadline from
+//! the provider). Only the first notice counts; a second SIGTERM or SIGINT while leaving means
+//! the operator wants out now, and the process exits at once.
 
 pub mod cloud;
+pub mod detect;
 
 use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, NoticeConfig};
 use crate::notice::NoticeSource;
-use cloud::{AwsPoller, AzurePoller, GcePoller, MetadataPoller};
+use crate::status::NoticeWatch;
+use cloud::MetadataPoller;
 
 /// Default interval between metadata polls.
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// Timeout of one metadata request.
+/// Timeout of one metadata request (and of one probe at start).
 const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The node must leave by `deadline`.
@@ -33,35 +36,69 @@ pub struct LeaveRequested {
 pub struct NoticeWatcher {
     grace: Duration,
     poll_interval: Duration,
-    pollers: Vec<Box<dyn MetadataPoller>>,
+    notices: NoticeConfig,
     target: Recipient<LeaveRequested>,
+    shown: Recipient<NoticeWatch>,
     notified: bool,
 }
 
 impl NoticeWatcher {
-    /// Builds the watcher with the pollers whose base URLs are configured.
-    pub fn new(config: &NodeConfig, target: Recipient<LeaveRequested>) -> Self {
+    /// Builds the watcher: notices go to `target`, the provider it watches to `shown`.
+    pub fn new(
+        config: &NodeConfig,
+        target: Recipient<LeaveRequested>,
+        shown: Recipient<NoticeWatch>,
+    ) -> Self {
         let n = &config.notices;
-        let mut pollers: Vec<Box<dyn MetadataPoller>> = Vec::new();
-        if let Some(url) = &n.aws_base_url {
-            pollers.push(Box::new(AwsPoller::new(url, POLL_TIMEOUT)));
-        }
-        if let Some(url) = &n.gce_base_url {
-            pollers.push(Box::new(GcePoller::new(url, POLL_TIMEOUT)));
-        }
-        if let Some(url) = &n.azure_base_url {
-            pollers.push(Box::new(AzurePoller::new(url, POLL_TIMEOUT)));
-        }
         Self {
             grace: config.grace(),
             poll_interval: n
                 .poll_interval_ms
                 .map(Duration::from_millis)
                 .unwrap_or(DEFAULT_POLL_INTERVAL),
-            pollers,
+            notices: n.clone(),
             target,
+            shown,
             notified: false,
         }
+    }
+}
+
+/// Finds the provider to poll (probing them for `auto`), says so, then polls it until it
+/// announces a notice or the watcher is gone. Runs on a thread of its own: metadata requests
+/// block.
+fn watch_cloud(
+    notices: &NoticeConfig,
+    interval: Duration,
+    me: &Addr<NoticeWatcher>,
+    shown: &Recipient<NoticeWatch>,
+) {
+    let Some(cloud) = detect::provider(notices, POLL_TIMEOUT) else {
+        tracing::info!(
+            provider = ?notices.provider,
+            "no cloud metadata service to poll: notices come from SIGTERM and SIGINT only"
+        );
+        shown.do_send(NoticeWatch("none".into()));
+        return;
+    };
+    let base = cloud.base_url(notices);
+    tracing::info!(provider = cloud.name(), %base, "polling the cloud metadata service for preemption notices");
+    shown.do_send(NoticeWatch(cloud.name().into()));
+    let mut poller: Box<dyn MetadataPoller> = cloud.poller(&base, POLL_TIMEOUT);
+    loop {
+        match poller.check() {
+            Ok(Some(notice)) => {
+                tracing::warn!(provider = cloud.name(), "cloud preemption notice");
+                me.do_send(notice);
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(provider = cloud.name(), "poll failed: {e}"),
+        }
+        if !me.connected() {
+            return;
+        }
+        std::thread::sleep(interval);
     }
 }
 
@@ -91,31 +128,13 @@ impl Actor for NoticeWatcher {
                 Err(e) => tracing::error!("cannot install {name} handler: {e}"),
             }
         }
-        for mut poller in std::mem::take(&mut self.pollers) {
-            let me = me.clone();
-            let interval = self.poll_interval;
-            let spawned = std::thread::Builder::new()
-                .name(format!("poll-{}", poller.name()))
-                .spawn(move || {
-                    loop {
-                        match poller.check() {
-                            Ok(Some(notice)) => {
-                                tracing::warn!(provider = poller.name(), "cloud preemption notice");
-                                me.do_send(notice);
-                                return;
-                            }
-                            Ok(None) => {}
-                            Err(e) => tracing::debug!(provider = poller.name(), "poll failed: {e}"),
-                        }
-                        if !me.connected() {
-                            return;
-                        }
-                        std::thread::sleep(interval);
-                    }
-                });
-            if let Err(e) = spawned {
-                tracing::error!("cannot start metadata poller thread: {e}");
-            }
+        let (notices, interval, shown) =
+            (self.notices.clone(), self.poll_interval, self.shown.clone());
+        let spawned = std::thread::Builder::new()
+            .name("notice-watch".into())
+            .spawn(move || watch_cloud(&notices, interval, &me, &shown));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the metadata poller thread: {e}");
         }
     }
 }

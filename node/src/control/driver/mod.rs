@@ -27,6 +27,7 @@ use parcae_consensus::{Command, NodeEvent, NodeId, ProposalHandle, ProposeError,
 
 use super::authorize::authorize;
 use super::handle::{Propose, ProposeFailed, Routed, Watches};
+use super::known_peers;
 use super::liveness::Liveness;
 use super::membership::{NoticesInFlight, join_needed, peer_info};
 use super::project::{LocalView, project};
@@ -44,6 +45,9 @@ const JOIN_CHECK: Duration = Duration::from_millis(250);
 const JOIN_RETRY_MIN: Duration = Duration::from_millis(500);
 /// Longest delay between proposals of one `Join`.
 const JOIN_RETRY_MAX: Duration = Duration::from_secs(4);
+/// Election timeouts without a known leader after which this node re-announces itself (see
+/// [`join_needed`]).
+const LEADERLESS_PATIENCE: u32 = 3;
 /// Commit latencies kept for quantiles.
 const LATENCY_WINDOW: usize = 10_000;
 /// Notices kept for `/status`.
@@ -70,12 +74,14 @@ pub struct ControlDriver {
     net: Addr<Network>,
     out: Outlets,
     listen_addrs: Vec<Multiaddr>,
-    bootstrap: Vec<PeerId>,
+    known_peers: std::path::PathBuf,
     data_addr: Option<String>,
     connected: HashSet<PeerId>,
     liveness: Liveness,
     /// When this node's `Join` may be proposed again.
     join_retry: Retry,
+    /// When this node last knew a leader.
+    leader_seen: Instant,
     notices_in_flight: NoticesInFlight,
     leaving: Option<SystemTime>,
     notices: VecDeque<NoticeView>,
@@ -110,10 +116,11 @@ impl ControlDriver {
             net,
             out,
             listen_addrs: setup.listen,
-            bootstrap: setup.bootstrap,
+            known_peers: setup.known_peers,
             connected: HashSet::new(),
             liveness: Liveness::default(),
             join_retry: Retry::new(JOIN_RETRY_MIN, JOIN_RETRY_MAX),
+            leader_seen: Instant::now(),
             notices_in_flight: NoticesInFlight::default(),
             leaving: None,
             notices: VecDeque::new(),
@@ -255,7 +262,8 @@ impl ControlDriver {
         }
     }
 
-    /// Keeps the network's keep-connected set in line with the membership.
+    /// Keeps the network's keep-connected set and the remembered members in line with the
+    /// membership.
     fn sync_membership_view(&mut self) {
         let members: Vec<(NodeId, Vec<String>)> = self
             .node
@@ -267,7 +275,7 @@ impl ControlDriver {
         if self.members_version.as_ref() == Some(&members) {
             return;
         }
-        let keep = self
+        let keep: Vec<(PeerId, Vec<Multiaddr>)> = self
             .node
             .state()
             .members
@@ -282,6 +290,11 @@ impl ControlDriver {
             .collect();
         self.out.metrics.members.set(members.len() as u64);
         self.members_version = Some(members);
+        if !keep.is_empty()
+            && let Err(e) = known_peers::store(&self.known_peers, &known_peers::remembered(&keep))
+        {
+            tracing::warn!(path = %self.known_peers.display(), "cannot remember the members: {e}");
+        }
         self.net.do_send(KeepConnected(keep));
     }
 
@@ -345,11 +358,13 @@ impl ControlDriver {
         }
     }
 
-    /// A connected peer to relay through when no leader is known: bootstrap peers first.
+    /// A connected peer to relay through when no leader is known: members first (they know
+    /// the leader sooner than a peer that is joining too).
     fn relay_peer(&self) -> Option<PeerId> {
-        self.bootstrap
+        let members = &self.node.state().members;
+        self.connected
             .iter()
-            .find(|p| self.connected.contains(p))
+            .find(|p| members.contains_key(&node_id(p)))
             .or_else(|| self.connected.iter().next())
             .copied()
     }
@@ -359,12 +374,17 @@ impl ControlDriver {
         if self.leaving.is_some() {
             return;
         }
+        let now = Instant::now();
+        if self.node.leader().is_some() {
+            self.leader_seen = now;
+        }
         let me = peer_info(&self.me, &self.listen_addrs, self.data_addr.clone());
-        let Some(join) = join_needed(self.node.state(), &me) else {
+        let leaderless = now.saturating_duration_since(self.leader_seen);
+        let patience = self.config.raft_election_timeout() * LEADERLESS_PATIENCE;
+        let Some(join) = join_needed(self.node.state(), &me, leaderless, patience) else {
             self.join_retry.reset();
             return;
         };
-        let now = Instant::now();
         if self.join_retry.due(now) {
             self.join_retry.attempted(now);
             self.propose_logged(join, ctx);

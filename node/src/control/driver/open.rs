@@ -28,8 +28,8 @@ pub struct RaftSetup {
     pub found_cluster: bool,
     /// Listen addresses as configured (used until the real ones are known).
     pub listen: Vec<Multiaddr>,
-    /// Bootstrap peers (relays for the `Join`).
-    pub bootstrap: Vec<PeerId>,
+    /// Where the members known last are remembered ([`crate::control::known_peers`]).
+    pub known_peers: PathBuf,
     /// The trainer's data-plane address, recorded in the membership.
     pub data_addr: Option<std::net::SocketAddr>,
 }
