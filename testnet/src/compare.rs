@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::cluster::NoticeMode;
 use crate::predicted;
+use crate::prices::PriceArgs;
 use crate::replay::Replay;
 use crate::report::{self, RunReport};
 use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec, TraceArgs};
@@ -28,6 +29,8 @@ pub struct Args {
     strategies: Vec<String>,
     #[command(flatten)]
     node: NodeArgs,
+    #[command(flatten)]
+    prices: PriceArgs,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -54,6 +57,7 @@ fn ratio_of(runs: &[RunReport], value: impl Fn(&RunReport) -> Option<f64>) -> Op
 /// `parcae-testnet compare`.
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.node.validate()?;
+    args.prices.prices()?;
     let planned = run::plan_trace(&args.trace)?;
     let mut strategies: Vec<&str> = Vec::new();
     for s in &args.strategies {
@@ -87,7 +91,13 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         };
         outcomes.push(run::session(&node, spec, &mut scenario, interrupt)?);
     }
-    run::simulate_sessions(&mut outcomes, &args.node, &planned, args.trace.nodes_max);
+    run::simulate_sessions(
+        &mut outcomes,
+        &args.node,
+        &planned,
+        args.trace.nodes_max,
+        args.prices.prices()?,
+    );
     let refs: Vec<&run::Outcome> = outcomes.iter().collect();
     run::finish(&refs, &args.output, &planned.source)?;
     let runs: Vec<RunReport> = outcomes.iter().map(|o| o.report.clone()).collect();

@@ -33,6 +33,7 @@ mod node_bin;
 mod node_config;
 mod plot;
 mod predicted;
+mod prices;
 mod process;
 mod progress;
 mod replay;

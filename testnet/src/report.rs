@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use parcae_api::{EmulatedView, MigrationKind};
+use parcae_strategies::cost::money::Bill;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
@@ -62,6 +63,11 @@ pub struct RunReport {
     /// `samples` as a percentage of the simulator's ideal on the same trace and model (every
     /// interval at the best configuration for its nodes, reconfigurations free).
     pub percent_of_ideal: Option<f64>,
+    /// Machine-hours, cost and the saving against on-demand machines, with `--price-spot` and
+    /// `--price-on-demand` (in the emulated world on an emulated run: intervals of
+    /// `--interval-secs` x `--time-scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Bill>,
 }
 
 impl RunReport {
@@ -198,6 +204,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         simulated_samples: None,
         vs_simulated: None,
         percent_of_ideal: None,
+        cost: None,
     };
     let details = Details {
         gaps,
@@ -296,6 +303,28 @@ pub fn print_table(runs: &[(&RunReport, u64)]) {
                 r.resources
                     .as_ref()
                     .map_or("-".into(), |x| format!("{:.0} MiB", x.testnet_peak_mib))
+            }),
+        ),
+        (
+            "machine-hours, cost",
+            col(runs, |r| {
+                r.cost.as_ref().map_or("-".into(), |b| {
+                    format!("{:.1} h, {:.2}", b.machine_hours, b.cost)
+                })
+            }),
+        ),
+        (
+            "per M samples, saving",
+            col(runs, |r| {
+                r.cost.as_ref().map_or("-".into(), |b| {
+                    format!(
+                        "{}, {}",
+                        b.cost_per_million_samples
+                            .map_or("-".into(), |v| format!("{v:.2}")),
+                        b.saving_vs_on_demand
+                            .map_or("-".into(), |v| format!("{:.1} %", 100.0 * v))
+                    )
+                })
             }),
         ),
         (
@@ -573,6 +602,7 @@ mod tests {
             simulated_samples: None,
             vs_simulated: None,
             percent_of_ideal: None,
+            cost: None,
         };
         let mut compared = base.clone();
         compared.compare_with_simulator(20.0, 32.0);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use parcae_strategies::cost::money::{self, OnDemand, Prices};
 use parcae_strategies::sim::StrategyRun;
 use parcae_strategies::trace;
 
@@ -14,6 +15,7 @@ use crate::engine::{self, Observed, Scenario};
 use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
 use crate::predicted;
+use crate::prices::PriceArgs;
 use crate::process;
 use crate::progress::Progress;
 use crate::replay::{self, Replay};
@@ -133,6 +135,8 @@ pub struct Args {
     kill_leader_at: Option<f64>,
     #[command(flatten)]
     node: NodeArgs,
+    #[command(flatten)]
+    prices: PriceArgs,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -330,13 +334,16 @@ pub fn session(
 /// Gives every session replaying `planned` the simulator's account of it
 /// ([`crate::predicted`]): its strategy on the same trace, under the emulated profile's cost
 /// model (the simulated interval is the emulated one), or on CPUs under the model measured on
-/// these sessions together; and its share of the simulator's ideal. Nothing when there is no
-/// model (a CPU run too short to measure a configuration).
+/// these sessions together; its share of the simulator's ideal; and with `prices`, its bill in
+/// the same world (the replayed machines held for the emulated or real intervals, the on-demand
+/// baseline at that model's throughput-optimal configuration). Without a model (a CPU run too
+/// short to measure a configuration) there is no simulation and the bill has no saving.
 pub fn simulate_sessions(
     outcomes: &mut [Outcome],
     node: &NodeArgs,
     planned: &Planned,
     nodes_max: u32,
+    prices: Option<Prices>,
 ) {
     let (model, interval_secs) = match &node.emulate {
         Some(profile) => (
@@ -351,6 +358,11 @@ pub fn simulate_sessions(
             )
         }
     };
+    let held = money::machine_hours(planned.counts.iter().copied(), interval_secs);
+    let on_demand = model.as_ref().map(|m| OnDemand::of(m, nodes_max));
+    for o in outcomes.iter_mut() {
+        o.report.cost = prices.map(|p| money::bill(held, o.report.samples as f64, p, on_demand));
+    }
     let Some(model) = model.map(Arc::new) else {
         return;
     };
@@ -385,6 +397,7 @@ pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Re
 
 /// `parcae-testnet run`.
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
+    args.prices.prices()?;
     args.node.validate()?;
     let planned = plan_trace(&args.trace)?;
     let mut scenario = Replay::new(
@@ -407,7 +420,13 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         nodes_max: args.trace.nodes_max,
     };
     let mut outcomes = [session(&args.node, spec, &mut scenario, interrupt)?];
-    simulate_sessions(&mut outcomes, &args.node, &planned, args.trace.nodes_max);
+    simulate_sessions(
+        &mut outcomes,
+        &args.node,
+        &planned,
+        args.trace.nodes_max,
+        args.prices.prices()?,
+    );
     let [outcome] = outcomes;
     finish(&[&outcome], &args.output, &planned.source)?;
     if let Some(path) = &args.output.json {

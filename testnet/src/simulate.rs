@@ -6,6 +6,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::builtin::MODELS;
+use parcae_strategies::cost::money::{self, Bill, OnDemand, Prices};
+
+use crate::prices::PriceArgs;
 use parcae_strategies::cost::throughput::Profile;
 use parcae_strategies::cost::{CostModel, RepartitionRule};
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
@@ -53,6 +56,8 @@ pub struct Args {
     /// Write a PNG plot here (availability, configurations, cumulative samples).
     #[arg(long)]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    prices: PriceArgs,
 }
 
 /// The JSON document `--json` writes.
@@ -90,9 +95,13 @@ pub struct StrategyJson {
     pub migration_secs: f64,
     /// `[d, p]` of every interval.
     pub configs: Vec<[u32; 2]>,
+    /// Machine-hours, cost and saving, when prices were given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Bill>,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let prices = args.prices.prices()?;
     let trace = trace::load(&args.trace, args.interval_secs)?;
     let model = cost_model(&args)?;
     let names = match &args.strategies {
@@ -114,6 +123,12 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let bounds = sim::job_bounds(&model, trace.max_nodes());
+    let on_demand = OnDemand::of(&model, trace.max_nodes());
+    let held = money::machine_hours(
+        trace.intervals[range.clone()].iter().map(|i| i.nodes),
+        trace.interval_secs as f64,
+    );
+    let bill = |r: &StrategyRun| prices.map(|p| money::bill(held, r.samples, p, Some(on_demand)));
     let setup = SimSetup {
         model: Arc::new(model),
         lookahead: usize::from(args.lookahead),
@@ -126,12 +141,18 @@ pub fn run(args: Args) -> Result<()> {
     }
     let bars = Bars::of(&runs);
     print_table(&trace, &args.model, &runs, &bars);
+    if let Some(p) = prices {
+        print_bills(&runs, &bill, p, on_demand);
+    }
     let report = Report {
         trace: trace.source.clone(),
         model: args.model.clone(),
         intervals: range.len(),
         node_default: sim::NODE_DEFAULT,
-        strategies: runs.iter().map(|r| strategy_json(r, &bars)).collect(),
+        strategies: runs
+            .iter()
+            .map(|r| strategy_json(r, &bars, bill(r)))
+            .collect(),
     };
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
@@ -193,7 +214,7 @@ impl Bars {
     }
 }
 
-fn strategy_json(r: &StrategyRun, bars: &Bars) -> StrategyJson {
+fn strategy_json(r: &StrategyRun, bars: &Bars, cost: Option<Bill>) -> StrategyJson {
     StrategyJson {
         name: r.name.clone(),
         samples: r.samples,
@@ -207,6 +228,38 @@ fn strategy_json(r: &StrategyRun, bars: &Bars) -> StrategyJson {
             .iter()
             .map(|c: &ParallelConfig| [c.d, c.p])
             .collect(),
+        cost,
+    }
+}
+
+/// The money table: every strategy holds the same spot machines; what differs is what they
+/// trained with them.
+fn print_bills(
+    runs: &[StrategyRun],
+    bill: &dyn Fn(&StrategyRun) -> Option<Bill>,
+    prices: Prices,
+    on_demand: OnDemand,
+) {
+    println!(
+        "money at {} per spot and {} per on-demand machine-hour; on-demand baseline: {} machines at {:.1} samples/s",
+        prices.spot, prices.on_demand, on_demand.machines, on_demand.samples_per_sec
+    );
+    println!(
+        "{:<19} {:>14} {:>12} {:>16} {:>12}",
+        "strategy", "machine-hours", "cost", "per M samples", "saving"
+    );
+    for r in runs {
+        let Some(b) = bill(r) else { continue };
+        println!(
+            "{:<19} {:>14.1} {:>12.2} {:>16} {:>12}",
+            r.name,
+            b.machine_hours,
+            b.cost,
+            b.cost_per_million_samples
+                .map_or("-".into(), |v| format!("{v:.2}")),
+            b.saving_vs_on_demand
+                .map_or("-".into(), |v| format!("{:.1} %", 100.0 * v)),
+        );
     }
 }
 

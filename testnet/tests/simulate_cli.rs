@@ -120,4 +120,61 @@ fn bad_inputs_give_one_line_errors_with_exit_code_2() {
 
     let out = testnet(&["simulate", "--strategies", "ideal,magic"]);
     assert_one_line_error(&out, &["magic"]);
+
+    let out = testnet(&["simulate", "--price-spot", "0.9"]);
+    assert_one_line_error(&out, &["--price-on-demand"]);
+    let out = testnet(&["simulate", "--price-spot=-1", "--price-on-demand", "3"]);
+    assert_one_line_error(&out, &["spot price -1"]);
+}
+
+#[test]
+fn prices_give_every_strategy_its_bill_against_on_demand() {
+    let json = std::env::temp_dir().join(format!("sim-money-{}.json", std::process::id()));
+    let out = testnet(&[
+        "simulate",
+        "--strategies",
+        "ideal,reactive,liveput-zone",
+        "--price-spot",
+        "0.918",
+        "--price-on-demand",
+        "3.06",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("machine-hours") && table.contains("saving"),
+        "{table}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let strategies = v["strategies"].as_array().unwrap();
+    let hours = strategies[0]["cost"]["machine_hours"].as_f64().unwrap();
+    assert!(hours > 0.0);
+    for s in strategies {
+        let cost = s["cost"].as_object().expect("a bill per strategy");
+        assert_eq!(cost.len(), 4, "{cost:?}");
+        // Every strategy holds the same machines; they differ in what they trained on them.
+        assert_eq!(cost["machine_hours"].as_f64().unwrap(), hours);
+        assert!((cost["cost"].as_f64().unwrap() - 0.918 * hours).abs() < 1e-9);
+        let samples = s["samples"].as_f64().unwrap();
+        let per_m = cost["cost_per_million_samples"].as_f64().unwrap();
+        assert!((per_m - 0.918 * hours / samples * 1e6).abs() < 1e-6);
+        let saving = cost["saving_vs_on_demand"].as_f64().unwrap();
+        assert!(saving < 1.0, "{saving}");
+    }
+    let saving = |name: &str| {
+        strategies.iter().find(|s| s["name"] == name).unwrap()["cost"]["saving_vs_on_demand"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        saving("ideal") >= saving("reactive"),
+        "more samples on the same machines save more"
+    );
 }

@@ -402,9 +402,29 @@ fn a_killed_leader_is_replaced_and_timed() {
             "--kill-leader-at",
             "6",
             "--check",
+            "--price-spot",
+            "0.918",
+            "--price-on-demand",
+            "3.06",
         ],
         "failover",
     );
+    // The bill: 3 intervals of 5 s, 3 machines held (the run's own trace), at the spot price.
+    let cost = v["cost"].as_object().expect("prices give the run a bill");
+    let hours = cost["machine_hours"].as_f64().unwrap();
+    assert!(
+        hours > 0.0 && hours <= 3.0 * 3.0 * 5.0 / 3600.0 + 1e-12,
+        "{v}"
+    );
+    assert!((cost["cost"].as_f64().unwrap() - 0.918 * hours).abs() < 1e-12);
+    let samples = v["samples"].as_f64().unwrap();
+    assert!(
+        (cost["cost_per_million_samples"].as_f64().unwrap() - 0.918 * hours / samples * 1e6).abs()
+            < 1e-6,
+        "{v}"
+    );
+    let saving = &cost["saving_vs_on_demand"];
+    assert!(saving.is_null() || saving.as_f64().unwrap() < 1.0, "{v}");
     let f = &v["leader_failover"];
     assert!(
         (f["killed_at_secs"].as_f64().unwrap() - 6.0).abs() < 1.0,

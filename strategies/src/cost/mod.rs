@@ -5,11 +5,13 @@
 //!   feasibility), so any model the nodes have measured can be planned;
 //! * [`migration`]: intra-stage, inter-stage, repartition and restart costs, in expectation
 //!   over which nodes a preemption hits;
-//! * [`builtin`]: the paper's five profiled models.
+//! * [`builtin`]: the paper's five profiled models;
+//! * [`money`]: what a run costs at spot prices and saves against on-demand machines.
 
 pub mod analytic;
 pub mod builtin;
 pub mod migration;
+pub mod money;
 pub mod restart;
 pub mod spec;
 pub mod throughput;
