@@ -2,7 +2,8 @@
 //!
 //! The peer id is derived from this key and is how the raft membership names a node, so a node
 //! restarted with the same data directory must come back with the same key: the first start
-//! writes `node.key` (libp2p's protobuf key encoding, owner-only permissions), later starts read it.
+//! writes `node.key` (libp2p's protobuf key encoding, owner-only permissions, atomically), later
+//! starts read it.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +34,15 @@ pub enum IdentityError {
         /// Its size.
         len: u64,
     },
+    /// The key file is empty (written by a version that did not write it atomically and was
+    /// killed meanwhile).
+    #[error(
+        "identity key {path} is empty: remove it and the raft directory beside it to start as a new member"
+    )]
+    Empty {
+        /// The offending file.
+        path: PathBuf,
+    },
     /// The key file does not hold a valid libp2p key.
     #[error("identity key {path}: {source}")]
     Decode {
@@ -53,6 +63,9 @@ pub fn load_or_create(data_dir: &Path) -> Result<Keypair, IdentityError> {
     let path = data_dir.join(IDENTITY_FILE);
     match std::fs::metadata(&path) {
         Ok(meta) => {
+            if meta.len() == 0 {
+                return Err(IdentityError::Empty { path });
+            }
             if meta.len() > MAX_IDENTITY_FILE {
                 return Err(IdentityError::TooLarge {
                     path,
@@ -71,7 +84,7 @@ pub fn load_or_create(data_dir: &Path) -> Result<Keypair, IdentityError> {
                     path: path.clone(),
                     source,
                 })?;
-            crate::fsutil::write_private_new(&path, &bytes).map_err(io(&path))?;
+            crate::fsutil::write_private_atomic(&path, &bytes).map_err(io(&path))?;
             Ok(key)
         }
         Err(e) => Err(io(&path)(e)),
@@ -100,5 +113,9 @@ mod tests {
             load_or_create(dir.path()),
             Err(IdentityError::Decode { .. })
         ));
+        std::fs::write(dir.path().join(IDENTITY_FILE), b"").unwrap();
+        let empty = load_or_create(dir.path()).unwrap_err();
+        assert!(matches!(empty, IdentityError::Empty { .. }));
+        assert!(empty.to_string().contains("is empty: remove it"), "{empty}");
     }
 }

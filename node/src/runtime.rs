@@ -160,17 +160,34 @@ pub fn init_logging() {
         .init();
 }
 
-/// Runs a node until it exits; returns the process exit code.
+/// Exit code of a node that panicked ([`exit_on_panic`]).
+pub const PANIC_EXIT_CODE: i32 = 70;
+
+/// Makes any panic, on any thread, end the process with [`PANIC_EXIT_CODE`] after the usual
+/// report. A panic in an actor or a connection task stops only that task: the process would
+/// stay up with its ports open and its status frozen, a zombie no supervisor restarts.
+pub fn exit_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        tracing::error!("panic: {info}; the node exits");
+        std::process::exit(PANIC_EXIT_CODE);
+    }));
+}
+
+/// Runs a node until it exits; returns the process exit code. Any panic ends the process
+/// ([`exit_on_panic`]).
 pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
+    exit_on_panic();
     let keypair = identity::load_or_create(&opts.data_dir)?;
     let peer_id = keypair.public().to_peer_id();
     let mut given = seeds::parse_all("--bootstrap", &opts.bootstrap)?;
     if let Some(file) = &opts.bootstrap_file {
         seeds::read_file(file)?;
     }
-    let found_cluster = given.is_empty() && opts.bootstrap_file.is_none();
     let remembered = known_peers::path(&opts.data_dir);
     given.extend(known_peers::load(&remembered));
+    let found_cluster = given.is_empty() && opts.bootstrap_file.is_none();
     let seeds = SeedSource {
         seeds: given,
         file: opts.bootstrap_file.clone(),
@@ -220,6 +237,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     }
     let setup = RaftSetup {
         peer_id,
+        identity: keypair.clone(),
         dir: opts.data_dir.join(RAFT_DIR),
         found_cluster,
         listen: listen.clone(),

@@ -4,6 +4,8 @@
 use parcae_consensus::codec::{self, CodecError};
 use serde::{Deserialize, Serialize};
 
+use crate::control::proof::SignedProposal;
+
 /// Largest raft message accepted (must match `RaftConfig::max_message_bytes`).
 pub const MAX_RAFT_MESSAGE: usize = 16 << 20;
 /// Largest encoded control message: a raft message plus envelope slack.
@@ -14,16 +16,12 @@ pub const MAX_CONTROL_MESSAGE: usize = MAX_RAFT_MESSAGE + 4096;
 pub enum ControlMessage {
     /// A raft protobuf message, opaque here.
     Raft(Vec<u8>),
-    /// An encoded `Command` about the sender itself (`Join`, `Notice`, `Leave`), for the leader.
-    Propose(Vec<u8>),
-    /// A `Propose` relayed by a member that is not the leader: `origin` is the peer id bytes of
-    /// the node the command came from, checked by the leader like a direct proposal.
-    Forwarded {
-        /// The proposing node's peer id bytes.
-        origin: Vec<u8>,
-        /// The encoded command.
-        command: Vec<u8>,
-    },
+    /// A command signed by the sender (about itself: `Join`, `Notice`, `Leave`, its reports),
+    /// for the leader.
+    Propose(SignedProposal),
+    /// A `Propose` relayed unchanged by a member that is not the leader; its origin is the
+    /// signer, whoever relays it.
+    Forwarded(SignedProposal),
 }
 
 impl ControlMessage {
@@ -44,10 +42,12 @@ mod tests {
 
     #[test]
     fn round_trip_and_garbage() {
-        let m = ControlMessage::Forwarded {
-            origin: vec![1, 2],
+        let m = ControlMessage::Forwarded(SignedProposal {
             command: vec![3],
-        };
+            signed_unix_ms: 1,
+            public_key: vec![1, 2],
+            signature: vec![4],
+        });
         assert_eq!(ControlMessage::decode(&m.encode().unwrap()).unwrap(), m);
         assert!(ControlMessage::decode(&[0xff, 0xff, 0xff]).is_err());
         assert!(ControlMessage::decode(&[]).is_err());

@@ -9,6 +9,9 @@ use libp2p::identity::Keypair;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId, Swarm};
 use parcae_api::RoleView;
+use parcae_consensus::Command;
+use parcae_consensus::state::PeerInfo;
+use parcae_node::control::proof;
 use parcae_node::key::ClusterKey;
 use parcae_node::net::codec::ControlRequest;
 use parcae_node::net::swarm::{Behaviour, BehaviourEvent, NetLimits, build_swarm};
@@ -55,6 +58,20 @@ fn node_with_another_key_cannot_connect_or_join() {
 
     let s = c.nodes[intruder].status().expect("intruder status");
     assert_eq!(s.connected_peers.len(), 0);
+    // The intruder is told why, at warn level, naming the address; the founder logs the
+    // refusals from one source at most once a minute.
+    let told = c.nodes[intruder].log_tail(400);
+    assert!(
+        told.lines().any(|l| l.contains("WARN")
+            && l.contains("another cluster key")
+            && l.contains(&c.nodes[0].listen)),
+        "{told}"
+    );
+    let refusals = c.nodes[0]
+        .log_tail(4000)
+        .matches("incoming connection refused")
+        .count();
+    assert_eq!(refusals, 1, "{}", c.nodes[0].log_tail(4000));
     assert_eq!(s.members.len(), 0);
     for i in 0..3 {
         assert_eq!(member_count(&c, i), 3, "membership changed on node {i}");
@@ -149,9 +166,11 @@ fn hostile_input_is_dropped_and_the_node_keeps_serving() {
         ControlMessage::Raft(vec![0xde, 0xad, 0xbe, 0xef])
             .encode()
             .expect("encode"), // not raft protobuf
-        ControlMessage::Propose(vec![1, 2, 3])
-            .encode()
-            .expect("encode"), // not a command
+        ControlMessage::Propose(
+            proof::sign(&Keypair::generate_ed25519(), vec![1, 2, 3], now_ms()).expect("sign"),
+        )
+        .encode()
+        .expect("encode"), // signed, but by another peer than the sender, and not a command
         vec![0u8; 200_000], // over the 64 KiB frame limit
     ];
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -168,4 +187,120 @@ fn hostile_input_is_dropped_and_the_node_keeps_serving() {
     let s = c.nodes[0].status().expect("node still serves /status");
     assert_eq!(s.role, RoleView::Leader, "the node still leads its cluster");
     assert_eq!(s.members.len(), 1);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}
+
+/// A signed control frame carrying `command`, as `signer` proposes it.
+fn proposal(signer: &Keypair, command: &Command, relayed: bool) -> Vec<u8> {
+    let signed = proof::sign(signer, command.encode().expect("encode"), now_ms()).expect("sign");
+    let message = if relayed {
+        ControlMessage::Forwarded(signed)
+    } else {
+        ControlMessage::Propose(signed)
+    };
+    message.encode().expect("encode")
+}
+
+#[test]
+fn a_member_cannot_propose_for_another_member() {
+    let _serial = serial();
+    let c = start_cluster(TEST_CONFIG, 3);
+    let leader = c
+        .wait_converged(&[0, 1, 2], 3, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
+    let li = c.index_of(&leader).expect("leader index");
+    let victim = c.nodes[(li + 1) % 3].peer_id().expect("victim");
+    let victim_peer: PeerId = victim.parse().expect("peer id");
+    let target: PeerId = leader.parse().expect("leader id");
+    let addr: Multiaddr = c.nodes[li].listen.parse().expect("addr");
+    let key = ClusterKey::load(c.key()).expect("key");
+
+    let mallory = Keypair::generate_ed25519();
+    let me = mallory.public().to_peer_id();
+    let join = Command::Join {
+        node: parcae_consensus::NodeId::from_peer_bytes(&me.to_bytes()),
+        peer: PeerInfo {
+            peer_id: me.to_bytes(),
+            ..PeerInfo::default()
+        },
+    };
+    let victim_node = parcae_consensus::NodeId::from_peer_bytes(&victim_peer.to_bytes());
+    let forgeries = [
+        // Its own signature on a command about the victim, relayed as a member.
+        proposal(&mallory, &Command::Leave { node: victim_node }, true),
+        // The same, sent directly.
+        proposal(
+            &mallory,
+            &Command::Notice {
+                node: victim_node,
+                deadline_ms: now_ms() + 1000,
+            },
+            false,
+        ),
+        // A command the victim never signed, under mallory's name as the relay of another key.
+        proposal(
+            &Keypair::generate_ed25519(),
+            &Command::Leave { node: victim_node },
+            false,
+        ),
+    ];
+    let limits = NetLimits::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let members_here = || c.nodes[li].status().map(|s| s.members.len()).unwrap_or(0);
+    rt.block_on(async {
+        let mut swarm = build_swarm(mallory.clone(), key.clone(), &limits).expect("swarm");
+        // Mallory joins the cluster properly: a member holding the key.
+        swarm.dial(addr.clone()).expect("dial");
+        let deadline = tokio::time::sleep(Duration::from_secs(15));
+        tokio::pin!(deadline);
+        let mut poll = tokio::time::interval(Duration::from_millis(200));
+        let mut joined = false;
+        while !joined {
+            tokio::select! {
+                ev = swarm.select_next_some() => {
+                    if let SwarmEvent::ConnectionEstablished { peer_id, .. } = ev
+                        && peer_id == target
+                    {
+                        swarm
+                            .behaviour_mut()
+                            .control
+                            .send_request(&target, ControlRequest::Frame(proposal(&mallory, &join, false)));
+                    }
+                }
+                _ = poll.tick() => joined = members_here() == 4,
+                _ = &mut deadline => panic!("mallory's own join was not applied"),
+            }
+        }
+    });
+    for frame in forgeries {
+        rt.block_on(async {
+            let mut swarm = build_swarm(mallory.clone(), key.clone(), &limits).expect("swarm");
+            send_and_expect_disconnect(&mut swarm, target, &addr, frame).await;
+        });
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..3 {
+        let s = c.nodes[i].status().expect("status");
+        let v = s.member(&victim).expect("the victim is still a member");
+        assert!(v.status.is_healthy(), "node {i}: {s:?}");
+        assert!(
+            s.notices.iter().all(|n| n.peer_id != victim),
+            "node {i} took a forged notice"
+        );
+    }
+    assert!(
+        metric(
+            c.nodes[li].status_addr,
+            "parcae_bad_input_disconnects_total"
+        ) >= 3
+    );
 }

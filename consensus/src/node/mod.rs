@@ -105,11 +105,25 @@ impl RaftNode {
         config: RaftConfig,
         members: &[PeerInfo],
     ) -> Result<RaftNode, RaftError> {
+        Self::open_or_found(dir, config, Some(members)).map(|(node, _)| node)
+    }
+
+    /// Opens the node in `dir`; when its storage holds no raft state yet and `found` names
+    /// members, founds a new cluster there with them (see [`bootstrap`](Self::bootstrap)).
+    /// Returns the node and whether it founded. The decision is the storage's, not whether
+    /// the directory exists: a founder killed after creating its directory and before writing
+    /// the first state founds again instead of waiting forever in a cluster of nobody.
+    pub fn open_or_found(
+        dir: &Path,
+        config: RaftConfig,
+        found: Option<&[PeerInfo]>,
+    ) -> Result<(RaftNode, bool), RaftError> {
         let storage = Self::open_storage(dir, &config)?;
-        if storage.is_initialized() {
-            Self::with_storage(storage, config)
-        } else {
-            Self::bootstrap_storage(storage, config, members)
+        match found {
+            Some(members) if !storage.is_initialized() => {
+                Ok((Self::bootstrap_storage(storage, config, members)?, true))
+            }
+            _ => Ok((Self::with_storage(storage, config)?, false)),
         }
     }
 
@@ -563,6 +577,35 @@ mod tests {
             RaftNode::bootstrap(dir.path(), RaftConfig::new(NodeId(7)), &[other]),
             Err(RaftError::Config(_))
         ));
+    }
+
+    #[test]
+    fn founding_follows_the_storage_not_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = PeerInfo {
+            peer_id: b"founder".to_vec(),
+            ..PeerInfo::default()
+        };
+        let config = RaftConfig::new(NodeId::from_peer_bytes(&me.peer_id));
+        // A founder killed after its storage was created and before its first state.
+        drop(RaftNode::open(dir.path(), config.clone()).unwrap());
+        assert!(dir.path().read_dir().unwrap().next().is_some());
+        let members = std::slice::from_ref(&me);
+        let (_, founded) =
+            RaftNode::open_or_found(dir.path(), config.clone(), Some(members)).unwrap();
+        assert!(founded, "uninitialised storage founds again");
+        let (_, founded) =
+            RaftNode::open_or_found(dir.path(), config.clone(), Some(members)).unwrap();
+        assert!(
+            !founded,
+            "an initialised cluster is opened, never founded twice"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let (node, founded) = RaftNode::open_or_found(empty.path(), config, None).unwrap();
+        assert!(
+            !founded && node.state().members.is_empty(),
+            "a joiner waits"
+        );
     }
 
     #[test]

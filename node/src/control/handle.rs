@@ -46,6 +46,9 @@ pub enum ProposeFailed {
     /// The command cannot be encoded (too large).
     #[error("cannot encode the proposal: {0}")]
     Encode(CodecError),
+    /// The identity could not sign it.
+    #[error(transparent)]
+    Sign(super::proof::ProofError),
     /// raft refused it.
     #[error(transparent)]
     Raft(ProposeError),

@@ -5,6 +5,7 @@
 //! * [`handle`]: [`ControlHandle`], what every other part holds: one
 //!   `propose`, and watch channels of the applied state and of the leadership.
 //! * pure decisions, each with its unit tests: [`authorize`] (what a peer may propose),
+//!   [`proof`] (who really proposed it: the origin's signature),
 //!   [`liveness`] (who is lost, gone or back), [`membership`] (this node's `Join`, notices
 //!   already on their way) and [`project`] (the `/status` projection).
 
@@ -15,6 +16,7 @@ pub mod known_peers;
 pub mod liveness;
 pub mod membership;
 pub mod project;
+pub mod proof;
 
 pub use driver::{ControlDriver, RaftActorError, RaftSetup, open_node};
 pub use handle::{ControlHandle, ControlPlane, ProposeFailed, Routed};

@@ -21,7 +21,9 @@ use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, request_response};
 
+use super::admission::AdmissionError;
 use super::codec::{ControlAck, ControlRequest};
+use super::log_limit::LogLimit;
 use super::seeds::{self, MAX_RESOLVED, Seed, SeedHost};
 use super::swarm::{Behaviour, BehaviourEvent, NOTICE_TOPIC};
 use crate::metrics::Metrics;
@@ -36,6 +38,8 @@ const REDIAL_MIN: Duration = Duration::from_millis(500);
 const REDIAL_MAX: Duration = Duration::from_secs(2);
 /// Most swarm events handled per poll before yielding to the mailbox.
 const EVENT_BATCH: usize = 256;
+/// Lines logged per source of refused connections (and per peer address whose key differs).
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(60);
 /// How often a bootstrap file is read again while the node is alone.
 const SEED_FILE_REREAD: Duration = Duration::from_secs(2);
 
@@ -113,6 +117,10 @@ pub struct Network {
     connected: HashSet<PeerId>,
     /// When each wanted but unconnected peer may be dialled again.
     dial_retry: HashMap<PeerId, Retry>,
+    /// Refused inbound connections logged, per source IP.
+    refused_log: LogLimit<IpAddr>,
+    /// Dials refused for another cluster key logged, per address.
+    wrong_key_log: LogLimit<Multiaddr>,
 }
 
 /// Where the node looks for its cluster, and what it learned dialling there.
@@ -205,6 +213,28 @@ impl SeedDialer {
     }
 }
 
+/// Whether a transport error is the admission handshake's verdict that the keys differ.
+fn is_wrong_key(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if matches!(
+            e.downcast_ref::<AdmissionError>(),
+            Some(AdmissionError::WrongKey(_))
+        ) {
+            return true;
+        }
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            && is_wrong_key(inner)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
 /// The IP and TCP port of a dialled address.
 fn ip_port(addr: &Multiaddr) -> Option<(IpAddr, u16)> {
     let mut ip = None;
@@ -240,6 +270,8 @@ impl Network {
             listening: Vec::new(),
             connected: HashSet::new(),
             dial_retry: HashMap::new(),
+            refused_log: LogLimit::new(REFUSED_LOG_EVERY),
+            wrong_key_log: LogLimit::new(REFUSED_LOG_EVERY),
         }
     }
 
@@ -413,14 +445,35 @@ impl Network {
                 ..
             } => {
                 self.metrics.connections_failed_total.inc();
-                tracing::info!(from = %send_back_addr, "incoming connection refused: {error} ({error:?})");
+                let source = ip_port(&send_back_addr).map(|(ip, _)| ip);
+                if let Some(held) =
+                    source.and_then(|ip| self.refused_log.allow(&ip, Instant::now()))
+                {
+                    tracing::info!(from = %send_back_addr, held_back = held, "incoming connection refused: {error}");
+                }
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 self.metrics.connections_failed_total.inc();
-                tracing::debug!(?peer_id, "outgoing connection failed: {error} ({error:?})");
+                self.on_dial_error(peer_id, &error);
             }
             SwarmEvent::Behaviour(event) => self.on_behaviour_event(event),
             _ => {}
+        }
+    }
+
+    /// A dial failed: refusals for another cluster key are the operator's business (warn, once
+    /// a minute per address); anything else is a peer that is down (debug).
+    fn on_dial_error(&mut self, peer: Option<PeerId>, error: &libp2p::swarm::DialError) {
+        let libp2p::swarm::DialError::Transport(attempts) = error else {
+            tracing::debug!(?peer, "outgoing connection failed: {error}");
+            return;
+        };
+        for (addr, e) in attempts {
+            if !is_wrong_key(e) {
+                tracing::debug!(?peer, %addr, "outgoing connection failed: {e}");
+            } else if let Some(held) = self.wrong_key_log.allow(addr, Instant::now()) {
+                tracing::warn!(%addr, held_back = held, "the peer at {addr} refused us: it holds another cluster key than ours");
+            }
         }
     }
 

@@ -3,5 +3,6 @@
 pub mod actor;
 pub mod admission;
 pub mod codec;
+pub mod log_limit;
 pub mod seeds;
 pub mod swarm;

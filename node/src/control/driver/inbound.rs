@@ -11,6 +11,7 @@ use parcae_consensus::{Command, StepError};
 
 use super::{ControlDriver, MAX_NOTICES_SHOWN, node_id};
 use crate::control::authorize::authorize;
+use crate::control::proof::{self, SignedProposal};
 use crate::net::actor::{DisconnectPeer, NetEvent, PublishNotice};
 use crate::notice::{Notice, unix_ms};
 use crate::status::NoticeView;
@@ -34,10 +35,10 @@ impl ControlDriver {
                 ) => self.punish(from, format!("bad raft message: {e}")),
                 Err(e) => tracing::debug!(peer = %from, "raft message refused: {e}"),
             },
-            ControlMessage::Propose(bytes) => self.on_proposal(from, from.to_bytes(), &bytes, ctx),
-            ControlMessage::Forwarded { origin, command } => {
+            ControlMessage::Propose(proposal) => self.on_proposal(from, proposal, true, ctx),
+            ControlMessage::Forwarded(proposal) => {
                 if self.node.state().members.contains_key(&node_id(&from)) {
-                    self.on_proposal(from, origin, &command, ctx);
+                    self.on_proposal(from, proposal, false, ctx);
                 } else {
                     self.punish(from, "relayed a proposal without being a member".into());
                 }
@@ -45,19 +46,28 @@ impl ControlDriver {
         }
     }
 
-    /// A node asks for a change about itself: check it, then propose or relay it.
+    /// A node asks for a change about itself: check whose it is (the signer, who must be the
+    /// sender unless a member relayed it) and whether that node may ask for it, then propose it
+    /// or relay it unchanged.
     fn on_proposal(
         &mut self,
         from: PeerId,
-        origin: Vec<u8>,
-        bytes: &[u8],
+        proposal: SignedProposal,
+        direct: bool,
         ctx: &mut Context<Self>,
     ) {
-        let command = match Command::decode(bytes) {
+        let origin = match proof::verify(&proposal, unix_ms(SystemTime::now())) {
+            Ok(origin) => origin,
+            Err(e) => return self.punish(from, e.to_string()),
+        };
+        if direct && origin != from {
+            return self.punish(from, format!("sent a proposal signed by {origin}"));
+        }
+        let command = match Command::decode(&proposal.command) {
             Ok(c) => c,
             Err(e) => return self.punish(from, format!("undecodable proposal: {e}")),
         };
-        if let Err(e) = authorize(self.node.state(), &origin, &command) {
+        if let Err(e) = authorize(self.node.state(), &origin.to_bytes(), &command) {
             return self.punish(from, e.to_string());
         }
         if self.node.is_leader() {
@@ -66,11 +76,7 @@ impl ControlDriver {
             && leader != self.me
             && leader != from
         {
-            let relay = ControlMessage::Forwarded {
-                origin,
-                command: bytes.to_vec(),
-            };
-            self.send_control(leader, relay);
+            self.send_control(leader, ControlMessage::Forwarded(proposal));
         }
     }
 

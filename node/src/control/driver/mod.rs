@@ -31,6 +31,7 @@ use super::known_peers;
 use super::liveness::Liveness;
 use super::membership::{NoticesInFlight, join_needed, peer_info};
 use super::project::{LocalView, project};
+use super::proof;
 use crate::config::NodeConfig;
 use crate::metrics::Metrics;
 use crate::net::actor::{KeepConnected, Network, SendControl};
@@ -69,6 +70,8 @@ pub struct Outlets {
 pub struct ControlDriver {
     node: RaftNode,
     me: PeerId,
+    /// Signs what this node proposes through others ([`proof`]).
+    identity: libp2p::identity::Keypair,
     my_id: NodeId,
     config: NodeConfig,
     net: Addr<Network>,
@@ -112,6 +115,7 @@ impl ControlDriver {
             my_id: node.id(),
             node,
             me: setup.peer_id,
+            identity: setup.identity,
             config,
             net,
             out,
@@ -343,7 +347,9 @@ impl ControlDriver {
                     .or_else(|| self.relay_peer())
                     .ok_or(ProposeFailed::NoRoute)?;
                 let bytes = command.encode().map_err(ProposeFailed::Encode)?;
-                self.send_control(to, ControlMessage::Propose(bytes));
+                let signed = proof::sign(&self.identity, bytes, unix_ms(SystemTime::now()))
+                    .map_err(ProposeFailed::Sign)?;
+                self.send_control(to, ControlMessage::Propose(signed));
                 Ok(Routed::Forwarded)
             }
             Err(e) => Err(ProposeFailed::Raft(e)),

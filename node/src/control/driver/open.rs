@@ -1,5 +1,5 @@
 //! Opening the raft node at start: its storage in the data directory, founding a one-member
-//! cluster there when the directory is new and no bootstrap peers were given.
+//! cluster there when the storage holds no raft state and the node has nowhere to join.
 
 use std::path::PathBuf;
 
@@ -22,9 +22,12 @@ pub enum RaftActorError {
 pub struct RaftSetup {
     /// Local peer id.
     pub peer_id: PeerId,
+    /// The identity `peer_id` is made from: it signs this node's proposals.
+    pub identity: libp2p::identity::Keypair,
     /// Raft directory.
     pub dir: PathBuf,
-    /// Whether to create a new cluster when the directory is empty (no bootstrap peers given).
+    /// Whether to create a new cluster when the storage holds no raft state (no seeds given and
+    /// no members remembered).
     pub found_cluster: bool,
     /// Listen addresses as configured (used until the real ones are known).
     pub listen: Vec<Multiaddr>,
@@ -34,8 +37,8 @@ pub struct RaftSetup {
     pub data_addr: Option<std::net::SocketAddr>,
 }
 
-/// Opens the raft node in `setup.dir`, founding a one-member cluster there when the directory is
-/// new and no bootstrap peers were given.
+/// Opens the raft node in `setup.dir`, founding a one-member cluster there when its storage
+/// holds no raft state and `setup.found_cluster` says so.
 pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, RaftActorError> {
     let my_id = NodeId::from_peer_bytes(&setup.peer_id.to_bytes());
     let mut raft_config = parcae_consensus::RaftConfig::new(my_id);
@@ -43,19 +46,17 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
     raft_config.heartbeat_tick = config.raft.heartbeat_ticks;
     raft_config.max_voters = config.max_voters;
     raft_config.max_message_bytes = MAX_RAFT_MESSAGE;
-    let mut node = if !setup.dir.exists() && setup.found_cluster {
-        let me = peer_info(
-            &setup.peer_id,
-            &setup.listen,
-            setup.data_addr.map(|a| a.to_string()),
-        );
-        let mut node = RaftNode::bootstrap(&setup.dir, raft_config, &[me])?;
+    let me = peer_info(
+        &setup.peer_id,
+        &setup.listen,
+        setup.data_addr.map(|a| a.to_string()),
+    );
+    let found = setup.found_cluster.then_some(std::slice::from_ref(&me));
+    let (mut node, founded) = RaftNode::open_or_found(&setup.dir, raft_config, found)?;
+    if founded {
         node.campaign()?;
         tracing::info!("founded a new cluster");
-        node
-    } else {
-        RaftNode::open(&setup.dir, raft_config)?
-    };
+    }
     node.drive()?;
     Ok(node)
 }
