@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use parcae_consensus::state::Digest32;
+use parcae_consensus::{ControlState, NodeId};
 use sha2::{Digest, Sha256};
 
 /// A checkpoint file could not be written, read or pruned.
@@ -24,6 +25,45 @@ pub struct CheckpointError {
 
 /// Checkpoints kept per layer range.
 pub const KEEP: usize = 2;
+/// Steps a stored checkpoint may be ahead of the committed progress ([`may_store`]).
+pub const STEP_SLACK: u64 = 4;
+
+/// Whether `sender` may store its checkpoint of `layers` after `steps` steps on this node: the
+/// plan in force makes it the first replica (pipeline 0) of the stage that owns exactly those
+/// layers, and the step is at most [`STEP_SLACK`] ahead of the progress committed here (the
+/// checkpoint of step `k` is taken right after running it, before it is committed, and this
+/// node may apply commits later than the sender). So a member can write
+/// only its own stage's checkpoint, at most [`KEEP`] of them stay: its disk quota here is
+/// [`KEEP`] states of its stage, and it cannot push the real checkpoints out with made-up step
+/// numbers.
+pub fn may_store(
+    state: &ControlState,
+    sender: NodeId,
+    steps: u64,
+    layers: &Range<usize>,
+) -> Result<(), String> {
+    let plan = state.plan.as_ref().ok_or("no plan in force")?;
+    let slot = plan
+        .assignment
+        .get(&sender)
+        .ok_or("the sender has no slot in the plan")?;
+    let owned = plan
+        .stage_layers(slot.stage)
+        .map(|l| l.start as usize..l.end as usize);
+    if slot.pipeline != 0 || owned.as_ref() != Some(layers) {
+        return Err(format!(
+            "the plan of epoch {} does not make the sender pipeline 0's holder of layers {layers:?}",
+            plan.epoch
+        ));
+    }
+    let newest = state.progress.next_step() + STEP_SLACK;
+    if steps == 0 || steps > newest {
+        return Err(format!(
+            "a checkpoint after {steps} steps is ahead of the cluster (at most {newest})"
+        ));
+    }
+    Ok(())
+}
 
 /// The directory of checkpoints.
 #[derive(Debug, Clone)]
@@ -132,5 +172,63 @@ mod tests {
         assert!(store.load(1, &(0..2)).is_err());
         assert_eq!(parse_name("ckpt-1-3-2.state"), None);
         assert_eq!(parse_name("ckpt-x-0-2.state"), None);
+    }
+
+    #[test]
+    fn only_a_stage_s_first_replica_stores_its_own_layers_at_a_step_not_ahead() {
+        use parcae_consensus::state::{Plan, StageSlot};
+        let id = |n: u8| NodeId::from_peer_bytes(&[n]);
+        let slot = |pipeline, stage| StageSlot { pipeline, stage };
+        let mut state = ControlState::default();
+        assert!(may_store(&state, id(1), 1, &(0..3)).is_err(), "no plan");
+        state.plan = Some(Plan {
+            epoch: 3,
+            data_parallel: 2,
+            pipeline_stages: 2,
+            partition: vec![0, 3, 5],
+            assignment: [
+                (id(1), slot(0, 0)),
+                (id(2), slot(0, 1)),
+                (id(3), slot(1, 0)),
+                (id(4), slot(1, 1)),
+            ]
+            .into_iter()
+            .collect(),
+            at_step: 0,
+        });
+        state.progress.last_committed_step = Some(9);
+        assert_eq!(may_store(&state, id(1), 10, &(0..3)), Ok(()));
+        assert_eq!(
+            may_store(&state, id(2), 11, &(3..5)),
+            Ok(()),
+            "the step in flight"
+        );
+        assert_eq!(
+            may_store(&state, id(2), 14, &(3..5)),
+            Ok(()),
+            "this node lags"
+        );
+        assert!(
+            may_store(&state, id(2), 15, &(3..5)).is_err(),
+            "ahead of the cluster"
+        );
+        assert!(may_store(&state, id(1), u64::MAX, &(0..3)).is_err());
+        assert!(may_store(&state, id(1), 0, &(0..3)).is_err());
+        assert!(
+            may_store(&state, id(1), 10, &(3..5)).is_err(),
+            "another stage's layers"
+        );
+        assert!(
+            may_store(&state, id(1), 10, &(0..2)).is_err(),
+            "part of its layers"
+        );
+        assert!(
+            may_store(&state, id(3), 10, &(0..3)).is_err(),
+            "not pipeline 0"
+        );
+        assert!(
+            may_store(&state, id(9), 10, &(0..3)).is_err(),
+            "not planned"
+        );
     }
 }

@@ -22,6 +22,7 @@ mod channel;
 pub mod client;
 pub mod collective;
 mod handshake;
+pub mod limits;
 pub mod links;
 pub mod protocol;
 pub mod server;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
 use libp2p::identity::Keypair;
@@ -14,9 +14,12 @@ use parcae_consensus::NodeId;
 use parcae_consensus::state::StageSlot;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 
 use super::DataplaneError;
+use super::limits::{
+    MAX_CONNECTIONS, MAX_EPOCHS_AHEAD, MAX_PARKED, MAX_PER_PEER, PeerSlots, expire_parked,
+};
 use super::protocol::{self, HeldInfo, LinkKind, MAX_CONTROL, Reply, Request};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::{self, SecureStream};
@@ -58,6 +61,8 @@ pub struct Piece {
 
 /// A link waiting for the trainer, keyed by epoch, kind and the opener's slot.
 type LinkKey = (u64, LinkKind, StageSlot);
+/// A link a peer opened, waiting for the trainer: who opened it, and the channel.
+type Parked = (PeerId, SecureStream);
 
 /// What the server and the trainer share.
 pub struct Endpoint {
@@ -74,8 +79,11 @@ pub struct Endpoint {
     /// How long a request may wait for state that is about to be exported.
     pub timeout: Duration,
     held: watch::Sender<Option<Arc<Held>>>,
-    inbox: Mutex<BTreeMap<LinkKey, (PeerId, SecureStream)>>,
+    /// Links opened by peers, waiting for the trainer: when each was parked, by whom.
+    inbox: Mutex<BTreeMap<LinkKey, (Instant, Parked)>>,
     arrived: Notify,
+    /// Connections per peer.
+    slots: PeerSlots,
 }
 
 impl Endpoint {
@@ -98,6 +106,7 @@ impl Endpoint {
             held: watch::channel(None).0,
             inbox: Mutex::new(BTreeMap::new()),
             arrived: Notify::new(),
+            slots: PeerSlots::default(),
         }
     }
 
@@ -135,6 +144,11 @@ impl Endpoint {
         let current = view.plan.as_ref().map_or(0, |p| p.epoch);
         if epoch < current {
             return Err(format!("stale epoch {epoch} (current {current})"));
+        }
+        if epoch > current + MAX_EPOCHS_AHEAD {
+            return Err(format!(
+                "epoch {epoch} is too far ahead (current {current})"
+            ));
         }
         let plan = [view.plan.as_ref(), view.pending_plan.as_ref()]
             .into_iter()
@@ -174,8 +188,8 @@ impl Endpoint {
                 notified.as_mut().enable();
                 {
                     let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-                    inbox.retain(|k, _| k.0 >= key.0);
-                    if let Some((peer, stream)) = inbox.remove(&key) {
+                    expire_parked(&mut inbox, |k| k.0, key.0, Instant::now());
+                    if let Some((_, (peer, stream))) = inbox.remove(&key) {
                         if peer == expected {
                             return Ok(stream);
                         }
@@ -198,8 +212,10 @@ impl Endpoint {
     }
 }
 
-/// Accepts connections until the listener fails.
+/// Accepts connections until the listener fails: at most [`MAX_CONNECTIONS`] at once (more are
+/// closed at accept).
 pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>) {
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (socket, addr) = match listener.accept().await {
             Ok(s) => s,
@@ -209,11 +225,16 @@ pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>) {
                 continue;
             }
         };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::debug!(%addr, "data plane connection refused: {MAX_CONNECTIONS} open");
+            continue;
+        };
         let endpoint = endpoint.clone();
         tokio::spawn(async move {
             if let Err(e) = handle(socket, &endpoint).await {
                 tracing::warn!(%addr, "data plane connection: {e}");
             }
+            drop(permit);
         });
     }
 }
@@ -227,17 +248,31 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
     )
     .await
     .map_err(|_| DataplaneError::Timeout("data plane handshake".into()))??;
-    let request: Request = protocol::decode(&stream.recv(MAX_CONTROL as u64).await?)?;
+    let Some(_slot) = ep.slots.acquire(peer) else {
+        return Err(DataplaneError::Peer(format!(
+            "{peer} holds {MAX_PER_PEER} connections already"
+        )));
+    };
+    let first = tokio::time::timeout(ep.timeout, stream.recv(MAX_CONTROL as u64))
+        .await
+        .map_err(|_| DataplaneError::Timeout("the first request after the handshake".into()))??;
+    let request: Request = protocol::decode(&first)?;
     match request {
         Request::Link { epoch, kind, from } => {
             if let Err(why) = ep.check_link(epoch, from, &peer) {
                 tracing::error!(%peer, epoch, ?from, "link refused: {why}");
                 return Err(DataplaneError::Peer(why));
             }
-            ep.inbox
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert((epoch, kind, from), (peer, stream));
+            let current = ep.view.borrow().plan.as_ref().map_or(0, |p| p.epoch);
+            let mut inbox = ep.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            expire_parked(&mut inbox, |k| k.0, current, Instant::now());
+            if inbox.len() >= MAX_PARKED {
+                return Err(DataplaneError::Peer(format!(
+                    "{MAX_PARKED} links parked already"
+                )));
+            }
+            inbox.insert((epoch, kind, from), (Instant::now(), (peer, stream)));
+            drop(inbox);
             ep.arrived.notify_waiters();
             Ok(())
         }
@@ -292,6 +327,14 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
             end,
             digest,
         } => {
+            let sender = NodeId::from_peer_bytes(&peer.to_bytes());
+            let layers = start as usize..end as usize;
+            let admissible =
+                crate::checkpoint::may_store(&ep.view.borrow(), sender, steps, &layers);
+            if let Err(why) = admissible {
+                tracing::warn!(%peer, steps, "checkpoint refused: {why}");
+                return reply(&mut stream, &Reply::Refused(why)).await;
+            }
             let bytes = stream.recv(ep.max_state_bytes).await?;
             let store = ep.checkpoints.clone();
             let stored = on_blocking_pool(move || {
