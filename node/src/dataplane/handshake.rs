@@ -1,9 +1,24 @@
-//! The data-plane handshake: mutual proof of the cluster key, identity binding, key derivation.
+//! The data-plane handshake: Noise `XXpsk3_25519_AESGCM_SHA256` through `snow`, the cluster key
+//! as the pre-shared key, each side's static Noise key signed by its libp2p identity.
+//!
+//! * Ephemeral Diffie-Hellman: the record keys come from key exchanges whose secrets never
+//!   leave the two processes, so a recorded session cannot be decrypted later, not even with
+//!   the cluster key (the handshake this replaced derived them from the key and nonces sent in
+//!   clear).
+//! * The pre-shared key is mixed into the third message: only a holder of the cluster key
+//!   completes a handshake.
+//! * Identity binding, as libp2p-noise does it: each side's payload carries its libp2p public
+//!   key and a signature over its static Noise key, which the Noise transcript authenticates.
+//!   A relay that holds the cluster key can forward the handshake but not read or change what
+//!   follows, and it cannot offer its own static key under another member's identity.
+//!
+//! After the three messages the responder sends one record, a confirmation under the new keys,
+//! so the initiator learns the verdict (refused key, refused identity) within the handshake.
+//! The records themselves stay the channel's AES-256-GCM with counters ([`SecureStream`]),
+//! keyed with Noise's split: bulk transfers keep hardware AES and large records.
 
 use libp2p::PeerId;
 use libp2p::identity::{Keypair, PublicKey};
-use ring::rand::{SecureRandom, SystemRandom};
-use ring::{hkdf, hmac};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -11,14 +26,41 @@ use super::DataplaneError;
 use super::channel::SecureStream;
 use crate::key::ClusterKey;
 
-const MAGIC: &[u8; 8] = b"PRCDP/1\n";
-const LABEL: &[u8] = b"parcae-dataplane/1";
-/// Largest encoded public key or signature accepted in a handshake.
+const MAGIC: &[u8; 8] = b"PRCDP/2\n";
+const NOISE: &str = "Noise_XXpsk3_25519_AESGCM_SHA256";
+/// Domain separation of the identity signature over the static Noise key.
+const STATIC_LABEL: &[u8] = b"parcae-dataplane-static-key:";
+/// The responder's confirmation, the first record under the new keys.
+const CONFIRM: &[u8] = b"parcae-dataplane/2 ok";
+/// Largest Noise handshake message (the Noise limit).
+const MAX_NOISE: usize = 65535;
+/// Largest encoded public key or signature accepted in a handshake payload.
 const MAX_FIELD: usize = 256;
 
-struct Hello {
-    public: PublicKey,
-    nonce: [u8; 32],
+fn noise_error(_: snow::Error) -> DataplaneError {
+    DataplaneError::Handshake("noise handshake failed")
+}
+
+/// A fresh static Noise key pair and a handshake state for it.
+fn start(
+    secret: &ClusterKey,
+    initiator: bool,
+) -> Result<(snow::HandshakeState, Vec<u8>), DataplaneError> {
+    let params = NOISE
+        .parse()
+        .map_err(|_| DataplaneError::Handshake("noise parameters"))?;
+    let builder = snow::Builder::new(params);
+    let keys = builder.generate_keypair().map_err(noise_error)?;
+    let builder = builder
+        .local_private_key(&keys.private)
+        .psk(3, secret.as_bytes());
+    let state = if initiator {
+        builder.build_initiator()
+    } else {
+        builder.build_responder()
+    }
+    .map_err(noise_error)?;
+    Ok((state, keys.public))
 }
 
 /// Open a channel to `expected` at `addr`.
@@ -30,21 +72,27 @@ pub async fn connect(
 ) -> Result<SecureStream, DataplaneError> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
-    let mine = send_hello(&mut s, local).await?;
-    let theirs = read_hello(&mut s).await?;
-    let peer = theirs.public.to_peer_id();
+    s.write_all(MAGIC).await?;
+    let (mut hs, static_key) = start(secret, true)?;
+    let mut buf = vec![0u8; MAX_NOISE];
+    let n = hs.write_message(&[], &mut buf).map_err(noise_error)?;
+    send_frame(&mut s, &buf[..n]).await?;
+    let msg = recv_frame(&mut s).await?;
+    let mut payload = vec![0u8; MAX_NOISE];
+    let n = hs.read_message(&msg, &mut payload).map_err(noise_error)?;
+    let peer = check_proof(&payload[..n], hs.get_remote_static())?;
     if peer != expected {
         return Err(DataplaneError::NotAdmitted(peer.to_string()));
     }
-    finish(
-        s,
-        local,
-        secret,
-        (&mine, local.public().to_peer_id()),
-        (&theirs, peer),
-        true,
-    )
-    .await
+    let proof = identity_proof(local, &static_key)?;
+    let n = hs.write_message(&proof, &mut buf).map_err(noise_error)?;
+    send_frame(&mut s, &buf[..n]).await?;
+    let (send, recv) = hs.dangerously_get_raw_split();
+    let mut stream = SecureStream::new(s, &send, &recv)?;
+    if stream.recv(CONFIRM.len() as u64).await? != CONFIRM {
+        return Err(DataplaneError::Handshake("no confirmation"));
+    }
+    Ok(stream)
 }
 
 /// Accept a channel on `s`, admitting only peers for which `admit` is true.
@@ -55,50 +103,63 @@ pub async fn accept<F: Future<Output = bool>>(
     admit: impl FnOnce(PeerId) -> F,
 ) -> Result<(PeerId, SecureStream), DataplaneError> {
     s.set_nodelay(true)?;
-    let theirs = read_hello(&mut s).await?;
-    let peer = theirs.public.to_peer_id();
-    if !admit(peer).await {
-        return Err(DataplaneError::NotAdmitted(peer.to_string()));
-    }
-    let mine = send_hello(&mut s, local).await?;
-    let stream = finish(
-        s,
-        local,
-        secret,
-        (&theirs, peer),
-        (&mine, local.public().to_peer_id()),
-        false,
-    )
-    .await?;
-    Ok((peer, stream))
-}
-
-async fn send_hello(s: &mut TcpStream, local: &Keypair) -> Result<Hello, DataplaneError> {
-    let mut nonce = [0u8; 32];
-    SystemRandom::new()
-        .fill(&mut nonce)
-        .map_err(|_| DataplaneError::Handshake("no randomness"))?;
-    let public = local.public();
-    let mut buf = Vec::with_capacity(64);
-    buf.extend_from_slice(MAGIC);
-    put_field(&mut buf, &public.encode_protobuf());
-    buf.extend_from_slice(&nonce);
-    s.write_all(&buf).await?;
-    Ok(Hello { public, nonce })
-}
-
-async fn read_hello(s: &mut TcpStream) -> Result<Hello, DataplaneError> {
     let mut magic = [0u8; 8];
     s.read_exact(&mut magic).await?;
     if &magic != MAGIC {
         return Err(DataplaneError::Handshake("not a data-plane peer"));
     }
-    let key = read_field(s).await?;
-    let public = PublicKey::try_decode_protobuf(&key)
+    let (mut hs, static_key) = start(secret, false)?;
+    let mut payload = vec![0u8; MAX_NOISE];
+    let msg = recv_frame(&mut s).await?;
+    hs.read_message(&msg, &mut payload).map_err(noise_error)?;
+    let proof = identity_proof(local, &static_key)?;
+    let mut buf = vec![0u8; MAX_NOISE];
+    let n = hs.write_message(&proof, &mut buf).map_err(noise_error)?;
+    send_frame(&mut s, &buf[..n]).await?;
+    let msg = recv_frame(&mut s).await?;
+    // The pre-shared key enters here: another cluster key fails this message's authentication.
+    let n = hs
+        .read_message(&msg, &mut payload)
+        .map_err(|_| DataplaneError::WrongClusterKey)?;
+    let peer = check_proof(&payload[..n], hs.get_remote_static())?;
+    if !admit(peer).await {
+        return Err(DataplaneError::NotAdmitted(peer.to_string()));
+    }
+    let (initiator_to_responder, responder_to_initiator) = hs.dangerously_get_raw_split();
+    let mut stream = SecureStream::new(s, &responder_to_initiator, &initiator_to_responder)?;
+    stream.send(CONFIRM).await?;
+    Ok((peer, stream))
+}
+
+/// This node's libp2p public key and its signature over `static_key`.
+fn identity_proof(local: &Keypair, static_key: &[u8]) -> Result<Vec<u8>, DataplaneError> {
+    let mut signed = STATIC_LABEL.to_vec();
+    signed.extend_from_slice(static_key);
+    let signature = local
+        .sign(&signed)
+        .map_err(|_| DataplaneError::Handshake("signing"))?;
+    let mut out = Vec::with_capacity(160);
+    put_field(&mut out, &local.public().encode_protobuf());
+    put_field(&mut out, &signature);
+    Ok(out)
+}
+
+/// The peer whose identity signed the remote static key `remote`, per `payload`.
+fn check_proof(payload: &[u8], remote: Option<&[u8]>) -> Result<PeerId, DataplaneError> {
+    let remote = remote.ok_or(DataplaneError::Handshake("no remote static key"))?;
+    let (key, rest) = take_field(payload)?;
+    let (signature, rest) = take_field(rest)?;
+    if !rest.is_empty() {
+        return Err(DataplaneError::Handshake("trailing handshake payload"));
+    }
+    let public = PublicKey::try_decode_protobuf(key)
         .map_err(|_| DataplaneError::Handshake("bad public key"))?;
-    let mut nonce = [0u8; 32];
-    s.read_exact(&mut nonce).await?;
-    Ok(Hello { public, nonce })
+    let mut signed = STATIC_LABEL.to_vec();
+    signed.extend_from_slice(remote);
+    if !public.verify(&signed, signature) {
+        return Err(DataplaneError::Handshake("bad identity signature"));
+    }
+    Ok(public.to_peer_id())
 }
 
 fn put_field(buf: &mut Vec<u8>, bytes: &[u8]) {
@@ -106,94 +167,38 @@ fn put_field(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
-async fn read_field(s: &mut TcpStream) -> Result<Vec<u8>, DataplaneError> {
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len).await?;
+fn take_field(buf: &[u8]) -> Result<(&[u8], &[u8]), DataplaneError> {
+    let short = DataplaneError::Handshake("truncated handshake payload");
+    let len: [u8; 2] = buf.get(..2).and_then(|b| b.try_into().ok()).ok_or(short)?;
     let len = usize::from(u16::from_be_bytes(len));
     if len > MAX_FIELD {
         return Err(DataplaneError::Handshake("oversized handshake field"));
     }
-    let mut v = vec![0u8; len];
+    let field = buf
+        .get(2..2 + len)
+        .ok_or(DataplaneError::Handshake("truncated handshake payload"))?;
+    Ok((field, &buf[2 + len..]))
+}
+
+async fn send_frame(s: &mut TcpStream, bytes: &[u8]) -> Result<(), DataplaneError> {
+    let mut out = Vec::with_capacity(2 + bytes.len());
+    out.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+    out.extend_from_slice(bytes);
+    s.write_all(&out).await?;
+    Ok(())
+}
+
+async fn recv_frame(s: &mut TcpStream) -> Result<Vec<u8>, DataplaneError> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await?;
+    let mut v = vec![0u8; usize::from(u16::from_be_bytes(len))];
     s.read_exact(&mut v).await?;
     Ok(v)
 }
 
-/// 96 bytes of key material: confirmation key, then one AEAD key per direction.
-struct Okm(usize);
-
-impl hkdf::KeyType for Okm {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
-
-async fn finish(
-    mut s: TcpStream,
-    local: &Keypair,
-    secret: &ClusterKey,
-    initiator: (&Hello, PeerId),
-    responder: (&Hello, PeerId),
-    i_am_initiator: bool,
-) -> Result<SecureStream, DataplaneError> {
-    let mut transcript = Vec::with_capacity(256);
-    transcript.extend_from_slice(LABEL);
-    transcript.extend_from_slice(&initiator.1.to_bytes());
-    transcript.extend_from_slice(&responder.1.to_bytes());
-    transcript.extend_from_slice(&initiator.0.nonce);
-    transcript.extend_from_slice(&responder.0.nonce);
-    let mut salt = [0u8; 64];
-    salt[..32].copy_from_slice(&initiator.0.nonce);
-    salt[32..].copy_from_slice(&responder.0.nonce);
-    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &salt).extract(secret.as_bytes());
-    let info = [transcript.as_slice()];
-    let mut okm = [0u8; 96];
-    prk.expand(&info, Okm(96))
-        .and_then(|o| o.fill(&mut okm))
-        .map_err(|_| DataplaneError::Handshake("key derivation"))?;
-    let confirm = hmac::Key::new(hmac::HMAC_SHA256, &okm[..32]);
-    let role = |initiator: bool| {
-        if initiator {
-            b"initiator" as &[u8]
-        } else {
-            b"responder"
-        }
-    };
-    let proof = |initiator: bool| {
-        let mut m = transcript.clone();
-        m.extend_from_slice(role(initiator));
-        m
-    };
-    let my_msg = proof(i_am_initiator);
-    let tag = hmac::sign(&confirm, &my_msg);
-    let sig = local
-        .sign(&my_msg)
-        .map_err(|_| DataplaneError::Handshake("signing"))?;
-    let mut out = Vec::with_capacity(32 + 2 + sig.len());
-    out.extend_from_slice(tag.as_ref());
-    put_field(&mut out, &sig);
-    s.write_all(&out).await?;
-
-    let mut their_tag = [0u8; 32];
-    s.read_exact(&mut their_tag).await?;
-    let their_sig = read_field(&mut s).await?;
-    let their_msg = proof(!i_am_initiator);
-    hmac::verify(&confirm, &their_msg, &their_tag).map_err(|_| DataplaneError::WrongClusterKey)?;
-    let their_key = if i_am_initiator {
-        &responder.0.public
-    } else {
-        &initiator.0.public
-    };
-    if !their_key.verify(&their_msg, &their_sig) {
-        return Err(DataplaneError::Handshake("bad identity signature"));
-    }
-    let (ir, ri) = (&okm[32..64], &okm[64..96]);
-    let (send, recv) = if i_am_initiator { (ir, ri) } else { (ri, ir) };
-    SecureStream::new(s, send, recv)
-}
-
 #[cfg(test)]
 mod tests {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
@@ -263,6 +268,109 @@ mod tests {
         let p = pair(k.clone(), k, None, false).await;
         assert!(matches!(p.server, Err(DataplaneError::NotAdmitted(_))));
         assert!(p.client.is_err());
+    }
+
+    /// Splits a recorded stream of 2-byte-length frames.
+    fn frames(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while bytes.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([bytes[0], bytes[1]]));
+            if bytes.len() < 2 + len {
+                break;
+            }
+            out.push(bytes[2..2 + len].to_vec());
+            bytes = &bytes[2 + len..];
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_recorded_session_cannot_be_decrypted_with_the_cluster_key() {
+        use std::sync::{Arc, Mutex};
+        let k = ClusterKey::from_bytes([6; 32]);
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let b_id = b.public().to_peer_id();
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = server.local_addr().unwrap();
+        let kb = k.clone();
+        let receiver = tokio::spawn(async move {
+            let (s, _) = server.accept().await.unwrap();
+            let (_, mut stream) = accept(s, &b, &kb, |_| async { true }).await.unwrap();
+            stream.recv(1 << 20).await.unwrap()
+        });
+        // A recording relay between the two: every byte, both ways.
+        let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_addr = relay.local_addr().unwrap();
+        let tape: Arc<Mutex<[Vec<u8>; 2]>> = Arc::default();
+        let recorder = tape.clone();
+        tokio::spawn(async move {
+            let (inbound, _) = relay.accept().await.unwrap();
+            let outbound = TcpStream::connect(server_addr).await.unwrap();
+            let (mut ir, mut iw) = inbound.into_split();
+            let (mut or, mut ow) = outbound.into_split();
+            let copy = |dir: usize| {
+                let recorder = recorder.clone();
+                move |chunk: &[u8]| recorder.lock().unwrap()[dir].extend_from_slice(chunk)
+            };
+            let (up, down) = (copy(0), copy(1));
+            let a_to_b = async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n) = ir.read(&mut buf).await {
+                    if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    up(&buf[..n]);
+                }
+            };
+            let b_to_a = async move {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n) = or.read(&mut buf).await {
+                    if n == 0 || iw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    down(&buf[..n]);
+                }
+            };
+            tokio::join!(a_to_b, b_to_a);
+        });
+        let secret_payload = b"the weights of stage 3, step 4096".repeat(8);
+        let mut stream = connect(relay_addr, &a, b_id, &k).await.unwrap();
+        stream.send(&secret_payload).await.unwrap();
+        assert_eq!(receiver.await.unwrap(), secret_payload);
+
+        let [up, _] = tape.lock().unwrap().clone();
+        assert!(
+            !up.windows(16)
+                .any(|w| secret_payload.windows(16).any(|p| p == w)),
+            "plaintext on the wire"
+        );
+        // Holding the cluster key, replay the initiator's messages to a responder of one's own:
+        // the third message was keyed for B's Diffie-Hellman secrets, not the cluster key's.
+        assert_eq!(&up[..8], MAGIC);
+        let recorded = frames(&up[8..]);
+        let (mut eve, _) = start(&k, false).unwrap();
+        let mut payload = vec![0u8; MAX_NOISE];
+        let mut out = vec![0u8; MAX_NOISE];
+        eve.read_message(&recorded[0], &mut payload).unwrap();
+        eve.write_message(&[], &mut out).unwrap();
+        assert!(eve.read_message(&recorded[1], &mut payload).is_err());
+    }
+
+    #[test]
+    fn an_identity_proof_holds_only_for_the_static_key_it_signed() {
+        let me = Keypair::generate_ed25519();
+        let proof = identity_proof(&me, &[1; 32]).unwrap();
+        assert_eq!(
+            check_proof(&proof, Some(&[1; 32])).unwrap(),
+            me.public().to_peer_id()
+        );
+        // A relay offering its own static key under this identity is caught.
+        assert!(matches!(
+            check_proof(&proof, Some(&[2; 32])),
+            Err(DataplaneError::Handshake("bad identity signature"))
+        ));
+        assert!(check_proof(&proof[..10], Some(&[1; 32])).is_err());
+        assert!(check_proof(&proof, None).is_err());
     }
 
     #[tokio::test]

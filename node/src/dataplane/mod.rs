@@ -4,11 +4,12 @@
 //! libp2p's pnet + noise + yamux stack moved a loopback transfer at 0.08x raw TCP in the
 //! project's prototype; a stage handoff of a few hundred MB must not be slower than the
 //! 10 Gb/s links of Parcae's evaluation. This channel is plain TCP with AES-256-GCM records
-//! (hardware AES through ring), keyed by a handshake that
-//! * proves both ends hold the cluster key (HMAC under a key derived from it),
-//! * binds the libp2p identities of both ends (ed25519 signatures over the transcript), so a
-//!   member cannot impersonate another, and
-//! * derives fresh per-direction keys from both ends' nonces.
+//! (hardware AES through ring), keyed by a Noise `XXpsk3` handshake (`snow`) that
+//! * proves both ends hold the cluster key (the pre-shared key),
+//! * binds the libp2p identities of both ends (each signs its static Noise key), so a member
+//!   cannot impersonate another and a relay can neither read nor inject, and
+//! * derives per-direction keys from ephemeral Diffie-Hellman: a recorded session cannot be
+//!   decrypted later, not even with the cluster key.
 //!
 //! Its parts, bottom up: `handshake` (keying and admission), `channel` (records framed by
 //! tokio-util's `LengthDelimitedCodec`, messages made of records), [`protocol`] (the request
