@@ -202,8 +202,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         ..Published::default()
     };
     let system = System::new();
-    let http =
-        system.block_on(async { serve_http(opts.status_addr, cells.clone(), metrics.clone()) })?;
+    let http = serve_http(opts.status_addr, cells.clone(), metrics.clone())?;
     tracing::info!(%http, "status server listening");
 
     let config = opts.config;

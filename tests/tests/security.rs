@@ -304,3 +304,89 @@ fn a_member_cannot_propose_for_another_member() {
         ) >= 3
     );
 }
+
+/// A TCP connection to `to` from the loopback address `from`, as another host would open one.
+fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.bind(&std::net::SocketAddr::from((from, 0)).into())?;
+    socket.connect_timeout(&to.into(), Duration::from_secs(1))?;
+    Ok(socket.into())
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn the_status_port_serves_a_client_through_ten_thousand_idle_connections_and_a_pipeline() {
+    let _serial = serial();
+    let c = start_cluster(TEST_CONFIG, 1);
+    let status = c.nodes[0].status_addr;
+    let pid = c.nodes[0].pid().expect("node runs");
+    wait_for(Duration::from_secs(10), || c.nodes[0].status())
+        .unwrap_or_else(|| panic!("no status\n{}", c.logs()));
+    let rss_before = rss_kib(pid);
+
+    // 10,000 connections from ten other addresses that never send a byte, all held open.
+    let mut idle = Vec::with_capacity(10_000);
+    for n in 0..10_000u32 {
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + (n % 10) as u8);
+        if let Ok(stream) = connect_from(from, status) {
+            idle.push(stream);
+        }
+    }
+    let rss_idle = rss_kib(pid);
+    // One more host pipelines 200,000 requests and never reads an answer.
+    let pipeline = std::thread::spawn(move || {
+        let mut stream = connect_from(std::net::Ipv4Addr::new(127, 0, 0, 12), status)?;
+        stream.set_write_timeout(Some(Duration::from_secs(3)))?;
+        let request = b"GET /status HTTP/1.1\r\nHost: node\r\n\r\n";
+        let batch: Vec<u8> = request.repeat(1000);
+        let mut sent = 0u64;
+        for _ in 0..200 {
+            if stream.write_all(&batch).is_err() {
+                break;
+            }
+            sent += 1000;
+        }
+        Ok::<_, std::io::Error>((stream, sent))
+    });
+
+    // Meanwhile a monitoring client on 127.0.0.1 gets /status within 1 s, every time.
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let asked = std::time::Instant::now();
+        let body = http_get(status, "/status");
+        slowest = slowest.max(asked.elapsed());
+        assert!(
+            body.is_some_and(|b| b.contains("\"role\"")),
+            "/status not served within 1 s under load\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_pipelined, sent) = pipeline.join().expect("pipeline thread").expect("pipeline");
+    let grown_mib = rss_kib(pid).saturating_sub(rss_before) / 1024;
+    eprintln!(
+        "slowest /status under load: {slowest:?}; pipeline sent {sent} requests; RSS grew {grown_mib} MiB ({} MiB with the idle connections alone)",
+        rss_idle.saturating_sub(rss_before) / 1024
+    );
+    assert!(
+        sent >= 1000,
+        "the pipeline could not even start ({sent} requests)"
+    );
+    assert!(
+        metric(status, "parcae_http_refused_total") >= 9_000,
+        "idle connections beyond each source's share must be closed at once"
+    );
+    assert!(metric(status, "parcae_http_connections") <= 256);
+    assert!(grown_mib < 100, "RSS grew by {grown_mib} MiB");
+    drop(idle);
+    assert!(http_get(status, "/status").is_some());
+}

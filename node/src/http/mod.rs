@@ -4,31 +4,24 @@
 //! node is a member of a cluster with a leader and trains or is ready to, else 503 and why; see
 //! [`readiness`](crate::status::readiness)).
 //!
-//! The server reads only those cells and the metrics atomics, on a worker thread of its own, so
-//! no client can block an actor. Clients are untrusted: connections are capped, a request head
-//! must arrive within `REQUEST_TIMEOUT`, idle keep-alive connections close after
-//! `KEEP_ALIVE`, and only `GET` on these paths is served.
+//! The server reads only those cells and the metrics atomics, on a thread of its own, so no
+//! client can block an actor. Clients are untrusted: connections are capped in all and per
+//! source address, fairly ([`admission`]); a request head must arrive within 5 s, idle
+//! keep-alive connections close after 5 s, no connection lives past
+//! [`accept::MAX_CONNECTION_LIFE`], and only `GET` on these paths is served.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
+use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
 use crate::metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics};
 use crate::status::{Published, SharedSteps, StepRecord};
 
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 64;
-/// The listen backlog.
-const BACKLOG: u32 = 64;
-/// Time a client has to send its request head.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time an idle keep-alive connection stays open.
-const KEEP_ALIVE: Duration = Duration::from_secs(5);
-/// Time a client has to read the end of a response before its connection is dropped.
-const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+mod accept;
+mod admission;
+mod backpressure;
 
 /// Why the HTTP server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -38,39 +31,20 @@ pub struct HttpError {
     source: std::io::Error,
 }
 
-/// Binds the server and runs it on the current actix system; returns the bound address
-/// (useful with port 0). Call it inside the node's `System`.
+/// Binds the server and serves it on a thread of its own (with its own actix system, so no
+/// client can slow an actor); returns the bound address (useful with port 0).
 pub fn serve_http(
     addr: SocketAddr,
     json: Published,
     metrics: Arc<Metrics>,
 ) -> Result<SocketAddr, HttpError> {
     let error = |source| HttpError { addr, source };
-    let server =
-        HttpServer::new(move || App::new().configure(routes(json.clone(), metrics.clone())))
-            .workers(1)
-            .max_connections(MAX_CONNECTIONS)
-            .backlog(BACKLOG)
-            .client_request_timeout(REQUEST_TIMEOUT)
-            .client_disconnect_timeout(DISCONNECT_TIMEOUT)
-            .keep_alive(KEEP_ALIVE)
-            // The node handles SIGTERM and SIGINT itself: they are preemption notices.
-            .disable_signals()
-            .shutdown_timeout(1)
-            .bind(addr)
-            .map_err(error)?;
-    let bound = server.addrs().first().copied().ok_or_else(|| {
-        error(std::io::Error::new(
-            std::io::ErrorKind::AddrNotAvailable,
-            "bound no address",
-        ))
-    })?;
-    let running = server.run();
-    actix::spawn(async move {
-        if let Err(e) = running.await {
-            tracing::error!("status server stopped: {e}");
-        }
-    });
+    let listener = accept::bind(addr).map_err(error)?;
+    let bound = listener.local_addr().map_err(error)?;
+    std::thread::Builder::new()
+        .name("status-http".into())
+        .spawn(move || actix::System::new().block_on(accept::serve(listener, json, metrics)))
+        .map_err(error)?;
     Ok(bound)
 }
 
@@ -155,6 +129,7 @@ fn render_steps(steps: &SharedSteps, from: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_web::App;
     use actix_web::http::Method;
     use actix_web::test::{TestRequest, call_service, init_service, read_body};
 
@@ -218,22 +193,12 @@ mod tests {
         use std::io::{Read, Write};
         let json = Published::default();
         *json.status.write().unwrap() = r#"{"role":"leader"}"#.into();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let system = actix_web::rt::System::new();
-            let addr = system
-                .block_on(async {
-                    serve_http(
-                        "127.0.0.1:0".parse().unwrap(),
-                        json,
-                        Arc::new(Metrics::default()),
-                    )
-                })
-                .unwrap();
-            tx.send(addr).unwrap();
-            system.run().unwrap();
-        });
-        let addr = rx.recv().unwrap();
+        let addr = serve_http(
+            "127.0.0.1:0".parse().unwrap(),
+            json,
+            Arc::new(Metrics::default()),
+        )
+        .unwrap();
         let mut client = std::net::TcpStream::connect(addr).unwrap();
         client
             .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -245,12 +210,13 @@ mod tests {
         // A client that never finishes its request head is dropped after the timeout.
         let mut slow = std::net::TcpStream::connect(addr).unwrap();
         slow.write_all(b"GET /status HTTP/1.1\r\n").unwrap();
-        slow.set_read_timeout(Some(REQUEST_TIMEOUT * 3)).unwrap();
+        slow.set_read_timeout(Some(accept::REQUEST_TIMEOUT * 3))
+            .unwrap();
         let started = std::time::Instant::now();
         let mut rest = Vec::new();
         let _ = slow.read_to_end(&mut rest);
         assert!(
-            started.elapsed() < REQUEST_TIMEOUT * 3,
+            started.elapsed() < accept::REQUEST_TIMEOUT * 3,
             "the slow client was not dropped"
         );
         let head = String::from_utf8_lossy(&rest);
