@@ -127,6 +127,7 @@ fn main() -> anyhow::Result<()> {
         bootstrap_file: None,
         cluster_key: ClusterKey::load(std::path::Path::new(key))?,
         status_addr: status_addr.parse().context("STATUS_ADDR")?,
+        resync: false,
         trainer: None,
         config,
     };

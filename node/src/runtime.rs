@@ -21,6 +21,7 @@ use crate::net::actor::{Network, SeedSource};
 use crate::net::seeds::{self, SeedError};
 use crate::net::swarm::{SwarmError, build_swarm};
 use crate::planner::Planner;
+use crate::resync::{self, ResyncError};
 use crate::status::{Published, Status, StatusSnapshot};
 use crate::train::{TrainError, TrainerContext, TrainerLauncher};
 use crate::watch::NoticeWatcher;
@@ -65,6 +66,10 @@ pub struct RunArgs {
     /// `[notices] provider`, whose default is `auto`).
     #[arg(long, env = "PARCAE_NOTICE", value_enum)]
     pub notice: Option<NoticeProvider>,
+    /// Sets a damaged raft log aside (with the identity key, into DATA_DIR/set-aside-TIME)
+    /// and rejoins the cluster as a new member through the seeds or the remembered members.
+    #[arg(long, env = "PARCAE_RESYNC")]
+    pub resync: bool,
 }
 
 /// A file the command line names could not be loaded.
@@ -96,6 +101,7 @@ impl RunArgs {
             bootstrap: self.bootstrap,
             bootstrap_file: self.bootstrap_file,
             status_addr: self.status_addr,
+            resync: self.resync,
             config,
             trainer: None,
         })
@@ -116,6 +122,8 @@ pub struct RunOptions {
     pub cluster_key: ClusterKey,
     /// HTTP status address.
     pub status_addr: SocketAddr,
+    /// Set the raft state and identity aside and rejoin as a new member ([`crate::resync`]).
+    pub resync: bool,
     /// Tuning.
     pub config: NodeConfig,
     /// The trainer to run beside the control plane (`None`: control plane only).
@@ -146,6 +154,9 @@ pub enum NodeError {
     /// The trainer could not start.
     #[error("trainer: {0}")]
     Trainer(#[from] TrainError),
+    /// `--resync` could not set the damaged state aside.
+    #[error(transparent)]
+    Resync(#[from] ResyncError),
 }
 
 /// Logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`): what the binary
@@ -179,8 +190,6 @@ pub fn exit_on_panic() {
 /// ([`exit_on_panic`]).
 pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     exit_on_panic();
-    let keypair = identity::load_or_create(&opts.data_dir)?;
-    let peer_id = keypair.public().to_peer_id();
     let mut given = seeds::parse_all("--bootstrap", &opts.bootstrap)?;
     if let Some(file) = &opts.bootstrap_file {
         seeds::read_file(file)?;
@@ -188,6 +197,18 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let remembered = known_peers::path(&opts.data_dir);
     given.extend(known_peers::load(&remembered));
     let found_cluster = given.is_empty() && opts.bootstrap_file.is_none();
+    if opts.resync {
+        if found_cluster {
+            return Err(ResyncError::NoSeeds(remembered).into());
+        }
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let aside = resync::set_aside(&opts.data_dir, stamp)?;
+        tracing::warn!(aside = %aside.display(), "raft state and identity set aside; rejoining as a new member");
+    }
+    let keypair = identity::load_or_create(&opts.data_dir)?;
+    let peer_id = keypair.public().to_peer_id();
     let seeds = SeedSource {
         seeds: given,
         file: opts.bootstrap_file.clone(),

@@ -390,3 +390,74 @@ fn the_status_port_serves_a_client_through_ten_thousand_idle_connections_and_a_p
     drop(idle);
     assert!(http_get(status, "/status").is_some());
 }
+
+#[test]
+fn a_damaged_raft_log_stops_the_node_with_a_clear_error_and_resync_brings_it_back() {
+    let _serial = serial();
+    let mut c = start_cluster(TEST_CONFIG, 3);
+    c.wait_converged(&[0, 1, 2], 3, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
+    let old_id = c.nodes[2].peer_id().expect("peer id");
+    // Let raft write a while (membership, plans) so the damage lands mid-log.
+    std::thread::sleep(Duration::from_secs(2));
+    c.nodes[2].kill();
+    let raft_dir = c.nodes[2].data_dir.join("raft");
+    let mut logs: Vec<_> = std::fs::read_dir(&raft_dir)
+        .expect("raft dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "raftlog"))
+        .collect();
+    logs.sort();
+    let log = logs.pop().expect("a raft log file");
+    let mut bytes = std::fs::read(&log).expect("log");
+    assert!(
+        bytes.len() > 1024,
+        "too little log to damage: {}",
+        bytes.len()
+    );
+    let middle = bytes.len() / 2;
+    bytes[middle..middle + 64]
+        .iter_mut()
+        .for_each(|b| *b ^= 0x5A);
+    std::fs::write(&log, &bytes).expect("write");
+
+    // It refuses to start, says why, names the file and the way back; no zombie.
+    c.nodes[2].restart().expect("restart");
+    let exit = c.nodes[2]
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("a node on a damaged log kept running\n{}", c.logs()));
+    assert!(!exit.success(), "{exit:?}");
+    let said = std::fs::read_to_string(&c.nodes[2].log).expect("node log");
+    assert!(said.contains("is damaged at byte"), "{said}");
+    assert!(said.contains(&log.display().to_string()), "{said}");
+    assert!(said.contains("--resync"), "{said}");
+    assert_eq!(
+        std::fs::read(&log).expect("log"),
+        bytes,
+        "the evidence stays"
+    );
+
+    // --resync sets it aside and the node is back as a new member.
+    c.nodes[2]
+        .restart_with_args(|args| args.push("--resync".into()))
+        .expect("resync");
+    let new_id = wait_for(Duration::from_secs(30), || {
+        let s = c.nodes[2].status()?;
+        let healthy = s.members.iter().any(|m| m.peer_id == s.peer_id);
+        (s.peer_id != old_id && healthy && s.leader.is_some()).then_some(s.peer_id)
+    })
+    .unwrap_or_else(|| panic!("the resynced node did not rejoin\n{}", c.logs()));
+    let leader_sees = wait_for(Duration::from_secs(10), || {
+        let s = c.nodes[0].status()?;
+        s.members.iter().any(|m| m.peer_id == new_id).then_some(())
+    });
+    assert!(leader_sees.is_some(), "{}", c.logs());
+    let aside: Vec<_> = std::fs::read_dir(&c.nodes[2].data_dir)
+        .expect("data dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("set-aside-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let kept = c.nodes[2].data_dir.join(&aside[0]).join("raft");
+    assert!(kept.join(log.file_name().expect("name")).exists());
+}

@@ -16,6 +16,11 @@ pub enum RaftActorError {
     /// The raft node could not be opened or bootstrapped.
     #[error("raft: {0}")]
     Raft(#[from] parcae_consensus::RaftError),
+    /// The raft log is damaged before its end.
+    #[error(
+        "{0}. This node will not start on it: run `parcae-node run --resync` on the same data directory to set the damaged raft state aside and rejoin the cluster as a new member"
+    )]
+    DamagedLog(parcae_consensus::storage::StorageError),
 }
 
 /// Where the node keeps its raft state and who it is.
@@ -52,7 +57,13 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
         setup.data_addr.map(|a| a.to_string()),
     );
     let found = setup.found_cluster.then_some(std::slice::from_ref(&me));
-    let (mut node, founded) = RaftNode::open_or_found(&setup.dir, raft_config, found)?;
+    let (mut node, founded) =
+        RaftNode::open_or_found(&setup.dir, raft_config, found).map_err(|e| match e {
+            parcae_consensus::RaftError::Storage(
+                damage @ parcae_consensus::storage::StorageError::Corrupt { .. },
+            ) => RaftActorError::DamagedLog(damage),
+            other => other.into(),
+        })?;
     if founded {
         node.campaign()?;
         tracing::info!("founded a new cluster");

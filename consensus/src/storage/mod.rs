@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError as RaftStorageError};
-use raft_engine::{Command as EngineCommand, Config, Engine, LogBatch, MessageExt, ReadableSize};
+use raft_engine::{Command as EngineCommand, Engine, LogBatch, MessageExt, RecoveryMode};
+
+mod damage;
 
 const ENTRY_GROUP: u64 = 1;
 const META_GROUP: u64 = 2;
@@ -44,6 +46,25 @@ pub enum StorageError {
     /// The directory path is not valid UTF-8 (raft-engine takes a `String`).
     #[error("data directory {0:?} is not valid UTF-8")]
     BadPath(std::path::PathBuf),
+    /// The log is damaged before its end: opening it would silently drop entries this node
+    /// acknowledged ([`damage`] tells this from a torn last write, which is dropped).
+    #[error("raft log {file} is damaged at byte {offset}, before its end ({reason})")]
+    Corrupt {
+        /// The damaged file (or the directory when the file is not known).
+        file: std::path::PathBuf,
+        /// Where its first broken batch starts.
+        offset: u64,
+        /// What raft-engine reported and what follows the broken batch.
+        reason: String,
+    },
+    /// Reading or copying the store to inspect a damaged log failed.
+    #[error("inspecting raft log {path:?}: {source}")]
+    Inspect {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
     /// Bootstrapping a store that already holds a raft state.
     #[error("storage is already initialized")]
     AlreadyInitialized,
@@ -94,19 +115,31 @@ pub struct DiskStorage {
 }
 
 impl DiskStorage {
-    /// Opens (or creates) the store in `dir` and recovers its state.
+    /// Opens (or creates) the store in `dir` and recovers its state: a torn last write is
+    /// dropped, any other damage is [`StorageError::Corrupt`].
     pub fn open(dir: &Path, options: StorageOptions) -> Result<DiskStorage, StorageError> {
         let dir_str = dir
             .to_str()
             .ok_or_else(|| StorageError::BadPath(dir.to_path_buf()))?
             .to_owned();
-        let config = Config {
-            dir: dir_str,
-            target_file_size: ReadableSize::mb(8),
-            purge_threshold: ReadableSize::mb(64),
-            ..Config::default()
+        let engine = match Engine::open(damage::config(
+            dir_str.clone(),
+            RecoveryMode::AbsoluteConsistency,
+        )) {
+            Ok(engine) => engine,
+            Err(refusal @ (raft_engine::Error::Corruption(_) | raft_engine::Error::Codec(_))) => {
+                damage::check_tail(dir, &refusal)?;
+                tracing::warn!(
+                    dir = %dir.display(),
+                    "raft log ends in a torn write ({refusal}); dropping it"
+                );
+                Engine::open(damage::config(
+                    dir_str,
+                    RecoveryMode::TolerateTailCorruption,
+                ))?
+            }
+            Err(e) => return Err(e.into()),
         };
-        let engine = Engine::open(config)?;
         let hard_state = engine
             .get_message::<HardState>(META_GROUP, KEY_HARD_STATE)?
             .unwrap_or_default();
@@ -487,6 +520,72 @@ mod tests {
         assert_eq!(s.first_index().unwrap(), 7);
         assert_eq!(s.latest_snapshot().get_data(), b"state@6");
         assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2]);
+    }
+
+    /// A store in `dir` holding entries 2..=41 written one append (one batch) each, closed.
+    fn forty_appends(dir: &Path) -> std::path::PathBuf {
+        let mut s = DiskStorage::open(dir, StorageOptions::default()).unwrap();
+        s.bootstrap(voters(&[1]), b"init".to_vec()).unwrap();
+        for i in 2..=41 {
+            s.append(&[entry(i, 2)], None).unwrap();
+        }
+        drop(s);
+        let mut logs: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "raftlog"))
+            .collect();
+        logs.sort();
+        logs.pop().expect("a log file")
+    }
+
+    #[test]
+    fn a_torn_last_write_is_dropped_and_the_rest_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = forty_appends(dir.path());
+        let len = std::fs::metadata(&log).unwrap().len();
+        // The machine died 5 bytes before the end of the last append.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&log)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let s = DiskStorage::open(dir.path(), StorageOptions::default()).unwrap();
+        assert_eq!(s.last_index().unwrap(), 40);
+        assert!(
+            !dir.path()
+                .with_file_name(format!(
+                    "{}.check",
+                    dir.path().file_name().unwrap().to_string_lossy()
+                ))
+                .exists()
+        );
+    }
+
+    #[test]
+    fn damage_in_the_middle_of_the_log_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = forty_appends(dir.path());
+        let mut bytes = std::fs::read(&log).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle..middle + 64]
+            .iter_mut()
+            .for_each(|b| *b ^= 0x5A);
+        std::fs::write(&log, &bytes).unwrap();
+        let err = DiskStorage::open(dir.path(), StorageOptions::default())
+            .err()
+            .expect("a damaged log must not open");
+        match &err {
+            StorageError::Corrupt { file, offset, .. } => {
+                assert_eq!(file, &log);
+                assert!(*offset <= middle as u64, "{err}");
+            }
+            other => panic!("expected Corrupt, got {other}"),
+        }
+        assert!(err.to_string().contains(&log.display().to_string()));
+        // Nothing was truncated: the evidence stays for an operator.
+        assert_eq!(std::fs::read(&log).unwrap(), bytes);
     }
 
     #[test]
