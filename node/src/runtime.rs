@@ -197,9 +197,15 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let remembered = known_peers::path(&opts.data_dir);
     given.extend(known_peers::load(&remembered));
     let found_cluster = given.is_empty() && opts.bootstrap_file.is_none();
-    if opts.resync {
+    let left = resync::left_before(&opts.data_dir);
+    if opts.resync || left {
         if found_cluster {
             return Err(ResyncError::NoSeeds(remembered).into());
+        }
+        if left {
+            tracing::warn!(
+                "this node left the cluster when it last ran; it comes back under a new identity"
+            );
         }
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -262,6 +268,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         found_cluster,
         listen: listen.clone(),
         known_peers: remembered,
+        data_dir: opts.data_dir.clone(),
         data_addr,
     };
     let raft_node = open_node(&setup, &config)?;

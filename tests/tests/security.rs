@@ -461,3 +461,63 @@ fn a_damaged_raft_log_stops_the_node_with_a_clear_error_and_resync_brings_it_bac
     let kept = c.nodes[2].data_dir.join(&aside[0]).join("raft");
     assert!(kept.join(log.file_name().expect("name")).exists());
 }
+
+#[test]
+fn a_member_that_left_is_refused_and_comes_back_only_as_a_new_member() {
+    let _serial = serial();
+    let mut c = start_cluster(TEST_CONFIG, 3);
+    c.wait_converged(&[0, 1, 2], 3, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no cluster\n{}", c.logs()));
+    let old_id = c.nodes[2].peer_id().expect("peer id");
+    c.nodes[2].signal(nix::sys::signal::Signal::SIGTERM);
+    let exit = c.nodes[2]
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the node did not leave\n{}", c.logs()));
+    assert!(exit.success(), "{exit:?}");
+    let marker = c.nodes[2].data_dir.join("left");
+    assert!(marker.exists(), "a graceful exit leaves its mark");
+    wait_for(Duration::from_secs(20), || {
+        let s = c.nodes[0].status()?;
+        (s.members.len() == 2 && s.members.iter().all(|m| m.peer_id != old_id)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the leave was not applied\n{}", c.logs()));
+
+    // The old identity (its key and the cluster key in hand, no mark) is refused everywhere.
+    std::fs::remove_file(&marker).expect("remove mark");
+    c.nodes[2].restart().expect("restart");
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < deadline {
+        if let Some(s) = c.nodes[2].status() {
+            assert_eq!(s.peer_id, old_id);
+            assert!(
+                s.connected_peers.is_empty(),
+                "a former member got connected: {:?}\n{}",
+                s.connected_peers,
+                c.logs()
+            );
+        }
+        let members = c.nodes[0].status().map(|s| s.members).unwrap_or_default();
+        assert!(
+            members.iter().all(|m| m.peer_id != old_id),
+            "it joined again"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(metric(c.nodes[0].status_addr, "parcae_connections_failed_total") >= 1);
+
+    // With its mark, the machine comes back by itself under a new identity.
+    c.nodes[2].kill();
+    std::fs::write(&marker, b"left the cluster\n").expect("mark");
+    c.nodes[2].restart().expect("restart");
+    let new_id = wait_for(Duration::from_secs(30), || {
+        let s = c.nodes[2].status()?;
+        let member = s.members.iter().any(|m| m.peer_id == s.peer_id);
+        (s.peer_id != old_id && member && s.leader.is_some()).then_some(s.peer_id)
+    })
+    .unwrap_or_else(|| panic!("the machine did not come back\n{}", c.logs()));
+    assert_ne!(new_id, old_id);
+    assert!(
+        !marker.exists(),
+        "the mark is set aside with the old identity"
+    );
+}

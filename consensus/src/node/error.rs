@@ -50,6 +50,9 @@ pub enum StepError {
     /// An election message from a sender outside the applied raft configuration.
     #[error("election message from non-member {0}")]
     NonMember(NodeId),
+    /// Any message from a member that left.
+    #[error("raft message from former member {0}")]
+    Retired(NodeId),
     /// A node-local message type (never valid on the wire).
     #[error("local message type {0:?} on the wire")]
     LocalMessage(raft::eraftpb::MessageType),

@@ -310,6 +310,10 @@ impl RaftNode {
         if msg.to != self.config.id.0 {
             return Err(StepError::WrongRecipient(msg.to));
         }
+        // A member that left keeps the cluster key but not its voice: nothing it sends counts.
+        if self.state.is_retired(from) {
+            return Err(StepError::Retired(from));
+        }
         // Only election traffic is refused from senders outside the applied configuration:
         // refusing a vote is always safe, and it keeps removed or foreign nodes from forcing
         // elections. Leader traffic must pass: a lagging node cannot know members added after

@@ -8,7 +8,7 @@ use super::command::{Command, Rejection, StateEvent};
 use super::limits;
 use super::types::{
     AvailabilitySample, CheckpointRecord, Digest32, LayerCost, LayerRange, LossRecord, Member,
-    MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, StageSlot,
+    MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot,
 };
 use crate::ids::NodeId;
 
@@ -102,6 +102,9 @@ fn join(
     peer: &PeerInfo,
 ) -> Result<Vec<StateEvent>, Rejection> {
     validate_peer(node, peer)?;
+    if state.is_retired(node) {
+        return Err(Rejection::Retired(node));
+    }
     if let Some(existing) = state.members.get_mut(&node) {
         if existing.peer.peer_id != peer.peer_id {
             return Err(Rejection::IdCollision(node));
@@ -169,11 +172,18 @@ fn lost(state: &mut ControlState, node: NodeId) -> Result<Vec<StateEvent>, Rejec
 }
 
 fn leave(state: &mut ControlState, node: NodeId) -> Result<Vec<StateEvent>, Rejection> {
-    state
+    let member = state
         .members
         .remove(&node)
         .ok_or(Rejection::UnknownNode(node))?;
     state.costs.remove(&node);
+    if state.retired.len() >= limits::MAX_RETIRED {
+        state.retired.pop_front();
+    }
+    state.retired.push_back(Retired {
+        id: node,
+        peer_id: member.peer.peer_id,
+    });
     Ok(vec![StateEvent::Left { node }])
 }
 

@@ -216,6 +216,9 @@ pub enum Rejection {
     /// The membership is at its size limit.
     #[error("membership is full ({0} members)")]
     ClusterFull(usize),
+    /// The node left the cluster: it may not join again under the same identity.
+    #[error("node {0} left the cluster; a machine comes back only under a new identity")]
+    Retired(NodeId),
     /// The node was already marked lost.
     #[error("node {0} is already lost")]
     AlreadyLost(NodeId),

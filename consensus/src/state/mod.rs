@@ -21,7 +21,7 @@ pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateE
 pub use types::{
     AvailabilitySample, Capabilities, CheckpointRecord, Digest32, LayerCost, LayerRange,
     LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, Progress,
-    RaftRole, StageSlot,
+    RaftRole, Retired, StageSlot,
 };
 
 use crate::codec::{self, CodecError};
@@ -30,7 +30,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 2;
+pub const SNAPSHOT_VERSION: u16 = 3;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {
@@ -58,6 +58,8 @@ pub mod limits {
     pub const MAX_COST_LAYERS: usize = 4096;
     /// Peers per cost report.
     pub const MAX_COST_PEERS: usize = 1024;
+    /// Former members remembered (oldest forgotten first).
+    pub const MAX_RETIRED: usize = 4096;
 }
 
 /// The replicated control state. Read it freely; change it only through [`ControlState::apply`]
@@ -80,9 +82,17 @@ pub struct ControlState {
     pub checkpoints: BTreeMap<LayerRange, Vec<CheckpointRecord>>,
     /// Measured costs by node.
     pub costs: BTreeMap<NodeId, NodeCosts>,
+    /// Members that left, newest last: refused at admission, in raft and as joiners (a machine
+    /// that comes back does so under a new identity).
+    pub retired: VecDeque<Retired>,
 }
 
 impl ControlState {
+    /// Whether `node` left the cluster (and so may never act in it again).
+    pub fn is_retired(&self, node: NodeId) -> bool {
+        self.retired.iter().any(|r| r.id == node)
+    }
+
     /// The state a new cluster starts from: the bootstrap members, all healthy spares, with the
     /// given raft roles (the bootstrap voters).
     pub fn bootstrap(members: &[(PeerInfo, RaftRole)]) -> ControlState {

@@ -144,6 +144,29 @@ fn notice_keeps_earliest_deadline_and_leave_forgets() {
 }
 
 #[test]
+fn a_member_that_left_is_retired_and_cannot_join_again() {
+    let mut s = state_with(3);
+    s.apply(&Command::Leave { node: id(2) }).unwrap();
+    assert!(s.is_retired(id(2)));
+    assert_eq!(s.retired[0].peer_id, peer(2).peer_id);
+    assert_eq!(rejected(&mut s, &join(2)), Rejection::Retired(id(2)));
+    // A lost member is not retired: it may come back.
+    s.apply(&Command::Lost { node: id(1) }).unwrap();
+    assert!(!s.is_retired(id(1)));
+    s.apply(&join(1)).unwrap();
+    // The list survives a snapshot and stays bounded.
+    let back = ControlState::decode_snapshot(&s.encode_snapshot().unwrap()).unwrap();
+    assert!(back.is_retired(id(2)));
+    while s.retired.len() < limits::MAX_RETIRED {
+        s.retired.push_back(s.retired[0].clone());
+    }
+    s.apply(&join(4)).unwrap();
+    s.apply(&Command::Leave { node: id(4) }).unwrap();
+    assert_eq!(s.retired.len(), limits::MAX_RETIRED);
+    assert_eq!(s.retired.back().map(|r| r.id), Some(id(4)));
+}
+
+#[test]
 fn availability_is_strictly_increasing_and_bounded() {
     let mut s = ControlState::default();
     s.apply(&Command::AvailabilityTick {

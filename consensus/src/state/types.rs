@@ -70,6 +70,15 @@ impl MemberStatus {
     }
 }
 
+/// A member that left: its id and the peer id it had, so the transport can refuse it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retired {
+    /// Raft id.
+    pub id: NodeId,
+    /// libp2p peer id bytes.
+    pub peer_id: Vec<u8>,
+}
+
 /// One cluster member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {

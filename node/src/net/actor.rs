@@ -92,6 +92,11 @@ pub struct PublishNotice(pub Vec<u8>);
 #[rtype(result = "()")]
 pub struct KeepConnected(pub Vec<(PeerId, Vec<Multiaddr>)>);
 
+/// The peers to refuse at admission: members that left the cluster (replaces the last list).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct RefusePeers(pub Vec<PeerId>);
+
 /// Closes every connection to a misbehaving peer.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -115,6 +120,8 @@ pub struct Network {
     seeds: SeedDialer,
     listening: Vec<Multiaddr>,
     connected: HashSet<PeerId>,
+    /// Former members refused at admission.
+    refused: HashSet<PeerId>,
     /// When each wanted but unconnected peer may be dialled again.
     dial_retry: HashMap<PeerId, Retry>,
     /// Refused inbound connections logged, per source IP.
@@ -269,6 +276,7 @@ impl Network {
             seeds: SeedDialer::new(seeds),
             listening: Vec::new(),
             connected: HashSet::new(),
+            refused: HashSet::new(),
             dial_retry: HashMap::new(),
             refused_log: LogLimit::new(REFUSED_LOG_EVERY),
             wrong_key_log: LogLimit::new(REFUSED_LOG_EVERY),
@@ -668,6 +676,23 @@ impl Handler<KeepConnected> for Network {
         }
         self.wanted = wanted;
         self.redial(ctx);
+    }
+}
+
+impl Handler<RefusePeers> for Network {
+    type Result = ();
+
+    fn handle(&mut self, msg: RefusePeers, _: &mut Context<Self>) {
+        let refused = &mut self.swarm.behaviour_mut().refused;
+        let now: HashSet<PeerId> = msg.0.into_iter().collect();
+        for peer in self.refused.difference(&now) {
+            refused.unblock_peer(*peer);
+        }
+        for peer in now.difference(&self.refused) {
+            tracing::info!(%peer, "refusing a former member");
+            refused.block_peer(*peer);
+        }
+        self.refused = now;
     }
 }
 

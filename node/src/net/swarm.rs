@@ -12,7 +12,8 @@ use libp2p::identity::Keypair;
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{
-    Swarm, SwarmBuilder, Transport, connection_limits, gossipsub, identify, noise, ping, tcp,
+    Swarm, SwarmBuilder, Transport, allow_block_list, connection_limits, gossipsub, identify,
+    noise, ping, tcp,
 };
 
 use super::admission::AdmitThenMux;
@@ -67,6 +68,8 @@ impl Default for NetLimits {
 pub struct Behaviour {
     /// Caps on established and pending connections.
     pub limits: connection_limits::Behaviour,
+    /// Members that left: their connections are denied (and closed when they are refused).
+    pub refused: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
     /// Exchanges listen addresses and versions.
     pub identify: identify::Behaviour,
     /// Liveness and round-trip times.
@@ -144,6 +147,7 @@ fn behaviour(key: &Keypair, limits: &NetLimits) -> Result<Behaviour, Box<dyn Err
         .with_max_pending_incoming(Some(limits.max_pending_incoming));
     Ok(Behaviour {
         limits: connection_limits::Behaviour::new(conn_limits),
+        refused: allow_block_list::Behaviour::default(),
         identify: identify::Behaviour::new(
             identify::Config::new(IDENTIFY_PROTOCOL.to_owned(), key.public())
                 .with_agent_version(format!("parcae-node/{}", env!("CARGO_PKG_VERSION"))),

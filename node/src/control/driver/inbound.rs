@@ -190,8 +190,11 @@ impl Handler<LeaveRequested> for ControlDriver {
         };
         self.propose_logged(own, ctx);
         self.schedule_ready(ctx);
-        ctx.run_later(grace, |_, _| {
+        ctx.run_later(grace, |driver, _| {
             tracing::info!("grace period over: exiting");
+            if let Err(e) = crate::resync::mark_left(&driver.data_dir) {
+                tracing::warn!("cannot record the leave (the next start will be refused): {e}");
+            }
             System::current().stop_with_code(0);
         });
     }

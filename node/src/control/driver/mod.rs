@@ -34,7 +34,7 @@ use super::project::{LocalView, project};
 use super::proof;
 use crate::config::NodeConfig;
 use crate::metrics::Metrics;
-use crate::net::actor::{KeepConnected, Network, SendControl};
+use crate::net::actor::{KeepConnected, Network, RefusePeers, SendControl};
 use crate::notice::unix_ms;
 use crate::retry::Retry;
 use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord};
@@ -78,6 +78,7 @@ pub struct ControlDriver {
     out: Outlets,
     listen_addrs: Vec<Multiaddr>,
     known_peers: std::path::PathBuf,
+    data_dir: std::path::PathBuf,
     data_addr: Option<String>,
     connected: HashSet<PeerId>,
     liveness: Liveness,
@@ -121,6 +122,7 @@ impl ControlDriver {
             out,
             listen_addrs: setup.listen,
             known_peers: setup.known_peers,
+            data_dir: setup.data_dir,
             connected: HashSet::new(),
             liveness: Liveness::default(),
             join_retry: Retry::new(JOIN_RETRY_MIN, JOIN_RETRY_MAX),
@@ -300,6 +302,18 @@ impl ControlDriver {
             tracing::warn!(path = %self.known_peers.display(), "cannot remember the members: {e}");
         }
         self.net.do_send(KeepConnected(keep));
+        let state = self.node.state();
+        if state.is_retired(self.my_id) {
+            tracing::error!(
+                "this node's identity left the cluster and is refused there; restart it with --resync to come back as a new member"
+            );
+        }
+        let retired = state
+            .retired
+            .iter()
+            .filter_map(|r| PeerId::from_bytes(&r.peer_id).ok())
+            .collect();
+        self.net.do_send(RefusePeers(retired));
     }
 
     /// The peer id of a raft id: this node, a member, or a peer that sent a control frame.

@@ -40,6 +40,8 @@ pub struct RaftSetup {
     pub known_peers: PathBuf,
     /// The trainer's data-plane address, recorded in the membership.
     pub data_addr: Option<std::net::SocketAddr>,
+    /// The data directory, where a graceful exit leaves its mark ([`crate::resync::mark_left`]).
+    pub data_dir: PathBuf,
 }
 
 /// Opens the raft node in `setup.dir`, founding a one-member cluster there when its storage
