@@ -66,6 +66,7 @@ mod rng;
 mod schedule;
 mod stage;
 mod state;
+mod token_file;
 mod wire;
 
 pub use activation::Activation;
@@ -88,4 +89,5 @@ pub use stage::{
     init_layers, layer_seed,
 };
 pub use state::{LayerSection, STATE_VERSION, StageState};
+pub use token_file::{TokenDtype, TokenFileDataset};
 pub use wire::{MAX_RANK, WireDType, WireLimits, WireTensor};

@@ -174,6 +174,25 @@ impl ModelPreset {
     }
 }
 
+/// The width of a token file's ids, as the config names it.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenDtypeName {
+    /// 2-byte ids.
+    U16,
+    /// 4-byte ids.
+    U32,
+}
+
+impl From<TokenDtypeName> for parcae_model::TokenDtype {
+    fn from(name: TokenDtypeName) -> Self {
+        match name {
+            TokenDtypeName::U16 => parcae_model::TokenDtype::U16,
+            TokenDtypeName::U32 => parcae_model::TokenDtype::U32,
+        }
+    }
+}
+
 /// What the cluster trains. Every node must use the same values (the model fingerprint and
 /// the layer count are checked when state moves between nodes).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -183,8 +202,15 @@ pub struct TrainConfig {
     pub enabled: bool,
     /// Built-in GPT preset.
     pub model: ModelPreset,
-    /// `synthetic` (the seeded built-in task) or a path to a text file (byte-level tokens).
+    /// `synthetic` (the seeded built-in task), or a path: a token file when `tokens` names its
+    /// width, else a text file read as byte-level tokens.
     pub data: String,
+    /// `u16` or `u32`: `data` is a flat file of little-endian token ids (nanoGPT's `.bin`,
+    /// or what `parcae-node prepare-data` writes), memory-mapped.
+    pub tokens: Option<TokenDtypeName>,
+    /// The model's vocabulary instead of the preset's (token ids must stay below it; a token
+    /// file of GPT-2 ids needs at least 50,257).
+    pub vocab_size: Option<usize>,
     /// Seed of the weights, the data order and the synthetic task.
     pub seed: u64,
     /// Samples per training step over the whole cluster.
@@ -275,6 +301,8 @@ impl Default for TrainConfig {
             enabled: true,
             model: ModelPreset::Tiny,
             data: "synthetic".into(),
+            tokens: None,
+            vocab_size: None,
             seed: 1,
             global_batch: 16,
             micro_batch: 2,
@@ -379,6 +407,19 @@ impl NodeConfig {
                     .into(),
             ));
         }
+        if t.tokens.is_some() && t.data == "synthetic" {
+            return Err(ConfigError::Invalid(
+                "train.tokens names the width of a token file: set train.data to its path".into(),
+            ));
+        }
+        if let Some(vocab) = t.vocab_size
+            && !(2..=u32::MAX as usize).contains(&vocab)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "train.vocab_size {vocab}: must be between 2 and {}",
+                u32::MAX
+            )));
+        }
         if !(positive(t.peak_lr) && positive(t.peer_timeout_secs)) {
             return Err(ConfigError::Invalid(
                 "train.peak_lr and train.peer_timeout_secs must be > 0".into(),
@@ -414,6 +455,9 @@ impl NodeConfig {
     /// emulated device (its layer list is the profile's, at the preset's width).
     pub fn model(&self) -> parcae_model::GptConfig {
         let mut gpt = self.train.model.gpt();
+        if let Some(vocab) = self.train.vocab_size {
+            gpt.vocab_size = vocab;
+        }
         if let Ok(Some(e)) = self.device.emulation() {
             gpt.n_blocks = e.blocks();
         }
@@ -563,6 +607,19 @@ strategy = \"liveput_predict\"",
 
     #[test]
     fn the_model_is_one_of_the_presets() {
+        let c = NodeConfig::parse(
+            "[train]\ndata = \"t.bin\"\ntokens = \"u16\"\nvocab_size = 50257",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.train.tokens, Some(TokenDtypeName::U16));
+        assert_eq!(c.model().vocab_size, 50_257);
+        for bad in ["tokens = \"u16\"", "tokens = \"u8\"", "vocab_size = 1"] {
+            assert!(
+                NodeConfig::parse(&format!("[train]\n{bad}"), "x").is_err(),
+                "{bad}"
+            );
+        }
         let c = NodeConfig::parse("[train]\nmodel = \"small\"", "x").unwrap();
         assert_eq!(c.train.model, ModelPreset::Small);
         assert_eq!(c.train.model.gpt(), parcae_model::GptConfig::small());

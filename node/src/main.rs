@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use parcae_api::client::Client;
-use parcae_model::{ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask};
+use parcae_model::{
+    ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask, TokenFileDataset,
+};
 use parcae_node::Trainer;
 use parcae_node::config::NodeConfig;
 use parcae_node::key::ClusterKey;
@@ -121,6 +123,11 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     if t.data == "synthetic" {
         let task = SyntheticTask::default_for(t.seed, gpt.vocab_size, gpt.seq_len)?;
         launcher(gpt, Arc::new(task))
+    } else if let Some(dtype) = t.tokens {
+        let path = std::path::Path::new(&t.data);
+        let tokens = TokenFileDataset::open(path, dtype.into(), gpt.seq_len, gpt.vocab_size)
+            .with_context(|| format!("train.data {}", t.data))?;
+        launcher(gpt, Arc::new(tokens))
     } else {
         gpt.vocab_size = 256;
         let text = ByteTextDataset::from_file(std::path::Path::new(&t.data), gpt.seq_len)

@@ -508,3 +508,51 @@ fn an_emulated_accelerator_paces_every_step_to_the_profile() {
     }
     assert!(committed_sequence_of(&c, 128).len() >= 2);
 }
+
+#[test]
+fn a_token_file_larger_than_memory_trains_without_being_read_whole() {
+    let _serial = serial();
+    // 2 GiB of u16 token ids, sparse: a repeating pattern in the first MiB, zeros after it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("train.bin");
+    let pattern: Vec<u8> = (0..(1u32 << 19))
+        .flat_map(|i| ((i % 61 + 1) as u16).to_le_bytes())
+        .collect();
+    std::fs::write(&path, &pattern).expect("write");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open")
+        .set_len(2 << 30)
+        .expect("grow");
+    let config = train_config(
+        "pin = [1, 2]",
+        &format!("data = {:?}\ntokens = \"u16\"", path.display().to_string()),
+    );
+    let c = training_cluster(&config, 2, 12);
+    let records = steps(&c, 0);
+    let (first, last) = (
+        records.first().expect("steps"),
+        records.last().expect("steps"),
+    );
+    assert!(
+        last.loss < first.loss,
+        "loss did not fall: {} -> {}",
+        first.loss,
+        last.loss
+    );
+    for i in 0..2 {
+        let pid = c.nodes[i].pid().expect("running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc");
+        let rss_mib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmRSS")
+            / 1024;
+        assert!(
+            rss_mib < 1024,
+            "node {i} holds {rss_mib} MiB of a 2 GiB file"
+        );
+    }
+}
