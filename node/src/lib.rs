@@ -75,6 +75,7 @@ pub mod metrics;
 pub mod net;
 pub mod notice;
 pub mod planner;
+pub mod prepare;
 pub mod resync;
 pub mod retry;
 pub mod runtime;

@@ -1,4 +1,4 @@
-//! `parcae-node`: run a node, make a cluster key, or query a node's status.
+//! `parcae-node`: run a node, make a cluster key, tokenize a corpus, or query a node's status.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,11 +9,13 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use parcae_api::client::Client;
 use parcae_model::{
-    ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask, TokenFileDataset,
+    ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask, TokenDtype,
+    TokenFileDataset,
 };
 use parcae_node::Trainer;
 use parcae_node::config::NodeConfig;
 use parcae_node::key::ClusterKey;
+use parcae_node::prepare::{InputFormat, PrepareOptions, prepare};
 use parcae_node::runtime::{self, RunArgs};
 use parcae_node::train::TrainerLauncher;
 
@@ -58,6 +60,31 @@ enum Command {
         #[arg(long, env = "PARCAE_OUT")]
         out: PathBuf,
     },
+    /// Tokenize text or JSONL with a Hugging Face tokenizer.json into a token file for
+    /// `[train] data` (offline; streams, so any size).
+    PrepareData {
+        /// The tokenizer (a Hugging Face `tokenizer.json`).
+        #[arg(long)]
+        tokenizer: PathBuf,
+        /// Input files, in order (repeatable).
+        #[arg(long = "input", required = true)]
+        inputs: Vec<PathBuf>,
+        /// How to read the inputs.
+        #[arg(long, value_enum, default_value = "text")]
+        format: InputFormat,
+        /// The JSONL field holding a document's text.
+        #[arg(long, default_value = "text")]
+        field: String,
+        /// A token appended after each JSONL document, e.g. `<|endoftext|>`.
+        #[arg(long)]
+        document_end: Option<String>,
+        /// `u16` or `u32` (default: the narrowest that holds the vocabulary).
+        #[arg(long)]
+        dtype: Option<TokenDtype>,
+        /// The token file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
@@ -84,6 +111,42 @@ fn main() -> anyhow::Result<()> {
                 "wrote {} (fingerprint {})",
                 out.display(),
                 key.fingerprint()
+            );
+            Ok(())
+        }
+        Command::PrepareData {
+            tokenizer,
+            inputs,
+            format,
+            field,
+            document_end,
+            dtype,
+            out,
+        } => {
+            let done = prepare(&PrepareOptions {
+                tokenizer,
+                inputs,
+                format,
+                field,
+                document_end,
+                dtype,
+                out: out.clone(),
+            })?;
+            let width = match done.dtype {
+                TokenDtype::U16 => "u16",
+                TokenDtype::U32 => "u32",
+            };
+            println!(
+                "wrote {} tokens to {} (sha256 {})
+[train]
+data = {:?}
+tokens = \"{width}\"
+vocab_size = {}",
+                done.tokens,
+                out.display(),
+                done.sha256,
+                out.display().to_string(),
+                done.vocab_size
             );
             Ok(())
         }

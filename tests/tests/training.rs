@@ -556,3 +556,110 @@ fn a_token_file_larger_than_memory_trains_without_being_read_whole() {
         );
     }
 }
+
+/// A byte-level BPE tokenizer trained on `corpus` by the tokenizers crate, saved as
+/// `tokenizer.json` in `dir`.
+fn train_tokenizer(dir: &Path, corpus: &Path, vocab: usize) -> PathBuf {
+    use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::{
+        DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+        TokenizerBuilder,
+    };
+    let mut trainer = BpeTrainerBuilder::new()
+        .vocab_size(vocab)
+        .min_frequency(0)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build();
+    let mut tokenizer = TokenizerBuilder::<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >::new()
+    .with_model(BPE::default())
+    .with_pre_tokenizer(Some(ByteLevel::default().into()))
+    .with_decoder(Some(ByteLevel::default().into()))
+    .build()
+    .expect("tokenizer");
+    let path = dir.join("tokenizer.json");
+    tokenizer
+        .train_from_files(&mut trainer, vec![corpus.display().to_string()])
+        .expect("train")
+        .save(&path, false)
+        .expect("save");
+    path
+}
+
+#[test]
+fn text_through_a_trained_tokenizer_becomes_a_token_file_the_cluster_trains_on() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let corpus = dir.path().join("corpus.txt");
+    let text: String = (0..4000)
+        .map(|i| {
+            format!(
+                "the spot cluster trains step {} of model {}\n",
+                i % 17,
+                i % 5
+            )
+        })
+        .collect();
+    std::fs::write(&corpus, &text).expect("corpus");
+    let tokenizer_path = train_tokenizer(dir.path(), &corpus, 300);
+    let out = dir.path().join("train.bin");
+    let prepared = std::process::Command::new(parcae_tests::node_binary())
+        .args(["prepare-data", "--tokenizer"])
+        .arg(&tokenizer_path)
+        .arg("--input")
+        .arg(&corpus)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("prepare-data runs");
+    let said = String::from_utf8_lossy(&prepared.stdout).into_owned();
+    assert!(
+        prepared.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&prepared.stderr)
+    );
+    let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path).expect("load");
+    let vocab = tokenizer.get_vocab_size(true);
+    assert!(said.contains(&format!("vocab_size = {vocab}")), "{said}");
+    assert!(said.contains("tokens = \"u16\""), "{said}");
+    // The file is the tokenizer's encoding of every line, in order, as u16 ids.
+    let expected: Vec<u8> = text
+        .split_inclusive('\n')
+        .flat_map(|line| {
+            tokenizer
+                .encode(line, false)
+                .expect("encode")
+                .get_ids()
+                .to_vec()
+        })
+        .flat_map(|id| u16::try_from(id).expect("u16 id").to_le_bytes())
+        .collect();
+    assert_eq!(std::fs::read(&out).expect("token file"), expected);
+
+    let config = train_config(
+        "pin = [1, 2]",
+        &format!(
+            "data = {:?}\ntokens = \"u16\"\nvocab_size = {vocab}",
+            out.display().to_string()
+        ),
+    );
+    let c = training_cluster(&config, 2, 12);
+    let records = steps(&c, 0);
+    let (first, last) = (
+        records.first().expect("steps"),
+        records.last().expect("steps"),
+    );
+    assert!(
+        last.loss < first.loss,
+        "loss did not fall: {} -> {}",
+        first.loss,
+        last.loss
+    );
+}
