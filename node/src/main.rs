@@ -15,7 +15,7 @@ use parcae_model::{
 use parcae_node::Trainer;
 use parcae_node::config::NodeConfig;
 use parcae_node::key::ClusterKey;
-use parcae_node::prepare::{InputFormat, PrepareOptions, prepare};
+use parcae_node::prepare::{PrepareOptions, prepare};
 use parcae_node::runtime::{self, RunArgs};
 use parcae_node::train::TrainerLauncher;
 
@@ -62,29 +62,7 @@ enum Command {
     },
     /// Tokenize text or JSONL with a Hugging Face tokenizer.json into a token file for
     /// `[train] data` (offline; streams, so any size).
-    PrepareData {
-        /// The tokenizer (a Hugging Face `tokenizer.json`).
-        #[arg(long)]
-        tokenizer: PathBuf,
-        /// Input files, in order (repeatable).
-        #[arg(long = "input", required = true)]
-        inputs: Vec<PathBuf>,
-        /// How to read the inputs.
-        #[arg(long, value_enum, default_value = "text")]
-        format: InputFormat,
-        /// The JSONL field holding a document's text.
-        #[arg(long, default_value = "text")]
-        field: String,
-        /// A token appended after each JSONL document, e.g. `<|endoftext|>`.
-        #[arg(long)]
-        document_end: Option<String>,
-        /// `u16` or `u32` (default: the narrowest that holds the vocabulary).
-        #[arg(long)]
-        dtype: Option<TokenDtype>,
-        /// The token file to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
+    PrepareData(PrepareOptions),
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
@@ -114,24 +92,8 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::PrepareData {
-            tokenizer,
-            inputs,
-            format,
-            field,
-            document_end,
-            dtype,
-            out,
-        } => {
-            let done = prepare(&PrepareOptions {
-                tokenizer,
-                inputs,
-                format,
-                field,
-                document_end,
-                dtype,
-                out: out.clone(),
-            })?;
+        Command::PrepareData(opts) => {
+            let done = prepare(&opts)?;
             let width = match done.dtype {
                 TokenDtype::U16 => "u16",
                 TokenDtype::U32 => "u32",
@@ -143,9 +105,9 @@ data = {:?}
 tokens = \"{width}\"
 vocab_size = {}",
                 done.tokens,
-                out.display(),
+                opts.out.display(),
                 done.sha256,
-                out.display().to_string(),
+                opts.out.display().to_string(),
                 done.vocab_size
             );
             Ok(())

@@ -24,22 +24,29 @@ pub enum InputFormat {
     Jsonl,
 }
 
-/// What to prepare.
-#[derive(Debug, Clone)]
+/// What to prepare (the command line of `parcae-node prepare-data`).
+#[derive(Debug, Clone, clap::Args)]
 pub struct PrepareOptions {
-    /// The `tokenizer.json`.
+    /// The tokenizer (a Hugging Face `tokenizer.json`).
+    #[arg(long)]
     pub tokenizer: PathBuf,
-    /// Input files, in order.
+    /// Input files, in order (repeatable).
+    #[arg(long = "input", required = true)]
     pub inputs: Vec<PathBuf>,
-    /// How to read them.
+    /// How to read the inputs.
+    #[arg(long, value_enum, default_value = "text")]
     pub format: InputFormat,
     /// The JSONL field holding a document's text.
+    #[arg(long, default_value = "text")]
     pub field: String,
-    /// A token appended after each JSONL document (e.g. `<|endoftext|>`), if given.
+    /// A token appended after each JSONL document, e.g. `<|endoftext|>`.
+    #[arg(long)]
     pub document_end: Option<String>,
-    /// Output width; `None`: the narrowest that holds the vocabulary.
+    /// `u16` or `u32` (default: the narrowest that holds the vocabulary).
+    #[arg(long)]
     pub dtype: Option<TokenDtype>,
     /// The token file to write.
+    #[arg(long)]
     pub out: PathBuf,
 }
 

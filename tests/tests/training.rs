@@ -530,17 +530,7 @@ fn a_token_file_larger_than_memory_trains_without_being_read_whole() {
         &format!("data = {:?}\ntokens = \"u16\"", path.display().to_string()),
     );
     let c = training_cluster(&config, 2, 12);
-    let records = steps(&c, 0);
-    let (first, last) = (
-        records.first().expect("steps"),
-        records.last().expect("steps"),
-    );
-    assert!(
-        last.loss < first.loss,
-        "loss did not fall: {} -> {}",
-        first.loss,
-        last.loss
-    );
+    assert_loss_fell(&c);
     for i in 0..2 {
         let pid = c.nodes[i].pid().expect("running");
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc");
@@ -555,6 +545,21 @@ fn a_token_file_larger_than_memory_trains_without_being_read_whole() {
             "node {i} holds {rss_mib} MiB of a 2 GiB file"
         );
     }
+}
+
+/// The first node's committed losses went down from the first step to the last.
+fn assert_loss_fell(c: &LocalCluster) {
+    let records = steps(c, 0);
+    let (first, last) = (
+        records.first().expect("steps"),
+        records.last().expect("steps"),
+    );
+    assert!(
+        last.loss < first.loss,
+        "loss did not fall: {} -> {}",
+        first.loss,
+        last.loss
+    );
 }
 
 /// A byte-level BPE tokenizer trained on `corpus` by the tokenizers crate, saved as
@@ -651,15 +656,5 @@ fn text_through_a_trained_tokenizer_becomes_a_token_file_the_cluster_trains_on()
         ),
     );
     let c = training_cluster(&config, 2, 12);
-    let records = steps(&c, 0);
-    let (first, last) = (
-        records.first().expect("steps"),
-        records.last().expect("steps"),
-    );
-    assert!(
-        last.loss < first.loss,
-        "loss did not fall: {} -> {}",
-        first.loss,
-        last.loss
-    );
+    assert_loss_fell(&c);
 }
