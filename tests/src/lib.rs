@@ -113,6 +113,16 @@ pub fn free_port() -> u16 {
     parcae_testnet::ports::reserve_loopback_port().expect("free port")
 }
 
+/// The resident set size of process `pid` in KiB, from `/proc/<pid>/status`.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// Fetches `http://addr/path` with a short timeout; `None` on any failure.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let agent = ureq::Agent::new_with_config(

@@ -17,7 +17,7 @@ use parcae_node::net::codec::ControlRequest;
 use parcae_node::net::swarm::{Behaviour, BehaviourEvent, NetLimits, build_swarm};
 use parcae_node::wire::ControlMessage;
 use parcae_tests::{
-    LocalCluster, TEST_CONFIG, http_get, new_cluster, serial, start_cluster, wait_for,
+    LocalCluster, TEST_CONFIG, http_get, new_cluster, rss_kib, serial, start_cluster, wait_for,
 };
 
 fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
@@ -312,15 +312,6 @@ fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::
     socket.bind(&std::net::SocketAddr::from((from, 0)).into())?;
     socket.connect_timeout(&to.into(), Duration::from_secs(1))?;
     Ok(socket.into())
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
 }
 
 #[test]

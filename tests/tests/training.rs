@@ -10,7 +10,7 @@ use parcae_model::{
     Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, Sampler, Stage, StageConfig, SyntheticTask,
     data_parallel_step, token_batch,
 };
-use parcae_tests::{LocalCluster, TRAIN_BASE_CONFIG, serial, start_cluster, wait_for};
+use parcae_tests::{LocalCluster, TRAIN_BASE_CONFIG, rss_kib, serial, start_cluster, wait_for};
 
 const SEED: u64 = 3;
 const BATCH: u64 = 16;
@@ -532,14 +532,7 @@ fn a_token_file_larger_than_memory_trains_without_being_read_whole() {
     let c = training_cluster(&config, 2, 12);
     assert_loss_fell(&c);
     for i in 0..2 {
-        let pid = c.nodes[i].pid().expect("running");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc");
-        let rss_mib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .expect("VmRSS")
-            / 1024;
+        let rss_mib = rss_kib(c.nodes[i].pid().expect("running")) / 1024;
         assert!(
             rss_mib < 1024,
             "node {i} holds {rss_mib} MiB of a 2 GiB file"
