@@ -198,6 +198,9 @@ pub enum ModelError {
         /// Examples in the dataset.
         len: u64,
     },
+    /// A weights file (safetensors) could not be read, written or used for this model.
+    #[error("weights {0}")]
+    Weights(String),
     /// A tensor could not be read back from the device.
     #[error("tensor read-back failed: {0}")]
     ReadBack(String),

@@ -3,12 +3,15 @@
 //! Pre-norm transformer blocks with explicit causal attention (matmul, mask, softmax: measured
 //! faster on Flex than Burn's fused attention op, see `notes/burn-0.22.md`), a GELU MLP, learned
 //! position embeddings, and an untied language-model head whose loss is the mean token
-//! cross-entropy.
+//! cross-entropy. The GPT-2 presets have Hugging Face GPT-2's layer structure and its tanh GELU,
+//! so its published weights load into them ([`crate::Gpt2Safetensors`]); their head is untied
+//! (a pipeline keeps the embedding and the head on different machines), starting as a copy of
+//! the token embedding when a file has no head of its own.
 
 use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::activation::{gelu, log_softmax, softmax};
+use burn::tensor::activation::{gelu, gelu_approximate, log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::activation::Activation;
@@ -32,6 +35,18 @@ pub struct GptConfig {
     pub seq_len: usize,
     /// Hidden width of the MLP.
     pub d_ff: usize,
+    /// The MLP's GELU.
+    #[config(default = "Gelu::Erf")]
+    pub gelu: Gelu,
+}
+
+/// Which GELU the MLP applies.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Gelu {
+    /// `x * Phi(x)` with the exact normal CDF.
+    Erf,
+    /// The tanh approximation GPT-2 was trained with (Hugging Face's `gelu_new`).
+    Tanh,
 }
 
 impl GptConfig {
@@ -44,6 +59,7 @@ impl GptConfig {
             n_blocks: 2,
             seq_len: 16,
             d_ff: 128,
+            gelu: Gelu::Erf,
         }
     }
 
@@ -57,6 +73,41 @@ impl GptConfig {
             n_blocks: 6,
             seq_len: 128,
             d_ff: 2048,
+            gelu: Gelu::Erf,
+        }
+    }
+
+    /// GPT-2 (OpenAI's 124M model): 12 blocks of width 768, 12 heads, 1024 positions, the
+    /// 50,257-token BPE vocabulary; 124,439,808 parameters as published plus the untied head's
+    /// 38,597,376.
+    pub fn gpt2_124m() -> Self {
+        Self::gpt2(768, 12, 12)
+    }
+
+    /// GPT-2 medium (355M): 24 blocks of width 1024, 16 heads.
+    pub fn gpt2_355m() -> Self {
+        Self::gpt2(1024, 16, 24)
+    }
+
+    /// GPT-2 large (774M): 36 blocks of width 1280, 20 heads.
+    pub fn gpt2_774m() -> Self {
+        Self::gpt2(1280, 20, 36)
+    }
+
+    /// GPT-2 XL (1.5B): 48 blocks of width 1600, 25 heads.
+    pub fn gpt2_1558m() -> Self {
+        Self::gpt2(1600, 25, 48)
+    }
+
+    fn gpt2(d_model: usize, n_heads: usize, n_blocks: usize) -> Self {
+        Self {
+            vocab_size: 50_257,
+            d_model,
+            n_heads,
+            n_blocks,
+            seq_len: 1024,
+            d_ff: 4 * d_model,
+            gelu: Gelu::Tanh,
         }
     }
 
@@ -208,10 +259,12 @@ impl Gpt {
             .swap_dims(1, 2)
             .reshape([b, t, d]);
         let x = x + layer.proj.forward(attn);
-        let mlp = layer
-            .fc_out
-            .forward(gelu(layer.fc_in.forward(layer.ln_mlp.forward(x.clone()))));
-        x + mlp
+        let hidden = layer.fc_in.forward(layer.ln_mlp.forward(x.clone()));
+        let hidden = match self.config.gelu {
+            Gelu::Erf => gelu(hidden),
+            Gelu::Tanh => gelu_approximate(hidden),
+        };
+        x + layer.fc_out.forward(hidden)
     }
 }
 
@@ -230,8 +283,12 @@ impl PipelineModel for Gpt {
 
     fn architecture(&self) -> String {
         let c = &self.config;
+        let gelu = match c.gelu {
+            Gelu::Erf => "",
+            Gelu::Tanh => " gelu-tanh",
+        };
         format!(
-            "gpt2-prenorm v{} d{} h{} b{} s{} f{}",
+            "gpt2-prenorm v{} d{} h{} b{} s{} f{}{gelu}",
             c.vocab_size, c.d_model, c.n_heads, c.n_blocks, c.seq_len, c.d_ff
         )
     }
@@ -389,6 +446,23 @@ mod tests {
             }
         }
         assert_eq!(Gpt::new(GptConfig::tiny()).unwrap().num_params(), 30_080);
+    }
+
+    #[test]
+    fn gpt2_presets_count_hugging_face_s_parameters_plus_the_untied_head() {
+        // Published totals (tied): gpt2, -medium, -large, -xl.
+        let published = [
+            (GptConfig::gpt2_124m(), 124_439_808),
+            (GptConfig::gpt2_355m(), 354_823_168),
+            (GptConfig::gpt2_774m(), 774_030_080),
+            (GptConfig::gpt2_1558m(), 1_557_611_200),
+        ];
+        for (config, tied) in published {
+            let head = config.vocab_size * config.d_model;
+            let model = Gpt::new(config).unwrap();
+            assert_eq!(model.num_params(), tied + head);
+            assert!(model.architecture().ends_with("gelu-tanh"));
+        }
     }
 
     #[test]

@@ -154,7 +154,7 @@ pub enum PlanStrategy {
     Reactive,
 }
 
-/// The built-in GPT presets `parcae-node` trains (`parcae_model::GptConfig::tiny`/`small`).
+/// The built-in GPT presets `parcae-node` trains (`parcae_model::GptConfig`'s).
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelPreset {
@@ -162,14 +162,31 @@ pub enum ModelPreset {
     Tiny,
     /// 8 pipeline layers, 23.2 M parameters: the benchmark model.
     Small,
+    /// GPT-2 124M: Hugging Face GPT-2's structure (14 pipeline layers, untied head).
+    #[serde(rename = "gpt2-124m")]
+    Gpt2_124m,
+    /// GPT-2 medium, 355M (26 pipeline layers).
+    #[serde(rename = "gpt2-355m")]
+    Gpt2_355m,
+    /// GPT-2 large, 774M (38 pipeline layers).
+    #[serde(rename = "gpt2-774m")]
+    Gpt2_774m,
+    /// GPT-2 XL, 1.5B (50 pipeline layers).
+    #[serde(rename = "gpt2-1558m")]
+    Gpt2_1558m,
 }
 
 impl ModelPreset {
     /// The preset's sizes.
     pub fn gpt(self) -> parcae_model::GptConfig {
+        use parcae_model::GptConfig;
         match self {
-            ModelPreset::Tiny => parcae_model::GptConfig::tiny(),
-            ModelPreset::Small => parcae_model::GptConfig::small(),
+            ModelPreset::Tiny => GptConfig::tiny(),
+            ModelPreset::Small => GptConfig::small(),
+            ModelPreset::Gpt2_124m => GptConfig::gpt2_124m(),
+            ModelPreset::Gpt2_355m => GptConfig::gpt2_355m(),
+            ModelPreset::Gpt2_774m => GptConfig::gpt2_774m(),
+            ModelPreset::Gpt2_1558m => GptConfig::gpt2_1558m(),
         }
     }
 }
@@ -211,6 +228,21 @@ pub struct TrainConfig {
     /// The model's vocabulary instead of the preset's (token ids must stay below it; a token
     /// file of GPT-2 ids needs at least 50,257).
     pub vocab_size: Option<usize>,
+    /// Width of the residual stream instead of the preset's (a preset's structure at a
+    /// reduced width, for example).
+    pub d_model: Option<usize>,
+    /// Attention heads instead of the preset's (must divide the width).
+    pub n_heads: Option<usize>,
+    /// Transformer blocks instead of the preset's.
+    pub n_blocks: Option<usize>,
+    /// Hidden width of the MLP instead of the preset's.
+    pub d_ff: Option<usize>,
+    /// Longest sequence instead of the preset's.
+    pub seq_len: Option<usize>,
+    /// A safetensors file of GPT-2 weights (Hugging Face names, as `parcae-node export`
+    /// writes and OpenAI's GPT-2 is published) the model starts from instead of the seeded
+    /// initialisation: a fine-tune. Every node needs the same file.
+    pub init: Option<String>,
     /// Seed of the weights, the data order and the synthetic task.
     pub seed: u64,
     /// Samples per training step over the whole cluster.
@@ -303,6 +335,12 @@ impl Default for TrainConfig {
             data: "synthetic".into(),
             tokens: None,
             vocab_size: None,
+            d_model: None,
+            n_heads: None,
+            n_blocks: None,
+            d_ff: None,
+            seq_len: None,
+            init: None,
             seed: 1,
             global_batch: 16,
             micro_batch: 2,
@@ -420,6 +458,8 @@ impl NodeConfig {
                 u32::MAX
             )));
         }
+        parcae_model::Gpt::new(self.model())
+            .map_err(|e| ConfigError::Invalid(format!("train: the model's sizes: {e}")))?;
         if !(positive(t.peak_lr) && positive(t.peer_timeout_secs)) {
             return Err(ConfigError::Invalid(
                 "train.peak_lr and train.peer_timeout_secs must be > 0".into(),
@@ -451,12 +491,28 @@ impl NodeConfig {
         Ok(())
     }
 
-    /// The GPT the node trains: the `[train]` preset, with the emulated model's blocks on an
-    /// emulated device (its layer list is the profile's, at the preset's width).
+    /// The GPT the node trains: the `[train]` preset with the sizes `[train]` sets, a
+    /// vocabulary of 256 on byte-level text, and the emulated model's blocks on an emulated
+    /// device (its layer list is the profile's, at the preset's width).
     pub fn model(&self) -> parcae_model::GptConfig {
-        let mut gpt = self.train.model.gpt();
-        if let Some(vocab) = self.train.vocab_size {
-            gpt.vocab_size = vocab;
+        let t = &self.train;
+        let mut gpt = t.model.gpt();
+        let overrides = [
+            (&mut gpt.vocab_size, t.vocab_size),
+            (&mut gpt.d_model, t.d_model),
+            (&mut gpt.n_heads, t.n_heads),
+            (&mut gpt.n_blocks, t.n_blocks),
+            (&mut gpt.d_ff, t.d_ff),
+            (&mut gpt.seq_len, t.seq_len),
+        ];
+        for (field, value) in overrides {
+            if let Some(v) = value {
+                *field = v;
+            }
+        }
+        if t.data != "synthetic" && t.tokens.is_none() {
+            // A text file read byte by byte.
+            gpt.vocab_size = 256;
         }
         if let Ok(Some(e)) = self.device.emulation() {
             gpt.n_blocks = e.blocks();
@@ -623,6 +679,27 @@ strategy = \"liveput_predict\"",
         let c = NodeConfig::parse("[train]\nmodel = \"small\"", "x").unwrap();
         assert_eq!(c.train.model, ModelPreset::Small);
         assert_eq!(c.train.model.gpt(), parcae_model::GptConfig::small());
+        let c = NodeConfig::parse(
+            "[train]\nmodel = \"gpt2-124m\"\nd_model = 64\nn_heads = 4\nd_ff = 256",
+            "x",
+        )
+        .unwrap();
+        let gpt = c.model();
+        assert_eq!(
+            (
+                gpt.d_model,
+                gpt.n_heads,
+                gpt.d_ff,
+                gpt.n_blocks,
+                gpt.vocab_size
+            ),
+            (64, 4, 256, 12, 50_257)
+        );
+        assert_eq!(gpt.gelu, parcae_model::Gelu::Tanh);
+        let e = NodeConfig::parse("[train]\nmodel = \"gpt2-124m\"\nd_model = 100", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("n_heads 12 does not divide d_model 100"), "{e}");
         let e = NodeConfig::parse("[train]\nmodel = \"huge\"", "x").unwrap_err();
         let text = e.to_string();
         assert!(

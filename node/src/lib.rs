@@ -67,6 +67,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod emulate;
+pub mod export;
 pub mod fsutil;
 pub mod http;
 pub mod identity;

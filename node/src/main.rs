@@ -1,4 +1,5 @@
-//! `parcae-node`: run a node, make a cluster key, tokenize a corpus, or query a node's status.
+//! `parcae-node`: run a node, make a cluster key, tokenize a corpus, export the trained model,
+//! or query a node's status.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,11 +10,12 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use parcae_api::client::Client;
 use parcae_model::{
-    ByteTextDataset, Dataset, Gpt, GptConfig, OptimizerConfig, SyntheticTask, TokenDtype,
-    TokenFileDataset,
+    ByteTextDataset, Dataset, Gpt, Gpt2Safetensors, GptConfig, OptimizerConfig, SyntheticTask,
+    TokenDtype, TokenFileDataset,
 };
 use parcae_node::Trainer;
 use parcae_node::config::NodeConfig;
+use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
 use parcae_node::runtime::{self, RunArgs};
@@ -63,6 +65,9 @@ enum Command {
     /// Tokenize text or JSONL with a Hugging Face tokenizer.json into a token file for
     /// `[train] data` (offline; streams, so any size).
     PrepareData(PrepareOptions),
+    /// Write the model the checkpoints of a step describe as one safetensors file with
+    /// Hugging Face GPT-2 tensor names.
+    Export(ExportOptions),
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
@@ -112,6 +117,18 @@ vocab_size = {}",
             );
             Ok(())
         }
+        Command::Export(opts) => {
+            let done = export(&opts)?;
+            println!(
+                "wrote the model after {} steps ({} stage checkpoints, layers {:?}) to {} (sha256 {})",
+                done.step,
+                done.parts.len(),
+                done.parts,
+                opts.out.display(),
+                done.sha256
+            );
+            Ok(())
+        }
         Command::Status { addr } => {
             let status = Client::with_timeout(Duration::from_secs(5)).status(addr)?;
             println!("{}", serde_json::to_string_pretty(&status)?);
@@ -125,7 +142,7 @@ vocab_size = {}",
 fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     let t = &config.train;
     let emulation = config.device.emulation()?;
-    let mut gpt = config.model();
+    let gpt = config.model();
     let optimizer = OptimizerConfig {
         peak_lr: t.peak_lr,
         min_lr: t.peak_lr / 10.0,
@@ -136,7 +153,13 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
         ..OptimizerConfig::default()
     };
     let launcher = |gpt: GptConfig, data: Arc<dyn Dataset>| -> anyhow::Result<TrainerLauncher> {
-        Ok(Trainer::with_shared_dataset(Gpt::new(gpt)?, data)
+        let mut trainer = Trainer::with_shared_dataset(Gpt::new(gpt.clone())?, data);
+        if let Some(init) = &t.init {
+            let weights = Gpt2Safetensors::open(std::path::Path::new(init), &gpt)
+                .with_context(|| format!("train.init {init}"))?;
+            trainer = trainer.initial_weights(Arc::new(weights));
+        }
+        Ok(trainer
             .seed(t.seed)
             .batch(t.global_batch, t.micro_batch)
             .max_steps(t.max_steps)
@@ -154,7 +177,6 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
             .with_context(|| format!("train.data {}", t.data))?;
         launcher(gpt, Arc::new(tokens))
     } else {
-        gpt.vocab_size = 256;
         let text = ByteTextDataset::from_file(std::path::Path::new(&t.data), gpt.seq_len)
             .with_context(|| format!("train.data {}", t.data))?;
         launcher(gpt, Arc::new(text))

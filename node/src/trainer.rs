@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use parcae_model::{Dataset, OptimizerConfig, PipelineModel, default_device};
+use parcae_model::{Dataset, OptimizerConfig, PipelineModel, WeightSource, default_device};
 
 use crate::emulate::Emulation;
 use crate::runtime::{NodeError, RunOptions};
@@ -49,6 +49,7 @@ impl<M: PipelineModel> Trainer<M> {
                 optimizer: OptimizerConfig::default(),
                 device: default_device(),
                 emulation: None,
+                initial_weights: None,
             },
         }
     }
@@ -95,6 +96,14 @@ impl<M: PipelineModel> Trainer<M> {
     /// the device's own speed.
     pub fn emulate(mut self, emulation: Option<Emulation>) -> Self {
         self.job.emulation = emulation;
+        self
+    }
+
+    /// Starts from these weights instead of the seeded initialisation (a fine-tune): every
+    /// layer that starts afresh takes its values from `weights` (for the built-in GPT,
+    /// [`parcae_model::Gpt2Safetensors`]). Every node must be given the same weights.
+    pub fn initial_weights(mut self, weights: Arc<dyn WeightSource>) -> Self {
+        self.job.initial_weights = Some(weights);
         self
     }
 

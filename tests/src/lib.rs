@@ -107,6 +107,43 @@ pub fn node_example(name: &str) -> PathBuf {
     )
 }
 
+/// A Python interpreter that imports `numpy` and `safetensors`: a virtual environment in
+/// `target/python`, made with the system's `python3 -m venv` and filled by pip on first use
+/// (the tests that read exported weights with numpy need it; nothing else does).
+pub fn python_with_numpy() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let venv = profile_dir()
+                .parent()
+                .expect("target directory")
+                .join("python");
+            let python = venv.join("bin").join("python");
+            let ready = || {
+                Command::new(&python)
+                    .args(["-c", "import numpy, safetensors"])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            if !ready() {
+                let made = Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv)
+                    .status()
+                    .expect("python3 runs");
+                assert!(made.success(), "python3 -m venv {}", venv.display());
+                let installed = Command::new(venv.join("bin").join("pip"))
+                    .args(["install", "--quiet", "numpy", "safetensors"])
+                    .status()
+                    .expect("pip runs");
+                assert!(installed.success(), "pip install numpy safetensors");
+                assert!(ready(), "numpy and safetensors import after pip install");
+            }
+            python
+        })
+        .clone()
+}
+
 /// A free TCP port on 127.0.0.1 for a node process to bind (below the ephemeral range, so
 /// that no node's outgoing connection takes it before the node binds it).
 pub fn free_port() -> u16 {

@@ -113,6 +113,20 @@ impl<M: PipelineModel> Stage<M> {
         Ok(output)
     }
 
+    /// Runs `input` through the stage's layers keeping nothing for a backward and leaving the
+    /// layers' random streams where they are: evaluation and inference. At the last stage the
+    /// output is the model's own (a language model's logits), not a loss.
+    pub fn infer(&self, input: Activation) -> Result<Activation> {
+        let mut x = input.into_device(&self.device);
+        for (k, layer) in self.layers.iter().enumerate() {
+            let mut rng = self.rngs[k].clone();
+            x = self
+                .model
+                .forward(self.range.start + k, layer, x, &mut rng)?;
+        }
+        Ok(x)
+    }
+
     /// The random streams of each lane: the layers' own streams when there is one lane, else
     /// streams forked from them (so that the layers' streams advance the same way whatever the
     /// lanes do).

@@ -12,7 +12,7 @@ use libp2p::identity::Keypair;
 use parcae_consensus::state::LayerCost as ReportedCost;
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{
-    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, token_batch,
+    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, WeightSource, token_batch,
 };
 use tokio::sync::watch;
 
@@ -83,6 +83,8 @@ pub struct TrainJob<M: PipelineModel> {
     pub device: burn::tensor::Device,
     /// The emulated accelerator the stage's work is paced to, if any.
     pub emulation: Option<Emulation>,
+    /// Where the weights start instead of the seeded initialisation (a fine-tune).
+    pub initial_weights: Option<Arc<dyn WeightSource>>,
 }
 
 impl<M: PipelineModel> TrainJob<M> {
@@ -142,6 +144,7 @@ impl<M: PipelineModel> TrainJob<M> {
                 sampler,
             },
             seed: self.seed,
+            initial_weights: self.initial_weights,
             global_batch: self.global_batch,
             micro_batch: self.micro_batch,
             max_steps: self.max_steps,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use parcae_consensus::state::{Digest32, LayerCost, OptimizerScalars, Plan, StageSlot};
 use parcae_consensus::{Command, ControlState, NodeId};
-use parcae_model::{PipelineModel, Stage, StageConfig};
+use parcae_model::{PipelineModel, Stage, StageConfig, WeightSource};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::spec::RestartKind;
 use tokio::runtime::Runtime;
@@ -51,6 +51,8 @@ pub struct WorkerSetup<M: PipelineModel> {
     pub data: DataSource,
     /// Seed of the initial weights.
     pub seed: u64,
+    /// Weights that replace the seeded ones of any layer that starts afresh.
+    pub initial_weights: Option<Arc<dyn WeightSource>>,
     /// Samples per step.
     pub global_batch: u32,
     /// Samples per micro-batch.
@@ -345,6 +347,10 @@ impl<M: PipelineModel> Worker<M> {
             &s.device,
             s.stage_config.clone(),
         )?;
+        let fresh = acquired.is_none_or(|a| !a.lost.is_empty());
+        if let (true, Some(weights)) = (fresh, &s.initial_weights) {
+            stage.load_weights(weights.as_ref())?;
+        }
         let Some(a) = acquired else {
             return Ok(stage);
         };

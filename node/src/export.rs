@@ -1,0 +1,207 @@
+//! `parcae-node export`: the model a cluster's checkpoints describe, as one safetensors file
+//! under Hugging Face GPT-2's names, for `transformers`, numpy or a later `[train] init`.
+//!
+//! Checkpoints are per stage (`ckpt-STEP-FIRST-END.state` in a node's data directory); the
+//! export takes the newest step whose stage checkpoints, from any of the directories given,
+//! cover every layer, and verifies each part's checksums and model fingerprint on import.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use parcae_model::{Gpt, LayerWeights, PipelineModel, Stage, StageConfig, write_gpt2_safetensors};
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::CheckpointStore;
+use crate::config::NodeConfig;
+use crate::train::launch::CHECKPOINT_DIR;
+
+/// The file formats `export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// safetensors, f32, Hugging Face GPT-2 tensor names.
+    Safetensors,
+}
+
+/// What `parcae-node export` is asked to do.
+#[derive(Debug, clap::Args)]
+pub struct ExportOptions {
+    /// The nodes' TOML configuration (the model's `[train]` sizes); the defaults without it.
+    #[arg(long, env = "PARCAE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// A node's data directory or a directory of its checkpoints (repeatable: the stages of
+    /// one step may be spread over several nodes).
+    #[arg(long = "checkpoints", required = true)]
+    pub checkpoints: Vec<PathBuf>,
+    /// The step to export (the number of steps the checkpoint had taken); default: the newest
+    /// step the checkpoints cover whole.
+    #[arg(long)]
+    pub step: Option<u64>,
+    /// The file format.
+    #[arg(long, value_enum, default_value = "safetensors")]
+    pub format: ExportFormat,
+    /// Where to write the file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exported {
+    /// Steps the exported model had taken.
+    pub step: u64,
+    /// The stage checkpoints it came from, by layer range.
+    pub parts: Vec<Range<usize>>,
+    /// SHA-256 of the file, hex.
+    pub sha256: String,
+}
+
+/// The stage ranges of the newest step (or `step`) at which `found` (checkpoints as `(steps,
+/// layers)`) has a set of ranges that covers `0..layers` end to end.
+pub fn pick_cut(
+    found: &[(u64, Range<usize>)],
+    layers: usize,
+    step: Option<u64>,
+) -> Result<(u64, Vec<Range<usize>>), String> {
+    let steps: BTreeSet<u64> = found.iter().map(|(s, _)| *s).collect();
+    let candidates: Vec<u64> = match step {
+        Some(s) => vec![s],
+        None => steps.iter().rev().copied().collect(),
+    };
+    for s in candidates {
+        let ranges: BTreeSet<(usize, usize)> = found
+            .iter()
+            .filter(|(k, _)| *k == s)
+            .map(|(_, r)| (r.start, r.end))
+            .collect();
+        if let Some(chain) = chain_from(0, layers, &ranges) {
+            return Ok((s, chain));
+        }
+    }
+    Err(match step {
+        Some(s) => format!("the checkpoints of step {s} do not cover layers 0..{layers}"),
+        None if steps.is_empty() => "no checkpoint files found".into(),
+        None => format!(
+            "no step's checkpoints cover layers 0..{layers} (steps found: {:?})",
+            steps
+        ),
+    })
+}
+
+/// Ranges from `ranges` that follow each other from `start` to `end`.
+fn chain_from(
+    start: usize,
+    end: usize,
+    ranges: &BTreeSet<(usize, usize)>,
+) -> Option<Vec<Range<usize>>> {
+    if start == end {
+        return Some(Vec::new());
+    }
+    ranges
+        .iter()
+        .filter(|(a, b)| *a == start && *b > start && *b <= end)
+        .find_map(|&(a, b)| {
+            let mut rest = chain_from(b, end, ranges)?;
+            rest.insert(0, a..b);
+            Some(rest)
+        })
+}
+
+/// A node's checkpoint directory: `dir/checkpoints` for a data directory, else `dir`.
+fn checkpoint_dir(dir: &Path) -> PathBuf {
+    let inner = dir.join(CHECKPOINT_DIR);
+    if inner.is_dir() {
+        inner
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// Writes the model of the chosen step to `opts.out`.
+pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
+    let config = match &opts.config {
+        Some(path) => NodeConfig::load(path)?,
+        None => NodeConfig::default(),
+    };
+    let gpt = config.model();
+    let model = Arc::new(Gpt::new(gpt.clone())?);
+    let stores: Vec<CheckpointStore> = opts
+        .checkpoints
+        .iter()
+        .map(|d| {
+            if !d.is_dir() {
+                bail!("--checkpoints {}: not a directory", d.display());
+            }
+            Ok(CheckpointStore::new(checkpoint_dir(d)))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let found: Vec<(u64, Range<usize>)> = stores.iter().flat_map(|s| s.list()).collect();
+    let (step, parts) =
+        pick_cut(&found, model.num_layers(), opts.step).map_err(anyhow::Error::msg)?;
+    let device = burn::tensor::Device::flex();
+    let mut layers = Vec::with_capacity(model.num_layers());
+    for range in &parts {
+        let bytes = stores
+            .iter()
+            .find_map(|s| s.load(step, range).ok())
+            .with_context(|| format!("checkpoint of layers {range:?} at step {step}"))?;
+        let mut stage = Stage::new(
+            model.clone(),
+            range.clone(),
+            0,
+            &device,
+            StageConfig::default(),
+        )?;
+        stage
+            .import_state(&bytes, range.clone())
+            .with_context(|| format!("checkpoint of layers {range:?} at step {step}"))?;
+        for layer in range.clone() {
+            layers.push(LayerWeights {
+                layer,
+                infos: stage.param_infos(layer).unwrap_or_default().to_vec(),
+                values: stage.param_values(layer)?,
+            });
+        }
+    }
+    match opts.format {
+        ExportFormat::Safetensors => write_gpt2_safetensors(&gpt, &layers, &opts.out)?,
+    }
+    let written = std::fs::read(&opts.out).with_context(|| opts.out.display().to_string())?;
+    Ok(Exported {
+        step,
+        parts,
+        sha256: hex::encode(Sha256::digest(&written)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_step_covered_end_to_end_is_chosen() {
+        let found = vec![
+            (20, 0..2),
+            (20, 2..5),
+            (30, 0..3),
+            (30, 0..2),
+            (30, 3..5),
+            (40, 0..2),
+        ];
+        assert_eq!(pick_cut(&found, 5, None), Ok((30, vec![0..3, 3..5])));
+        assert_eq!(pick_cut(&found, 5, Some(20)), Ok((20, vec![0..2, 2..5])));
+        assert!(
+            pick_cut(&found, 5, Some(40))
+                .unwrap_err()
+                .contains("step 40")
+        );
+        assert!(
+            pick_cut(&[], 5, None)
+                .unwrap_err()
+                .contains("no checkpoint")
+        );
+        assert!(pick_cut(&[(1, 0..4)], 5, None).is_err());
+    }
+}
