@@ -246,6 +246,10 @@ pub struct StatusSnapshot {
     pub step: u64,
     /// Loss of the last committed step.
     pub loss: Option<f64>,
+    /// Loss on the held-out validation samples at the most recent step that evaluated them.
+    pub validation_loss: Option<f64>,
+    /// That step.
+    pub validation_step: Option<u64>,
     /// The replicated sample cursor: samples trained by committed steps.
     pub samples: u64,
     /// Raft commit index.
@@ -328,6 +332,8 @@ pub struct StepRecord {
     pub samples: u64,
     /// Mean loss.
     pub loss: f64,
+    /// Loss on the held-out validation samples, on the steps that evaluate them.
+    pub validation_loss: Option<f64>,
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 //! permutation per epoch, so that every example is seen once per epoch, in an order that every
 //! node computes alone, in O(1) memory.
 
+use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
@@ -270,9 +272,85 @@ pub fn token_batch(
     })
 }
 
+/// Examples `range` of another dataset as a dataset of their own: the training and held-out
+/// splits of one corpus ([`split_validation`]).
+pub struct Subset {
+    inner: Arc<dyn Dataset>,
+    range: Range<u64>,
+}
+
+impl Dataset for Subset {
+    fn len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+
+    fn seq_len(&self) -> usize {
+        self.inner.seq_len()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn example(&self, index: u64) -> Result<Vec<u32>> {
+        if index >= self.len() {
+            return Err(ModelError::ExampleOutOfRange {
+                index,
+                len: self.len(),
+            });
+        }
+        self.inner.example(self.range.start + index)
+    }
+}
+
+/// `dataset` cut into a training split and a validation split of its last `fraction` of
+/// examples (at least one), which no step trains: `(train, validation)`.
+pub fn split_validation(
+    dataset: Arc<dyn Dataset>,
+    fraction: f64,
+) -> Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    if !(fraction > 0.0 && fraction < 1.0) {
+        return Err(ModelError::InvalidConfig(format!(
+            "validation fraction {fraction}: must be between 0 and 1"
+        )));
+    }
+    let len = dataset.len();
+    let held_out = ((len as f64 * fraction).ceil() as u64).max(1);
+    if held_out >= len {
+        return Err(ModelError::Dataset(format!(
+            "{len} examples leave none to train after holding out {held_out} for validation"
+        )));
+    }
+    let cut = len - held_out;
+    let part = |range: Range<u64>| -> Arc<dyn Dataset> {
+        Arc::new(Subset {
+            inner: dataset.clone(),
+            range,
+        })
+    };
+    Ok((part(0..cut), part(cut..len)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_validation_split_is_the_tail_and_the_training_split_never_reaches_it() {
+        let task: Arc<dyn Dataset> = Arc::new(SyntheticTask::new(1, 16, 4, 100, 0.0).unwrap());
+        let (train, val) = split_validation(task.clone(), 0.05).unwrap();
+        assert_eq!((train.len(), val.len()), (95, 5));
+        assert_eq!(val.example(0).unwrap(), task.example(95).unwrap());
+        assert_eq!(train.example(94).unwrap(), task.example(94).unwrap());
+        assert!(matches!(
+            train.example(95),
+            Err(ModelError::ExampleOutOfRange { index: 95, len: 95 })
+        ));
+        assert!(split_validation(task.clone(), 0.0).is_err());
+        assert!(split_validation(task.clone(), 1.0).is_err());
+        let one: Arc<dyn Dataset> = Arc::new(SyntheticTask::new(1, 16, 4, 1, 0.0).unwrap());
+        assert!(split_validation(one, 0.5).is_err());
+    }
 
     #[test]
     fn sampler_is_a_permutation_per_epoch() {

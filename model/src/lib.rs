@@ -73,7 +73,9 @@ mod wire;
 
 pub use activation::Activation;
 pub use costs::LayerCost;
-pub use data::{ByteTextDataset, Dataset, Sampler, SyntheticTask, token_batch};
+pub use data::{
+    ByteTextDataset, Dataset, Sampler, Subset, SyntheticTask, split_validation, token_batch,
+};
 pub use device::{Backend, default_device};
 pub use error::{ModelError, Result};
 pub use gpt::{Gelu, Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
@@ -85,7 +87,8 @@ pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
 pub use pipeline_model::{Batch, PipelineModel};
 pub use rng::StageRng;
 pub use schedule::{
-    Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, one_f_one_b, run_one_f_one_b,
+    Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, StepLosses, one_f_one_b,
+    run_one_f_one_b,
 };
 pub use stage::{
     LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, Upstream, WireOutput,

@@ -97,11 +97,12 @@ impl<M: PipelineModel> Pipeline<M> {
         let weight = 1.0 / m as f32;
         let mut data = MicroBatches {
             count: m,
+            evaluate: 0,
             batch: |i: usize| Ok(micro_batches[i].clone()),
             weight: |_| weight,
         };
         let mut drivers: Vec<OneFOneB> = (0..p)
-            .map(|stage| OneFOneB::new(StagePosition { stage, stages: p }, m))
+            .map(|stage| OneFOneB::new(StagePosition { stage, stages: p }, m, 0))
             .collect();
         let mut mailbox = Mailbox::default();
         while drivers.iter().any(|d| !d.done()) {
@@ -144,15 +145,13 @@ impl<M: PipelineModel> Pipeline<M> {
         Ok(loss)
     }
 
-    /// The loss of `batch` without training (no gradient is kept).
-    pub fn evaluate(&mut self, batch: &Batch) -> Result<f32> {
+    /// The loss of `batch` without training (no gradient is kept, no random stream moves).
+    pub fn evaluate(&self, batch: &Batch) -> Result<f32> {
         let p = self.stages.len();
         let mut act = batch.inputs.clone();
-        for (s, stage) in self.stages.iter_mut().enumerate() {
+        for (s, stage) in self.stages.iter().enumerate() {
             let targets = (s + 1 == p).then_some(&batch.targets);
-            let out = stage.forward(u64::MAX, act.clone(), targets);
-            stage.abort_micro_batch(u64::MAX);
-            match out? {
+            match stage.evaluate(act.clone(), targets)? {
                 StageOutput::Activation(a) => act = a,
                 StageOutput::Loss(l) => return Ok(l),
             }

@@ -20,6 +20,9 @@ pub enum Op {
     Forward(usize),
     /// Backward of micro-batch `.0`.
     Backward(usize),
+    /// Forward of held-out micro-batch `.0` (numbered after the step's training micro-batches)
+    /// for the validation loss: nothing kept for a backward.
+    Evaluate(usize),
 }
 
 /// The 1F1B order of stage `stage` of `stages` with `micro_batches` micro-batches: `stages -
@@ -101,10 +104,14 @@ pub trait Collective {
 
 /// What one step of a stage trains on: micro-batch `i` is `batch(i)` (asked for only by the
 /// first stage, for inputs, and the last, for targets), its loss and gradient scaled by
-/// `weight(i)`.
+/// `weight(i)`. After the `count` training micro-batches come `evaluate` held-out ones
+/// (`batch(count..count + evaluate)`), run forward only after the step's last backward; their
+/// weighted losses sum to the validation loss.
 pub struct MicroBatches<B, W> {
     /// Micro-batches in the step.
     pub count: usize,
+    /// Held-out micro-batches evaluated after them.
+    pub evaluate: usize,
     /// Micro-batch `i`.
     pub batch: B,
     /// The scale of micro-batch `i`'s loss and gradient.
@@ -119,16 +126,21 @@ pub struct OneFOneB {
     ops: Vec<Op>,
     next: usize,
     loss: f64,
+    validation_loss: f64,
 }
 
 impl OneFOneB {
-    /// The driver of a step of `micro_batches` micro-batches at `position`.
-    pub fn new(position: StagePosition, micro_batches: usize) -> Self {
+    /// The driver of a step of `micro_batches` micro-batches at `position`, followed by
+    /// `evaluate` held-out ones.
+    pub fn new(position: StagePosition, micro_batches: usize, evaluate: usize) -> Self {
+        let mut ops = one_f_one_b(position.stages, position.stage, micro_batches);
+        ops.extend((micro_batches..micro_batches + evaluate).map(Op::Evaluate));
         Self {
             position,
-            ops: one_f_one_b(position.stages, position.stage, micro_batches),
+            ops,
             next: 0,
             loss: 0.0,
+            validation_loss: 0.0,
         }
     }
 
@@ -140,6 +152,11 @@ impl OneFOneB {
     /// The weighted loss sum at the last stage (0 elsewhere).
     pub fn loss(&self) -> f64 {
         self.loss
+    }
+
+    /// The weighted loss sum of the held-out micro-batches at the last stage (0 elsewhere).
+    pub fn validation_loss(&self) -> f64 {
+        self.validation_loss
     }
 
     /// Runs operations in order until the step is done or one waits on a neighbour; returns
@@ -160,29 +177,44 @@ impl OneFOneB {
         let start = self.next;
         while let Some(&op) = self.ops.get(self.next) {
             match op {
-                Op::Forward(i) => {
+                Op::Forward(i) | Op::Evaluate(i) => {
+                    // A held-out micro-batch runs forward like a training one, keeping
+                    // nothing for a backward; its loss sums apart.
+                    let training = matches!(op, Op::Forward(_));
+                    let started;
                     let out = if first {
                         let b = (data.batch)(i)?;
-                        let started = Instant::now();
-                        let out = stage.forward(i as u64, b.inputs, last.then_some(&b.targets))?;
-                        let out = stage.encode_output(out)?;
-                        neighbours.computed(op, started.elapsed())?;
-                        out
+                        let targets = last.then_some(&b.targets);
+                        started = Instant::now();
+                        let out = if training {
+                            stage.forward(i as u64, b.inputs, targets)?
+                        } else {
+                            stage.evaluate(b.inputs, targets)?
+                        };
+                        stage.encode_output(out)?
                     } else {
                         let Some(bytes) = neighbours.recv_activation(i)? else {
                             break;
                         };
                         let b = if last { Some((data.batch)(i)?) } else { None };
-                        let started = Instant::now();
-                        let out =
-                            stage.forward_wire(i as u64, &bytes, b.as_ref().map(|b| &b.targets))?;
-                        neighbours.computed(op, started.elapsed())?;
-                        out
+                        let targets = b.as_ref().map(|b| &b.targets);
+                        started = Instant::now();
+                        if training {
+                            stage.forward_wire(i as u64, &bytes, targets)?
+                        } else {
+                            stage.evaluate_wire(&bytes, targets)?
+                        }
                     };
+                    neighbours.computed(op, started.elapsed())?;
                     match out {
                         WireOutput::Activation(bytes) => neighbours.send_activation(i, bytes)?,
                         WireOutput::Loss(l) => {
-                            self.loss += f64::from(l) * f64::from((data.weight)(i));
+                            let sum = if training {
+                                &mut self.loss
+                            } else {
+                                &mut self.validation_loss
+                            };
+                            *sum += f64::from(l) * f64::from((data.weight)(i));
                         }
                     }
                 }
@@ -212,21 +244,30 @@ impl OneFOneB {
     }
 }
 
+/// The weighted loss sums of a step at its last stage (0 elsewhere).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepLosses {
+    /// Of the training micro-batches.
+    pub train: f64,
+    /// Of the held-out micro-batches (0 when there were none).
+    pub validation: f64,
+}
+
 /// Runs a whole step of one stage with neighbours that wait (a node's links): every operation
-/// of [`one_f_one_b`] in order. Returns the weighted loss sum at the last stage, 0 elsewhere.
+/// of [`one_f_one_b`] in order, then the held-out forwards.
 pub fn run_one_f_one_b<M, N, B, W>(
     stage: &mut Stage<M>,
     neighbours: &mut N,
     position: StagePosition,
     data: &mut MicroBatches<B, W>,
-) -> Result<f64, N::Error>
+) -> Result<StepLosses, N::Error>
 where
     M: PipelineModel,
     N: Neighbours,
     B: FnMut(usize) -> Result<Batch, N::Error>,
     W: Fn(usize) -> f32,
 {
-    let mut driver = OneFOneB::new(position, data.count);
+    let mut driver = OneFOneB::new(position, data.count, data.evaluate);
     while !driver.done() {
         if !driver.advance(stage, neighbours, data)? {
             return Err(ModelError::InvalidConfig(
@@ -235,7 +276,10 @@ where
             .into());
         }
     }
-    Ok(driver.loss())
+    Ok(StepLosses {
+        train: driver.loss(),
+        validation: driver.validation_loss(),
+    })
 }
 
 #[cfg(test)]
@@ -255,6 +299,7 @@ mod tests {
                         match op {
                             Op::Forward(_) => in_flight += 1,
                             Op::Backward(_) => in_flight -= 1,
+                            Op::Evaluate(_) => unreachable!("1F1B has no evaluation"),
                         }
                         peak = peak.max(in_flight);
                     }
@@ -313,18 +358,43 @@ mod tests {
         let mut stage = Stage::new(model, 0..4, 0, &device, StageConfig::default()).unwrap();
         let task = SyntheticTask::new(1, config.vocab_size, config.seq_len, 64, 0.0).unwrap();
         let sampler = Sampler::new(1, task.len()).unwrap();
+        let batch = |i: usize| token_batch(&task, &sampler, 2 * i as u64, 2, &device);
         let mut data = MicroBatches {
             count: 3,
-            batch: |i: usize| token_batch(&task, &sampler, 2 * i as u64, 2, &device),
-            weight: |_| 1.0 / 3.0,
+            evaluate: 2,
+            batch,
+            weight: |i| if i < 3 { 1.0 / 3.0 } else { 0.5 },
         };
         let mut neighbours = Recording::default();
         let position = StagePosition {
             stage: 0,
             stages: 1,
         };
-        let loss = run_one_f_one_b(&mut stage, &mut neighbours, position, &mut data).unwrap();
-        assert!(loss > 0.0);
-        assert_eq!(neighbours.0, one_f_one_b(1, 0, 3));
+        let before = stage.param_values(1).unwrap();
+        let losses = run_one_f_one_b(&mut stage, &mut neighbours, position, &mut data).unwrap();
+        assert!(losses.train > 0.0);
+        let mut ops = one_f_one_b(1, 0, 3);
+        ops.extend([Op::Evaluate(3), Op::Evaluate(4)]);
+        assert_eq!(neighbours.0, ops);
+        // The held-out micro-batches were evaluated, not trained: nothing in flight, three
+        // micro-batches of gradients, and their loss is what evaluating them says.
+        assert_eq!(stage.in_flight(), 0);
+        assert_eq!(stage.accumulated_micro_batches(), 3);
+        assert_eq!(stage.param_values(1).unwrap(), before);
+        let held_out: f64 = (3..5)
+            .map(|i| {
+                let b = batch(i).unwrap();
+                match stage.evaluate(b.inputs, Some(&b.targets)).unwrap() {
+                    crate::StageOutput::Loss(l) => 0.5 * f64::from(l),
+                    crate::StageOutput::Activation(_) => {
+                        panic!("a one-stage pipeline ends in a loss")
+                    }
+                }
+            })
+            .sum();
+        assert!(
+            (losses.validation - held_out).abs() < 1e-6,
+            "{losses:?} vs {held_out}"
+        );
     }
 }

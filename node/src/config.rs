@@ -243,6 +243,13 @@ pub struct TrainConfig {
     /// writes and OpenAI's GPT-2 is published) the model starts from instead of the seeded
     /// initialisation: a fine-tune. Every node needs the same file.
     pub init: Option<String>,
+    /// Share of the data's examples (its last ones) held out for the validation loss, never
+    /// trained (0: no validation).
+    pub val_fraction: f64,
+    /// Steps between validation losses (step 0 has one too).
+    pub val_every: u64,
+    /// Held-out samples each validation loss is the mean over (the same ones every time).
+    pub val_samples: u32,
     /// Seed of the weights, the data order and the synthetic task.
     pub seed: u64,
     /// Samples per training step over the whole cluster.
@@ -341,6 +348,9 @@ impl Default for TrainConfig {
             d_ff: None,
             seq_len: None,
             init: None,
+            val_fraction: 0.0,
+            val_every: 10,
+            val_samples: 16,
             seed: 1,
             global_batch: 16,
             micro_batch: 2,
@@ -458,6 +468,15 @@ impl NodeConfig {
                 u32::MAX
             )));
         }
+        if !(0.0..1.0).contains(&t.val_fraction)
+            || t.val_fraction > 0.0 && (t.val_every == 0 || t.val_samples == 0)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "train: val_fraction {} must be in [0, 1), and with validation val_every and \
+                 val_samples > 0",
+                t.val_fraction
+            )));
+        }
         parcae_model::Gpt::new(self.model())
             .map_err(|e| ConfigError::Invalid(format!("train: the model's sizes: {e}")))?;
         if !(positive(t.peak_lr) && positive(t.peer_timeout_secs)) {
@@ -518,6 +537,16 @@ impl NodeConfig {
             gpt.n_blocks = e.blocks();
         }
         gpt
+    }
+
+    /// The validation split `[train]` asks for, if any.
+    pub fn validation(&self) -> Option<crate::train::ValidationConfig> {
+        let t = &self.train;
+        (t.val_fraction > 0.0).then_some(crate::train::ValidationConfig {
+            fraction: t.val_fraction,
+            every: t.val_every,
+            samples: t.val_samples,
+        })
     }
 
     /// Time a pipeline neighbour or ring peer may take: `train.peer_timeout_secs`, stretched

@@ -154,6 +154,9 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     };
     let launcher = |gpt: GptConfig, data: Arc<dyn Dataset>| -> anyhow::Result<TrainerLauncher> {
         let mut trainer = Trainer::with_shared_dataset(Gpt::new(gpt.clone())?, data);
+        if let Some(validation) = config.validation() {
+            trainer = trainer.validation(validation);
+        }
         if let Some(init) = &t.init {
             let weights = Gpt2Safetensors::open(std::path::Path::new(init), &gpt)
                 .with_context(|| format!("train.init {init}"))?;

@@ -21,7 +21,7 @@ use parcae_model::{Dataset, OptimizerConfig, PipelineModel, WeightSource, defaul
 
 use crate::emulate::Emulation;
 use crate::runtime::{NodeError, RunOptions};
-use crate::train::{TrainJob, TrainerLauncher};
+use crate::train::{TrainJob, TrainerLauncher, ValidationConfig};
 
 /// A user's model and data, trained by a node of the cluster.
 pub struct Trainer<M: PipelineModel> {
@@ -50,6 +50,7 @@ impl<M: PipelineModel> Trainer<M> {
                 device: default_device(),
                 emulation: None,
                 initial_weights: None,
+                validation: None,
             },
         }
     }
@@ -104,6 +105,13 @@ impl<M: PipelineModel> Trainer<M> {
     /// [`parcae_model::Gpt2Safetensors`]). Every node must be given the same weights.
     pub fn initial_weights(mut self, weights: Arc<dyn WeightSource>) -> Self {
         self.job.initial_weights = Some(weights);
+        self
+    }
+
+    /// Holds out a validation split and measures its loss every so many steps (see
+    /// [`ValidationConfig`]); shown in `/status`, `/steps` and the testnet's reports.
+    pub fn validation(mut self, validation: ValidationConfig) -> Self {
+        self.job.validation = Some(validation);
         self
     }
 

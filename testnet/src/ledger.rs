@@ -234,6 +234,7 @@ mod tests {
             sample_start: start,
             samples,
             loss,
+            validation_loss: None,
         }
     }
 

@@ -110,6 +110,10 @@ pub fn render(s: &NodeSettings, dialect: Dialect, aws_base_url: Option<&str>) ->
     out
 }
 
+/// The validation split of a testnet run: 1 % of the examples held out, 16 of them evaluated
+/// every 10 steps.
+const VALIDATION_KEYS: &str = "val_fraction = 0.01\nval_every = 10\nval_samples = 16\n";
+
 /// The keys of the trainer: `[planner] strategy` (continuing the `[planner]` table that
 /// [`render`] opened), the `[train]` table, and `[device]` when emulated.
 fn training_keys(s: &NodeSettings) -> String {
@@ -128,6 +132,12 @@ fn training_keys(s: &NodeSettings) -> String {
         seed = s.seed,
         max_steps = s.max_steps,
     );
+    match &s.emulate {
+        // An emulated run is measured against the simulator, which knows nothing of
+        // evaluation: its nodes spend no time on it.
+        Some(_) => {}
+        None => out.push_str(VALIDATION_KEYS),
+    }
     if let Some(e) = &s.emulate {
         out.push_str(&format!(
             "global_batch = {}\nmicro_batch = {}\n\

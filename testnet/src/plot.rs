@@ -212,11 +212,22 @@ pub fn testnet_run(
         .filter(|r| r.loss.is_finite())
         .map(|r| (r.step as f64, r.loss))
         .collect();
+    let validation: Vec<(f64, f64)> = obs
+        .final_seq
+        .iter()
+        .filter_map(|r| Some((r.step as f64, r.validation_loss?)))
+        .collect();
     let step_max = losses.last().map_or(1.0, |p| p.0).max(1.0);
-    let l_max = losses.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1;
+    let l_max = losses
+        .iter()
+        .chain(&validation)
+        .map(|p| p.1)
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.1;
     let mut chart = panel(
         &panels[3],
-        "loss of the committed steps (grey) and its moving average",
+        "loss of the committed steps (grey), its moving average, validation loss (blue)",
         50,
         0.0..step_max,
         0.0..l_max,
@@ -239,6 +250,15 @@ pub fn testnet_run(
             moving_average(&losses, (losses.len() / 50).max(1)),
             BLACK.stroke_width(2),
         ))
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            validation.iter().copied(),
+            BLUE.stroke_width(2),
+        ))
+        .map_err(err)?;
+    chart
+        .draw_series(validation.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
         .map_err(err)?;
     let step_marks: Vec<f64> = obs
         .monitor

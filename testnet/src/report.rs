@@ -32,6 +32,10 @@ pub struct RunReport {
     pub loss_first: Option<f64>,
     /// Loss of the last committed step (null without steps).
     pub loss_last: Option<f64>,
+    /// Loss on the held-out samples at the first step that evaluated them (null without).
+    pub val_loss_first: Option<f64>,
+    /// Loss on the held-out samples at the last step that evaluated them (null without).
+    pub val_loss_last: Option<f64>,
     /// Reconfigurations by kind.
     pub migrations: MigrationCounts,
     /// Seconds spent in reconfigurations (per epoch the slowest node).
@@ -181,6 +185,8 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         samples: seq.iter().map(|r| r.samples).sum(),
         loss_first: seq.first().map(|r| r.loss).filter(|l| l.is_finite()),
         loss_last: seq.last().map(|r| r.loss).filter(|l| l.is_finite()),
+        val_loss_first: seq.iter().find_map(|r| r.validation_loss),
+        val_loss_last: seq.iter().rev().find_map(|r| r.validation_loss),
         migrations: obs.monitor.migrations.counts(),
         migration_secs: obs.monitor.migrations.total_secs(),
         reconfigurations: obs
@@ -231,6 +237,8 @@ pub fn print_table(runs: &[(&RunReport, u64)]) {
         ("samples", col(runs, |r| r.samples.to_string())),
         ("loss first", col(runs, |r| opt(r.loss_first))),
         ("loss last", col(runs, |r| opt(r.loss_last))),
+        ("val loss first", col(runs, |r| opt(r.val_loss_first))),
+        ("val loss last", col(runs, |r| opt(r.val_loss_last))),
         (
             "migrations i/e/r/R",
             col(runs, |r| {
@@ -366,6 +374,10 @@ pub fn summary(r: &RunReport) -> String {
         ),
         _ => "no committed step".to_string(),
     };
+    let loss = match (r.val_loss_first, r.val_loss_last) {
+        (Some(a), Some(b)) => format!("{loss} (validation {a:.3} -> {b:.3})"),
+        _ => loss,
+    };
     let m = &r.migrations;
     let total = m.intra + m.inter + m.repartition + m.restart;
     let safety = if r.lost_committed_steps == 0 && r.duplicate_samples == 0 {
@@ -457,6 +469,7 @@ mod tests {
             sample_start: start,
             samples: 8,
             loss,
+            validation_loss: (step != 2).then_some(loss + 0.5),
         };
         let mut monitor = Monitor::default();
         monitor.steps.observe(&[step(1, 0, 4.0), step(2, 8, 3.0)]);
@@ -490,6 +503,7 @@ mod tests {
         assert_eq!(r.duplicate_samples, 4);
         assert_eq!(r.loss_first, Some(4.0));
         assert_eq!(r.loss_last, Some(2.5));
+        assert_eq!((r.val_loss_first, r.val_loss_last), (Some(4.5), Some(3.0)));
         assert_eq!(r.migrations.inter, 1);
         assert_eq!(r.migration_secs, 0.5);
         assert_eq!(
@@ -525,6 +539,8 @@ mod tests {
                 "simulated_samples",
                 "strategy",
                 "trace",
+                "val_loss_first",
+                "val_loss_last",
                 "vs_simulated",
                 "wall_secs"
             ]
@@ -552,6 +568,8 @@ mod tests {
             committed_steps: 0,
             loss_first: None,
             loss_last: None,
+            val_loss_first: None,
+            val_loss_last: None,
             lost_committed_steps: 2,
             ..clean
         };
@@ -562,7 +580,8 @@ mod tests {
         );
         assert_eq!(
             summary(&r),
-            "liveput: loss 4.000 -> 2.500 over 3 committed steps; 1 reconfigurations \
+            "liveput: loss 4.000 -> 2.500 over 3 committed steps (validation 4.500 -> 3.000); \
+             1 reconfigurations \
              (0 intra, 1 inter, 0 repartition, 0 restart) taking 0.5 s; 0 committed steps \
              LOST, 4 samples trained twice"
         );
@@ -590,6 +609,8 @@ mod tests {
             samples: 16,
             loss_first: Some(2.0),
             loss_last: Some(1.0),
+            val_loss_first: None,
+            val_loss_last: None,
             migrations: MigrationCounts::default(),
             migration_secs: 0.0,
             lost_committed_steps: 0,

@@ -13,7 +13,7 @@
 //! machine.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -142,6 +142,25 @@ pub fn python_with_numpy() -> PathBuf {
             python
         })
         .clone()
+}
+
+/// Checkpoint files `(steps, layers, path)` under a node's data directory.
+pub fn checkpoint_files(data_dir: &Path) -> Vec<(u64, std::ops::Range<usize>, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("checkpoints")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let rest = name
+                .strip_prefix("ckpt-")?
+                .strip_suffix(".state")?
+                .to_string();
+            let v: Vec<usize> = rest.split('-').filter_map(|x| x.parse().ok()).collect();
+            (v.len() == 3).then(|| (v[0] as u64, v[1]..v[2], e.path()))
+        })
+        .collect()
 }
 
 /// A free TCP port on 127.0.0.1 for a node process to bind (below the ephemeral range, so

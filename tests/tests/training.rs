@@ -10,7 +10,9 @@ use parcae_model::{
     Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, Sampler, Stage, StageConfig, SyntheticTask,
     data_parallel_step, token_batch,
 };
-use parcae_tests::{LocalCluster, TRAIN_BASE_CONFIG, rss_kib, serial, start_cluster, wait_for};
+use parcae_tests::{
+    LocalCluster, TRAIN_BASE_CONFIG, checkpoint_files, rss_kib, serial, start_cluster, wait_for,
+};
 
 const SEED: u64 = 3;
 const BATCH: u64 = 16;
@@ -37,25 +39,6 @@ fn optimizer() -> OptimizerConfig {
 /// The committed steps as a node applied them.
 fn steps(c: &LocalCluster, i: usize) -> Vec<StepRecord> {
     c.nodes[i].steps().unwrap_or_default()
-}
-
-/// Checkpoint files `(steps, layers, path)` under a node's data directory.
-fn checkpoints(dir: &Path) -> Vec<(u64, std::ops::Range<usize>, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(dir.join("checkpoints")) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let rest = name
-                .strip_prefix("ckpt-")?
-                .strip_suffix(".state")?
-                .to_string();
-            let v: Vec<usize> = rest.split('-').filter_map(|x| x.parse().ok()).collect();
-            (v.len() == 3).then(|| (v[0] as u64, v[1]..v[2], e.path()))
-        })
-        .collect()
 }
 
 /// The samples of pipeline `d` of `pipelines` in the step starting at `start`, as micro-batches.
@@ -113,7 +96,7 @@ fn two_by_two_across_processes_matches_one_process() {
         let mut f: Vec<_> = c
             .nodes
             .iter()
-            .flat_map(|n| checkpoints(&n.data_dir))
+            .flat_map(|n| checkpoint_files(&n.data_dir))
             .filter(|(s, _, _)| *s == steps_total)
             .collect();
         f.sort_by_key(|(_, r, _)| r.start);
@@ -641,13 +624,32 @@ fn text_through_a_trained_tokenizer_becomes_a_token_file_the_cluster_trains_on()
         .collect();
     assert_eq!(std::fs::read(&out).expect("token file"), expected);
 
+    // GPT-2 124M's structure at width 64, with a tenth of the file held out.
     let config = train_config(
         "pin = [1, 2]",
         &format!(
-            "data = {:?}\ntokens = \"u16\"\nvocab_size = {vocab}",
+            "data = {:?}\ntokens = \"u16\"\nvocab_size = {vocab}\nmodel = \"gpt2-124m\"\n\
+             d_model = 64\nn_heads = 4\nd_ff = 256\nseq_len = 32\nval_fraction = 0.1\n\
+             val_every = 4\nval_samples = 16",
             out.display().to_string()
         ),
     );
     let c = training_cluster(&config, 2, 12);
     assert_loss_fell(&c);
+    let validation: Vec<(u64, f64)> = steps(&c, 0)
+        .iter()
+        .filter_map(|r| Some((r.step, r.validation_loss?)))
+        .collect();
+    assert_eq!(
+        validation.iter().map(|v| v.0).take(4).collect::<Vec<_>>(),
+        [0, 4, 8, 12],
+        "steps 0, 4, 8, 12 evaluate and no other"
+    );
+    let (first, last) = (validation[0].1, validation[validation.len() - 1].1);
+    assert!(
+        last < first,
+        "validation loss did not fall: {first} -> {last}"
+    );
+    let status = c.nodes[0].status().expect("status");
+    assert!(status.validation_loss.is_some() && status.validation_step.is_some());
 }

@@ -16,7 +16,8 @@ use parcae_model::{
 };
 use parcae_node::config::NodeConfig;
 use parcae_tests::{
-    TRAIN_BASE_CONFIG, node_binary, python_with_numpy, serial, start_cluster, wait_for,
+    TRAIN_BASE_CONFIG, checkpoint_files, node_binary, python_with_numpy, serial, start_cluster,
+    wait_for,
 };
 
 /// GPT-2 124M's structure (12 blocks, tanh GELU, learned positions) at width 64 with a
@@ -169,25 +170,6 @@ fn optimizer() -> OptimizerConfig {
     }
 }
 
-/// Checkpoint files of step `step` under a node's data directory, as layer ranges.
-fn checkpoint_ranges(data_dir: &Path, step: u64) -> Vec<std::ops::Range<usize>> {
-    let Ok(entries) = std::fs::read_dir(data_dir.join("checkpoints")) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let rest = name
-                .strip_prefix("ckpt-")?
-                .strip_suffix(".state")?
-                .to_string();
-            let v: Vec<usize> = rest.split('-').filter_map(|x| x.parse().ok()).collect();
-            (v.len() == 3 && v[0] as u64 == step).then(|| v[1]..v[2])
-        })
-        .collect()
-}
-
 #[test]
 fn a_cluster_started_from_exported_weights_fine_tunes_exactly_as_one_process() {
     let _serial = serial();
@@ -209,7 +191,9 @@ fn a_cluster_started_from_exported_weights_fine_tunes_exactly_as_one_process() {
         let mut r: Vec<_> = c
             .nodes
             .iter()
-            .flat_map(|n| checkpoint_ranges(&n.data_dir, STEPS))
+            .flat_map(|n| checkpoint_files(&n.data_dir))
+            .filter(|(step, _, _)| *step == STEPS)
+            .map(|(_, layers, _)| layers)
             .collect();
         r.sort_by_key(|r| r.start);
         r.dedup();

@@ -29,6 +29,7 @@ pub(super) fn apply(
             sample_start,
             samples,
             loss,
+            validation_loss,
             stage_digests,
             optimizer,
         } => step_committed(
@@ -39,6 +40,7 @@ pub(super) fn apply(
                 sample_start: *sample_start,
                 samples: *samples,
                 loss: *loss,
+                validation_loss: *validation_loss,
                 stage_digests,
                 optimizer: *optimizer,
             },
@@ -313,6 +315,7 @@ struct StepReport<'a> {
     sample_start: u64,
     samples: u64,
     loss: f64,
+    validation_loss: Option<f64>,
     stage_digests: &'a [Digest32],
     optimizer: OptimizerScalars,
 }
@@ -352,6 +355,9 @@ fn step_committed(
     if !r.loss.is_finite() {
         return Err(invalid("loss", r.loss.to_string()));
     }
+    if let Some(v) = r.validation_loss.filter(|v| !v.is_finite()) {
+        return Err(invalid("validation_loss", v.to_string()));
+    }
     if !r.stage_digests.is_empty() && r.stage_digests.len() != plan.pipeline_stages as usize {
         return Err(invalid(
             "stage_digests",
@@ -377,6 +383,9 @@ fn step_committed(
         step: r.step,
         loss: r.loss,
     });
+    if let Some(loss) = r.validation_loss {
+        progress.last_validation = Some(LossRecord { step: r.step, loss });
+    }
     let mut events = vec![StateEvent::StepCommitted { step: r.step }];
     events.extend(activate_due_plan(state));
     Ok(events)

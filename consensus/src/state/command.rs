@@ -66,6 +66,9 @@ pub enum Command {
         samples: u64,
         /// Mean loss, finite.
         loss: f64,
+        /// Loss on the held-out validation samples, evaluated after the step's training
+        /// (before its update) on the steps the job evaluates; finite.
+        validation_loss: Option<f64>,
         /// Digest of each stage's state the step started from (length P), or none: hashing a
         /// stage's whole state is as dear as checkpointing it, so the trainer audits the steps
         /// that start from a checkpoint, whose digests it already has. Replicas apply the

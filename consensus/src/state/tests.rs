@@ -61,6 +61,7 @@ fn step(step: u64, epoch: u64, sample_start: u64, p: usize) -> Command {
         sample_start,
         samples: 8,
         loss: 2.5,
+        validation_loss: None,
         stage_digests: vec![[7; 32]; p],
         optimizer: OptimizerScalars {
             step_count: step + 1,
@@ -284,10 +285,32 @@ fn plans_activate_at_their_step_and_steps_advance_the_cursor() {
         rejected(&mut s, &step(3, 1, 24, 2)),
         Rejection::StaleEpoch { current: 2, got: 1 }
     );
-    s.apply(&step(3, 2, 24, 2)).unwrap();
+    let with_validation = |v: f64| {
+        let mut c = step(3, 2, 24, 2);
+        if let Command::StepCommitted {
+            validation_loss, ..
+        } = &mut c
+        {
+            *validation_loss = Some(v);
+        }
+        c
+    };
+    assert!(matches!(
+        rejected(&mut s, &with_validation(f64::NAN)),
+        Rejection::Invalid { .. }
+    ));
+    assert_eq!(s.progress.last_validation, None);
+    s.apply(&with_validation(1.75)).unwrap();
     assert_eq!(s.progress.sample_cursor, 32);
     assert_eq!(s.progress.optimizer.step_count, 4);
     assert_eq!(s.progress.recent_losses.len(), 4);
+    assert_eq!(
+        s.progress.last_validation,
+        Some(LossRecord {
+            step: 3,
+            loss: 1.75
+        })
+    );
     assert_eq!(
         rejected(
             &mut s,

@@ -185,6 +185,8 @@ pub struct Progress {
     pub stage_digests: Vec<Digest32>,
     /// The most recent committed step that carried digests.
     pub audited_step: Option<u64>,
+    /// The validation loss of the most recent step that evaluated one.
+    pub last_validation: Option<LossRecord>,
 }
 
 impl Progress {

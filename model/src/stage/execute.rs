@@ -127,6 +127,24 @@ impl<M: PipelineModel> Stage<M> {
         Ok(x)
     }
 
+    /// [`Stage::infer`] of a held-out micro-batch, with its loss at the last stage (where
+    /// `targets` are required): validation, which trains nothing and changes nothing.
+    pub fn evaluate(&self, input: Activation, targets: Option<&Activation>) -> Result<StageOutput> {
+        let out = self.infer(input)?;
+        if !self.is_last() {
+            return Ok(StageOutput::Activation(out.detached()));
+        }
+        let targets = targets
+            .ok_or(ModelError::MissingTargets)?
+            .clone()
+            .into_device(&self.device);
+        let loss = self.model.loss(out, &targets)?.into_scalar::<f32>();
+        if !loss.is_finite() {
+            return Err(ModelError::NotFinite("validation loss"));
+        }
+        Ok(StageOutput::Loss(loss))
+    }
+
     /// The random streams of each lane: the layers' own streams when there is one lane, else
     /// streams forked from them (so that the layers' streams advance the same way whatever the
     /// lanes do).

@@ -29,6 +29,13 @@ impl<M: PipelineModel> Stage<M> {
         self.encode_output(out)
     }
 
+    /// [`Stage::evaluate`] with the input as wire bytes (the previous stage's output).
+    pub fn evaluate_wire(&self, input: &[u8], targets: Option<&Activation>) -> Result<WireOutput> {
+        let input = Activation::from_wire(input, &self.config.wire_limits, &self.device)?;
+        let out = self.evaluate(input, targets)?;
+        self.encode_output(out)
+    }
+
     /// Encodes a forward result for the wire with the configured dtype.
     pub fn encode_output(&self, out: StageOutput) -> Result<WireOutput> {
         Ok(match out {

@@ -147,6 +147,7 @@ mod tests {
             sample_start: 0,
             samples: 8,
             loss: 1.0,
+            validation_loss: None,
             stage_digests: Vec::new(),
             optimizer: Default::default(),
         };

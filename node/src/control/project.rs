@@ -68,6 +68,8 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
             .map(|p| (p.data_parallel, p.pipeline_stages)),
         step: state.progress.last_committed_step.unwrap_or(0),
         loss: state.progress.recent_losses.back().map(|l| l.loss),
+        validation_loss: state.progress.last_validation.map(|v| v.loss),
+        validation_step: state.progress.last_validation.map(|v| v.step),
         samples: state.progress.sample_cursor,
         commit_index: raft.commit,
         applied_index: raft.applied,

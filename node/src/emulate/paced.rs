@@ -54,7 +54,7 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
 
     fn computed(&mut self, op: Op, real: Duration) -> Result<(), Self::Error> {
         let emulated = match op {
-            Op::Forward(_) => self.stage.forward,
+            Op::Forward(_) | Op::Evaluate(_) => self.stage.forward,
             Op::Backward(_) => self.stage.backward,
         };
         self.pacer.after(real, emulated);

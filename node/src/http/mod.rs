@@ -157,6 +157,7 @@ mod tests {
             sample_start: step * 16,
             samples: 16,
             loss: 1.5,
+            validation_loss: None,
         };
         json.steps.write().unwrap().extend((0..5).map(record));
         let body = |url| call(&json, Method::GET, url).1;

@@ -12,12 +12,13 @@ use libp2p::identity::Keypair;
 use parcae_consensus::state::LayerCost as ReportedCost;
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{
-    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, WeightSource, token_batch,
+    Dataset, OptimizerConfig, PipelineModel, Sampler, Stage, StageConfig, WeightSource,
+    split_validation, token_batch,
 };
 use tokio::sync::watch;
 
 use super::TrainError;
-use super::step::DataSource;
+use super::step::{DataSource, Validation};
 use super::worker::{Worker, WorkerSetup};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::server::{self, Endpoint};
@@ -85,6 +86,21 @@ pub struct TrainJob<M: PipelineModel> {
     pub emulation: Option<Emulation>,
     /// Where the weights start instead of the seeded initialisation (a fine-tune).
     pub initial_weights: Option<Arc<dyn WeightSource>>,
+    /// The held-out split and how often its loss is measured, if any.
+    pub validation: Option<ValidationConfig>,
+}
+
+/// A validation split: the last `fraction` of the dataset's examples, never trained; every
+/// `every` steps pipeline 0 evaluates its first `samples` (the same ones each time) after the
+/// step's training micro-batches, and the step's record carries their mean loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ValidationConfig {
+    /// Share of the examples held out, in (0, 1).
+    pub fraction: f64,
+    /// Steps between evaluations (step 0 evaluates too).
+    pub every: u64,
+    /// Samples evaluated each time.
+    pub samples: u32,
 }
 
 impl<M: PipelineModel> TrainJob<M> {
@@ -135,13 +151,32 @@ impl<M: PipelineModel> TrainJob<M> {
             ctx.peer_timeout,
         ));
         rt.spawn(server::serve(listener, endpoint.clone()));
-        let sampler = Sampler::new(self.seed, self.dataset.len())?;
+        let (dataset, validation) = match self.validation {
+            Some(v) => {
+                if v.every == 0 || v.samples == 0 {
+                    return Err(TrainError::Config(
+                        "validation needs every > 0 and samples > 0".into(),
+                    ));
+                }
+                let (train, held_out) = split_validation(self.dataset, v.fraction)?;
+                let validation = Validation {
+                    sampler: Sampler::new(self.seed, held_out.len())?,
+                    dataset: held_out,
+                    every: v.every,
+                    samples: v.samples,
+                };
+                (train, Some(validation))
+            }
+            None => (self.dataset, None),
+        };
+        let sampler = Sampler::new(self.seed, dataset.len())?;
         let setup = WorkerSetup {
             me: ctx.me,
             model: self.model,
             data: DataSource {
-                dataset: self.dataset,
+                dataset,
                 sampler,
+                validation,
             },
             seed: self.seed,
             initial_weights: self.initial_weights,

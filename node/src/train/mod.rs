@@ -21,7 +21,7 @@ pub mod neighbours;
 pub mod step;
 pub mod worker;
 
-pub use launch::{TrainJob, TrainerContext, TrainerLauncher};
+pub use launch::{TrainJob, TrainerContext, TrainerLauncher, ValidationConfig};
 
 use parcae_model::ModelError;
 

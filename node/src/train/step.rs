@@ -35,10 +35,34 @@ pub fn block_on_timeout<F: std::future::Future>(
 
 /// Where samples come from.
 pub struct DataSource {
-    /// The dataset.
+    /// The dataset (its training split when the job holds samples out).
     pub dataset: Arc<dyn Dataset>,
     /// Global sample index -> example.
     pub sampler: Sampler,
+    /// The held-out samples the validation loss is measured on, if the job has them.
+    pub validation: Option<Validation>,
+}
+
+/// Held-out samples and when pipeline 0 evaluates them.
+pub struct Validation {
+    /// The validation split: examples no step trains.
+    pub dataset: Arc<dyn Dataset>,
+    /// Its order; evaluations take its first `samples`, the same ones every time.
+    pub sampler: Sampler,
+    /// Steps that are multiples of this evaluate, after their training micro-batches.
+    pub every: u64,
+    /// Samples evaluated each time.
+    pub samples: u32,
+}
+
+impl Validation {
+    /// The held-out micro-batches of step `step` (none when it does not evaluate).
+    pub fn micro_batches(&self, step: u64, micro_batch: u32) -> Vec<Range<u64>> {
+        if self.every == 0 || !step.is_multiple_of(self.every) {
+            return Vec::new();
+        }
+        micro_batches(0..u64::from(self.samples), micro_batch)
+    }
 }
 
 /// What one step is: the plan's shape, this node's slot and the samples.
@@ -87,9 +111,19 @@ pub fn micro_batches(share: Range<u64>, size: u32) -> Vec<Range<u64>> {
 pub struct StepResult {
     /// Sum over stages of the squared gradient norms (after the all-reduce).
     pub global_sq_norm: f64,
-    /// At the last stage of pipeline 0: the mean loss and every stage's digest (none when some
-    /// stage had none), to commit.
-    pub report: Option<(f64, Vec<Digest32>)>,
+    /// At the last stage of pipeline 0: what to commit.
+    pub report: Option<StepReport>,
+}
+
+/// What the last stage of pipeline 0 reports of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The mean training loss over every pipeline.
+    pub loss: f64,
+    /// The loss on the held-out samples, on the steps that evaluate them.
+    pub validation_loss: Option<f64>,
+    /// Every stage's digest (none when some stage had none).
+    pub stage_digests: Vec<Digest32>,
 }
 
 /// What a step talks to: its links, the data, the runtime, the replicated state.
@@ -212,23 +246,39 @@ fn run_inner<M: PipelineModel>(
         )));
     }
     let mbs = micro_batches(share, spec.micro_batch);
+    let count = mbs.len();
+    // Pipeline 0 evaluates the held-out samples after its training micro-batches.
+    let held_out = match &data.validation {
+        Some(v) if spec.slot.pipeline == 0 => v.micro_batches(spec.step, spec.micro_batch),
+        _ => Vec::new(),
+    };
     let device = stage.device().clone();
     let mut batches = MicroBatches {
-        count: mbs.len(),
+        count,
+        evaluate: held_out.len(),
         batch: |i: usize| {
-            let r = &mbs[i];
+            let (source, sampler, r) = match (i.checked_sub(count), &data.validation) {
+                (Some(j), Some(v)) => (&v.dataset, &v.sampler, &held_out[j]),
+                _ => (&data.dataset, &data.sampler, &mbs[i]),
+            };
             Ok(token_batch(
-                data.dataset.as_ref(),
-                &data.sampler,
+                source.as_ref(),
+                sampler,
                 r.start,
                 (r.end - r.start) as usize,
                 &device,
             )?)
         },
-        weight: |i: usize| {
-            let r = &mbs[i];
-            ((r.end - r.start) as f64 * f64::from(spec.data_parallel)
-                / f64::from(spec.global_batch)) as f32
+        weight: |i: usize| match (i.checked_sub(count), &data.validation) {
+            (Some(j), Some(v)) => {
+                let r = &held_out[j];
+                ((r.end - r.start) as f64 / f64::from(v.samples)) as f32
+            }
+            _ => {
+                let r = &mbs[i];
+                ((r.end - r.start) as f64 * f64::from(spec.data_parallel)
+                    / f64::from(spec.global_batch)) as f32
+            }
         },
     };
     let links = &mut *io.links;
@@ -247,7 +297,7 @@ fn run_inner<M: PipelineModel>(
         )),
         None => None,
     };
-    let mut loss = match emulated {
+    let losses = match emulated {
         Some((pacer, costs)) => run_one_f_one_b(
             stage,
             &mut PacedNeighbours::new(&mut neighbours, costs, pacer),
@@ -256,6 +306,8 @@ fn run_inner<M: PipelineModel>(
         )?,
         None => run_one_f_one_b(stage, &mut neighbours, position, &mut batches)?,
     };
+    let mut loss = losses.train;
+    let validation_loss = (!held_out.is_empty()).then_some(losses.validation);
     if let Some(ring) = links.ring.as_mut() {
         let mut values: Vec<f32> = stage
             .export_grads()?
@@ -314,7 +366,11 @@ fn run_inner<M: PipelineModel>(
     }
     Ok(StepResult {
         global_sq_norm: total,
-        report: (last && spec.slot.pipeline == 0).then_some((loss, digests)),
+        report: (last && spec.slot.pipeline == 0).then_some(StepReport {
+            loss,
+            validation_loss,
+            stage_digests: digests,
+        }),
     })
 }
 
@@ -413,6 +469,7 @@ mod wire_tests {
         let data = DataSource {
             sampler: Sampler::new(1, task.len()).unwrap(),
             dataset: Arc::new(task),
+            validation: None,
         };
         let state = ControlState {
             plan: Some(parcae_consensus::state::Plan {

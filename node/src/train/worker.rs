@@ -396,20 +396,19 @@ impl<M: PipelineModel> Worker<M> {
         };
         let result = step::run(&mut io, &mut cur.stage, &spec)?;
         let ran = started.elapsed();
-        let report = result
-            .report
-            .map(|(loss, stage_digests)| Command::StepCommitted {
-                step: k,
-                epoch: plan.epoch,
-                sample_start: spec.sample_start,
-                samples: u64::from(spec.global_batch),
-                loss,
-                stage_digests,
-                optimizer: OptimizerScalars {
-                    step_count: k + 1,
-                    schedule_position: k + 1,
-                },
-            });
+        let report = result.report.map(|r| Command::StepCommitted {
+            step: k,
+            epoch: plan.epoch,
+            sample_start: spec.sample_start,
+            samples: u64::from(spec.global_batch),
+            loss: r.loss,
+            validation_loss: r.validation_loss,
+            stage_digests: r.stage_digests,
+            optimizer: OptimizerScalars {
+                step_count: k + 1,
+                schedule_position: k + 1,
+            },
+        });
         match self.await_commit(k, plan.epoch, report) {
             Outcome::Committed => {
                 let committed = started.elapsed();

@@ -220,6 +220,7 @@ impl ControlDriver {
                         sample_start,
                         samples,
                         loss,
+                        validation_loss,
                         ..
                     }),
                 ) => self.out.status.do_send(StepRecord {
@@ -228,6 +229,7 @@ impl ControlDriver {
                     sample_start: *sample_start,
                     samples: *samples,
                     loss: *loss,
+                    validation_loss: *validation_loss,
                 }),
                 (Err(rejection), _) => tracing::debug!(
                     index,
