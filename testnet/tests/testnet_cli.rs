@@ -304,7 +304,7 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     ] {
         assert!(v[key].is_u64(), "{key}: {v}");
     }
-    for key in ["loss_first", "loss_last"] {
+    for key in ["loss_first", "loss_last", "val_loss_first", "val_loss_last"] {
         assert!(v[key].is_f64() || v[key].is_null(), "{key}: {v}");
     }
     for kind in ["intra", "inter", "repartition", "restart"] {
@@ -350,7 +350,7 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     }
     assert_eq!(
         v.as_object().unwrap().len(),
-        18,
+        20,
         "exactly the issues' fields (no emulated device here): {v}"
     );
     assert_eq!(v["lost_committed_steps"], 0);
@@ -364,6 +364,8 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
         v["loss_last"].as_f64().unwrap() < v["loss_first"].as_f64().unwrap(),
         "{v}"
     );
+    // Step 0 evaluated the held-out samples (every 10th step does).
+    assert!(v["val_loss_first"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 #[test]

@@ -84,3 +84,17 @@ fn a_user_model_trains_across_two_processes() {
         "{slots:?}"
     );
 }
+
+/// The README's library example is `node/examples/token_mlp.rs` (from its first `use` on), the
+/// example the test above builds and runs.
+#[test]
+fn the_readme_s_library_example_is_the_example_ci_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let example = std::fs::read_to_string(root.join("node/examples/token_mlp.rs")).unwrap();
+    let code = &example[example.find("use anyhow").expect("the example's first use")..];
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("```rust\n{code}```\n")),
+        "README.md's \"Your own Burn model\" block differs from node/examples/token_mlp.rs"
+    );
+}
