@@ -176,6 +176,8 @@ pub enum TrainingPhase {
     Spare,
     /// The job's step limit was reached.
     Finished,
+    /// This node's job is not the cluster's: it does not train (see `error`).
+    Refused,
 }
 
 /// The planner's throughput estimate of a configuration, from the measured cost model.
@@ -204,6 +206,8 @@ pub struct TrainingView {
     pub estimates: Vec<EstimateView>,
     /// The emulated accelerator this node trains on, if any.
     pub emulated: Option<EmulatedView>,
+    /// Why this node does not train, when it refuses to.
+    pub error: Option<String>,
 }
 
 /// An emulated accelerator's pacing: what it emulates, and the work that outlasted its
@@ -246,6 +250,8 @@ pub struct StatusSnapshot {
     pub step: u64,
     /// Loss of the last committed step.
     pub loss: Option<f64>,
+    /// The job the cluster trains (setting name -> value), once defined.
+    pub job: Option<std::collections::BTreeMap<String, String>>,
     /// Loss on the held-out validation samples at the most recent step that evaluated them.
     pub validation_loss: Option<f64>,
     /// That step.

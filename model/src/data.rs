@@ -13,6 +13,7 @@ use std::sync::Arc;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
 
 use crate::activation::Activation;
 use crate::error::{ModelError, Result};
@@ -36,6 +37,22 @@ pub trait Dataset: Send + Sync {
 
     /// Example `index` (< `len()`): `seq_len + 1` token ids.
     fn example(&self, index: u64) -> Result<Vec<u32>>;
+
+    /// SHA-256 of the dataset's content: its identity in the cluster's replicated job, so that
+    /// every node trains the same data. The default hashes every example; a dataset with a
+    /// cheaper identity of the same content (a file's bytes, a generator's parameters) says so.
+    fn fingerprint(&self) -> Result<[u8; 32]> {
+        let mut h = Sha256::new();
+        for v in [self.len(), self.seq_len() as u64, self.vocab_size() as u64] {
+            h.update(v.to_le_bytes());
+        }
+        for i in 0..self.len() {
+            for token in self.example(i)? {
+                h.update(token.to_le_bytes());
+            }
+        }
+        Ok(h.finalize().into())
+    }
 }
 
 /// Maps global sample indices to dataset indices: epoch `e` visits a seeded permutation.
@@ -170,6 +187,22 @@ impl Dataset for SyntheticTask {
         }
         Ok(out)
     }
+
+    /// The generator's parameters: its examples are a function of them.
+    fn fingerprint(&self) -> Result<[u8; 32]> {
+        let mut h = Sha256::new();
+        h.update(b"parcae synthetic task v1");
+        for v in [
+            self.seed,
+            self.len,
+            self.seq_len as u64,
+            self.successor.len() as u64,
+        ] {
+            h.update(v.to_le_bytes());
+        }
+        h.update(self.noise.to_le_bytes());
+        Ok(h.finalize().into())
+    }
 }
 
 /// Byte-level text: vocabulary 256, example `i` is the window of `seq_len + 1` bytes starting at
@@ -225,6 +258,14 @@ impl Dataset for ByteTextDataset {
             .iter()
             .map(|b| u32::from(*b))
             .collect())
+    }
+
+    fn fingerprint(&self) -> Result<[u8; 32]> {
+        let mut h = Sha256::new();
+        h.update(b"parcae byte text v1");
+        h.update((self.seq_len as u64).to_le_bytes());
+        h.update(&self.bytes);
+        Ok(h.finalize().into())
     }
 }
 
@@ -300,6 +341,14 @@ impl Dataset for Subset {
             });
         }
         self.inner.example(self.range.start + index)
+    }
+
+    fn fingerprint(&self) -> Result<[u8; 32]> {
+        let mut h = Sha256::new();
+        h.update(self.inner.fingerprint()?);
+        h.update(self.range.start.to_le_bytes());
+        h.update(self.range.end.to_le_bytes());
+        Ok(h.finalize().into())
     }
 }
 

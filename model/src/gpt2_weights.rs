@@ -13,11 +13,13 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView, View};
+use sha2::{Digest, Sha256};
 
 use burn::tensor::Device;
 
@@ -388,6 +390,25 @@ impl WeightSource for Gpt2Safetensors {
             })
             .collect()
     }
+
+    /// `safetensors sha256:` and the SHA-256 of the file's bytes.
+    fn identity(&self) -> Result<String> {
+        let mut h = Sha256::new();
+        let mut file = File::open(&self.path).map_err(|e| self.fail(e.to_string()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(|e| self.fail(e.to_string()))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        Ok(format!("safetensors sha256:{}", hex_of(&h.finalize())))
+    }
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -4,9 +4,11 @@
 //! file; its page cache is the kernel's to drop.
 
 use std::fs::File;
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+use sha2::{Digest, Sha256};
 
 use crate::data::Dataset;
 use crate::error::{ModelError, Result};
@@ -79,6 +81,7 @@ pub struct TokenFileDataset {
     seq_len: usize,
     vocab_size: usize,
     name: String,
+    path: PathBuf,
 }
 
 impl TokenFileDataset {
@@ -115,6 +118,7 @@ impl TokenFileDataset {
             seq_len,
             vocab_size,
             name,
+            path: path.to_path_buf(),
         })
     }
 
@@ -164,6 +168,26 @@ impl Dataset for TokenFileDataset {
                 }
             })
             .collect()
+    }
+
+    /// The file's bytes, read through a buffer rather than the map (hashing a corpus larger
+    /// than memory must not keep it resident), with the dtype and window length.
+    fn fingerprint(&self) -> Result<[u8; 32]> {
+        let bad = |e: std::io::Error| ModelError::Dataset(format!("{}: {e}", self.name));
+        let mut h = Sha256::new();
+        h.update(b"parcae token file v1");
+        h.update((self.dtype.width() as u64).to_le_bytes());
+        h.update((self.seq_len as u64).to_le_bytes());
+        let mut file = File::open(&self.path).map_err(bad)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(bad)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        Ok(h.finalize().into())
     }
 }
 

@@ -14,6 +14,10 @@ pub trait WeightSource: Send + Sync {
     /// The values of layer `layer`, one flat vector per parameter in the visit order and with
     /// the sizes `infos` lists.
     fn layer_values(&self, layer: usize, infos: &[ParamInfo]) -> Result<Vec<Vec<f32>>>;
+
+    /// What identifies these weights in the cluster's replicated job (for a file, the
+    /// SHA-256 of its bytes), so that every node starts from the same ones.
+    fn identity(&self) -> Result<String>;
 }
 
 impl<M: PipelineModel> Stage<M> {
@@ -92,6 +96,10 @@ mod tests {
                 .map(|(p, i)| vec![(layer * 100 + p) as f32; i.numel()])
                 .collect())
         }
+
+        fn identity(&self) -> Result<String> {
+            Ok("numbered".into())
+        }
     }
 
     struct Short;
@@ -99,6 +107,10 @@ mod tests {
     impl WeightSource for Short {
         fn layer_values(&self, _: usize, infos: &[ParamInfo]) -> Result<Vec<Vec<f32>>> {
             Ok(infos.iter().map(|i| vec![0.0; i.numel() - 1]).collect())
+        }
+
+        fn identity(&self) -> Result<String> {
+            Ok("short".into())
         }
     }
 

@@ -237,7 +237,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let status = system.block_on(async { Status::new(cells).start() });
     let control = ControlPlane::new();
     let handle = control.handle();
-    let data_addr = match opts.trainer {
+    let trainer = match opts.trainer {
         Some(launch) => {
             let publish = status.clone().recipient();
             let reports = handle.clone();
@@ -258,8 +258,8 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         }
         None => None,
     };
-    if let Some(addr) = data_addr {
-        tracing::info!(%addr, "data plane listening");
+    if let Some(t) = &trainer {
+        tracing::info!(addr = %t.data_addr, "data plane listening");
     }
     let setup = RaftSetup {
         peer_id,
@@ -269,7 +269,8 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         listen: listen.clone(),
         known_peers: remembered,
         data_dir: opts.data_dir.clone(),
-        data_addr,
+        data_addr: trainer.as_ref().map(|t| t.data_addr),
+        job: trainer.as_ref().map(|t| t.job.digest()),
     };
     let raft_node = open_node(&setup, &config)?;
     let swarm = build_swarm(keypair, opts.cluster_key, &config.net_limits())?;

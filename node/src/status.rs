@@ -63,6 +63,9 @@ pub enum NotReady {
     /// The job reached its step limit.
     #[error("the job finished")]
     Finished,
+    /// This node's job is not the cluster's (`/status` `training.error` names the setting).
+    #[error("this node's job is not the cluster's")]
+    OtherJob,
 }
 
 /// Whether a node is ready: a healthy member of a cluster with a leader, not leaving, and
@@ -80,14 +83,11 @@ pub fn readiness(status: &StatusSnapshot) -> Result<(), NotReady> {
     if status.leader.is_none() {
         return Err(NotReady::NoLeader);
     }
-    if status
-        .training
-        .as_ref()
-        .is_some_and(|t| t.phase == TrainingPhase::Finished)
-    {
-        return Err(NotReady::Finished);
+    match status.training.as_ref().map(|t| t.phase) {
+        Some(TrainingPhase::Finished) => Err(NotReady::Finished),
+        Some(TrainingPhase::Refused) => Err(NotReady::OtherJob),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The actor: renders snapshots into the shared cells.

@@ -653,3 +653,51 @@ fn text_through_a_trained_tokenizer_becomes_a_token_file_the_cluster_trains_on()
     let status = c.nodes[0].status().expect("status");
     assert!(status.validation_loss.is_some() && status.validation_step.is_some());
 }
+
+/// The founder's job is the cluster's; a joiner whose config trains something else (another
+/// seed) is told which setting differs, is not ready and never gets a slot, while a joiner
+/// with the same job is planned in.
+#[test]
+fn a_joiner_whose_job_differs_is_refused_naming_the_setting_and_never_planned() {
+    let _serial = serial();
+    let config = train_config("", "");
+    let mut c = start_cluster(&config, 1);
+    let job = wait_for(Duration::from_secs(30), || c.nodes[0].status()?.job)
+        .unwrap_or_else(|| panic!("no job defined\n{}", c.logs()));
+    assert_eq!(job.get("seed").map(String::as_str), Some("3"));
+    assert_eq!(job.get("batch.global").map(String::as_str), Some("16"));
+    assert_eq!(job["data.sha256"].len(), 64, "{job:?}");
+    let founder = c.nodes[0].p2p_addr().expect("addr");
+    let other_seed = config.replace(&format!("seed = {SEED}"), "seed = 4");
+    assert_ne!(other_seed, config);
+    let other = c
+        .spawn_with_config(std::slice::from_ref(&founder), &other_seed)
+        .expect("spawn");
+    let same = c
+        .spawn_with_config(std::slice::from_ref(&founder), &config)
+        .expect("spawn");
+    let error = wait_for(Duration::from_secs(60), || {
+        let t = c.nodes[other].status()?.training?;
+        (t.phase == TrainingPhase::Refused).then_some(t.error?)
+    })
+    .unwrap_or_else(|| panic!("the other job was not refused\n{}", c.logs()));
+    assert!(
+        error.contains("seed: the cluster's job has \"3\", this node's \"4\""),
+        "{error}"
+    );
+    // The matching joiner trains beside the founder; the other is never given a slot.
+    wait_for(Duration::from_secs(60), || {
+        let slot = c.nodes[same].status()?.training?.slot;
+        slot.is_some().then_some(())
+    })
+    .unwrap_or_else(|| panic!("the joiner with the same job got no slot\n{}", c.logs()));
+    let before = last_step(&c).unwrap_or(0);
+    trains_on(&c, before, 3, Duration::from_secs(60));
+    let refused = c.nodes[other].status().expect("status");
+    assert_eq!(refused.training.and_then(|t| t.slot), None);
+    let readyz = parcae_tests::http_get(c.nodes[other].status_addr, "/readyz");
+    assert!(
+        readyz.is_none(),
+        "a refused node answers /readyz with 503: {readyz:?}"
+    );
+}

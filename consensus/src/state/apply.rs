@@ -7,7 +7,7 @@ use super::ControlState;
 use super::command::{Command, Rejection, StateEvent};
 use super::limits;
 use super::types::{
-    AvailabilitySample, CheckpointRecord, Digest32, LayerCost, LayerRange, LossRecord, Member,
+    AvailabilitySample, CheckpointRecord, Digest32, Job, LayerCost, LayerRange, LossRecord, Member,
     MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot,
 };
 use crate::ids::NodeId;
@@ -58,6 +58,46 @@ pub(super) fn apply(
             layers,
             bandwidth,
         } => cost_report(state, *node, *step, layers, bandwidth),
+        Command::DefineJob { job } => define_job(state, job),
+    }
+}
+
+fn define_job(state: &mut ControlState, job: &Job) -> Result<Vec<StateEvent>, Rejection> {
+    if job.settings.is_empty() || job.settings.len() > limits::MAX_JOB_SETTINGS {
+        return Err(invalid(
+            "job",
+            format!(
+                "{} settings (1 to {})",
+                job.settings.len(),
+                limits::MAX_JOB_SETTINGS
+            ),
+        ));
+    }
+    if let Some((name, value)) = job.settings.iter().find(|(n, v)| {
+        n.is_empty()
+            || n.len() > limits::MAX_JOB_NAME_BYTES
+            || v.len() > limits::MAX_JOB_VALUE_BYTES
+    }) {
+        return Err(invalid(
+            "job",
+            format!(
+                "setting of {} name bytes and {} value bytes (1 to {}, at most {})",
+                name.len(),
+                value.len(),
+                limits::MAX_JOB_NAME_BYTES,
+                limits::MAX_JOB_VALUE_BYTES
+            ),
+        ));
+    }
+    match &state.job {
+        None => {
+            state.job = Some(job.clone());
+            Ok(vec![StateEvent::JobDefined])
+        }
+        Some(defined) => match defined.difference(job) {
+            None => Ok(Vec::new()),
+            Some(difference) => Err(Rejection::JobConflict(difference)),
+        },
     }
 }
 

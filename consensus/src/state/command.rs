@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{Digest32, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan};
+use super::types::{Digest32, Job, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan};
 use crate::codec::{self, CodecError};
 use crate::ids::NodeId;
 
@@ -90,6 +90,12 @@ pub enum Command {
         /// Digest of the saved state.
         digest: Digest32,
     },
+    /// The job the cluster trains: the first definition that commits stands; the same one
+    /// again changes nothing, another is rejected naming the setting that differs.
+    DefineJob {
+        /// The job.
+        job: Job,
+    },
     /// Measured per-layer compute costs and transfer rates of one node (feeds the planner's
     /// cost model so that no offline profiling is needed).
     CostReport {
@@ -128,6 +134,7 @@ impl Command {
             Command::StepCommitted { .. } => "step_committed",
             Command::Checkpointed { .. } => "checkpointed",
             Command::CostReport { .. } => "cost_report",
+            Command::DefineJob { .. } => "define_job",
         }
     }
 }
@@ -135,6 +142,8 @@ impl Command {
 /// What applying a valid command changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StateEvent {
+    /// The cluster's job was defined.
+    JobDefined,
     /// A node joined (`rejoined`: it was known before).
     Joined {
         /// The node.
@@ -222,6 +231,9 @@ pub enum Rejection {
     /// The node left the cluster: it may not join again under the same identity.
     #[error("node {0} left the cluster; a machine comes back only under a new identity")]
     Retired(NodeId),
+    /// A job other than the one the cluster trains.
+    #[error("the cluster's job is defined already and differs: {0}")]
+    JobConflict(String),
     /// The node was already marked lost.
     #[error("node {0} is already lost")]
     AlreadyLost(NodeId),

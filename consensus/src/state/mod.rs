@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateEvent};
 pub use types::{
-    AvailabilitySample, Capabilities, CheckpointRecord, Digest32, LayerCost, LayerRange,
+    AvailabilitySample, Capabilities, CheckpointRecord, Digest32, Job, LayerCost, LayerRange,
     LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, Progress,
     RaftRole, Retired, StageSlot,
 };
@@ -30,7 +30,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 4;
+pub const SNAPSHOT_VERSION: u16 = 5;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {
@@ -60,6 +60,12 @@ pub mod limits {
     pub const MAX_COST_PEERS: usize = 1024;
     /// Former members remembered (oldest forgotten first).
     pub const MAX_RETIRED: usize = 4096;
+    /// Settings of a job.
+    pub const MAX_JOB_SETTINGS: usize = 64;
+    /// Bytes of a job setting's name.
+    pub const MAX_JOB_NAME_BYTES: usize = 64;
+    /// Bytes of a job setting's value.
+    pub const MAX_JOB_VALUE_BYTES: usize = 1024;
 }
 
 /// The replicated control state. Read it freely; change it only through [`ControlState::apply`]
@@ -85,12 +91,20 @@ pub struct ControlState {
     /// Members that left, newest last: refused at admission, in raft and as joiners (a machine
     /// that comes back does so under a new identity).
     pub retired: VecDeque<Retired>,
+    /// The job the cluster trains, once defined.
+    pub job: Option<Job>,
 }
 
 impl ControlState {
     /// Whether `node` left the cluster (and so may never act in it again).
     pub fn is_retired(&self, node: NodeId) -> bool {
         self.retired.iter().any(|r| r.id == node)
+    }
+
+    /// Whether a member that brings `peer` trains the cluster's job: its job digest is the
+    /// defined job's (a cluster without a job trains nothing yet).
+    pub fn trains_the_job(&self, peer: &PeerInfo) -> bool {
+        peer.job.is_some() && peer.job == self.job.as_ref().map(Job::digest)
     }
 
     /// The state a new cluster starts from: the bootstrap members, all healthy spares, with the

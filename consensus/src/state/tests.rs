@@ -12,6 +12,7 @@ fn peer(i: u8) -> PeerInfo {
         addrs: vec![format!("/ip4/10.0.0.{i}/tcp/4000")],
         data_addr: None,
         caps: Capabilities::default(),
+        job: None,
     }
 }
 
@@ -542,4 +543,73 @@ proptest! {
         }
         prop_assert_eq!(a.digest(), b.digest());
     }
+}
+
+fn job(pairs: &[(&str, &str)]) -> Job {
+    Job {
+        settings: pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+#[test]
+fn the_first_job_stands_and_another_is_refused_naming_the_setting() {
+    let mut s = ControlState::default();
+    let mine = job(&[("batch.global", "16"), ("data.sha256", "ab")]);
+    let define = |j: &Job| Command::DefineJob { job: j.clone() };
+    assert_eq!(
+        s.apply(&define(&mine)).unwrap(),
+        vec![StateEvent::JobDefined]
+    );
+    assert_eq!(
+        s.apply(&define(&mine)).unwrap(),
+        Vec::new(),
+        "the same again"
+    );
+    let other = job(&[("batch.global", "16"), ("data.sha256", "cd")]);
+    assert_eq!(
+        rejected(&mut s, &define(&other)),
+        Rejection::JobConflict(
+            "data.sha256: the cluster's job has \"ab\", this node's \"cd\"".into()
+        )
+    );
+    let fewer = job(&[("batch.global", "16")]);
+    assert_eq!(
+        mine.difference(&fewer).unwrap(),
+        "data.sha256: the cluster's job has \"ab\", this node's no value"
+    );
+    let both = job(&[("batch.global", "8"), ("data.sha256", "cd")]);
+    assert_eq!(
+        mine.difference(&both).unwrap(),
+        "batch.global: the cluster's job has \"16\", this node's \"8\"; \
+         data.sha256: the cluster's job has \"ab\", this node's \"cd\""
+    );
+    assert_eq!(s.job, Some(mine.clone()));
+    assert!(matches!(
+        rejected(&mut ControlState::default(), &define(&job(&[]))),
+        Rejection::Invalid { field: "job", .. }
+    ));
+    let long = "x".repeat(limits::MAX_JOB_VALUE_BYTES + 1);
+    assert!(matches!(
+        rejected(&mut ControlState::default(), &define(&job(&[("a", &long)]))),
+        Rejection::Invalid { field: "job", .. }
+    ));
+    // Members train the job when their digest is the job's.
+    let training = PeerInfo {
+        job: Some(mine.digest()),
+        ..peer(1)
+    };
+    assert!(s.trains_the_job(&training));
+    assert!(!s.trains_the_job(&PeerInfo {
+        job: Some(other.digest()),
+        ..peer(1)
+    }));
+    assert!(!s.trains_the_job(&peer(1)), "a node without a job");
+    assert!(
+        !ControlState::default().trains_the_job(&training),
+        "no job yet"
+    );
+    assert_ne!(mine.digest(), other.digest());
 }

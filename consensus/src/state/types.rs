@@ -3,9 +3,10 @@
 //! Every collection is ordered (`BTreeMap`, `VecDeque`, sorted `Vec`) so that the bincode
 //! encoding of the state, and therefore its digest, is identical on every node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::ids::NodeId;
 
@@ -23,6 +24,54 @@ pub struct PeerInfo {
     pub data_addr: Option<String>,
     /// Resources the planner may take into account.
     pub caps: Capabilities,
+    /// [`Job::digest`] of the job this node trains (none: it does not train). The planner
+    /// gives slots only to members whose job is the cluster's.
+    pub job: Option<Digest32>,
+}
+
+/// The training job every member trains, as named settings (`model.architecture`,
+/// `data.sha256`, `batch.global`, ...), fixed by the first `DefineJob` that commits. Settings
+/// are compared by name, so a node whose own job differs is told which setting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Job {
+    /// Setting name -> value, as text.
+    pub settings: BTreeMap<String, String>,
+}
+
+impl Job {
+    /// SHA-256 over the settings in name order, each name and value length-prefixed.
+    pub fn digest(&self) -> Digest32 {
+        let mut h = Sha256::new();
+        for (name, value) in &self.settings {
+            for part in [name, value] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part.as_bytes());
+            }
+        }
+        h.finalize().into()
+    }
+
+    /// The settings (by name) in which `mine` differs from this job (the cluster's),
+    /// described and joined by `; `: `seed: the cluster's job has "3", this node's "4"`.
+    pub fn difference(&self, mine: &Job) -> Option<String> {
+        let names: BTreeSet<&String> = self.settings.keys().chain(mine.settings.keys()).collect();
+        let show =
+            |v: Option<&String>| v.map_or_else(|| "no value".to_string(), |v| format!("{v:?}"));
+        let differences: Vec<String> = names
+            .into_iter()
+            .filter_map(|name| {
+                let (theirs, ours) = (self.settings.get(name), mine.settings.get(name));
+                (theirs != ours).then(|| {
+                    format!(
+                        "{name}: the cluster's job has {}, this node's {}",
+                        show(theirs),
+                        show(ours)
+                    )
+                })
+            })
+            .collect();
+        (!differences.is_empty()).then(|| differences.join("; "))
+    }
 }
 
 /// Resources of a node.

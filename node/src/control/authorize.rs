@@ -35,6 +35,9 @@ pub fn authorize(
         Command::Checkpointed { holders, .. } => {
             holders.contains(&origin_id) && state.members.contains_key(&origin_id)
         }
+        // The job is defined once, by a member (the founder, in practice: it is the only
+        // member when its trainer starts); after that nobody may propose one.
+        Command::DefineJob { .. } => state.job.is_none() && state.members.contains_key(&origin_id),
         Command::Lost { .. } | Command::AvailabilityTick { .. } | Command::Reconfigure { .. } => {
             false
         }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use libp2p::{Multiaddr, PeerId};
-use parcae_consensus::state::{Capabilities, MemberStatus, PeerInfo};
+use parcae_consensus::state::{Capabilities, Digest32, MemberStatus, PeerInfo};
 use parcae_consensus::{Command, ControlState, NodeId};
 
 /// How long a proposed notice counts as on its way: after that (a dropped proposal, a change
@@ -12,12 +12,18 @@ use parcae_consensus::{Command, ControlState, NodeId};
 pub const NOTICE_IN_FLIGHT: Duration = Duration::from_secs(1);
 
 /// This node's identity and addresses as recorded in the membership.
-pub fn peer_info(peer: &PeerId, addrs: &[Multiaddr], data_addr: Option<String>) -> PeerInfo {
+pub fn peer_info(
+    peer: &PeerId,
+    addrs: &[Multiaddr],
+    data_addr: Option<String>,
+    job: Option<Digest32>,
+) -> PeerInfo {
     PeerInfo {
         peer_id: peer.to_bytes(),
         addrs: addrs.iter().map(|a| a.to_string()).collect(),
         data_addr,
         caps: Capabilities::default(),
+        job,
     }
 }
 
@@ -35,7 +41,10 @@ pub fn join_needed(
 ) -> Option<Command> {
     let node = NodeId::from_peer_bytes(&me.peer_id);
     let current = state.members.get(&node).is_some_and(|m| {
-        m.status.is_healthy() && m.peer.addrs == me.addrs && m.peer.data_addr == me.data_addr
+        m.status.is_healthy()
+            && m.peer.addrs == me.addrs
+            && m.peer.data_addr == me.data_addr
+            && m.peer.job == me.job
     });
     (!current || leaderless_for >= patience).then(|| Command::Join {
         node,
@@ -101,6 +110,7 @@ mod tests {
             &PeerId::random(),
             &["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
             Some("127.0.0.1:5001".into()),
+            Some([1; 32]),
         )
     }
 

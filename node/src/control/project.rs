@@ -68,6 +68,7 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
             .map(|p| (p.data_parallel, p.pipeline_stages)),
         step: state.progress.last_committed_step.unwrap_or(0),
         loss: state.progress.recent_losses.back().map(|l| l.loss),
+        job: state.job.as_ref().map(|j| j.settings.clone()),
         validation_loss: state.progress.last_validation.map(|v| v.loss),
         validation_step: state.progress.last_validation.map(|v| v.step),
         samples: state.progress.sample_cursor,
@@ -135,7 +136,7 @@ mod tests {
         for p in [a, b] {
             let join = join_needed(
                 &state,
-                &peer_info(&p, &[], None),
+                &peer_info(&p, &[], None, None),
                 std::time::Duration::ZERO,
                 std::time::Duration::MAX,
             )

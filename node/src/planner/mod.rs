@@ -370,12 +370,15 @@ fn availability_history(state: &ControlState) -> Vec<Interval> {
     history
 }
 
-/// Members that can take a slot: healthy, with a data plane, most stable first.
+/// Members that can take a slot: healthy, with a data plane, training the cluster's job, most
+/// stable first.
 fn workers(state: &ControlState) -> Vec<(NodeId, u64)> {
     let mut w: Vec<(NodeId, u64)> = state
         .members
         .iter()
-        .filter(|(_, m)| m.status.is_healthy() && m.peer.data_addr.is_some())
+        .filter(|(_, m)| {
+            m.status.is_healthy() && m.peer.data_addr.is_some() && state.trains_the_job(&m.peer)
+        })
         .map(|(id, m)| (*id, m.join_seq))
         .collect();
     w.sort_by_key(|(_, seq)| *seq);
@@ -513,6 +516,29 @@ impl StreamHandler<()> for Planner {
 mod tests {
     use super::*;
     use parcae_consensus::state::PeerInfo;
+
+    #[test]
+    fn only_members_that_train_the_cluster_s_job_are_workers() {
+        use parcae_consensus::state::Job;
+        let job = |seed: &str| Job {
+            settings: [("seed".to_string(), seed.to_string())].into(),
+        };
+        let mut state = ControlState::default();
+        for (n, seed) in [(1u8, Some("3")), (2, Some("4")), (3, None)] {
+            let peer = PeerInfo {
+                peer_id: vec![n],
+                data_addr: Some(format!("127.0.0.1:700{n}")),
+                job: seed.map(|s| job(s).digest()),
+                ..PeerInfo::default()
+            };
+            let node = NodeId::from_peer_bytes(&[n]);
+            state.apply(&Command::Join { node, peer }).unwrap();
+        }
+        assert!(workers(&state).is_empty(), "no job defined yet");
+        state.apply(&Command::DefineJob { job: job("3") }).unwrap();
+        let ids: Vec<NodeId> = workers(&state).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, vec![NodeId::from_peer_bytes(&[1])]);
+    }
 
     #[test]
     fn next_interval_continues_the_replicated_sequence() {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::identity::Keypair;
+use parcae_consensus::state::Job;
 use parcae_consensus::state::LayerCost as ReportedCost;
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{
@@ -18,6 +19,7 @@ use parcae_model::{
 use tokio::sync::watch;
 
 use super::TrainError;
+use super::job::{JobParts, job_of};
 use super::step::{DataSource, Validation};
 use super::worker::{Worker, WorkerSetup};
 use crate::checkpoint::CheckpointStore;
@@ -58,8 +60,18 @@ pub struct TrainerContext {
     pub metrics: Arc<Metrics>,
 }
 
-/// Starts a trainer; returns its data-plane address.
-pub type TrainerLauncher = Box<dyn FnOnce(TrainerContext) -> Result<SocketAddr, TrainError> + Send>;
+/// Starts a trainer.
+pub type TrainerLauncher =
+    Box<dyn FnOnce(TrainerContext) -> Result<TrainerStarted, TrainError> + Send>;
+
+/// A started trainer: where its data plane listens and the job it trains (its digest goes
+/// into the node's `Join`).
+pub struct TrainerStarted {
+    /// The data plane's address.
+    pub data_addr: SocketAddr,
+    /// The job's settings.
+    pub job: Job,
+}
 
 /// A user's model and data and how to train them: everything a trainer needs besides what the
 /// node gives it ([`TrainerContext`]).
@@ -109,7 +121,7 @@ impl<M: PipelineModel> TrainJob<M> {
         Box::new(move |ctx| self.start(ctx))
     }
 
-    fn start(self, ctx: TrainerContext) -> Result<SocketAddr, TrainError> {
+    fn start(self, ctx: TrainerContext) -> Result<TrainerStarted, TrainError> {
         if self.global_batch == 0 || self.micro_batch == 0 {
             return Err(TrainError::Config("batch sizes must be > 0".into()));
         }
@@ -124,6 +136,17 @@ impl<M: PipelineModel> TrainJob<M> {
                 self.model.num_layers()
             )));
         }
+        let job = job_of(&JobParts {
+            model: self.model.as_ref(),
+            dataset: self.dataset.as_ref(),
+            seed: self.seed,
+            batch: (self.global_batch, self.micro_batch),
+            max_steps: self.max_steps,
+            checkpoint_every: self.checkpoint_every,
+            optimizer: &self.optimizer,
+            initial_weights: self.initial_weights.as_deref(),
+            validation: self.validation,
+        })?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("parcae-dataplane")
@@ -194,6 +217,7 @@ impl<M: PipelineModel> TrainJob<M> {
             layer_costs: Vec::new(),
             accelerator: self.emulation.map(Accelerator::new),
             metrics: ctx.metrics,
+            job: job.clone(),
         };
         let submit = ctx.submit.clone();
         let publish = ctx.publish;
@@ -216,7 +240,10 @@ impl<M: PipelineModel> TrainJob<M> {
                 Worker::new(setup, rt, endpoint, submit, publish).run();
             })
             .map_err(|e| TrainError::Resources(format!("trainer thread: {e}")))?;
-        Ok(addr)
+        Ok(TrainerStarted {
+            data_addr: addr,
+            job,
+        })
     }
 }
 

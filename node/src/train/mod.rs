@@ -12,16 +12,18 @@
 //!   checkpoints).
 //! * [`worker`]: the loop that follows the plan, commits steps through raft and applies them
 //!   only once committed.
+//! * [`job`]: the settings of the job this node trains, compared with the cluster's.
 //! * [`launch`]: assembling the trainer of a [`TrainJob`] (endpoint, cost probe, thread); the
 //!   library API that describes the job is [`crate::Trainer`].
 
 pub mod handoff;
+pub mod job;
 pub mod launch;
 pub mod neighbours;
 pub mod step;
 pub mod worker;
 
-pub use launch::{TrainJob, TrainerContext, TrainerLauncher, ValidationConfig};
+pub use launch::{TrainJob, TrainerContext, TrainerLauncher, TrainerStarted, ValidationConfig};
 
 use parcae_model::ModelError;
 

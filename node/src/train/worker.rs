@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parcae_consensus::state::{Digest32, LayerCost, OptimizerScalars, Plan, StageSlot};
+use parcae_consensus::state::{Digest32, Job, LayerCost, OptimizerScalars, Plan, StageSlot};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{PipelineModel, Stage, StageConfig, WeightSource};
 use parcae_strategies::ParallelConfig;
@@ -36,6 +36,9 @@ use crate::status::{MigrationKind, MigrationView, TrainingPhase, TrainingView};
 const REPORT_RETRY_MIN: Duration = Duration::from_secs(1);
 /// Longest delay between proposals of one step report.
 const REPORT_RETRY_MAX: Duration = Duration::from_secs(8);
+
+/// Time between proposals of this node's job while the cluster has none.
+const JOB_RETRY: Duration = Duration::from_secs(2);
 
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
 /// in well under a second at the measured rates; this bounds a stuck peer).
@@ -75,6 +78,8 @@ pub struct WorkerSetup<M: PipelineModel> {
     pub accelerator: Option<Accelerator>,
     /// The node's metrics.
     pub metrics: Arc<Metrics>,
+    /// The job this node trains (the cluster's must be the same).
+    pub job: Job,
 }
 
 /// Where this node is.
@@ -101,6 +106,8 @@ pub struct Worker<M: PipelineModel> {
     idle_stage: Option<Stage<M>>,
     last_plan: Option<Plan>,
     status: TrainingView,
+    /// When this node last proposed its job as the cluster's.
+    job_proposed: Option<Instant>,
 }
 
 enum Outcome {
@@ -129,6 +136,7 @@ impl<M: PipelineModel> Worker<M> {
             idle_stage: None,
             last_plan: None,
             status: TrainingView::default(),
+            job_proposed: None,
         }
     }
 
@@ -164,8 +172,39 @@ impl<M: PipelineModel> Worker<M> {
         self.set_phase(TrainingPhase::Waiting);
     }
 
+    /// Whether the cluster trains this node's job: defines it when no job is defined yet
+    /// (the first definition that commits stands), and refuses to train, naming the setting,
+    /// when the cluster's differs.
+    fn same_job(&mut self, state: &ControlState) -> bool {
+        let Some(defined) = &state.job else {
+            if state.members.contains_key(&self.setup.me)
+                && self.job_proposed.is_none_or(|t| t.elapsed() > JOB_RETRY)
+            {
+                (self.submit)(Command::DefineJob {
+                    job: self.setup.job.clone(),
+                });
+                self.job_proposed = Some(Instant::now());
+            }
+            return false;
+        };
+        let Some(difference) = defined.difference(&self.setup.job) else {
+            return true;
+        };
+        if self.status.error.is_none() {
+            tracing::error!(
+                "this node's job is not the cluster's, so it does not train: {difference}"
+            );
+            self.status.error = Some(format!("the cluster trains another job: {difference}"));
+        }
+        self.set_phase(TrainingPhase::Refused);
+        false
+    }
+
     /// One round of work; `true` when something happened and the loop should go on at once.
     fn tick(&mut self, state: &ControlState) -> Result<bool, TrainError> {
+        if !self.same_job(state) {
+            return Ok(false);
+        }
         let Some(plan) = state.plan.as_ref() else {
             return Ok(false);
         };

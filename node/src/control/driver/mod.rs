@@ -80,6 +80,7 @@ pub struct ControlDriver {
     known_peers: std::path::PathBuf,
     data_dir: std::path::PathBuf,
     data_addr: Option<String>,
+    job: Option<parcae_consensus::state::Digest32>,
     connected: HashSet<PeerId>,
     liveness: Liveness,
     /// When this node's `Join` may be proposed again.
@@ -92,7 +93,7 @@ pub struct ControlDriver {
     pending: Vec<(Instant, ProposalHandle)>,
     commit_latency_us: VecDeque<u64>,
     last_status: Option<StatusSnapshot>,
-    members_version: Option<Vec<(NodeId, Vec<String>)>>,
+    members_version: Option<Vec<(NodeId, Vec<String>, bool)>>,
     published_applied: Option<u64>,
     ready_scheduled: bool,
 }
@@ -113,6 +114,7 @@ impl ControlDriver {
     ) -> Self {
         Self {
             data_addr: setup.data_addr.map(|a| a.to_string()),
+            job: setup.job,
             my_id: node.id(),
             node,
             me: setup.peer_id,
@@ -273,12 +275,14 @@ impl ControlDriver {
     /// Keeps the network's keep-connected set and the remembered members in line with the
     /// membership.
     fn sync_membership_view(&mut self) {
-        let members: Vec<(NodeId, Vec<String>)> = self
+        // Whether a member is lost is part of the view: a lost member that rejoins at the same
+        // addresses must be dialled again (a leader it never knew can reach it no other way).
+        let members: Vec<(NodeId, Vec<String>, bool)> = self
             .node
             .state()
             .members
             .iter()
-            .map(|(id, m)| (*id, m.peer.addrs.clone()))
+            .map(|(id, m)| (*id, m.peer.addrs.clone(), m.status == MemberStatus::Lost))
             .collect();
         if self.members_version.as_ref() == Some(&members) {
             return;
@@ -400,7 +404,12 @@ impl ControlDriver {
         if self.node.leader().is_some() {
             self.leader_seen = now;
         }
-        let me = peer_info(&self.me, &self.listen_addrs, self.data_addr.clone());
+        let me = peer_info(
+            &self.me,
+            &self.listen_addrs,
+            self.data_addr.clone(),
+            self.job,
+        );
         let leaderless = now.saturating_duration_since(self.leader_seen);
         let patience = self.config.raft_election_timeout() * LEADERLESS_PATIENCE;
         let Some(join) = join_needed(self.node.state(), &me, leaderless, patience) else {

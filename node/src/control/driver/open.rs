@@ -40,6 +40,8 @@ pub struct RaftSetup {
     pub known_peers: PathBuf,
     /// The trainer's data-plane address, recorded in the membership.
     pub data_addr: Option<std::net::SocketAddr>,
+    /// The digest of the job the trainer trains, recorded in the membership.
+    pub job: Option<parcae_consensus::state::Digest32>,
     /// The data directory, where a graceful exit leaves its mark ([`crate::resync::mark_left`]).
     pub data_dir: PathBuf,
 }
@@ -57,6 +59,7 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
         &setup.peer_id,
         &setup.listen,
         setup.data_addr.map(|a| a.to_string()),
+        setup.job,
     );
     let found = setup.found_cluster.then_some(std::slice::from_ref(&me));
     let (mut node, founded) =
