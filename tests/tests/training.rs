@@ -305,6 +305,40 @@ fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
     committed_sequence(&c);
 }
 
+/// Every surviving copy of the newest checkpoints is damaged after a stage's only replica
+/// dies: the restore refuses them (their bytes are not the digest committed in raft) and
+/// falls back to the older checkpoint.
+#[test]
+fn a_damaged_checkpoint_is_refused_and_the_older_one_restores() {
+    let _serial = serial();
+    let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 2"), 3, 9);
+    let (victim, slot) = *workers(&c).first().expect("a training non-leader");
+    let before = last_step(&c).unwrap();
+    c.nodes[victim].kill();
+    for (i, node) in c.nodes.iter().enumerate().filter(|(i, _)| *i != victim) {
+        let files = checkpoint_files(&node.data_dir);
+        let newest = files.iter().map(|(s, _, _)| *s).max().unwrap_or(0);
+        for (_, _, path) in files.iter().filter(|(s, _, _)| *s == newest) {
+            let mut bytes = std::fs::read(path).expect("checkpoint");
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xff;
+            std::fs::write(path, bytes).expect("damage");
+            eprintln!("damaged {} of node {i}", path.display());
+        }
+    }
+    trains_on(&c, before, 2, Duration::from_secs(90));
+    let logs = c.logs();
+    assert!(
+        logs.contains("does not match the digest committed in raft"),
+        "stage {slot:?}: the damaged copy was not refused\n{logs}"
+    );
+    assert!(
+        logs.contains("restoring layers from a checkpoint"),
+        "{logs}"
+    );
+    committed_sequence(&c);
+}
+
 #[test]
 fn a_joining_node_is_put_to_work() {
     let _serial = serial();

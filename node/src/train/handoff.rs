@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use futures::future::join_all;
-use parcae_consensus::state::MemberStatus;
+use parcae_consensus::state::{CheckpointRecord, MemberStatus};
 use parcae_consensus::{ControlState, NodeId};
+use sha2::{Digest, Sha256};
 
 use super::TrainError;
 use crate::dataplane::DataplaneError;
@@ -171,7 +172,87 @@ pub async fn acquire(
     })
 }
 
-/// Restores `missing` layers from the newest checkpoint covering each.
+/// The checkpoints that cover `layer`, newest first.
+fn candidates(state: &ControlState, layer: usize) -> Vec<&CheckpointRecord> {
+    let mut recs: Vec<&CheckpointRecord> = state
+        .checkpoints
+        .iter()
+        .filter(|(r, _)| (r.start as usize..r.end as usize).contains(&layer))
+        .flat_map(|(_, recs)| recs.iter())
+        .collect();
+    recs.sort_by_key(|r| std::cmp::Reverse(r.step));
+    recs
+}
+
+/// How often a holder that does not answer is asked for its copy, and the pause between.
+const CHECKPOINT_ATTEMPTS: usize = 2;
+const CHECKPOINT_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What one checkpoint yielded.
+enum Copy {
+    /// Bytes whose SHA-256 is the digest committed in raft.
+    Verified(Vec<u8>),
+    /// Every holder answered, none with the committed bytes.
+    Corrupt,
+    /// Some holder did not answer (a node restarting, a partition): the checkpoint may well
+    /// exist.
+    Unreachable,
+}
+
+/// The bytes of `record` from its holders, checked against its committed digest; a holder
+/// that does not answer is asked again before the next one is.
+async fn fetch_verified(
+    ep: &Endpoint,
+    state: &ControlState,
+    me: NodeId,
+    record: &CheckpointRecord,
+) -> Copy {
+    let range = record.layers.start as usize..record.layers.end as usize;
+    let steps = record.step + 1;
+    let mut unreachable = false;
+    for holder in &record.holders {
+        for attempt in 0..CHECKPOINT_ATTEMPTS {
+            let got = if *holder == me {
+                ep.checkpoints
+                    .load(steps, &range)
+                    .map_err(DataplaneError::from)
+            } else {
+                match client::peer_addr(state, *holder) {
+                    Ok(peer) => client::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
+                    Err(e) => Err(e),
+                }
+            };
+            match got {
+                Ok(bytes) if Sha256::digest(&bytes).as_slice() == record.digest => {
+                    return Copy::Verified(bytes);
+                }
+                Ok(_) => {
+                    tracing::error!(%holder, layers = ?range, steps, "a checkpoint copy does not match the digest committed in raft");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%holder, layers = ?range, steps, attempt, "checkpoint fetch failed: {e}");
+                    if attempt + 1 == CHECKPOINT_ATTEMPTS {
+                        unreachable = true;
+                    } else {
+                        tokio::time::sleep(CHECKPOINT_RETRY).await;
+                    }
+                }
+            }
+        }
+    }
+    if unreachable {
+        Copy::Unreachable
+    } else {
+        Copy::Corrupt
+    }
+}
+
+/// Restores `missing` layers from the newest checkpoint covering each whose bytes match the
+/// digest committed in raft, falling back to older checkpoints. Layers no checkpoint covers,
+/// or whose every copy is corrupt, are lost; when a checkpoint's holders did not answer and
+/// no other checkpoint could be read, the acquisition fails and is retried (an unreachable
+/// holder is not a lost checkpoint).
 async fn restore(
     ep: &Endpoint,
     state: &ControlState,
@@ -185,59 +266,45 @@ async fn restore(
         if done.contains(&layer) {
             continue;
         }
-        let newest = state
-            .checkpoints
-            .iter()
-            .filter(|(r, _)| (r.start as usize..r.end as usize).contains(&layer))
-            .flat_map(|(_, recs)| recs.iter())
-            .max_by_key(|r| r.step);
-        let Some(record) = newest else {
+        let mut unreachable = false;
+        let mut found = None;
+        for record in candidates(state, layer) {
+            match fetch_verified(ep, state, me, record).await {
+                Copy::Verified(bytes) => {
+                    found = Some((record, bytes));
+                    break;
+                }
+                Copy::Unreachable => unreachable = true,
+                Copy::Corrupt => {}
+            }
+        }
+        let Some((record, bytes)) = found else {
+            if unreachable {
+                return Err(DataplaneError::Peer(format!(
+                    "the checkpoints of layer {layer} are held by nodes that do not answer"
+                ))
+                .into());
+            }
             lost.push(layer);
             continue;
         };
         let range = record.layers.start as usize..record.layers.end as usize;
-        let steps = record.step + 1;
-        let mut bytes = None;
-        for holder in &record.holders {
-            let got = if *holder == me {
-                ep.checkpoints
-                    .load(steps, &range)
-                    .map_err(DataplaneError::from)
-            } else {
-                match client::peer_addr(state, *holder) {
-                    Ok(peer) => client::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
-                    Err(e) => Err(e),
-                }
-            };
-            match got {
-                Ok(b) => {
-                    bytes = Some(b);
-                    break;
-                }
-                Err(e) => tracing::warn!(%holder, "checkpoint fetch failed: {e}"),
-            }
-        }
         let wanted: Vec<usize> = missing
             .iter()
             .copied()
             .filter(|l| range.contains(l))
             .collect();
-        match bytes {
-            Some(bytes) => {
-                done.extend(&wanted);
-                // Missing layers are contiguous within a stage; import them in one piece.
-                let first = wanted.iter().min().copied().unwrap_or(layer);
-                let last = wanted.iter().max().copied().unwrap_or(layer);
-                restored.push((
-                    steps,
-                    Piece {
-                        bytes,
-                        layers: first..last + 1,
-                    },
-                ));
-            }
-            None => lost.push(layer),
-        }
+        done.extend(&wanted);
+        // Missing layers are contiguous within a stage; import them in one piece.
+        let first = wanted.iter().min().copied().unwrap_or(layer);
+        let last = wanted.iter().max().copied().unwrap_or(layer);
+        restored.push((
+            record.step + 1,
+            Piece {
+                bytes,
+                layers: first..last + 1,
+            },
+        ));
     }
     Ok((restored, lost))
 }
@@ -248,6 +315,31 @@ mod tests {
 
     fn held(step: u64, start: u32, end: u32) -> HeldInfo {
         HeldInfo { step, start, end }
+    }
+
+    #[test]
+    fn checkpoints_are_tried_newest_first() {
+        use parcae_consensus::state::LayerRange;
+        let record = |step, start, end| CheckpointRecord {
+            step,
+            epoch: 1,
+            layers: LayerRange { start, end },
+            holders: vec![NodeId(1)],
+            digest: [0; 32],
+        };
+        let mut state = ControlState::default();
+        state.checkpoints.insert(
+            LayerRange { start: 0, end: 2 },
+            vec![record(19, 0, 2), record(9, 0, 2)],
+        );
+        state
+            .checkpoints
+            .insert(LayerRange { start: 1, end: 3 }, vec![record(29, 1, 3)]);
+        let steps =
+            |layer| -> Vec<u64> { candidates(&state, layer).iter().map(|r| r.step).collect() };
+        assert_eq!(steps(0), vec![19, 9]);
+        assert_eq!(steps(1), vec![29, 19, 9]);
+        assert_eq!(steps(3), Vec::<u64>::new());
     }
 
     #[test]
