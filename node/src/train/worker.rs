@@ -19,6 +19,7 @@ use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{PipelineModel, Stage, StageConfig, WeightSource};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::spec::RestartKind;
+use sha2::{Digest, Sha256};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
@@ -517,7 +518,9 @@ impl<M: PipelineModel> Worker<M> {
     }
 
     /// The first replica of each stage saves its state every `checkpoint_every` steps, locally
-    /// and on one peer outside its stage, then registers both copies in raft.
+    /// and on one peer outside its stage, then registers both copies in raft. The training loop
+    /// pays only for the snapshot and its digest: the file write, fsync, peer copy and
+    /// registration run in the background, and a checkpoint is registered only once durable.
     fn checkpoint_if_due(
         &mut self,
         state: &ControlState,
@@ -534,7 +537,7 @@ impl<M: PipelineModel> Worker<M> {
         let range = cur.stage.layer_range();
         let bytes = cur.stage.export_state(range.clone())?;
         let steps = k + 1;
-        let digest = self.ep.checkpoints.save(steps, &range, &bytes)?;
+        let digest: Digest32 = Sha256::digest(&bytes).into();
         cur.digest = Some(digest);
         let me = self.setup.me;
         let peer = checkpoint_peer(state, plan, me, cur.slot);
@@ -542,6 +545,23 @@ impl<M: PipelineModel> Worker<M> {
         let submit = self.submit.clone();
         let epoch = plan.epoch;
         self.rt.spawn(async move {
+            let store = ep.checkpoints.clone();
+            let layers = range.clone();
+            let saved = tokio::task::spawn_blocking(move || {
+                store.save(steps, &layers, &bytes).map(|_| bytes)
+            })
+            .await;
+            let bytes = match saved {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(e)) => {
+                    tracing::error!(steps, layers = ?range, "checkpoint not saved: {e}");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(steps, layers = ?range, "checkpoint writer failed: {e}");
+                    return;
+                }
+            };
             let mut holders = vec![me];
             if let Some(peer) = peer {
                 match crate::dataplane::client::put_checkpoint(
