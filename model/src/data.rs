@@ -313,6 +313,20 @@ pub fn token_batch(
     })
 }
 
+/// Feeds the bytes of the file at `path` to `h` through a buffer: hashing a file larger than
+/// memory must not map it (its pages would count as the process's memory).
+pub(crate) fn hash_file(h: &mut Sha256, path: &Path) -> std::io::Result<()> {
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        h.update(&buf[..n]);
+    }
+}
+
 /// Examples `range` of another dataset as a dataset of their own: the training and held-out
 /// splits of one corpus ([`split_validation`]).
 pub struct Subset {

@@ -13,7 +13,6 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -23,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use burn::tensor::Device;
 
+use crate::data::hash_file;
 use crate::error::{ModelError, Result};
 use crate::gpt::{Gpt, GptConfig};
 use crate::params::{ParamInfo, param_infos};
@@ -286,9 +286,19 @@ impl Gpt2Safetensors {
             has_head,
         };
         let parsed = weights.parse()?;
+        // Every block has the same parameters: build the embedding, one block and the head
+        // (not the whole model) to learn their names and shapes.
         let model = Gpt::new(config.clone())?;
-        for layer in 0..model.num_layers() {
-            for info in &param_infos(&model.init_layer(layer, &Device::flex())) {
+        let last = model.num_layers() - 1;
+        let infos = |layer| param_infos(&model.init_layer(layer, &Device::flex()));
+        let (embedding, block, head) = (infos(0), infos(1.min(last)), infos(last));
+        for layer in 0..=last {
+            let of_layer = match layer {
+                0 => &embedding,
+                l if l == last => &head,
+                _ => &block,
+            };
+            for info in of_layer {
                 weights.view_for(&parsed, layer, info)?;
             }
         }
@@ -394,21 +404,9 @@ impl WeightSource for Gpt2Safetensors {
     /// `safetensors sha256:` and the SHA-256 of the file's bytes.
     fn identity(&self) -> Result<String> {
         let mut h = Sha256::new();
-        let mut file = File::open(&self.path).map_err(|e| self.fail(e.to_string()))?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read(&mut buf).map_err(|e| self.fail(e.to_string()))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        Ok(format!("safetensors sha256:{}", hex_of(&h.finalize())))
+        hash_file(&mut h, &self.path).map_err(|e| self.fail(e.to_string()))?;
+        Ok(format!("safetensors sha256:{:x}", h.finalize()))
     }
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -4,13 +4,12 @@
 //! file; its page cache is the kernel's to drop.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
-use crate::data::Dataset;
+use crate::data::{Dataset, hash_file};
 use crate::error::{ModelError, Result};
 
 /// The width of one stored token id.
@@ -80,7 +79,6 @@ pub struct TokenFileDataset {
     tokens: u64,
     seq_len: usize,
     vocab_size: usize,
-    name: String,
     path: PathBuf,
 }
 
@@ -117,7 +115,6 @@ impl TokenFileDataset {
             tokens,
             seq_len,
             vocab_size,
-            name,
             path: path.to_path_buf(),
         })
     }
@@ -161,7 +158,7 @@ impl Dataset for TokenFileDataset {
                 } else {
                     Err(ModelError::Dataset(format!(
                         "{}: token {token} at position {} is not below the model's vocabulary of {}",
-                        self.name,
+                        self.path.display(),
                         first + at,
                         self.vocab_size
                     )))
@@ -170,23 +167,14 @@ impl Dataset for TokenFileDataset {
             .collect()
     }
 
-    /// The file's bytes, read through a buffer rather than the map (hashing a corpus larger
-    /// than memory must not keep it resident), with the dtype and window length.
+    /// The file's bytes (read through a buffer, not the map), with the dtype and window.
     fn fingerprint(&self) -> Result<[u8; 32]> {
-        let bad = |e: std::io::Error| ModelError::Dataset(format!("{}: {e}", self.name));
         let mut h = Sha256::new();
         h.update(b"parcae token file v1");
         h.update((self.dtype.width() as u64).to_le_bytes());
         h.update((self.seq_len as u64).to_le_bytes());
-        let mut file = File::open(&self.path).map_err(bad)?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read(&mut buf).map_err(bad)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
+        hash_file(&mut h, &self.path)
+            .map_err(|e| ModelError::Dataset(format!("{}: {e}", self.path.display())))?;
         Ok(h.finalize().into())
     }
 }

@@ -34,7 +34,6 @@ pub struct JobParts<'a, M: PipelineModel> {
 /// The job's settings. Reads the dataset (and starting weights) once to hash them.
 pub fn job_of<M: PipelineModel>(parts: &JobParts<'_, M>) -> Result<Job, TrainError> {
     let d = parts.dataset;
-    let hex = |b: [u8; 32]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let validation = match parts.validation {
         Some(v) => format!(
             "the last {} of the examples; {} of them every {} steps",
@@ -50,7 +49,7 @@ pub fn job_of<M: PipelineModel>(parts: &JobParts<'_, M>) -> Result<Job, TrainErr
         ("model.architecture", parts.model.architecture()),
         ("model.layers", parts.model.num_layers().to_string()),
         ("model.init", init),
-        ("data.sha256", hex(d.fingerprint()?)),
+        ("data.sha256", hex::encode(d.fingerprint()?)),
         ("data.examples", d.len().to_string()),
         ("data.seq_len", d.seq_len().to_string()),
         ("data.vocab_size", d.vocab_size().to_string()),
