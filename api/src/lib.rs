@@ -178,6 +178,9 @@ pub enum TrainingPhase {
     Finished,
     /// This node's job is not the cluster's: it does not train (see `error`).
     Refused,
+    /// Some layers have no live holder and no complete checkpoint is left to roll back to:
+    /// training waits until the job is restored from a store (see `error`).
+    Stopped,
 }
 
 /// The planner's throughput estimate of a configuration, from the measured cost model.
@@ -258,6 +261,12 @@ pub struct StatusSnapshot {
     pub validation_step: Option<u64>,
     /// The replicated sample cursor: samples trained by committed steps.
     pub samples: u64,
+    /// Rollbacks and resumptions so far (steps of `/steps` carry the history they belong to).
+    pub history: u64,
+    /// Committed steps given up by rollbacks to a checkpoint (trained again after it).
+    pub rolled_back_steps: u64,
+    /// The step of the newest complete checkpoint cut, if any.
+    pub checkpoint_step: Option<u64>,
     /// Raft commit index.
     pub commit_index: u64,
     /// Raft applied index.
@@ -340,6 +349,9 @@ pub struct StepRecord {
     pub loss: f64,
     /// Loss on the held-out validation samples, on the steps that evaluate them.
     pub validation_loss: Option<f64>,
+    /// The history the step belongs to: a rollback to a checkpoint starts a new one, and the
+    /// steps after the checkpoint are committed again in it.
+    pub history: u64,
 }
 
 #[cfg(test)]

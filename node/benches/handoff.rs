@@ -98,6 +98,7 @@ async fn handoff(data: &[u8], key: &ClusterKey) -> f64 {
     let server = endpoint(holder.clone());
     let per = data.len() / LAYERS;
     server.hold(Some(Held {
+        history: 0,
         step: 1,
         start: 0,
         layers: data.chunks(per).map(<[u8]>::to_vec).collect(),
@@ -112,7 +113,7 @@ async fn handoff(data: &[u8], key: &ClusterKey) -> f64 {
         addr,
     };
     let t = Instant::now();
-    let got = fetch(&client, &peer, 1, 0..LAYERS).await.expect("fetch");
+    let got = fetch(&client, &peer, 0, 1, 0..LAYERS).await.expect("fetch");
     let secs = t.elapsed().as_secs_f64();
     task.abort();
     assert_eq!(got.iter().map(Vec::len).sum::<usize>(), data.len());

@@ -190,6 +190,27 @@ impl Handler<NoticeWatch> for Status {
     }
 }
 
+/// The cluster rolled back: the committed steps from `next_step` on belong to an abandoned
+/// history and leave `/steps` (they are committed again in the new one).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct StepsRewound {
+    /// The step the cluster trains next.
+    pub next_step: u64,
+}
+
+impl Handler<StepsRewound> for Status {
+    type Result = ();
+
+    fn handle(&mut self, rewound: StepsRewound, _: &mut Context<Self>) {
+        self.cells
+            .steps
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .retain(|r| r.step < rewound.next_step);
+    }
+}
+
 impl Handler<StepRecord> for Status {
     type Result = ();
 

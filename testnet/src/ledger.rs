@@ -2,7 +2,9 @@
 //!
 //! * [`StepLedger`]: every committed step any node reported on `/steps` while the run went
 //!   on. A committed step must never disappear or change: `lost_committed_steps` counts those
-//!   that are missing from the final sequence or whose record differs from the first sighting.
+//!   that are missing from the final sequence or whose record differs from the first sighting,
+//!   except the steps a rollback to a checkpoint gave up (a later history replaced them, or the
+//!   final sequence ends in a later history before them): those are `rolled_back_steps`.
 //! * [`sample_overlap`]: exactly-once data: the sample ranges of the final sequence must not
 //!   overlap (duplicates) or leave holes (gaps).
 //! * [`MigrationLedger`]: reconfigurations by epoch, with the kind any node reported and the
@@ -59,24 +61,47 @@ impl std::fmt::Display for LostStep {
 #[derive(Debug, Default)]
 pub struct StepLedger {
     steps: BTreeMap<u64, SeenStep>,
+    /// Steps of an earlier history that a later one replaced.
+    replaced: u64,
 }
 
 impl StepLedger {
     /// Records one node's `/steps` answer.
     pub fn observe(&mut self, records: &[StepRecord]) {
         for r in records {
-            self.steps
-                .entry(r.step)
-                .and_modify(|seen| {
-                    if seen.differing.is_none() && !same(&seen.record, r) {
-                        seen.differing = Some(*r);
-                    }
-                })
-                .or_insert(SeenStep {
-                    record: *r,
-                    differing: None,
-                });
+            let fresh = SeenStep {
+                record: *r,
+                differing: None,
+            };
+            let Some(seen) = self.steps.get_mut(&r.step) else {
+                self.steps.insert(r.step, fresh);
+                continue;
+            };
+            if r.history > seen.record.history {
+                self.replaced += 1;
+                *seen = fresh;
+            } else if r.history == seen.record.history
+                && seen.differing.is_none()
+                && !same(&seen.record, r)
+            {
+                seen.differing = Some(*r);
+            }
         }
+    }
+
+    /// Committed steps a rollback gave up: replaced by a later history, or after the end of
+    /// `final_seq` whose last history is later than theirs.
+    pub fn rolled_back(&self, final_seq: &[StepRecord]) -> u64 {
+        let last_history = final_seq.iter().map(|r| r.history).max();
+        let beyond = self
+            .steps
+            .iter()
+            .filter(|(step, seen)| {
+                !final_seq.iter().any(|f| f.step == **step)
+                    && last_history.is_some_and(|h| h > seen.record.history)
+            })
+            .count() as u64;
+        self.replaced + beyond
     }
 
     /// The highest step seen.
@@ -87,11 +112,16 @@ impl StepLedger {
     /// Committed steps missing from `final_seq` or whose record changed at any point.
     pub fn lost(&self, final_seq: &[StepRecord]) -> Vec<LostStep> {
         let finals: BTreeMap<u64, &StepRecord> = final_seq.iter().map(|r| (r.step, r)).collect();
+        let last_history = final_seq.iter().map(|r| r.history).max();
         self.steps
             .iter()
             .filter_map(|(step, seen)| {
                 let became = match (seen.differing, finals.get(step)) {
                     (Some(d), _) => Some(d),
+                    (None, None) if last_history.is_some_and(|h| h > seen.record.history) => {
+                        return None;
+                    }
+                    (None, Some(f)) if f.history > seen.record.history => return None,
                     (None, None) => None,
                     (None, Some(f)) if same(&seen.record, f) => return None,
                     (None, Some(f)) => Some(**f),
@@ -235,7 +265,43 @@ mod tests {
             samples,
             loss,
             validation_loss: None,
+            history: 0,
         }
+    }
+
+    #[test]
+    fn steps_a_rollback_replaced_are_rolled_back_not_lost() {
+        let mut l = StepLedger::default();
+        let old: Vec<StepRecord> = (0..6).map(|k| step(k, k * 8, 8, 4.0)).collect();
+        l.observe(&old);
+        let again = |k: u64| StepRecord {
+            history: 1,
+            loss: 3.0,
+            ..step(k, k * 8, 8, 3.0)
+        };
+        // Rolled back to the checkpoint after step 2; steps 3 and 4 trained again so far.
+        let final_seq: Vec<StepRecord> = old[..3]
+            .iter()
+            .copied()
+            .chain([again(3), again(4)])
+            .collect();
+        l.observe(&final_seq);
+        l.observe(&old[4..5]);
+        assert!(l.lost(&final_seq).is_empty(), "{:?}", l.lost(&final_seq));
+        assert_eq!(
+            l.rolled_back(&final_seq),
+            3,
+            "steps 3 and 4 replaced, 5 not retrained"
+        );
+        assert_eq!(sample_overlap(&final_seq), (0, 0));
+        let mut changed = again(2);
+        changed.history = 0;
+        l.observe(&[changed]);
+        assert_eq!(
+            l.lost(&final_seq).len(),
+            1,
+            "a change within one history is a loss"
+        );
     }
 
     #[test]

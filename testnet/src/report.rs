@@ -42,8 +42,13 @@ pub struct RunReport {
     pub migration_secs: f64,
     /// Every re-plan that moved the running job: when it was seen and how long it took.
     pub reconfigurations: Vec<Reconfiguration>,
-    /// Steps seen committed during the run that are missing from or changed in the end.
+    /// Steps seen committed during the run that are missing from or changed in the end
+    /// (rolled-back steps apart).
     pub lost_committed_steps: u64,
+    /// Committed steps given up by a rollback to a checkpoint (or a resumption after an
+    /// outage) and trained again in a later history (0 in reports written before it was).
+    #[serde(default)]
+    pub rolled_back_steps: u64,
     /// Samples trained by more than one committed step.
     pub duplicate_samples: u64,
     /// Wall-clock seconds of the run: cluster start-up, replay and collection (not a build of
@@ -202,6 +207,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
             })
             .collect(),
         lost_committed_steps: lost.len() as u64,
+        rolled_back_steps: obs.monitor.steps.rolled_back(seq),
         duplicate_samples: duplicates,
         wall_secs: meta.wall_secs,
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
@@ -253,6 +259,10 @@ pub fn print_table(runs: &[(&RunReport, u64)]) {
         (
             "lost committed",
             col(runs, |r| r.lost_committed_steps.to_string()),
+        ),
+        (
+            "rolled back",
+            col(runs, |r| r.rolled_back_steps.to_string()),
         ),
         (
             "duplicate samples",
@@ -388,9 +398,13 @@ pub fn summary(r: &RunReport) -> String {
             r.lost_committed_steps, r.duplicate_samples
         )
     };
+    let rolled_back = match r.rolled_back_steps {
+        0 => String::new(),
+        n => format!(" ({n} steps rolled back to a checkpoint and trained again)"),
+    };
     format!(
         "{}: {loss}; {total} reconfigurations ({} intra, {} inter, {} repartition, {} restart) \
-         taking {:.1} s; {safety}",
+         taking {:.1} s; {safety}{rolled_back}",
         r.strategy, m.intra, m.inter, m.repartition, m.restart, r.migration_secs
     )
 }
@@ -470,6 +484,7 @@ mod tests {
             samples: 8,
             loss,
             validation_loss: (step != 2).then_some(loss + 0.5),
+            history: 0,
         };
         let mut monitor = Monitor::default();
         monitor.steps.observe(&[step(1, 0, 4.0), step(2, 8, 3.0)]);
@@ -535,6 +550,7 @@ mod tests {
                 "nodes_max",
                 "percent_of_ideal",
                 "reconfigurations",
+                "rolled_back_steps",
                 "samples",
                 "simulated_samples",
                 "strategy",
@@ -614,6 +630,7 @@ mod tests {
             migrations: MigrationCounts::default(),
             migration_secs: 0.0,
             lost_committed_steps: 0,
+            rolled_back_steps: 0,
             duplicate_samples: 0,
             wall_secs: 1.0,
             emulated: Some(e),

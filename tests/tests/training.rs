@@ -90,8 +90,12 @@ fn two_by_two_across_processes_matches_one_process() {
     assert!(last < 0.8 * first, "loss fell: {first} -> {last}");
     let status = c.nodes[i].status().unwrap();
     assert_eq!(status.config, Some((2, 2)));
+    assert_model_equals_one_process(&c, steps_total);
+}
 
-    // The first replica of each stage checkpoints after the last step.
+/// The checkpoints the first replica of each stage took after the last step equal the model
+/// one process trains over the same steps: two pipelines of the same stages, same data order.
+fn assert_model_equals_one_process(c: &LocalCluster, steps_total: u64) {
     let files = wait_for(Duration::from_secs(30), || {
         let mut f: Vec<_> = c
             .nodes
@@ -105,8 +109,6 @@ fn two_by_two_across_processes_matches_one_process() {
     })
     .unwrap_or_else(|| panic!("no final checkpoints\n{}", c.logs()));
     let ranges: Vec<_> = files.iter().map(|(_, r, _)| r.clone()).collect();
-
-    // The same 30 steps in one process: two pipelines of the same stages, same data order.
     let model = Arc::new(Gpt::new(GptConfig::tiny()).unwrap());
     let gpt = GptConfig::tiny();
     let task = SyntheticTask::default_for(SEED, gpt.vocab_size, gpt.seq_len).unwrap();
@@ -151,6 +153,66 @@ fn two_by_two_across_processes_matches_one_process() {
             assert!(max <= 1e-4, "layer {layer}: max abs difference {max}");
         }
     }
+}
+
+/// Both replicas of a stage are SIGKILLed at once in a 2 x 2 run: the cluster rolls back to
+/// its newest complete checkpoint cut (no layer is restored from an older step than the live
+/// ones), trains the rolled-back samples again, and ends with the model one process trains.
+#[test]
+fn losing_a_whole_stage_rolls_back_and_the_model_still_equals_one_process() {
+    let _serial = serial();
+    let steps_total = 30u64;
+    let config = train_config(
+        "pin = [2, 2]",
+        &format!("max_steps = {steps_total}\ncheckpoint_every = 5"),
+    );
+    let mut c = training_cluster(&config, 6, 12);
+    let stage_nodes = |stage: u64| -> Vec<usize> {
+        workers(&c)
+            .into_iter()
+            .filter(|(_, slot)| slot[1] == stage)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let victims = [stage_nodes(0), stage_nodes(1)]
+        .into_iter()
+        .find(|v| v.len() == 2)
+        .unwrap_or_else(|| panic!("a stage without the leader\n{}", c.logs()));
+    let before = last_step(&c).unwrap();
+    for &v in &victims {
+        c.nodes[v].kill();
+    }
+    eprintln!("killed nodes {victims:?} after step {before}");
+    let rolled_back = wait_for(Duration::from_secs(90), || {
+        c.statuses()
+            .into_iter()
+            .map(|(_, s)| s.rolled_back_steps)
+            .find(|r| *r > 0)
+    })
+    .unwrap_or_else(|| panic!("no rollback\n{}", c.logs()));
+    eprintln!("rolled back {rolled_back} steps");
+    let done = wait_for(Duration::from_secs(240), || {
+        (0..c.nodes.len())
+            .filter(|i| !victims.contains(i))
+            .find(|&i| steps(&c, i).len() as u64 == steps_total)
+    })
+    .unwrap_or_else(|| panic!("{steps_total} steps did not commit\n{}", c.logs()));
+    let status = c.nodes[done].status().unwrap();
+    assert_eq!(status.rolled_back_steps, rolled_back);
+    assert_eq!(status.history, 1);
+    let record = steps(&c, done);
+    for (k, s) in record.iter().enumerate() {
+        assert_eq!(s.step, k as u64);
+        assert_eq!(s.sample_start, k as u64 * BATCH, "exactly-once cursor");
+    }
+    assert!(
+        record.iter().any(|r| r.history == 1),
+        "steps after the cut are committed in the new history"
+    );
+    let logs = c.logs();
+    assert!(logs.contains("rolled back to the newest complete checkpoint"));
+    assert!(!logs.contains("start afresh"));
+    assert_model_equals_one_process(&c, steps_total);
 }
 
 /// The longest committed step sequence any running node shows, checked for exactly-once data:
@@ -301,24 +363,20 @@ fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
         m.iter().any(|x| x.kind == MigrationKind::Restart),
         "stage {slot:?} restored from a checkpoint: {m:?}"
     );
-    assert!(c.logs().contains("restoring layers from a checkpoint"));
+    assert!(
+        c.logs()
+            .contains("restoring layers from the checkpoint of the step")
+    );
     committed_sequence(&c);
 }
 
-/// Every surviving copy of the newest checkpoints is damaged after a stage's only replica
-/// dies: the restore refuses them (their bytes are not the digest committed in raft) and
-/// falls back to the older checkpoint.
-#[test]
-fn a_damaged_checkpoint_is_refused_and_the_older_one_restores() {
-    let _serial = serial();
-    let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 2"), 3, 9);
-    let (victim, slot) = *workers(&c).first().expect("a training non-leader");
-    let before = last_step(&c).unwrap();
-    c.nodes[victim].kill();
+/// Damages the checkpoint files of the nodes other than `victim`: those of the newest step
+/// each holds, or all of them.
+fn damage_checkpoints(c: &LocalCluster, victim: usize, all: bool) {
     for (i, node) in c.nodes.iter().enumerate().filter(|(i, _)| *i != victim) {
         let files = checkpoint_files(&node.data_dir);
         let newest = files.iter().map(|(s, _, _)| *s).max().unwrap_or(0);
-        for (_, _, path) in files.iter().filter(|(s, _, _)| *s == newest) {
+        for (_, _, path) in files.iter().filter(|(s, _, _)| all || *s == newest) {
             let mut bytes = std::fs::read(path).expect("checkpoint");
             let middle = bytes.len() / 2;
             bytes[middle] ^= 0xff;
@@ -326,6 +384,19 @@ fn a_damaged_checkpoint_is_refused_and_the_older_one_restores() {
             eprintln!("damaged {} of node {i}", path.display());
         }
     }
+}
+
+/// Every surviving copy of the newest checkpoints is damaged after a stage's only replica
+/// dies: the restore refuses them (their bytes are not the digest committed in raft) and
+/// the cluster rolls back to the older complete checkpoint.
+#[test]
+fn a_damaged_checkpoint_is_refused_and_the_older_one_restores() {
+    let _serial = serial();
+    let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 2"), 3, 9);
+    let (victim, slot) = *workers(&c).first().expect("a training non-leader");
+    let before = last_step(&c).unwrap();
+    c.nodes[victim].kill();
+    damage_checkpoints(&c, victim, false);
     trains_on(&c, before, 2, Duration::from_secs(90));
     let logs = c.logs();
     assert!(
@@ -333,10 +404,47 @@ fn a_damaged_checkpoint_is_refused_and_the_older_one_restores() {
         "stage {slot:?}: the damaged copy was not refused\n{logs}"
     );
     assert!(
-        logs.contains("restoring layers from a checkpoint"),
+        logs.contains("restoring layers from the checkpoint of the step"),
         "{logs}"
     );
+    let rolled_back = c
+        .statuses()
+        .into_iter()
+        .map(|(_, s)| s.rolled_back_steps)
+        .max();
+    assert!(rolled_back > Some(0), "{logs}");
     committed_sequence(&c);
+}
+
+/// Every copy of every checkpoint is damaged after a stage's only replica dies: training stops
+/// with a clear status naming the missing layers, and nothing is retried in a loop or
+/// re-initialised.
+#[test]
+fn with_every_checkpoint_damaged_training_stops_with_a_clear_status() {
+    let _serial = serial();
+    let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 2"), 3, 9);
+    let (victim, _) = *workers(&c).first().expect("a training non-leader");
+    c.nodes[victim].kill();
+    damage_checkpoints(&c, victim, true);
+    let stopped = wait_for(Duration::from_secs(90), || {
+        c.statuses().into_iter().find_map(|(_, s)| {
+            let t = s.training?;
+            (t.phase == TrainingPhase::Stopped).then_some((t.error?, s.step))
+        })
+    })
+    .unwrap_or_else(|| panic!("training did not stop\n{}", c.logs()));
+    assert!(
+        stopped.0.contains("no complete checkpoint is left"),
+        "{stopped:?}"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(last_step(&c), Some(stopped.1), "no step after the stop");
+    let logs = c.logs();
+    assert!(!logs.contains("start afresh"));
+    let refusals = logs
+        .matches("does not match the digest committed in raft")
+        .count();
+    assert!(refusals < 20, "{refusals} refusals: a restore loop\n{logs}");
 }
 
 #[test]
@@ -461,7 +569,13 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         assert_eq!(ask(stale).await, None);
         // State it does not hold, an empty range.
         for (step, start, end) in [(1_000_000, 0, 1), (0, 3, 1)] {
-            let r = ask(Request::Fetch { step, start, end }).await;
+            let r = ask(Request::Fetch {
+                history: 0,
+                step,
+                start,
+                end,
+            })
+            .await;
             assert!(matches!(r, Some(Reply::Refused(_))), "{r:?}");
         }
         // A checkpoint from a member the plan does not make a stage's first replica (its bytes

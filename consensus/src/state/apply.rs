@@ -7,8 +7,8 @@ use super::ControlState;
 use super::command::{Command, Rejection, StateEvent};
 use super::limits;
 use super::types::{
-    AvailabilitySample, CheckpointRecord, Digest32, Job, LayerCost, LayerRange, LossRecord, Member,
-    MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot,
+    AvailabilitySample, Cut, CutPart, Digest32, Job, LayerCost, LossRecord, Member, MemberStatus,
+    NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot, StepEnd,
 };
 use crate::ids::NodeId;
 
@@ -51,7 +51,25 @@ pub(super) fn apply(
             layers,
             holders,
             digest,
-        } => checkpointed(state, *step, *epoch, *layers, holders, *digest),
+            stored,
+        } => checkpointed(
+            state,
+            *step,
+            *epoch,
+            CutPart {
+                layers: *layers,
+                holders: holders.clone(),
+                digest: *digest,
+                stored: *stored,
+            },
+        ),
+        Command::RollBack {
+            node,
+            epoch,
+            at_step,
+            to_step,
+        } => roll_back(state, *node, *epoch, *at_step, *to_step),
+        Command::AdoptCut { cut } => adopt_cut(state, cut),
         Command::CostReport {
             node,
             step,
@@ -426,6 +444,15 @@ fn step_committed(
     if let Some(loss) = r.validation_loss {
         progress.last_validation = Some(LossRecord { step: r.step, loss });
     }
+    if progress.step_ends.len() >= limits::MAX_STEP_ENDS {
+        progress.step_ends.pop_front();
+    }
+    progress.step_ends.push_back(StepEnd {
+        step: r.step,
+        epoch: r.epoch,
+        sample_cursor: cursor,
+        optimizer: r.optimizer,
+    });
     let mut events = vec![StateEvent::StepCommitted { step: r.step }];
     events.extend(activate_due_plan(state));
     Ok(events)
@@ -435,9 +462,7 @@ fn checkpointed(
     state: &mut ControlState,
     step: u64,
     epoch: u64,
-    layers: LayerRange,
-    holders: &[NodeId],
-    digest: Digest32,
+    mut part: CutPart,
 ) -> Result<Vec<StateEvent>, Rejection> {
     if state
         .progress
@@ -446,48 +471,246 @@ fn checkpointed(
     {
         return Err(Rejection::FutureStep(step));
     }
-    if layers.start >= layers.end {
+    let end = *state
+        .progress
+        .step_ends
+        .iter()
+        .find(|e| e.step == step)
+        .ok_or_else(|| {
+            invalid(
+                "step",
+                format!("step {step} is not among the last committed steps of this history"),
+            )
+        })?;
+    if end.epoch != epoch {
+        return Err(Rejection::StaleEpoch {
+            current: end.epoch,
+            got: epoch,
+        });
+    }
+    let layers = state
+        .plan
+        .as_ref()
+        .and_then(|p| p.partition.last().copied())
+        .ok_or(Rejection::NoPlan)?;
+    let range = part.layers;
+    if range.start >= range.end || range.end > layers {
         return Err(invalid(
             "layers",
-            format!("{}..{}", layers.start, layers.end),
+            format!("{}..{} of {layers} layers", range.start, range.end),
         ));
     }
-    if holders.is_empty() || holders.len() > limits::MAX_HOLDERS {
-        return Err(invalid("holders", format!("{} holders", holders.len())));
+    if (part.holders.is_empty() && !part.stored) || part.holders.len() > limits::MAX_HOLDERS {
+        return Err(invalid(
+            "holders",
+            format!("{} holders, stored: {}", part.holders.len(), part.stored),
+        ));
     }
-    if let Some(h) = holders.iter().find(|h| !state.members.contains_key(h)) {
+    if let Some(h) = part.holders.iter().find(|h| !state.members.contains_key(h)) {
         return Err(Rejection::UnknownNode(*h));
     }
-    if !state.checkpoints.contains_key(&layers)
-        && state.checkpoints.len() >= limits::MAX_CHECKPOINT_RANGES
+    if state
+        .newest_complete_cut()
+        .is_some_and(|c| c.end.step >= step && !state.checkpoints.contains_key(&step))
     {
-        return Err(invalid("layers", "checkpoint registry is full"));
+        return Err(invalid(
+            "step",
+            format!("step {step} is not after the newest complete checkpoint"),
+        ));
     }
-    let records = state.checkpoints.entry(layers).or_default();
-    let mut holders: Vec<NodeId> = holders.to_vec();
-    if let Some(same) = records
-        .iter_mut()
-        .find(|r| r.step == step && r.digest == digest)
+    if let Some(cut) = state.checkpoints.get(&step)
+        && let Some(other) = cut.parts.iter().find(|p| {
+            p.layers.start < range.end
+                && range.start < p.layers.end
+                && (p.layers != range || p.digest != part.digest)
+        })
     {
-        holders.extend_from_slice(&same.holders);
-        holders.sort_unstable();
-        holders.dedup();
-        holders.truncate(limits::MAX_HOLDERS);
-        same.holders = holders;
-    } else {
-        holders.sort_unstable();
-        holders.dedup();
-        records.push(CheckpointRecord {
-            step,
-            epoch,
-            layers,
-            holders,
-            digest,
+        return Err(invalid(
+            "layers",
+            format!(
+                "{}..{} conflicts with the registered part {}..{} of step {step}",
+                range.start, range.end, other.layers.start, other.layers.end
+            ),
+        ));
+    }
+    part.holders.sort_unstable();
+    part.holders.dedup();
+    let history = state.progress.history;
+    let cut = state.checkpoints.entry(step).or_insert_with(|| Cut {
+        end,
+        history,
+        layers,
+        parts: Vec::new(),
+    });
+    match cut.parts.iter_mut().find(|p| p.layers == range) {
+        Some(same) => {
+            same.holders.extend_from_slice(&part.holders);
+            same.holders.sort_unstable();
+            same.holders.dedup();
+            same.holders.truncate(limits::MAX_HOLDERS);
+            same.stored |= part.stored;
+        }
+        None => {
+            cut.parts.push(part);
+            cut.parts.sort_by_key(|p| p.layers.start);
+        }
+    }
+    let complete = cut.is_complete();
+    prune_cuts(state);
+    Ok(vec![StateEvent::CheckpointRegistered {
+        layers: range,
+        step,
+        complete,
+    }])
+}
+
+/// Keeps the newest complete cuts and at most a few incomplete ones after them.
+fn prune_cuts(state: &mut ControlState) {
+    let complete: Vec<u64> = state
+        .checkpoints
+        .values()
+        .rev()
+        .filter(|c| c.is_complete())
+        .map(|c| c.end.step)
+        .collect();
+    let oldest_kept = complete
+        .get(limits::MAX_COMPLETE_CUTS - 1)
+        .or(complete.last())
+        .copied();
+    let newest_complete = complete.first().copied();
+    state.checkpoints.retain(|step, cut| {
+        oldest_kept.is_none_or(|o| *step >= o)
+            && (cut.is_complete() || newest_complete.is_none_or(|n| *step > n))
+    });
+    let open: Vec<u64> = state
+        .checkpoints
+        .values()
+        .filter(|c| !c.is_complete())
+        .map(|c| c.end.step)
+        .collect();
+    for step in open
+        .iter()
+        .take(open.len().saturating_sub(limits::MAX_OPEN_CUTS))
+    {
+        state.checkpoints.remove(step);
+    }
+}
+
+/// Rewinds progress to a complete cut and starts a new history there: the steps after
+/// it are dropped from the progress (counted in `rolled_back_steps`) and will be trained again
+/// on the same samples. The plan in force (or the pending one) continues under a new epoch, so
+/// every step in flight is superseded and every node restores its stage from the cut.
+fn roll_back(
+    state: &mut ControlState,
+    node: NodeId,
+    epoch: u64,
+    at_step: u64,
+    to_step: u64,
+) -> Result<Vec<StateEvent>, Rejection> {
+    let plan = state.plan.as_ref().ok_or(Rejection::NoPlan)?;
+    if plan.epoch != epoch {
+        return Err(Rejection::StaleEpoch {
+            current: plan.epoch,
+            got: epoch,
         });
-        records.sort_by_key(|r| std::cmp::Reverse(r.step));
-        records.truncate(limits::MAX_CHECKPOINTS_PER_RANGE);
     }
-    Ok(vec![StateEvent::CheckpointRegistered { layers, step }])
+    if !plan.assignment.contains_key(&node) {
+        return Err(invalid("node", format!("{node} has no slot in the plan")));
+    }
+    let next = state.progress.next_step();
+    if at_step != next {
+        return Err(not_the_next_step(at_step, next));
+    }
+    let end = state
+        .checkpoints
+        .get(&to_step)
+        .filter(|c| c.is_complete())
+        .map(|c| c.end)
+        .ok_or(Rejection::NoCheckpoint)?;
+    if end.step + 1 >= next {
+        return Err(invalid(
+            "to_step",
+            format!(
+                "the checkpoint of step {} holds the state entering step {next}: nothing to roll back",
+                end.step
+            ),
+        ));
+    }
+    let latest_epoch = state
+        .pending_plan
+        .as_ref()
+        .map_or(plan.epoch, |p| p.epoch.max(plan.epoch));
+    let mut resumed = state.pending_plan.take().unwrap_or_else(|| plan.clone());
+    resumed.epoch = latest_epoch + 1;
+    resumed.at_step = end.step + 1;
+    let progress = &mut state.progress;
+    progress.rolled_back_steps += next - (end.step + 1);
+    progress.history += 1;
+    rewind(progress, end);
+    state.checkpoints.retain(|step, _| *step <= end.step);
+    state.pending_plan = Some(resumed);
+    let mut events = vec![StateEvent::RolledBack {
+        from_step: next,
+        to_step: end.step + 1,
+    }];
+    events.extend(activate_due_plan(state));
+    Ok(events)
+}
+
+fn not_the_next_step(at_step: u64, next: u64) -> Rejection {
+    if at_step < next {
+        Rejection::AlreadyCommitted(at_step)
+    } else {
+        Rejection::StepGap {
+            expected: next,
+            got: at_step,
+        }
+    }
+}
+
+/// Sets the progress to the end of step `end.step`, forgetting what came after it.
+fn rewind(progress: &mut super::Progress, end: StepEnd) {
+    progress.last_committed_step = Some(end.step);
+    progress.sample_cursor = end.sample_cursor;
+    progress.optimizer = end.optimizer;
+    progress.recent_losses.retain(|l| l.step <= end.step);
+    progress.step_ends.retain(|e| e.step <= end.step);
+    if progress.step_ends.back() != Some(&end) {
+        progress.step_ends.push_back(end);
+    }
+    if progress.last_validation.is_some_and(|v| v.step > end.step) {
+        progress.last_validation = None;
+    }
+    if progress.audited_step.is_some_and(|s| s > end.step) {
+        progress.audited_step = None;
+        progress.stage_digests.clear();
+    }
+}
+
+/// A new cluster takes up a job where a stored complete cut left it.
+fn adopt_cut(state: &mut ControlState, cut: &Cut) -> Result<Vec<StateEvent>, Rejection> {
+    if let Some(last) = state.progress.last_committed_step {
+        return Err(Rejection::AlreadyCommitted(last));
+    }
+    if cut.parts.len() > limits::MAX_PLAN_DIM as usize || !cut.is_stored() {
+        return Err(invalid(
+            "cut",
+            format!(
+                "{} parts over {} layers: not a complete stored cut",
+                cut.parts.len(),
+                cut.layers
+            ),
+        ));
+    }
+    let mut adopted = cut.clone();
+    for part in &mut adopted.parts {
+        part.holders.clear();
+    }
+    let progress = &mut state.progress;
+    progress.history = cut.history + 1;
+    rewind(progress, cut.end);
+    state.checkpoints = [(cut.end.step, adopted)].into_iter().collect();
+    Ok(vec![StateEvent::CutAdopted { step: cut.end.step }])
 }
 
 fn cost_report(

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{Digest32, Job, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan};
+use super::types::{Cut, Digest32, Job, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan};
 use crate::codec::{self, CodecError};
 use crate::ids::NodeId;
 
@@ -77,9 +77,10 @@ pub enum Command {
         /// Optimizer scalars after the step.
         optimizer: OptimizerScalars,
     },
-    /// A stage state was checkpointed on peers.
+    /// A stage's part of the checkpoint cut of a step was saved on peers (and maybe in the
+    /// job's durable store); the cut becomes complete once every stage's part is registered.
     Checkpointed {
-        /// Step whose end state was saved (already committed).
+        /// Step whose end state was saved (one of the last committed steps).
         step: u64,
         /// Epoch of that step.
         epoch: u64,
@@ -89,6 +90,28 @@ pub enum Command {
         holders: Vec<NodeId>,
         /// Digest of the saved state.
         digest: Digest32,
+        /// The part is in the job's durable store too.
+        stored: bool,
+    },
+    /// Some layers have no live holder: the cluster goes back to the newest complete checkpoint
+    /// cut, and the steps after it are trained again (the model then always equals a committed
+    /// step, never a mix of two).
+    RollBack {
+        /// The member that found the layers missing.
+        node: NodeId,
+        /// The plan it found them under (the current one).
+        epoch: u64,
+        /// The step it was to train (the next step).
+        at_step: u64,
+        /// The step of the complete cut to go back to: the newest one, or an older one when
+        /// every copy of a part of the newer ones failed its digest.
+        to_step: u64,
+    },
+    /// A new cluster resumes a job from a complete cut in the job's durable store (after an
+    /// outage took every node); accepted only before the cluster commits any step.
+    AdoptCut {
+        /// The cut, every part in the store.
+        cut: Cut,
     },
     /// The job the cluster trains: the first definition that commits stands; the same one
     /// again changes nothing, another is rejected naming the setting that differs.
@@ -135,6 +158,8 @@ impl Command {
             Command::Checkpointed { .. } => "checkpointed",
             Command::CostReport { .. } => "cost_report",
             Command::DefineJob { .. } => "define_job",
+            Command::RollBack { .. } => "roll_back",
+            Command::AdoptCut { .. } => "adopt_cut",
         }
     }
 }
@@ -190,11 +215,25 @@ pub enum StateEvent {
         /// The step.
         step: u64,
     },
-    /// A checkpoint was registered.
+    /// A checkpoint part was registered.
     CheckpointRegistered {
         /// Its layers.
         layers: LayerRange,
         /// Its step.
+        step: u64,
+        /// The cut of the step is complete now.
+        complete: bool,
+    },
+    /// The cluster rolled back to a complete cut.
+    RolledBack {
+        /// The step it was to train.
+        from_step: u64,
+        /// The step it trains next (the cut's step + 1).
+        to_step: u64,
+    },
+    /// A new cluster adopted a stored cut.
+    CutAdopted {
+        /// The cut's step.
         step: u64,
     },
     /// Measured costs were recorded.
@@ -294,4 +333,7 @@ pub enum Rejection {
     /// A checkpoint of a step not committed yet.
     #[error("checkpoint of uncommitted step {0}")]
     FutureStep(u64),
+    /// A rollback with no complete checkpoint cut to go back to.
+    #[error("no complete checkpoint to roll back to")]
+    NoCheckpoint,
 }

@@ -19,9 +19,9 @@ use sha2::{Digest, Sha256};
 
 pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateEvent};
 pub use types::{
-    AvailabilitySample, Capabilities, CheckpointRecord, Digest32, Job, LayerCost, LayerRange,
+    AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, LayerCost, LayerRange,
     LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, Progress,
-    RaftRole, Retired, StageSlot,
+    RaftRole, Retired, StageSlot, StepEnd,
 };
 
 use crate::codec::{self, CodecError};
@@ -30,7 +30,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 5;
+pub const SNAPSHOT_VERSION: u16 = 6;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {
@@ -48,12 +48,14 @@ pub mod limits {
     pub const MAX_RECENT_LOSSES: usize = 256;
     /// Pipeline stages and data-parallel width of a plan.
     pub const MAX_PLAN_DIM: u32 = 1024;
-    /// Checkpoints kept per layer range (newest first).
-    pub const MAX_CHECKPOINTS_PER_RANGE: usize = 2;
-    /// Holders of one checkpoint.
+    /// Complete checkpoint cuts kept (newest first); a rollback goes to the newest.
+    pub const MAX_COMPLETE_CUTS: usize = 2;
+    /// Incomplete cuts newer than the newest complete one (the oldest is dropped first).
+    pub const MAX_OPEN_CUTS: usize = 4;
+    /// Holders of one checkpoint part.
     pub const MAX_HOLDERS: usize = 16;
-    /// Layer range entries in the checkpoint registry.
-    pub const MAX_CHECKPOINT_RANGES: usize = 1024;
+    /// Committed steps a checkpoint may register against (older ones are refused).
+    pub const MAX_STEP_ENDS: usize = 64;
     /// Layers per cost report.
     pub const MAX_COST_LAYERS: usize = 4096;
     /// Peers per cost report.
@@ -84,8 +86,8 @@ pub struct ControlState {
     pub pending_plan: Option<Plan>,
     /// Training progress.
     pub progress: Progress,
-    /// Checkpoints by layer range, newest first within a range.
-    pub checkpoints: BTreeMap<LayerRange, Vec<CheckpointRecord>>,
+    /// Checkpoint cuts by step: the newest complete ones and the incomplete ones after them.
+    pub checkpoints: BTreeMap<u64, Cut>,
     /// Measured costs by node.
     pub costs: BTreeMap<NodeId, NodeCosts>,
     /// Members that left, newest last: refused at admission, in raft and as joiners (a machine
@@ -96,6 +98,11 @@ pub struct ControlState {
 }
 
 impl ControlState {
+    /// The newest complete checkpoint cut.
+    pub fn newest_complete_cut(&self) -> Option<&Cut> {
+        self.checkpoints.values().rev().find(|c| c.is_complete())
+    }
+
     /// Whether `node` left the cluster (and so may never act in it again).
     pub fn is_retired(&self, node: NodeId) -> bool {
         self.retired.iter().any(|r| r.id == node)

@@ -375,44 +375,252 @@ fn invalid_plans_are_rejected() {
     ));
 }
 
-#[test]
-fn checkpoint_registry_keeps_newest_and_merges_holders() {
+fn part(step: u64, stage: u32, holders: Vec<NodeId>) -> Command {
+    Command::Checkpointed {
+        step,
+        epoch: 1,
+        layers: LayerRange {
+            start: stage * 4,
+            end: stage * 4 + 4,
+        },
+        holders,
+        digest: [step as u8 + stage as u8; 32],
+        stored: false,
+    }
+}
+
+/// Nodes 1-4 under a 2 x 2 plan of epoch 1 with steps `0..steps` committed.
+fn trained(steps: u64) -> ControlState {
     let mut s = state_with(4);
     s.apply(&Command::Reconfigure {
         plan: plan(1, 2, 2, 0),
     })
     .unwrap();
-    let layers = LayerRange { start: 0, end: 4 };
-    let ckpt = |step: u64, holders: Vec<NodeId>| Command::Checkpointed {
-        step,
-        epoch: 1,
-        layers,
-        holders,
-        digest: [step as u8; 32],
-    };
-    assert_eq!(
-        rejected(&mut s, &ckpt(0, vec![id(3)])),
-        Rejection::FutureStep(0)
-    );
-    for i in 0..3 {
+    for i in 0..steps {
         s.apply(&step(i, 1, i * 8, 2)).unwrap();
     }
-    s.apply(&ckpt(0, vec![id(3)])).unwrap();
-    s.apply(&ckpt(1, vec![id(3)])).unwrap();
-    s.apply(&ckpt(1, vec![id(4)])).unwrap();
-    s.apply(&ckpt(2, vec![id(4)])).unwrap();
-    let records = &s.checkpoints[&layers];
+    s
+}
+
+#[test]
+fn a_cut_is_complete_once_every_stage_registered_and_the_newest_complete_ones_stay() {
+    let mut s = trained(0);
     assert_eq!(
-        records.iter().map(|r| r.step).collect::<Vec<_>>(),
-        vec![2, 1]
+        rejected(&mut s, &part(0, 0, vec![id(1)])),
+        Rejection::FutureStep(0)
     );
-    let mut both = vec![id(3), id(4)];
-    both.sort();
-    assert_eq!(records[1].holders, both);
+    let mut s = trained(10);
+    s.apply(&part(1, 0, vec![id(1)])).unwrap();
+    s.apply(&part(1, 0, vec![id(2)])).unwrap();
+    assert!(!s.checkpoints[&1].is_complete());
+    assert_eq!(s.checkpoints[&1].parts[0].holders.len(), 2, "holders merge");
+    let events = s.apply(&part(1, 1, vec![id(2)])).unwrap();
+    assert_eq!(
+        events,
+        vec![StateEvent::CheckpointRegistered {
+            layers: LayerRange { start: 4, end: 8 },
+            step: 1,
+            complete: true
+        }]
+    );
+    let cut = &s.checkpoints[&1];
+    assert_eq!(cut.end.sample_cursor, 16, "the cursor after step 1");
+    assert_eq!(cut.end.optimizer.step_count, 2);
+    for k in [3, 5, 7] {
+        s.apply(&part(k, 0, vec![id(1)])).unwrap();
+    }
+    assert_eq!(
+        s.checkpoints.keys().copied().collect::<Vec<_>>(),
+        vec![1, 3, 5, 7],
+        "incomplete cuts after the newest complete one stay"
+    );
+    s.apply(&part(5, 1, vec![id(2)])).unwrap();
+    assert_eq!(
+        s.checkpoints.keys().copied().collect::<Vec<_>>(),
+        vec![1, 5, 7],
+        "an incomplete cut older than a complete one goes"
+    );
+    s.apply(&part(7, 1, vec![id(2)])).unwrap();
+    assert_eq!(
+        s.checkpoints.keys().copied().collect::<Vec<_>>(),
+        vec![5, 7],
+        "the two newest complete cuts"
+    );
+    assert_eq!(s.newest_complete_cut().map(|c| c.end.step), Some(7));
+    for k in [8, 9] {
+        s.apply(&part(k, 0, vec![id(1)])).unwrap();
+    }
     assert!(matches!(
-        rejected(&mut s, &ckpt(2, vec![id(9)])),
+        rejected(&mut s, &part(3, 0, vec![id(1)])),
+        Rejection::Invalid { field: "step", .. }
+    ));
+    let mut other = part(9, 0, vec![id(1)]);
+    if let Command::Checkpointed { digest, .. } = &mut other {
+        *digest = [0; 32];
+    }
+    assert!(matches!(
+        rejected(&mut s, &other),
+        Rejection::Invalid {
+            field: "layers",
+            ..
+        }
+    ));
+    assert!(matches!(
+        rejected(&mut s, &part(9, 0, vec![id(9)])),
         Rejection::UnknownNode(_)
     ));
+    assert!(matches!(
+        rejected(&mut s, &part(9, 2, vec![id(1)])),
+        Rejection::Invalid {
+            field: "layers",
+            ..
+        }
+    ));
+    let mut stale = part(9, 1, vec![id(2)]);
+    if let Command::Checkpointed { epoch, .. } = &mut stale {
+        *epoch = 2;
+    }
+    assert!(matches!(
+        rejected(&mut s, &stale),
+        Rejection::StaleEpoch { current: 1, got: 2 }
+    ));
+}
+
+#[test]
+fn incomplete_cuts_are_bounded() {
+    let mut s = trained(10);
+    for k in 0..10 {
+        s.apply(&part(k, 0, vec![id(1)])).unwrap();
+    }
+    assert_eq!(
+        s.checkpoints.keys().copied().collect::<Vec<_>>(),
+        vec![6, 7, 8, 9]
+    );
+}
+
+#[test]
+fn a_rollback_rewinds_to_the_newest_complete_cut_under_a_new_epoch() {
+    let mut s = trained(6);
+    let roll = |node, epoch, at_step| Command::RollBack {
+        node,
+        epoch,
+        at_step,
+        to_step: 2,
+    };
+    assert_eq!(
+        rejected(&mut s, &roll(id(1), 1, 6)),
+        Rejection::NoCheckpoint
+    );
+    s.apply(&part(2, 0, vec![id(1)])).unwrap();
+    s.apply(&part(2, 1, vec![id(2)])).unwrap();
+    s.apply(&part(5, 0, vec![id(1)])).unwrap();
+    assert!(matches!(
+        rejected(&mut s, &roll(id(1), 0, 6)),
+        Rejection::StaleEpoch { .. }
+    ));
+    assert!(matches!(
+        rejected(&mut s, &roll(id(1), 1, 5)),
+        Rejection::AlreadyCommitted(5)
+    ));
+    assert!(matches!(
+        rejected(&mut s, &roll(id(9), 1, 6)),
+        Rejection::Invalid { field: "node", .. }
+    ));
+    let events = s.apply(&roll(id(3), 1, 6)).unwrap();
+    assert_eq!(
+        events,
+        vec![
+            StateEvent::RolledBack {
+                from_step: 6,
+                to_step: 3
+            },
+            StateEvent::PlanActivated { epoch: 2 }
+        ]
+    );
+    let p = &s.progress;
+    assert_eq!(p.last_committed_step, Some(2));
+    assert_eq!(p.sample_cursor, 24);
+    assert_eq!(p.optimizer.step_count, 3);
+    assert_eq!(p.rolled_back_steps, 3);
+    assert_eq!(p.history, 1);
+    assert_eq!(p.recent_losses.back().map(|l| l.step), Some(2));
+    assert_eq!(p.audited_step, None, "the audited step 5 was rolled back");
+    assert_eq!(s.plan.as_ref().map(|p| (p.epoch, p.at_step)), Some((2, 3)));
+    assert_eq!(
+        s.checkpoints.keys().copied().collect::<Vec<_>>(),
+        vec![2],
+        "the open cut of a rolled-back step is gone"
+    );
+    assert!(matches!(
+        rejected(&mut s, &part(5, 1, vec![id(2)])),
+        Rejection::FutureStep(5)
+    ));
+    s.apply(&step(3, 2, 24, 2)).unwrap();
+    let mut again = |stage, holder| {
+        let mut c = part(3, stage, vec![holder]);
+        if let Command::Checkpointed { epoch, .. } = &mut c {
+            *epoch = 2;
+        }
+        s.apply(&c).unwrap();
+    };
+    again(0, id(1));
+    again(1, id(2));
+    assert_eq!(s.checkpoints[&3].history, 1);
+    let mut to_three = roll(id(1), 2, 4);
+    if let Command::RollBack { to_step, .. } = &mut to_three {
+        *to_step = 3;
+    }
+    assert!(matches!(
+        rejected(&mut s, &to_three),
+        Rejection::Invalid {
+            field: "to_step",
+            ..
+        }
+    ));
+    s.apply(&roll(id(1), 2, 4)).unwrap();
+    assert_eq!(
+        s.checkpoints.keys().copied().collect::<Vec<_>>(),
+        vec![2],
+        "back to an older cut (the newer one was corrupt): the newer one goes"
+    );
+    assert_eq!(s.progress.rolled_back_steps, 4);
+}
+
+#[test]
+fn a_new_cluster_adopts_a_stored_cut_before_its_first_step_only() {
+    let mut old = trained(6);
+    for stage in 0..2 {
+        let mut c = part(4, stage, vec![id(1)]);
+        if let Command::Checkpointed { stored, .. } = &mut c {
+            *stored = true;
+        }
+        old.apply(&c).unwrap();
+    }
+    let cut = old.checkpoints[&4].clone();
+    assert!(cut.is_stored());
+    let mut fresh = state_with(2);
+    let mut partial = cut.clone();
+    partial.parts.pop();
+    assert!(matches!(
+        rejected(&mut fresh, &Command::AdoptCut { cut: partial }),
+        Rejection::Invalid { field: "cut", .. }
+    ));
+    fresh
+        .apply(&Command::AdoptCut { cut: cut.clone() })
+        .unwrap();
+    assert_eq!(fresh.progress.next_step(), 5);
+    assert_eq!(fresh.progress.sample_cursor, 40);
+    assert_eq!(fresh.progress.history, 1);
+    assert!(
+        fresh.checkpoints[&4]
+            .parts
+            .iter()
+            .all(|p| p.holders.is_empty())
+    );
+    assert_eq!(
+        rejected(&mut old, &Command::AdoptCut { cut }),
+        Rejection::AlreadyCommitted(5)
+    );
 }
 
 #[test]

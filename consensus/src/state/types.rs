@@ -236,6 +236,14 @@ pub struct Progress {
     pub audited_step: Option<u64>,
     /// The validation loss of the most recent step that evaluated one.
     pub last_validation: Option<LossRecord>,
+    /// Ends of the most recent committed steps, oldest first (bounded): a checkpoint registers
+    /// against them.
+    pub step_ends: std::collections::VecDeque<StepEnd>,
+    /// Rollbacks and resumptions so far: steps committed in an earlier history after the
+    /// checkpoint it went back to were trained again in this one.
+    pub history: u64,
+    /// Committed steps given up by rollbacks (trained again since, or to be).
+    pub rolled_back_steps: u64,
 }
 
 impl Progress {
@@ -245,19 +253,73 @@ impl Progress {
     }
 }
 
-/// A stage checkpoint stored on peers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckpointRecord {
-    /// Step whose end state was saved.
+/// The end of one committed step as the cut registry needs it: a checkpoint of step `step`
+/// resumes the data at `sample_cursor` with these optimizer scalars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepEnd {
+    /// The step.
     pub step: u64,
-    /// Plan epoch the step ran under.
+    /// Epoch of the plan it ran under.
     pub epoch: u64,
+    /// Sample cursor after it.
+    pub sample_cursor: u64,
+    /// Optimizer scalars after it.
+    pub optimizer: OptimizerScalars,
+}
+
+/// One stage's part of a checkpoint cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CutPart {
     /// Layers saved.
     pub layers: LayerRange,
-    /// Nodes holding a copy (sorted, unique).
+    /// Nodes holding a copy on their disks (sorted, unique).
     pub holders: Vec<NodeId>,
-    /// Digest of the saved state.
+    /// SHA-256 of the saved state.
     pub digest: Digest32,
+    /// The part is in the job's durable store too.
+    pub stored: bool,
+}
+
+/// A checkpoint of the whole model: every stage's state after the same committed step. It is
+/// complete when its parts cover every layer exactly once; only a complete cut can be restored,
+/// so the model always equals some committed step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// The step whose end state was saved, its epoch, and the cursor and optimizer scalars
+    /// training resumes with.
+    pub end: StepEnd,
+    /// The history the step belongs to (see [`Progress::history`]).
+    pub history: u64,
+    /// Layers of the whole model.
+    pub layers: u32,
+    /// Parts by first layer (non-overlapping).
+    pub parts: Vec<CutPart>,
+}
+
+impl Cut {
+    /// Whether the parts cover layers `0..layers` end to end.
+    pub fn is_complete(&self) -> bool {
+        let mut next = 0;
+        for part in &self.parts {
+            if part.layers.start != next {
+                return false;
+            }
+            next = part.layers.end;
+        }
+        next == self.layers && self.layers > 0
+    }
+
+    /// Whether the cut is complete and every part is in the durable store.
+    pub fn is_stored(&self) -> bool {
+        self.is_complete() && self.parts.iter().all(|p| p.stored)
+    }
+
+    /// The part holding `layer`.
+    pub fn part_of(&self, layer: u32) -> Option<&CutPart> {
+        self.parts
+            .iter()
+            .find(|p| p.layers.start <= layer && layer < p.layers.end)
+    }
 }
 
 /// Measured cost of one layer on one node, in seconds per micro-batch.

@@ -35,6 +35,18 @@ pub fn authorize(
         Command::Checkpointed { holders, .. } => {
             holders.contains(&origin_id) && state.members.contains_key(&origin_id)
         }
+        // A rollback comes from a node of the plan it found layers missing under; a stored
+        // cut is adopted by a member of a cluster that has not trained yet.
+        Command::RollBack { node, epoch, .. } => {
+            *node == origin_id
+                && state
+                    .plan
+                    .as_ref()
+                    .is_some_and(|p| p.epoch == *epoch && p.assignment.contains_key(&origin_id))
+        }
+        Command::AdoptCut { .. } => {
+            state.progress.last_committed_step.is_none() && state.members.contains_key(&origin_id)
+        }
         // The job is defined once, by a member (the founder, in practice: it is the only
         // member when its trainer starts); after that nobody may propose one.
         Command::DefineJob { .. } => state.job.is_none() && state.members.contains_key(&origin_id),

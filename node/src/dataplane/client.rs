@@ -107,16 +107,23 @@ async fn receive_layers(
     Ok(out)
 }
 
-/// Fetches layers `layers` after `step` steps from `from`, one buffer per layer.
+/// Fetches layers `layers` after `step` steps of `history` from `from`, one buffer per layer.
 pub async fn fetch(
     ep: &Endpoint,
     from: &PeerAddr,
+    history: u64,
     step: u64,
     layers: Range<usize>,
 ) -> Result<Vec<Vec<u8>>, DataplaneError> {
     let n = layers.len() as u32;
     let (start, end) = (layers.start as u32, layers.end as u32);
-    let s = open(ep, from, &Request::Fetch { step, start, end }).await?;
+    let request = Request::Fetch {
+        history,
+        step,
+        start,
+        end,
+    };
+    let s = open(ep, from, &request).await?;
     receive_layers(ep, s, n).await
 }
 

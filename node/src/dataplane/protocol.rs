@@ -40,6 +40,8 @@ pub enum Request {
     Query,
     /// Send the held state of layers `start..end` after `step` steps, one layer per message.
     Fetch {
+        /// The training history the state must belong to (a rollback starts a new one).
+        history: u64,
         /// Optimizer steps the state must have taken.
         step: u64,
         /// First layer.
@@ -72,6 +74,8 @@ pub enum Request {
 /// State a node can serve: layers `start..end` after `step` optimizer steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldInfo {
+    /// The training history the state belongs to.
+    pub history: u64,
     /// Optimizer steps taken.
     pub step: u64,
     /// First layer.
@@ -303,6 +307,7 @@ mod tests {
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
         let r = Request::Fetch {
+            history: 1,
             step: 4,
             start: 1,
             end: 3,

@@ -33,6 +33,9 @@ const ADMIT_WAIT: Duration = Duration::from_secs(2);
 /// self-contained state buffer after `step` optimizer steps.
 #[derive(Debug)]
 pub struct Held {
+    /// The training history the state belongs to: after a rollback, a step number names
+    /// another state than before it.
+    pub history: u64,
     /// Optimizer steps taken.
     pub step: u64,
     /// First layer.
@@ -44,6 +47,7 @@ pub struct Held {
 impl Held {
     fn info(&self) -> HeldInfo {
         HeldInfo {
+            history: self.history,
             step: self.step,
             start: self.start as u32,
             end: (self.start + self.layers.len()) as u32,
@@ -120,10 +124,14 @@ impl Endpoint {
         self.held.borrow().as_ref().map(|h| h.info())
     }
 
-    /// Copies of held layers `layers` if the held state is at `step` and covers them.
-    pub fn held_layers(&self, step: u64, layers: Range<usize>) -> Vec<Piece> {
+    /// Copies of held layers `layers` if the held state is at `step` of `history` and covers
+    /// them.
+    pub fn held_layers(&self, history: u64, step: u64, layers: Range<usize>) -> Vec<Piece> {
         let held = self.held.borrow();
-        let Some(h) = held.as_ref().filter(|h| h.step == step) else {
+        let Some(h) = held
+            .as_ref()
+            .filter(|h| (h.history, h.step) == (history, step))
+        else {
             return Vec::new();
         };
         layers
@@ -204,11 +212,16 @@ impl Endpoint {
             .map_err(|_| DataplaneError::Timeout(format!("{:?} link from {:?}", key.1, key.2)))?
     }
 
-    async fn held_at(&self, step: u64) -> Option<Arc<Held>> {
+    async fn held_at(&self, history: u64, step: u64) -> Option<Arc<Held>> {
         let mut rx = self.held.subscribe();
-        let wait = rx.wait_for(|h| h.as_ref().is_some_and(|h| h.step >= step));
+        let wait = rx.wait_for(|h| {
+            h.as_ref()
+                .is_some_and(|h| (h.history, h.step) >= (history, step))
+        });
         let got = tokio::time::timeout(self.timeout, wait).await.ok()?.ok()?;
-        got.as_ref().filter(|h| h.step == step).cloned()
+        got.as_ref()
+            .filter(|h| (h.history, h.step) == (history, step))
+            .cloned()
     }
 }
 
@@ -277,11 +290,16 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
             Ok(())
         }
         Request::Query => reply(&mut stream, &Reply::Held(ep.held())).await,
-        Request::Fetch { step, start, end } => {
-            let Some(held) = ep.held_at(step).await else {
+        Request::Fetch {
+            history,
+            step,
+            start,
+            end,
+        } => {
+            let Some(held) = ep.held_at(history, step).await else {
                 return reply(
                     &mut stream,
-                    &Reply::Refused(format!("no state of step {step}")),
+                    &Reply::Refused(format!("no state of step {step} in history {history}")),
                 )
                 .await;
             };

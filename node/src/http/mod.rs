@@ -158,6 +158,7 @@ mod tests {
             samples: 16,
             loss: 1.5,
             validation_loss: None,
+            history: 0,
         };
         json.steps.write().unwrap().extend((0..5).map(record));
         let body = |url| call(&json, Method::GET, url).1;

@@ -1,12 +1,14 @@
 //! Getting the state of a new slot: which layers come from which live holder (several in
-//! parallel, spread over replicas), and which must be restored from a checkpoint because every
-//! holder is gone.
+//! parallel, spread over replicas), and which must be restored from the checkpoint cut of the
+//! same step because every holder is gone. Layers are never mixed across steps: when no cut of
+//! the step can be read, the acquisition says so and the cluster rolls back to an older
+//! complete cut (or stops, when there is none).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
 use futures::future::join_all;
-use parcae_consensus::state::{CheckpointRecord, MemberStatus};
+use parcae_consensus::state::{Cut, CutPart, MemberStatus};
 use parcae_consensus::{ControlState, NodeId};
 use sha2::{Digest, Sha256};
 
@@ -25,12 +27,12 @@ pub struct Fetch {
     pub layers: Range<usize>,
 }
 
-/// Chooses a live holder of step `step` for every layer of `needed`, spreading layers over the
+/// Chooses a live holder of step `step` of `history` for every layer of `needed`, spreading layers over the
 /// holders (`spread` shifts the choice so that replicas fetching the same stage use different
 /// sources); returns the fetches and the layers nobody holds.
 pub fn plan_fetches(
     needed: Range<usize>,
-    step: u64,
+    (history, step): (u64, u64),
     holders: &[(NodeId, HeldInfo)],
     spread: usize,
 ) -> (Vec<Fetch>, Vec<usize>) {
@@ -39,7 +41,10 @@ pub fn plan_fetches(
     for layer in needed {
         let mut candidates: Vec<NodeId> = holders
             .iter()
-            .filter(|(_, h)| h.step == step && (h.start as usize..h.end as usize).contains(&layer))
+            .filter(|(_, h)| {
+                (h.history, h.step) == (history, step)
+                    && (h.start as usize..h.end as usize).contains(&layer)
+            })
             .map(|(n, _)| *n)
             .collect();
         candidates.sort_unstable();
@@ -60,14 +65,12 @@ pub fn plan_fetches(
     (fetches, missing)
 }
 
-/// What [`acquire`] brought.
+/// What [`acquire`] brought: every layer of the slot at the step.
 pub struct Acquired {
-    /// Layers from live holders (and this node's own state), at the job's step.
+    /// Layers from live holders (and this node's own state).
     pub live: Vec<Piece>,
-    /// Layers restored from checkpoints, with the steps the checkpoint had taken.
-    pub restored: Vec<(u64, Piece)>,
-    /// Layers nobody held and no checkpoint covered (initialised afresh).
-    pub lost: Vec<usize>,
+    /// Layers nobody held, restored from the checkpoint cut of the step.
+    pub restored: Vec<Piece>,
     /// Bytes received from other nodes.
     pub received_bytes: u64,
     /// The nodes they came from.
@@ -87,8 +90,17 @@ fn members_to_ask(state: &ControlState, me: NodeId) -> Vec<PeerAddr> {
         .collect()
 }
 
+/// Why [`acquire`] could not bring every layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// Layers with no live holder and no readable checkpoint of the step.
+    pub layers: Vec<usize>,
+    /// The newest complete cut before the step to roll back to, if any.
+    pub roll_back_to: Option<u64>,
+}
+
 /// Brings layers `needed` at step `step` to this node: its own held state first, then live
-/// holders in parallel, then checkpoints.
+/// holders in parallel, then the checkpoint cut of the step; or says which layers are missing.
 pub async fn acquire(
     ep: &Endpoint,
     state: &ControlState,
@@ -96,14 +108,15 @@ pub async fn acquire(
     needed: Range<usize>,
     step: u64,
     spread: usize,
-) -> Result<Acquired, TrainError> {
+) -> Result<Result<Acquired, Missing>, TrainError> {
+    let history = state.progress.history;
     let ask = members_to_ask(state, me);
     let answers = join_all(ask.iter().map(|p| client::query(ep, p))).await;
     let mut holders: Vec<(NodeId, HeldInfo)> = Vec::new();
     let own = ep.held();
-    let covers_own = own.filter(|h| {
-        h.step == step && h.start as usize <= needed.start && needed.end <= h.end as usize
-    });
+    let at = |h: &HeldInfo| (h.history, h.step) == (history, step);
+    let covers_own =
+        own.filter(|h| at(h) && h.start as usize <= needed.start && needed.end <= h.end as usize);
     if let Some(h) = covers_own {
         holders.push((me, h));
     } else {
@@ -118,11 +131,11 @@ pub async fn acquire(
             }
         }
     }
-    let (mut fetches, missing) = plan_fetches(needed.clone(), step, &holders, spread);
+    let (mut fetches, missing) = plan_fetches(needed.clone(), (history, step), &holders, spread);
     // This node's own layers cost nothing: take them wherever they cover a fetch.
     for f in &mut fetches {
         if own.is_some_and(|h| {
-            h.step == step && h.start as usize <= f.layers.start && f.layers.end <= h.end as usize
+            at(&h) && h.start as usize <= f.layers.start && f.layers.end <= h.end as usize
         }) {
             f.from = me;
         }
@@ -132,7 +145,7 @@ pub async fn acquire(
         let peer = by_addr
             .get(&f.from)
             .ok_or_else(|| DataplaneError::Peer(format!("{} has no address", f.from)))?;
-        let bufs = client::fetch(ep, peer, step, f.layers.clone()).await?;
+        let bufs = client::fetch(ep, peer, history, step, f.layers.clone()).await?;
         Ok::<_, TrainError>((f.layers.clone(), bufs))
     });
     let mut live = Vec::new();
@@ -159,29 +172,28 @@ pub async fn acquire(
         }
     }
     let local = fetches.iter().filter(|f| f.from == me);
-    live.extend(local.flat_map(|f| ep.held_layers(step, f.layers.clone())));
-    let (restored, lost) = restore(ep, state, me, &missing).await?;
-    Ok(Acquired {
+    live.extend(local.flat_map(|f| ep.held_layers(history, step, f.layers.clone())));
+    let restored = match restore(ep, state, me, &missing, step).await? {
+        Ok(restored) => restored,
+        Err(missing) => return Ok(Err(missing)),
+    };
+    Ok(Ok(Acquired {
         live,
         restored,
-        lost,
         received_bytes,
         sources,
         fetched: fetched_from_peers,
         fetch_secs,
-    })
+    }))
 }
 
-/// The checkpoints that cover `layer`, newest first.
-fn candidates(state: &ControlState, layer: usize) -> Vec<&CheckpointRecord> {
-    let mut recs: Vec<&CheckpointRecord> = state
-        .checkpoints
-        .iter()
-        .filter(|(r, _)| (r.start as usize..r.end as usize).contains(&layer))
-        .flat_map(|(_, recs)| recs.iter())
-        .collect();
-    recs.sort_by_key(|r| std::cmp::Reverse(r.step));
-    recs
+/// The complete cut that holds the state entering step `step` (the end of step `step - 1`),
+/// and the newest complete cut before it (a rollback target).
+pub fn cuts_for(state: &ControlState, step: u64) -> (Option<&Cut>, Option<&Cut>) {
+    let mut complete = state.checkpoints.values().rev().filter(|c| c.is_complete());
+    let exact = complete.clone().find(|c| c.end.step + 1 == step);
+    let older = complete.find(|c| c.end.step + 1 < step);
+    (exact, older)
 }
 
 /// How often a holder that does not answer is asked for its copy, and the pause between.
@@ -199,18 +211,26 @@ enum Copy {
     Unreachable,
 }
 
-/// The bytes of `record` from its holders, checked against its committed digest; a holder
-/// that does not answer is asked again before the next one is.
+/// The bytes of `part` (of the cut of `steps` steps) from its holders, checked against its
+/// committed digest; a holder that does not answer is asked again before the next one is.
+/// Holders the membership counts as lost or gone are skipped: their copies went with them.
 async fn fetch_verified(
     ep: &Endpoint,
     state: &ControlState,
     me: NodeId,
-    record: &CheckpointRecord,
+    steps: u64,
+    part: &CutPart,
 ) -> Copy {
-    let range = record.layers.start as usize..record.layers.end as usize;
-    let steps = record.step + 1;
+    let range = part.layers.start as usize..part.layers.end as usize;
     let mut unreachable = false;
-    for holder in &record.holders {
+    let present = |holder: &NodeId| {
+        *holder == me
+            || state
+                .members
+                .get(holder)
+                .is_some_and(|m| m.status != MemberStatus::Lost)
+    };
+    for holder in part.holders.iter().filter(|h| present(h)) {
         for attempt in 0..CHECKPOINT_ATTEMPTS {
             let got = if *holder == me {
                 ep.checkpoints
@@ -223,7 +243,7 @@ async fn fetch_verified(
                 }
             };
             match got {
-                Ok(bytes) if Sha256::digest(&bytes).as_slice() == record.digest => {
+                Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
                     return Copy::Verified(bytes);
                 }
                 Ok(_) => {
@@ -248,65 +268,55 @@ async fn fetch_verified(
     }
 }
 
-/// Restores `missing` layers from the newest checkpoint covering each whose bytes match the
-/// digest committed in raft, falling back to older checkpoints. Layers no checkpoint covers,
-/// or whose every copy is corrupt, are lost; when a checkpoint's holders did not answer and
-/// no other checkpoint could be read, the acquisition fails and is retried (an unreachable
-/// holder is not a lost checkpoint).
+/// Restores `missing` layers from the complete cut holding the state entering `step`, every
+/// part's bytes checked against the digest committed in raft. Without such a cut, or when every
+/// copy of a part is corrupt, the layers are [`Missing`] (the cluster rolls back to the newest
+/// older complete cut); when a part's holders did not answer, the acquisition fails and is
+/// retried (an unreachable holder is not a lost checkpoint).
 async fn restore(
     ep: &Endpoint,
     state: &ControlState,
     me: NodeId,
     missing: &[usize],
-) -> Result<(Vec<(u64, Piece)>, Vec<usize>), TrainError> {
+    step: u64,
+) -> Result<Result<Vec<Piece>, Missing>, TrainError> {
+    if missing.is_empty() {
+        return Ok(Ok(Vec::new()));
+    }
+    let (exact, older) = cuts_for(state, step);
+    let not_restored = || Missing {
+        layers: missing.to_vec(),
+        roll_back_to: older.map(|c| c.end.step),
+    };
+    let Some(cut) = exact else {
+        return Ok(Err(not_restored()));
+    };
     let mut restored = Vec::new();
-    let mut lost = Vec::new();
-    let mut done: Vec<usize> = Vec::new();
-    for &layer in missing {
-        if done.contains(&layer) {
-            continue;
-        }
-        let mut unreachable = false;
-        let mut found = None;
-        for record in candidates(state, layer) {
-            match fetch_verified(ep, state, me, record).await {
-                Copy::Verified(bytes) => {
-                    found = Some((record, bytes));
-                    break;
-                }
-                Copy::Unreachable => unreachable = true,
-                Copy::Corrupt => {}
-            }
-        }
-        let Some((record, bytes)) = found else {
-            if unreachable {
-                return Err(DataplaneError::Peer(format!(
-                    "the checkpoints of layer {layer} are held by nodes that do not answer"
-                ))
-                .into());
-            }
-            lost.push(layer);
-            continue;
-        };
-        let range = record.layers.start as usize..record.layers.end as usize;
+    for part in &cut.parts {
+        let range = part.layers.start as usize..part.layers.end as usize;
         let wanted: Vec<usize> = missing
             .iter()
             .copied()
             .filter(|l| range.contains(l))
             .collect();
-        done.extend(&wanted);
-        // Missing layers are contiguous within a stage; import them in one piece.
-        let first = wanted.iter().min().copied().unwrap_or(layer);
-        let last = wanted.iter().max().copied().unwrap_or(layer);
-        restored.push((
-            record.step + 1,
-            Piece {
+        let (Some(first), Some(last)) = (wanted.iter().min(), wanted.iter().max()) else {
+            continue;
+        };
+        match fetch_verified(ep, state, me, step, part).await {
+            Copy::Verified(bytes) => restored.push(Piece {
                 bytes,
-                layers: first..last + 1,
-            },
-        ));
+                layers: *first..last + 1,
+            }),
+            Copy::Corrupt => return Ok(Err(not_restored())),
+            Copy::Unreachable => {
+                return Err(DataplaneError::Peer(format!(
+                    "the checkpoint of layers {range:?} after {step} steps is held by nodes that do not answer"
+                ))
+                .into());
+            }
+        }
     }
-    Ok((restored, lost))
+    Ok(Ok(restored))
 }
 
 #[cfg(test)]
@@ -314,32 +324,57 @@ mod tests {
     use super::*;
 
     fn held(step: u64, start: u32, end: u32) -> HeldInfo {
-        HeldInfo { step, start, end }
+        HeldInfo {
+            history: 0,
+            step,
+            start,
+            end,
+        }
     }
 
     #[test]
-    fn checkpoints_are_tried_newest_first() {
-        use parcae_consensus::state::LayerRange;
-        let record = |step, start, end| CheckpointRecord {
-            step,
-            epoch: 1,
-            layers: LayerRange { start, end },
-            holders: vec![NodeId(1)],
-            digest: [0; 32],
+    fn the_cut_of_the_step_restores_and_an_older_complete_one_is_the_rollback_target() {
+        use parcae_consensus::state::{LayerRange, OptimizerScalars, StepEnd};
+        let cut = |step, parts: &[(u32, u32)]| Cut {
+            end: StepEnd {
+                step,
+                epoch: 1,
+                sample_cursor: 8 * (step + 1),
+                optimizer: OptimizerScalars::default(),
+            },
+            history: 0,
+            layers: 4,
+            parts: parts
+                .iter()
+                .map(|&(start, end)| CutPart {
+                    layers: LayerRange { start, end },
+                    holders: vec![NodeId(1)],
+                    digest: [0; 32],
+                    stored: false,
+                })
+                .collect(),
         };
         let mut state = ControlState::default();
-        state.checkpoints.insert(
-            LayerRange { start: 0, end: 2 },
-            vec![record(19, 0, 2), record(9, 0, 2)],
+        for c in [
+            cut(4, &[(0, 2), (2, 4)]),
+            cut(9, &[(0, 2), (2, 4)]),
+            cut(14, &[(0, 2)]),
+        ] {
+            state.checkpoints.insert(c.end.step, c);
+        }
+        let steps = |step| {
+            let (exact, older) = cuts_for(&state, step);
+            (exact.map(|c| c.end.step), older.map(|c| c.end.step))
+        };
+        assert_eq!(steps(10), (Some(9), Some(4)));
+        assert_eq!(steps(12), (None, Some(9)));
+        assert_eq!(
+            steps(15),
+            (None, Some(9)),
+            "the incomplete cut is no target"
         );
-        state
-            .checkpoints
-            .insert(LayerRange { start: 1, end: 3 }, vec![record(29, 1, 3)]);
-        let steps =
-            |layer| -> Vec<u64> { candidates(&state, layer).iter().map(|r| r.step).collect() };
-        assert_eq!(steps(0), vec![19, 9]);
-        assert_eq!(steps(1), vec![29, 19, 9]);
-        assert_eq!(steps(3), Vec::<u64>::new());
+        assert_eq!(steps(5), (Some(4), None));
+        assert_eq!(steps(3), (None, None));
     }
 
     #[test]
@@ -350,7 +385,7 @@ mod tests {
             (NodeId(3), held(5, 2, 4)),
             (NodeId(4), held(4, 4, 6)),
         ];
-        let (f, missing) = plan_fetches(0..6, 5, &holders, 0);
+        let (f, missing) = plan_fetches(0..6, (0, 5), &holders, 0);
         assert_eq!(
             f,
             vec![
@@ -373,7 +408,9 @@ mod tests {
             vec![4, 5],
             "a holder of another step does not count"
         );
-        let (g, _) = plan_fetches(0..2, 5, &holders, 1);
+        let (g, _) = plan_fetches(0..2, (0, 5), &holders, 1);
+        let (_, all) = plan_fetches(0..2, (1, 5), &holders, 0);
+        assert_eq!(all, vec![0, 1], "a state of another history does not count");
         assert_eq!(g[0].from, NodeId(2), "another replica starts elsewhere");
     }
 }

@@ -9,7 +9,7 @@
 //!   ring all-reduce, global norm).
 //! * [`neighbours`]: the pipeline links as the 1F1B driver's neighbours.
 //! * [`handoff`]: where a new slot's layers come from (own state, live holders in parallel,
-//!   checkpoints).
+//!   the checkpoint cut of the step) or which are missing (the cluster then rolls back).
 //! * [`worker`]: the loop that follows the plan, commits steps through raft and applies them
 //!   only once committed.
 //! * [`job`]: the settings of the job this node trains, compared with the cluster's.
@@ -54,4 +54,17 @@ pub enum TrainError {
     /// A new plan replaced the epoch before the step committed.
     #[error("step {0} superseded by a new plan")]
     Superseded(u64),
+    /// Layers of the slot have no live holder and no checkpoint of the step: the cluster
+    /// rolls back to the complete checkpoint after step `to_step` (proposed).
+    #[error(
+        "layers {layers:?} are lost at step {step}: rolling back to the checkpoint after step {to_step}"
+    )]
+    RollingBack {
+        /// The layers.
+        layers: Vec<usize>,
+        /// The step this node was to train.
+        step: u64,
+        /// The step of the checkpoint cut.
+        to_step: u64,
+    },
 }

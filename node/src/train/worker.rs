@@ -4,8 +4,10 @@
 //! The replicated state is the only input that decides anything, so every node takes the same
 //! decision at the same step:
 //! * the active plan says who runs which slot; a new epoch means: publish the state this node
-//!   holds (so others can fetch it), get the layers of the new slot (own, live holders,
-//!   checkpoints), open the epoch's links;
+//!   holds (so others can fetch it), get the layers of the new slot (own, live holders, the
+//!   checkpoint cut of the step), open the epoch's links; layers that nobody holds and no cut
+//!   of the step has make this node propose a rollback to an older complete cut (every node
+//!   then restores its stage from it), or stop training when there is none;
 //! * step `k` runs when `k` is the next step of the replicated progress; its optimizer update is
 //!   applied only once `StepCommitted(k)` has committed, and dropped if a new plan replaced the
 //!   epoch first. A step therefore takes effect on every surviving replica or on none, and the
@@ -109,6 +111,9 @@ pub struct Worker<M: PipelineModel> {
     status: TrainingView,
     /// When this node last proposed its job as the cluster's.
     job_proposed: Option<Instant>,
+    /// The plan epoch, step and history at which training stopped for want of a checkpoint
+    /// (not retried until one of them changes).
+    stopped_at: Option<(u64, u64, u64)>,
 }
 
 enum Outcome {
@@ -138,6 +143,7 @@ impl<M: PipelineModel> Worker<M> {
             last_plan: None,
             status: TrainingView::default(),
             job_proposed: None,
+            stopped_at: None,
         }
     }
 
@@ -210,6 +216,9 @@ impl<M: PipelineModel> Worker<M> {
             return Ok(false);
         };
         let next = state.progress.next_step();
+        if self.stopped_at == Some((plan.epoch, next, state.progress.history)) {
+            return Ok(false);
+        }
         let slot = plan.assignment.get(&self.setup.me).copied();
         let in_epoch = self.current.as_ref().is_some_and(|c| {
             c.epoch == plan.epoch && Some(c.slot) == slot && c.stage.step() == next
@@ -256,6 +265,7 @@ impl<M: PipelineModel> Worker<M> {
                 .map(|l| stage.export_state(l..l + 1))
                 .collect::<Result<Vec<_>, _>>()?;
             self.ep.hold(Some(Held {
+                history: state.progress.history,
                 step: next,
                 start: range.start,
                 layers,
@@ -284,7 +294,7 @@ impl<M: PipelineModel> Worker<M> {
             let acquired = if next == 0 {
                 None
             } else {
-                Some(superseding.wait(
+                let got = superseding.wait(
                     "state handoff",
                     handoff::acquire(
                         &self.ep,
@@ -294,7 +304,11 @@ impl<M: PipelineModel> Worker<M> {
                         next,
                         slot.pipeline as usize,
                     ),
-                )?)
+                )?;
+                match got {
+                    Ok(acquired) => Some(acquired),
+                    Err(missing) => return self.missing_layers(state, plan, next, missing),
+                }
             };
             (
                 self.build_stage(range.clone(), next, acquired.as_ref())?,
@@ -318,7 +332,7 @@ impl<M: PipelineModel> Worker<M> {
                 acquired.as_ref().map_or_else(Default::default, |a| {
                     (
                         a.fetched.iter().map(|f| f.layers.clone()).collect(),
-                        a.restored.iter().map(|(_, p)| p.layers.clone()).collect(),
+                        a.restored.iter().map(|p| p.layers.clone()).collect(),
                     )
                 });
             let emulated = device
@@ -387,26 +401,55 @@ impl<M: PipelineModel> Worker<M> {
             &s.device,
             s.stage_config.clone(),
         )?;
-        let fresh = acquired.is_none_or(|a| !a.lost.is_empty());
-        if let (true, Some(weights)) = (fresh, &s.initial_weights) {
-            stage.load_weights(weights.as_ref())?;
-        }
         let Some(a) = acquired else {
+            if let Some(weights) = &s.initial_weights {
+                stage.load_weights(weights.as_ref())?;
+            }
             return Ok(stage);
         };
-        for (steps, piece) in &a.restored {
-            tracing::warn!(layers = ?piece.layers, steps, "restoring layers from a checkpoint");
-            stage.set_step(0);
-            stage.import_state(&piece.bytes, piece.layers.clone())?;
-        }
-        if !a.lost.is_empty() {
-            tracing::error!(layers = ?a.lost, "no holder and no checkpoint: layers start afresh");
-        }
         stage.set_step(next);
-        for piece in &a.live {
+        for piece in &a.restored {
+            tracing::warn!(layers = ?piece.layers, steps = next, "restoring layers from the checkpoint of the step");
+        }
+        for piece in a.live.iter().chain(&a.restored) {
             stage.import_state(&piece.bytes, piece.layers.clone())?;
         }
         Ok(stage)
+    }
+
+    /// Layers of this node's slot are gone with every holder and no checkpoint of the step
+    /// has them: proposes the rollback to the older complete cut, or stops training (with the
+    /// reason in `/status`) when there is none. Nothing starts afresh.
+    fn missing_layers(
+        &mut self,
+        state: &ControlState,
+        plan: &Plan,
+        next: u64,
+        missing: handoff::Missing,
+    ) -> Result<(), TrainError> {
+        let Some(to_step) = missing.roll_back_to else {
+            let error = format!(
+                "layers {:?} have no live holder and no complete checkpoint is left to roll back to (step {next}): \
+                 training stops until the job is restored from its checkpoint store",
+                missing.layers
+            );
+            tracing::error!("{error}");
+            self.stopped_at = Some((plan.epoch, next, state.progress.history));
+            self.status.error = Some(error.clone());
+            self.set_phase(TrainingPhase::Stopped);
+            return Ok(());
+        };
+        (self.submit)(Command::RollBack {
+            node: self.setup.me,
+            epoch: plan.epoch,
+            at_step: next,
+            to_step,
+        });
+        Err(TrainError::RollingBack {
+            layers: missing.layers,
+            step: next,
+            to_step,
+        })
     }
 
     fn train_step(&mut self, state: &ControlState, plan: &Plan, k: u64) -> Result<(), TrainError> {
@@ -587,6 +630,7 @@ impl<M: PipelineModel> Worker<M> {
                 },
                 holders,
                 digest,
+                stored: false,
             });
         });
         Ok(())
@@ -646,7 +690,7 @@ pub fn migration_kind(
     let Some(prev) = previous else {
         return MigrationKind::Initial;
     };
-    if restart || acquired.is_some_and(|a| !a.restored.is_empty() || !a.lost.is_empty()) {
+    if restart || acquired.is_some_and(|a| !a.restored.is_empty()) {
         return MigrationKind::Restart;
     }
     if prev.partition != plan.partition {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use libp2p::{Multiaddr, PeerId};
-use parcae_consensus::state::MemberStatus;
+use parcae_consensus::state::{MemberStatus, StateEvent};
 use parcae_consensus::{Command, NodeEvent, NodeId, ProposalHandle, ProposeError, RaftNode, Role};
 
 use super::authorize::authorize;
@@ -37,7 +37,7 @@ use crate::metrics::Metrics;
 use crate::net::actor::{KeepConnected, Network, RefusePeers, SendControl};
 use crate::notice::unix_ms;
 use crate::retry::Retry;
-use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord};
+use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound};
 use crate::wire::ControlMessage;
 
 /// How often this node's membership record is checked against what it should say.
@@ -232,13 +232,27 @@ impl ControlDriver {
                     samples: *samples,
                     loss: *loss,
                     validation_loss: *validation_loss,
+                    history: self.node.state().progress.history,
                 }),
+                (Ok(events), _) => {
+                    for event in events {
+                        if let StateEvent::RolledBack { from_step, to_step } = event {
+                            tracing::warn!(
+                                from_step,
+                                to_step,
+                                "rolled back to the newest complete checkpoint"
+                            );
+                            self.out.status.do_send(StepsRewound {
+                                next_step: *to_step,
+                            });
+                        }
+                    }
+                }
                 (Err(rejection), _) => tracing::debug!(
                     index,
                     kind = command.as_ref().map(|c| c.kind()),
                     "command rejected: {rejection:?}"
                 ),
-                _ => {}
             },
             NodeEvent::ConfChanged {
                 voters, learners, ..
