@@ -260,6 +260,10 @@ pub struct TrainConfig {
     pub max_steps: u64,
     /// Every this many steps the first replica of each stage checkpoints (0: never).
     pub checkpoint_every: u64,
+    /// The job's durable checkpoint store: a directory, or an `s3://`, `gs://` or `az://` URL
+    /// (credentials and endpoint from the environment). Unset: `store/` in the data
+    /// directory. A new cluster pointed at the same store resumes the job from it.
+    pub checkpoint_store: Option<String>,
     /// Peak learning rate.
     pub peak_lr: f64,
     /// Warmup steps of the learning-rate schedule.
@@ -356,6 +360,7 @@ impl Default for TrainConfig {
             micro_batch: 2,
             max_steps: 0,
             checkpoint_every: 20,
+            checkpoint_store: None,
             peak_lr: 1e-2,
             warmup_steps: 10,
             peer_timeout_secs: 10.0,

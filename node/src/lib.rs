@@ -81,6 +81,7 @@ pub mod resync;
 pub mod retry;
 pub mod runtime;
 pub mod status;
+pub mod store;
 pub mod train;
 pub mod trainer;
 pub mod watch;

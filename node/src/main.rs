@@ -167,6 +167,7 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
             .batch(t.global_batch, t.micro_batch)
             .max_steps(t.max_steps)
             .checkpoint_every(t.checkpoint_every)
+            .checkpoint_store(t.checkpoint_store.clone())
             .optimizer(optimizer)
             .emulate(emulation.clone())
             .launcher())

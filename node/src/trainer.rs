@@ -46,6 +46,7 @@ impl<M: PipelineModel> Trainer<M> {
                 micro_batch: 2,
                 max_steps: 0,
                 checkpoint_every: 20,
+                checkpoint_store: None,
                 optimizer: OptimizerConfig::default(),
                 device: default_device(),
                 emulation: None,
@@ -77,6 +78,15 @@ impl<M: PipelineModel> Trainer<M> {
     /// Checkpoint every this many steps (0: never).
     pub fn checkpoint_every(mut self, steps: u64) -> Self {
         self.job.checkpoint_every = steps;
+        self
+    }
+
+    /// The job's durable checkpoint store: a directory, or an `s3://`, `gs://` or `az://` URL
+    /// with credentials from the environment (`None`: `store/` in the node's data directory).
+    /// Complete checkpoints are uploaded there in the background, and a new cluster started
+    /// with the same store resumes from the newest one.
+    pub fn checkpoint_store(mut self, location: Option<String>) -> Self {
+        self.job.checkpoint_store = location;
         self
     }
 

@@ -107,41 +107,144 @@ pub fn node_example(name: &str) -> PathBuf {
     )
 }
 
-/// A Python interpreter that imports `numpy` and `safetensors`: a virtual environment in
-/// `target/python`, made with the system's `python3 -m venv` and filled by pip on first use
-/// (the tests that read exported weights with numpy need it; nothing else does).
+/// The Python of the tests' virtual environment (`target/python`, made with the system's
+/// `python3 -m venv`), with `packages` installed by pip unless `imports` already import.
+fn python_venv(imports: &str, packages: &[&str]) -> PathBuf {
+    let venv = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("python");
+    let python = venv.join("bin").join("python");
+    let ready = || {
+        Command::new(&python)
+            .args(["-c", &format!("import {imports}")])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ready() {
+        if !python.exists() {
+            let made = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .expect("python3 runs");
+            assert!(made.success(), "python3 -m venv {}", venv.display());
+        }
+        let installed = Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet"])
+            .args(packages)
+            .status()
+            .expect("pip runs");
+        assert!(installed.success(), "pip install {packages:?}");
+        assert!(ready(), "{imports} import after pip install");
+    }
+    python
+}
+
+/// A Python interpreter that imports `numpy` and `safetensors` (the tests that read exported
+/// weights with numpy need it).
 pub fn python_with_numpy() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON
-        .get_or_init(|| {
-            let venv = profile_dir()
-                .parent()
-                .expect("target directory")
-                .join("python");
-            let python = venv.join("bin").join("python");
-            let ready = || {
-                Command::new(&python)
-                    .args(["-c", "import numpy, safetensors"])
-                    .status()
-                    .is_ok_and(|s| s.success())
-            };
-            if !ready() {
-                let made = Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv)
-                    .status()
-                    .expect("python3 runs");
-                assert!(made.success(), "python3 -m venv {}", venv.display());
-                let installed = Command::new(venv.join("bin").join("pip"))
-                    .args(["install", "--quiet", "numpy", "safetensors"])
-                    .status()
-                    .expect("pip runs");
-                assert!(installed.success(), "pip install numpy safetensors");
-                assert!(ready(), "numpy and safetensors import after pip install");
-            }
-            python
-        })
+        .get_or_init(|| python_venv("numpy, safetensors", &["numpy", "safetensors"]))
         .clone()
+}
+
+/// An S3-compatible server on 127.0.0.1 (moto's server mode, installed by pip into the tests'
+/// virtual environment) with one bucket; killed when dropped.
+pub struct S3Server {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The bucket.
+    pub bucket: String,
+}
+
+impl S3Server {
+    /// Starts the server and creates `bucket`.
+    pub fn start(bucket: &str) -> S3Server {
+        static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+        let python = PYTHON
+            .get_or_init(|| python_venv("moto.server, boto3", &["moto[server]"]))
+            .clone();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new(&python)
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto server starts");
+        let server = S3Server {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: bucket.to_string(),
+        };
+        let script = format!(
+            "import boto3\nboto3.client('s3', endpoint_url='{}', region_name='us-east-1', \
+             aws_access_key_id='test', aws_secret_access_key='test').create_bucket(Bucket='{bucket}')",
+            server.endpoint
+        );
+        let created = wait_for(Duration::from_secs(30), || {
+            Command::new(&python)
+                .args(["-c", &script])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .ok()
+                .filter(|s| s.success())
+        });
+        assert!(created.is_some(), "the S3 server did not come up");
+        server
+    }
+
+    /// The environment a node reaches the server with (as the AWS SDKs take it).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ]
+    }
+
+    /// The keys of the bucket's objects under `prefix`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let script = format!(
+            "import boto3\nc = boto3.client('s3', endpoint_url='{}', region_name='us-east-1', \
+             aws_access_key_id='test', aws_secret_access_key='test')\n\
+             for o in c.list_objects_v2(Bucket='{}', Prefix='{prefix}').get('Contents', []): print(o['Key'])",
+            self.endpoint, self.bucket
+        );
+        let python = profile_dir()
+            .parent()
+            .expect("target directory")
+            .join("python/bin/python");
+        let out = Command::new(python)
+            .args(["-c", &script])
+            .output()
+            .expect("listing the bucket");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Checkpoint files `(steps, layers, path)` under a node's data directory.
@@ -201,15 +304,18 @@ pub const TRAIN_BASE_CONFIG: &str = "grace_secs = 10.0\n[raft]\ntick_ms = 100\ne
 /// A cluster of nodes in a temporary directory, with a fresh key and `config` (TOML) for every
 /// node; starts nothing.
 pub fn new_cluster(config: &str) -> LocalCluster {
+    new_cluster_with_env(config, Vec::new())
+}
+
+/// [`new_cluster`] whose nodes get `env` besides `RUST_LOG`.
+pub fn new_cluster_with_env(config: &str, env: Vec<(&'static str, String)>) -> LocalCluster {
+    let log = std::env::var("PARCAE_TEST_LOG").unwrap_or_else(|_| "info".into());
     LocalCluster::create(ClusterSetup {
         program: node_binary(),
         dir: None,
         config: config.to_string(),
         ports: Ports::Ephemeral,
-        env: vec![(
-            "RUST_LOG",
-            std::env::var("PARCAE_TEST_LOG").unwrap_or_else(|_| "info".into()),
-        )],
+        env: [("RUST_LOG", log)].into_iter().chain(env).collect(),
         client: Client::with_timeout(Duration::from_millis(1000)),
         interrupt: Interrupt::never(),
     })

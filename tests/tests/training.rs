@@ -11,7 +11,8 @@ use parcae_model::{
     data_parallel_step, token_batch,
 };
 use parcae_tests::{
-    LocalCluster, TRAIN_BASE_CONFIG, checkpoint_files, rss_kib, serial, start_cluster, wait_for,
+    LocalCluster, S3Server, TRAIN_BASE_CONFIG, checkpoint_files, new_cluster_with_env, rss_kib,
+    serial, start_cluster, wait_for,
 };
 
 const SEED: u64 = 3;
@@ -213,6 +214,80 @@ fn losing_a_whole_stage_rolls_back_and_the_model_still_equals_one_process() {
     assert!(logs.contains("rolled back to the newest complete checkpoint"));
     assert!(!logs.contains("start afresh"));
     assert_model_equals_one_process(&c, steps_total);
+}
+
+/// Every node of a 2 x 2 cluster is SIGKILLed; a new cluster on fresh data directories, with
+/// the same job and the same checkpoint store (an S3 server on 127.0.0.1), resumes from the
+/// newest complete checkpoint in the store, and its model at the end equals one process
+/// trained on the same steps.
+#[test]
+fn after_a_whole_cluster_outage_a_new_cluster_resumes_from_the_s3_store() {
+    let _serial = serial();
+    let s3 = S3Server::start("parcae-test");
+    let steps_total = 30u64;
+    let config = train_config(
+        "pin = [2, 2]",
+        &format!(
+            "max_steps = {steps_total}\ncheckpoint_every = 5\n\
+             checkpoint_store = \"s3://parcae-test/jobs\""
+        ),
+    );
+    let start = |what: &str| {
+        let mut c = new_cluster_with_env(&config, s3.env());
+        if let Err(e) = c.start_nodes(4) {
+            panic!("starting the {what} cluster: {e}\n{}", c.logs());
+        }
+        c
+    };
+    let mut first = start("first");
+    let manifest = wait_for(Duration::from_secs(180), || {
+        let cuts: Vec<String> = s3
+            .keys("jobs/")
+            .into_iter()
+            .filter(|k| k.contains("/cuts/"))
+            .collect();
+        (!cuts.is_empty() && last_step(&first).is_some_and(|s| s >= 8)).then_some(cuts)
+    })
+    .unwrap_or_else(|| panic!("no checkpoint reached the store\n{}", first.logs()));
+    let before = last_step(&first).unwrap();
+    for node in &mut first.nodes {
+        node.kill();
+    }
+    eprintln!("every node killed after step {before}; stored cuts {manifest:?}");
+    assert!(before + 1 < steps_total, "the outage came before the end");
+    drop(first);
+
+    let second = start("second");
+    let done = wait_for(Duration::from_secs(240), || {
+        (0..4).find(|&i| {
+            steps(&second, i)
+                .last()
+                .is_some_and(|r| r.step + 1 == steps_total)
+        })
+    })
+    .unwrap_or_else(|| panic!("the new cluster did not finish\n{}", second.logs()));
+    let record = steps(&second, done);
+    let resumed = record[0].step;
+    assert!(
+        resumed > 0 && resumed <= before + 1,
+        "resumed at step {resumed}"
+    );
+    for (k, r) in record.iter().enumerate() {
+        let step = resumed + k as u64;
+        assert_eq!(r.step, step);
+        assert_eq!(
+            r.sample_start,
+            step * BATCH,
+            "exactly-once cursor across the outage"
+        );
+        assert_eq!(r.history, 1, "the new cluster's steps are a new history");
+    }
+    assert!(
+        second
+            .logs()
+            .contains("resuming the job from the newest complete checkpoint in its store")
+    );
+    assert_model_equals_one_process(&second, steps_total);
 }
 
 /// The longest committed step sequence any running node shows, checked for exactly-once data:

@@ -24,6 +24,7 @@ use super::protocol::{self, HeldInfo, LinkKind, MAX_CONTROL, Reply, Request};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::{self, SecureStream};
 use crate::key::ClusterKey;
+use crate::store::JobStore;
 
 /// How long an inbound connection from a peer this node does not know as a member waits for
 /// its `Join` to be applied here before it is refused.
@@ -78,6 +79,8 @@ pub struct Endpoint {
     pub view: watch::Receiver<Arc<ControlState>>,
     /// Checkpoints on this node's disk.
     pub checkpoints: CheckpointStore,
+    /// The job's durable checkpoint store, if any.
+    pub store: Option<JobStore>,
     /// Largest state message accepted (one layer or one checkpoint), bytes.
     pub max_state_bytes: u64,
     /// How long a request may wait for state that is about to be exported.
@@ -105,6 +108,7 @@ impl Endpoint {
             key,
             view,
             checkpoints,
+            store: None,
             max_state_bytes,
             timeout,
             held: watch::channel(None).0,
@@ -112,6 +116,12 @@ impl Endpoint {
             arrived: Notify::new(),
             slots: PeerSlots::default(),
         }
+    }
+
+    /// The endpoint with the job's durable checkpoint store.
+    pub fn with_store(mut self, store: JobStore) -> Self {
+        self.store = Some(store);
+        self
     }
 
     /// Publishes the state other nodes may fetch (replacing the previous one).

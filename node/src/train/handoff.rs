@@ -17,6 +17,7 @@ use crate::dataplane::DataplaneError;
 use crate::dataplane::client::{self, PeerAddr};
 use crate::dataplane::protocol::HeldInfo;
 use crate::dataplane::server::{Endpoint, Piece};
+use crate::store::StoreError;
 
 /// Layers to take from one holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +215,7 @@ enum Copy {
 /// The bytes of `part` (of the cut of `steps` steps) from its holders, checked against its
 /// committed digest; a holder that does not answer is asked again before the next one is.
 /// Holders the membership counts as lost or gone are skipped: their copies went with them.
+/// The job's durable store is asked last (peers' disks are the fast tier).
 async fn fetch_verified(
     ep: &Endpoint,
     state: &ControlState,
@@ -258,6 +260,26 @@ async fn fetch_verified(
                         tokio::time::sleep(CHECKPOINT_RETRY).await;
                     }
                 }
+            }
+        }
+    }
+    if let (true, Some(store)) = (part.stored, &ep.store) {
+        match store.get_part(steps, part, ep.max_state_bytes).await {
+            Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
+                return Copy::Verified(bytes);
+            }
+            Ok(_) => {
+                tracing::error!(layers = ?range, steps, "the stored checkpoint does not match the digest committed in raft");
+            }
+            Err(StoreError::Store {
+                source: object_store::Error::NotFound { .. },
+                ..
+            }) => {
+                tracing::error!(layers = ?range, steps, "the stored checkpoint is missing from the store")
+            }
+            Err(e) => {
+                tracing::warn!(layers = ?range, steps, "checkpoint store read failed: {e}");
+                unreachable = true;
             }
         }
     }

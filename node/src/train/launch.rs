@@ -28,9 +28,13 @@ use crate::emulate::{Accelerator, Emulation};
 use crate::key::ClusterKey;
 use crate::metrics::Metrics;
 use crate::status::TrainingView;
+use crate::store::JobStore;
 
 /// Directory of checkpoints inside the data directory.
 pub const CHECKPOINT_DIR: &str = "checkpoints";
+/// Directory of the job's durable checkpoint store in the data directory, when no other
+/// location is configured.
+pub const STORE_DIR: &str = "store";
 
 /// What the node gives its trainer when it starts.
 pub struct TrainerContext {
@@ -90,6 +94,8 @@ pub struct TrainJob<M: PipelineModel> {
     pub max_steps: u64,
     /// Checkpoint every this many steps (0: never).
     pub checkpoint_every: u64,
+    /// The job's durable checkpoint store (`None`: `store/` in the data directory).
+    pub checkpoint_store: Option<String>,
     /// AdamW, schedule and clipping.
     pub optimizer: OptimizerConfig,
     /// The Burn device.
@@ -165,14 +171,23 @@ impl<M: PipelineModel> TrainJob<M> {
             .local_addr()
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let num_params = self.model.num_params() as u64;
-        let endpoint = Arc::new(Endpoint::new(
-            ctx.keypair,
-            ctx.key,
-            ctx.view.clone(),
-            CheckpointStore::new(ctx.data_dir.join(CHECKPOINT_DIR)),
-            num_params * 12 + (16 << 20),
-            ctx.peer_timeout,
-        ));
+        let store_location = match &self.checkpoint_store {
+            Some(location) => location.clone(),
+            None => ctx.data_dir.join(STORE_DIR).display().to_string(),
+        };
+        let store = JobStore::open(&store_location, &job.digest())
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+        let endpoint = Arc::new(
+            Endpoint::new(
+                ctx.keypair,
+                ctx.key,
+                ctx.view.clone(),
+                CheckpointStore::new(ctx.data_dir.join(CHECKPOINT_DIR)),
+                num_params * 12 + (16 << 20),
+                ctx.peer_timeout,
+            )
+            .with_store(store),
+        );
         rt.spawn(server::serve(listener, endpoint.clone()));
         let (dataset, validation) = match self.validation {
             Some(v) => {

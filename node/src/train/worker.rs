@@ -40,8 +40,12 @@ const REPORT_RETRY_MIN: Duration = Duration::from_secs(1);
 /// Longest delay between proposals of one step report.
 const REPORT_RETRY_MAX: Duration = Duration::from_secs(8);
 
-/// Time between proposals of this node's job while the cluster has none.
+/// Time between proposals of this node's job while the cluster has none (and between reads
+/// of the job's store before the first step).
 const JOB_RETRY: Duration = Duration::from_secs(2);
+
+/// Longest a read of the job's store before the first step may take.
+const STORE_READ_LIMIT: Duration = Duration::from_secs(60);
 
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
 /// in well under a second at the measured rates; this bounds a stuck peer).
@@ -114,6 +118,12 @@ pub struct Worker<M: PipelineModel> {
     /// The plan epoch, step and history at which training stopped for want of a checkpoint
     /// (not retried until one of them changes).
     stopped_at: Option<(u64, u64, u64)>,
+    /// The job's store was read before the first step and holds no checkpoint of the job.
+    store_read: bool,
+    /// When this node last read the store or proposed adopting its checkpoint.
+    store_tried: Option<Instant>,
+    /// `(history, step)` of the newest cut whose manifest this node wrote to the store.
+    manifest_written: Option<(u64, u64)>,
 }
 
 enum Outcome {
@@ -144,6 +154,9 @@ impl<M: PipelineModel> Worker<M> {
             status: TrainingView::default(),
             job_proposed: None,
             stopped_at: None,
+            store_read: false,
+            store_tried: None,
+            manifest_written: None,
         }
     }
 
@@ -207,11 +220,97 @@ impl<M: PipelineModel> Worker<M> {
         false
     }
 
+    /// Whether this node may train: the cluster committed steps already, or the job's store
+    /// was read before the first step and holds no checkpoint of the job. When it holds one
+    /// (every node of the cluster was lost, and this is a new cluster), this node proposes to
+    /// adopt it, so training resumes from it instead of starting over. A store that cannot be
+    /// read keeps training from starting (the error is in `/status`), since starting afresh
+    /// would give up the job's progress.
+    fn resumed_from_store(&mut self, state: &ControlState) -> bool {
+        if self.store_read || state.progress.last_committed_step.is_some() {
+            return true;
+        }
+        let Some(store) = self.ep.store.clone() else {
+            return true;
+        };
+        if !state.members.contains_key(&self.setup.me)
+            || self.store_tried.is_some_and(|t| t.elapsed() < JOB_RETRY)
+        {
+            return false;
+        }
+        self.store_tried = Some(Instant::now());
+        let read = block_on_timeout(&self.rt, STORE_READ_LIMIT, store.newest_cut()).ok();
+        match read {
+            Some(Ok(None)) => {
+                self.store_read = true;
+                true
+            }
+            Some(Ok(Some(cut))) => {
+                tracing::warn!(
+                    step = cut.end.step,
+                    history = cut.history,
+                    "resuming the job from the newest complete checkpoint in its store"
+                );
+                (self.submit)(Command::AdoptCut { cut });
+                false
+            }
+            Some(Err(e)) => {
+                let error = format!("the job's checkpoint store cannot be read: {e}");
+                tracing::error!("{error}");
+                self.status.error = Some(error);
+                (self.publish)(self.status.clone());
+                false
+            }
+            None => {
+                tracing::error!(
+                    "the job's checkpoint store did not answer in {STORE_READ_LIMIT:?}"
+                );
+                false
+            }
+        }
+    }
+
+    /// The first replica of the first stage writes the manifest of every complete cut whose
+    /// parts are all stored, so a new cluster can resume from it.
+    fn record_stored_cut(&mut self, state: &ControlState) {
+        let first = StageSlot {
+            pipeline: 0,
+            stage: 0,
+        };
+        let Some(store) = self.ep.store.clone() else {
+            return;
+        };
+        if self.current.as_ref().is_none_or(|c| c.slot != first) {
+            return;
+        }
+        let Some(cut) = state.checkpoints.values().rev().find(|c| c.is_stored()) else {
+            return;
+        };
+        let key = (cut.history, cut.end.step);
+        if self.manifest_written.is_some_and(|w| w >= key) {
+            return;
+        }
+        self.manifest_written = Some(key);
+        let cut = cut.clone();
+        self.rt.spawn(async move {
+            match store.put_cut(&cut).await {
+                Ok(()) => tracing::info!(
+                    step = cut.end.step,
+                    "checkpoint recorded in the job's store"
+                ),
+                Err(e) => {
+                    tracing::warn!(step = cut.end.step, "checkpoint manifest not stored: {e}")
+                }
+            }
+        });
+    }
+
     /// One round of work; `true` when something happened and the loop should go on at once.
     fn tick(&mut self, state: &ControlState) -> Result<bool, TrainError> {
-        if !self.same_job(state) {
+        if !self.same_job(state) || !self.resumed_from_store(state) {
             return Ok(false);
         }
+        self.record_stored_cut(state);
         let Some(plan) = state.plan.as_ref() else {
             return Ok(false);
         };
@@ -560,10 +659,11 @@ impl<M: PipelineModel> Worker<M> {
         }
     }
 
-    /// The first replica of each stage saves its state every `checkpoint_every` steps, locally
-    /// and on one peer outside its stage, then registers both copies in raft. The training loop
-    /// pays only for the snapshot and its digest: the file write, fsync, peer copy and
-    /// registration run in the background, and a checkpoint is registered only once durable.
+    /// The first replica of each stage saves its state every `checkpoint_every` steps, locally,
+    /// on one peer outside its stage and in the job's durable store, then registers its part
+    /// of the step's cut in raft. The training loop pays only for the snapshot and its digest:
+    /// the file write, fsync, peer copy, upload and registration run in the background, and a
+    /// part is registered only once durable.
     fn checkpoint_if_due(
         &mut self,
         state: &ControlState,
@@ -606,6 +706,10 @@ impl<M: PipelineModel> Worker<M> {
                 }
             };
             let mut holders = vec![me];
+            let layers = parcae_consensus::state::LayerRange {
+                start: range.start as u32,
+                end: range.end as u32,
+            };
             if let Some(peer) = peer {
                 match crate::dataplane::client::put_checkpoint(
                     &ep,
@@ -621,16 +725,26 @@ impl<M: PipelineModel> Worker<M> {
                     Err(e) => tracing::warn!(node = %peer.node, "checkpoint copy failed: {e}"),
                 }
             }
+            let stored = match &ep.store {
+                Some(store) => match store
+                    .put_part(steps, layers.start..layers.end, &digest, bytes)
+                    .await
+                {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(steps, layers = ?range, "checkpoint not uploaded to the job's store: {e}");
+                        false
+                    }
+                },
+                None => false,
+            };
             submit(Command::Checkpointed {
                 step: k,
                 epoch,
-                layers: parcae_consensus::state::LayerRange {
-                    start: range.start as u32,
-                    end: range.end as u32,
-                },
+                layers,
                 holders,
                 digest,
-                stored: false,
+                stored,
             });
         });
         Ok(())

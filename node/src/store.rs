@@ -1,0 +1,361 @@
+//! The job's durable checkpoint store: the tier that outlives every node of the cluster.
+//!
+//! Peers' disks are the fast tier of checkpoints, and they vanish with spot VMs; a zone that
+//! goes to zero machines for hours takes them all. Every stage part of a checkpoint cut is
+//! therefore also uploaded here (in the background, after the local copy), and once raft
+//! registers a cut as complete with every part stored, its manifest is written: a new cluster
+//! started on fresh disks with the same store resumes from the newest manifest
+//! (`Command::AdoptCut`).
+//!
+//! The store is reached through the `object_store` crate: a local directory (a path or
+//! `file://`), or `s3://`, `gs://`, `az://` URLs with credentials and endpoints from the
+//! environment as the cloud SDKs take them (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT`,
+//! `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...).
+//!
+//! Layout under the store's prefix, one directory per job (its digest):
+//! `JOB/parts/STEPS-START-END-SHA256.state` (the digest in the name: parts of two histories
+//! never collide) and `JOB/cuts/HISTORY-STEP.json` (the cut as raft registered it).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parcae_consensus::state::{Cut, CutPart, Digest32};
+
+/// Largest cut manifest read back (a cut names at most a few thousand parts).
+const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+
+/// Complete stored cuts whose manifests and parts are kept (older ones are deleted).
+pub const KEEP_STORED_CUTS: usize = 2;
+
+/// The store could not be opened, read or written, or holds something unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The location is not a path or a supported URL.
+    #[error("checkpoint store {location}: {reason}")]
+    Location {
+        /// The location given.
+        location: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store answered with an error.
+    #[error("checkpoint store {location}: {source}")]
+    Store {
+        /// The store.
+        location: String,
+        /// What it said.
+        source: object_store::Error,
+    },
+    /// An object is larger than allowed, or a manifest does not decode.
+    #[error("checkpoint store {location}: {object}: {reason}")]
+    Invalid {
+        /// The store.
+        location: String,
+        /// The object.
+        object: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// A job's directory in a durable store.
+#[derive(Clone)]
+pub struct JobStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    location: String,
+}
+
+impl std::fmt::Debug for JobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "JobStore({}/{})", self.location, self.root)
+    }
+}
+
+impl JobStore {
+    /// The store at `location` (a directory path, `file://`, `s3://`, `gs://` or `az://` URL),
+    /// holding the job whose digest is `job`. A local directory is created if missing.
+    pub fn open(location: &str, job: &Digest32) -> Result<Self, StoreError> {
+        let bad = |reason: String| StoreError::Location {
+            location: location.to_string(),
+            reason,
+        };
+        let (store, prefix): (Arc<dyn ObjectStore>, Path) = if location.contains("://") {
+            let url = url::Url::parse(location).map_err(|e| bad(e.to_string()))?;
+            let env = std::env::vars().map(|(k, v)| (k.to_ascii_lowercase(), v));
+            let (store, prefix) =
+                object_store::parse_url_opts(&url, env).map_err(|e| bad(e.to_string()))?;
+            (Arc::from(store), prefix)
+        } else {
+            std::fs::create_dir_all(location).map_err(|e| bad(e.to_string()))?;
+            let local = object_store::local::LocalFileSystem::new_with_prefix(location)
+                .map_err(|e| bad(e.to_string()))?;
+            (Arc::new(local), Path::default())
+        };
+        let root = prefix.join(hex::encode(&job[..16]));
+        Ok(Self {
+            store,
+            root,
+            location: location.to_string(),
+        })
+    }
+
+    fn error(&self, source: object_store::Error) -> StoreError {
+        StoreError::Store {
+            location: self.location.clone(),
+            source,
+        }
+    }
+
+    fn part_path(&self, steps: u64, layers: &Range<u32>, digest: &Digest32) -> Path {
+        self.root.clone().join("parts").join(format!(
+            "{steps}-{}-{}-{}.state",
+            layers.start,
+            layers.end,
+            hex::encode(digest)
+        ))
+    }
+
+    fn cut_path(&self, history: u64, step: u64) -> Path {
+        self.root
+            .clone()
+            .join("cuts")
+            .join(format!("{history:020}-{step:020}.json"))
+    }
+
+    /// Uploads one stage part of the cut of `steps` steps.
+    pub async fn put_part(
+        &self,
+        steps: u64,
+        layers: Range<u32>,
+        digest: &Digest32,
+        bytes: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let path = self.part_path(steps, &layers, digest);
+        self.store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// Downloads a stage part of the cut of `steps` steps, refusing one over `max_bytes`.
+    /// The caller checks the bytes against the digest raft committed.
+    pub async fn get_part(
+        &self,
+        steps: u64,
+        part: &CutPart,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let layers = part.layers.start..part.layers.end;
+        let path = self.part_path(steps, &layers, &part.digest);
+        self.get_bounded(&path, max_bytes).await
+    }
+
+    async fn get_bounded(&self, path: &Path, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
+        let got = self.store.get(path).await.map_err(|e| self.error(e))?;
+        if got.meta.size > max_bytes {
+            return Err(StoreError::Invalid {
+                location: self.location.clone(),
+                object: path.to_string(),
+                reason: format!("{} bytes (at most {max_bytes})", got.meta.size),
+            });
+        }
+        let bytes = got.bytes().await.map_err(|e| self.error(e))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// Writes the manifest of a complete cut whose every part is stored, then deletes the
+    /// manifests and parts of all but the newest [`KEEP_STORED_CUTS`] stored cuts (parts newer
+    /// than every kept cut stay: they are uploads of cuts not complete yet).
+    pub async fn put_cut(&self, cut: &Cut) -> Result<(), StoreError> {
+        let json = serde_json::to_vec(cut).map_err(|e| StoreError::Invalid {
+            location: self.location.clone(),
+            object: "cut".into(),
+            reason: e.to_string(),
+        })?;
+        self.store
+            .put(
+                &self.cut_path(cut.history, cut.end.step),
+                PutPayload::from(json),
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        self.prune().await
+    }
+
+    /// The manifests in the store as `(history, step, path)`, newest first.
+    async fn manifests(&self) -> Result<Vec<(u64, u64, Path)>, StoreError> {
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&self.root.clone().join("cuts")))
+            .try_collect()
+            .await
+            .map_err(|e| self.error(e))?;
+        let mut cuts: Vec<(u64, u64, Path)> = listed
+            .into_iter()
+            .filter_map(|meta| {
+                let (history, step) = parse_cut_name(meta.location.filename()?)?;
+                Some((history, step, meta.location))
+            })
+            .collect();
+        cuts.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
+        Ok(cuts)
+    }
+
+    /// The newest stored cut: of the latest history, the latest step. A manifest that does
+    /// not decode, or names an incomplete cut, is an error (the store was tampered with).
+    pub async fn newest_cut(&self) -> Result<Option<Cut>, StoreError> {
+        let Some((_, _, path)) = self.manifests().await?.into_iter().next() else {
+            return Ok(None);
+        };
+        let bytes = self.get_bounded(&path, MAX_MANIFEST_BYTES).await?;
+        let invalid = |reason: String| StoreError::Invalid {
+            location: self.location.clone(),
+            object: path.to_string(),
+            reason,
+        };
+        let cut: Cut = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if !cut.is_stored() {
+            return Err(invalid("not a complete stored cut".into()));
+        }
+        Ok(Some(cut))
+    }
+
+    async fn prune(&self) -> Result<(), StoreError> {
+        let manifests = self.manifests().await?;
+        let mut keep_parts = Vec::new();
+        for (_, _, path) in manifests.iter().take(KEEP_STORED_CUTS) {
+            let bytes = self.get_bounded(path, MAX_MANIFEST_BYTES).await?;
+            if let Ok(cut) = serde_json::from_slice::<Cut>(&bytes) {
+                let steps = cut.end.step + 1;
+                keep_parts.extend(
+                    cut.parts
+                        .iter()
+                        .map(|p| self.part_path(steps, &(p.layers.start..p.layers.end), &p.digest)),
+                );
+            }
+        }
+        let Some(oldest_kept) = manifests
+            .iter()
+            .take(KEEP_STORED_CUTS)
+            .map(|(_, step, _)| *step + 1)
+            .min()
+        else {
+            return Ok(());
+        };
+        let mut doomed: Vec<Path> = manifests
+            .into_iter()
+            .skip(KEEP_STORED_CUTS)
+            .map(|(_, _, path)| path)
+            .collect();
+        let parts: Vec<_> = self
+            .store
+            .list(Some(&self.root.clone().join("parts")))
+            .try_collect()
+            .await
+            .map_err(|e| self.error(e))?;
+        doomed.extend(
+            parts
+                .into_iter()
+                .map(|meta| meta.location)
+                .filter(|path| !keep_parts.contains(path))
+                .filter(|path| {
+                    path.filename()
+                        .and_then(|n| n.split('-').next()?.parse::<u64>().ok())
+                        .is_some_and(|steps| steps <= oldest_kept)
+                }),
+        );
+        for path in doomed {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.error(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_cut_name(name: &str) -> Option<(u64, u64)> {
+    let (history, step) = name.strip_suffix(".json")?.split_once('-')?;
+    Some((history.parse().ok()?, step.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parcae_consensus::state::{LayerRange, OptimizerScalars, StepEnd};
+
+    fn cut(history: u64, step: u64, digests: [u8; 2]) -> Cut {
+        Cut {
+            end: StepEnd {
+                step,
+                epoch: 1,
+                sample_cursor: 16 * (step + 1),
+                optimizer: OptimizerScalars::default(),
+            },
+            history,
+            layers: 4,
+            parts: digests
+                .iter()
+                .enumerate()
+                .map(|(i, d)| CutPart {
+                    layers: LayerRange {
+                        start: 2 * i as u32,
+                        end: 2 * i as u32 + 2,
+                    },
+                    holders: Vec::new(),
+                    digest: [*d; 32],
+                    stored: true,
+                })
+                .collect(),
+        }
+    }
+
+    async fn put(store: &JobStore, c: &Cut) {
+        for p in &c.parts {
+            let layers = p.layers.start..p.layers.end;
+            store
+                .put_part(c.end.step + 1, layers, &p.digest, vec![p.digest[0]; 8])
+                .await
+                .unwrap();
+        }
+        store.put_cut(c).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_newest_cut_of_the_latest_history_is_found_and_old_ones_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let location = dir.path().join("store");
+        let store = JobStore::open(location.to_str().unwrap(), &[7; 32]).unwrap();
+        assert!(store.newest_cut().await.unwrap().is_none());
+        put(&store, &cut(0, 9, [1, 2])).await;
+        put(&store, &cut(0, 19, [3, 4])).await;
+        put(&store, &cut(1, 14, [5, 6])).await;
+        let newest = store.newest_cut().await.unwrap().unwrap();
+        assert_eq!((newest.history, newest.end.step), (1, 14));
+        let part = &newest.parts[1];
+        assert_eq!(store.get_part(15, part, 1 << 20).await.unwrap(), vec![6; 8]);
+        assert!(store.get_part(15, part, 4).await.is_err(), "over the bound");
+        // The oldest cut's manifest and parts are gone; the two newest stay.
+        let old = cut(0, 9, [1, 2]);
+        assert!(store.get_part(10, &old.parts[0], 1 << 20).await.is_err());
+        let kept = cut(0, 19, [3, 4]);
+        assert!(store.get_part(20, &kept.parts[0], 1 << 20).await.is_ok());
+        // Another job's directory is separate.
+        let other = JobStore::open(location.to_str().unwrap(), &[8; 32]).unwrap();
+        assert!(other.newest_cut().await.unwrap().is_none());
+        // A damaged manifest is an error, not a silent fresh start.
+        let manifest = location
+            .join(hex::encode([7u8; 16]))
+            .join("cuts")
+            .join(format!("{:020}-{:020}.json", 1, 14));
+        std::fs::write(&manifest, b"{").unwrap();
+        assert!(store.newest_cut().await.is_err());
+        assert!(JobStore::open("s3://", &[7; 32]).is_err());
+        assert!(JobStore::open("ftp://host/x", &[7; 32]).is_err());
+    }
+}
