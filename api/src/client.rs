@@ -62,6 +62,20 @@ impl Client {
         }
     }
 
+    fn get_text(&self, addr: SocketAddr, path: &str, limit: u64) -> Result<String, ApiError> {
+        let url = format!("http://{addr}{path}");
+        let request = |source| ApiError::Request {
+            url: url.clone(),
+            source,
+        };
+        let mut resp = self.agent.get(&url).call().map_err(request)?;
+        resp.body_mut()
+            .with_config()
+            .limit(limit)
+            .read_to_string()
+            .map_err(request)
+    }
+
     fn get<T: DeserializeOwned>(
         &self,
         addr: SocketAddr,
@@ -69,20 +83,9 @@ impl Client {
         limit: u64,
         what: &'static str,
     ) -> Result<T, ApiError> {
-        let url = format!("http://{addr}{path}");
-        let request = |source| ApiError::Request {
-            url: url.clone(),
-            source,
-        };
-        let mut resp = self.agent.get(&url).call().map_err(request)?;
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(limit)
-            .read_to_string()
-            .map_err(request)?;
+        let body = self.get_text(addr, path, limit)?;
         serde_json::from_str(&body).map_err(|source| ApiError::Decode {
-            url: url.clone(),
+            url: format!("http://{addr}{path}"),
             what,
             source,
         })
@@ -91,6 +94,11 @@ impl Client {
     /// `GET /status`.
     pub fn status(&self, addr: SocketAddr) -> Result<StatusSnapshot, ApiError> {
         self.get(addr, "/status", MAX_STATUS_BYTES, "a status object")
+    }
+
+    /// `GET /metrics` (OpenMetrics text).
+    pub fn metrics(&self, addr: SocketAddr) -> Result<String, ApiError> {
+        self.get_text(addr, "/metrics", MAX_STATUS_BYTES)
     }
 
     /// `GET /steps`.

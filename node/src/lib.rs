@@ -53,8 +53,9 @@
 //!
 //! ## Files in the data directory
 //!
-//! `node.key` (libp2p identity, 0600; same peer id across restarts) and `raft/` (raft-engine
-//! log). The cluster key is a separate 64-hex-digit file made by `parcae-node keygen`.
+//! `node.key` (libp2p identity, 0600; same peer id across restarts), `raft/` (raft-engine
+//! log), `checkpoints/` (this node's and peers' checkpoint parts, the fast tier) and `store/`
+//! (the job's durable checkpoint store when no other location is configured: [`store`]). The cluster key is a separate 64-hex-digit file made by `parcae-node keygen`.
 //!
 //! ## Version note
 //!

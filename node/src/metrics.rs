@@ -71,6 +71,10 @@ metrics! {
     emulated_overruns: UGauge => "Pieces of work that outlasted their emulated accelerator time.",
     emulated_overrun_ms: UGauge => "Milliseconds by which real work outlasted its emulated time.",
     emulated_busy_ms: UGauge => "Emulated accelerator busy time paced so far, ms.",
+    checkpoints_total: Counter => "Checkpoints this node took (its stage's part of a cut).",
+    checkpoint_snapshot_ms_total: Counter => "Milliseconds the training loop spent taking checkpoint snapshots and their digests.",
+    checkpoint_write_ms_total: Counter => "Milliseconds of checkpoint writes off the training loop: the local file with fsync and the copy to a peer.",
+    checkpoint_upload_ms_total: Counter => "Milliseconds of checkpoint uploads to the job's store off the training loop.",
 }
 
 impl Metrics {

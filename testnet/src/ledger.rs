@@ -104,9 +104,32 @@ impl StepLedger {
         self.replaced + beyond
     }
 
-    /// The highest step seen.
+    /// The latest history seen.
+    pub fn latest_history(&self) -> Option<u64> {
+        self.steps.values().map(|s| s.record.history).max()
+    }
+
+    /// The highest step seen in the latest history seen (steps a rollback gave up do not
+    /// count).
     pub fn last_step(&self) -> Option<u64> {
-        self.steps.keys().next_back().copied()
+        let latest = self.latest_history()?;
+        self.steps
+            .iter()
+            .rev()
+            .find(|(_, s)| s.record.history == latest)
+            .map(|(step, _)| *step)
+    }
+
+    /// `seq` (a node's steps, in order) preceded by the records seen of the steps before its
+    /// first: a cluster that resumed from a stored checkpoint after an outage shows only the
+    /// steps it committed itself, and continues the history of the steps before them.
+    pub fn with_earlier(&self, seq: Vec<StepRecord>) -> Vec<StepRecord> {
+        let first = seq.first().map_or(0, |r| r.step);
+        self.steps
+            .range(..first)
+            .map(|(_, seen)| seen.record)
+            .chain(seq)
+            .collect()
     }
 
     /// Committed steps missing from `final_seq` or whose record changed at any point.
@@ -293,6 +316,8 @@ mod tests {
             3,
             "steps 3 and 4 replaced, 5 not retrained"
         );
+        assert_eq!(l.last_step(), Some(4), "the latest history's last step");
+        assert_eq!(l.with_earlier(vec![again(3)]), final_seq[..4].to_vec());
         assert_eq!(sample_overlap(&final_seq), (0, 0));
         let mut changed = again(2);
         changed.history = 0;

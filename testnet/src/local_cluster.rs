@@ -243,7 +243,11 @@ impl LocalCluster {
         config_for: &mut dyn FnMut(usize) -> Result<String, TestnetError>,
     ) -> Result<Vec<usize>, TestnetError> {
         let mut started = Vec::with_capacity(count);
-        if self.nodes.is_empty() && count > 0 {
+        // The first node, or the first after every earlier one is gone (a whole-cluster
+        // outage), founds a new cluster.
+        let founding =
+            !(0..self.nodes.len()).any(|i| may_bootstrap(i) && self.nodes[i].p2p.is_some());
+        if founding && count > 0 {
             let config = config_for(0)?;
             let founder = self.spawn_node(&[], &[], None, &config)?;
             self.wait_serving(&[founder])?;

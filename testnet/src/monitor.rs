@@ -145,7 +145,7 @@ impl Monitor {
         loop {
             list.sort_by_key(|r| r.step);
             if list.last().map(|r| r.step) >= target || Instant::now() >= end {
-                return list;
+                return self.steps.with_earlier(list);
             }
             std::thread::sleep(Duration::from_millis(200));
             if let Ok(newer) = patient.steps(addr) {

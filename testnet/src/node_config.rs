@@ -36,6 +36,9 @@ pub struct NodeSettings {
     pub threads: u32,
     /// The emulated accelerator of every node, if any.
     pub emulate: Option<Emulate>,
+    /// The job's durable checkpoint store shared by every node (a directory of the run), so
+    /// that nodes started after a whole-cluster outage resume from it.
+    pub checkpoint_store: Option<PathBuf>,
 }
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
@@ -132,6 +135,12 @@ fn training_keys(s: &NodeSettings) -> String {
         seed = s.seed,
         max_steps = s.max_steps,
     );
+    if let Some(store) = &s.checkpoint_store {
+        out.push_str(&format!(
+            "checkpoint_store = {:?}\n",
+            store.display().to_string()
+        ));
+    }
     match &s.emulate {
         // An emulated run is measured against the simulator, which knows nothing of
         // evaluation: its nodes spend no time on it.
@@ -228,6 +237,7 @@ mod tests {
             max_steps: 0,
             threads: 1,
             emulate: None,
+            checkpoint_store: None,
         }
     }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use parcae_api::{EmulatedView, MigrationKind};
+use parcae_api::{EmulatedView, MigrationKind, StepRecord};
 use parcae_strategies::cost::money::Bill;
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +64,10 @@ pub struct RunReport {
     /// (absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_failover: Option<LeaderFailover>,
+    /// The whole-cluster outage of `chaos --outage-at` and the resumption after it (absent
+    /// otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outage: Option<OutageReport>,
     /// Samples the simulator trains with the same strategy on the replayed trace and the cost
     /// model the cluster ran under (`crate::predicted`; null without a trace or a cost model).
     pub simulated_samples: Option<f64>,
@@ -164,6 +168,39 @@ pub struct RunMeta {
     pub wall_secs: f64,
 }
 
+/// Every node SIGKILLed at once, and new nodes on fresh data directories started later with
+/// the same job store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutageReport {
+    /// The last step committed before the outage (null: none).
+    pub last_step_before: Option<u64>,
+    /// The step of the stored checkpoint the new cluster resumed from (null: it did not
+    /// resume; a new history starting from step 0 would show as lost committed steps).
+    pub resumed_from_step: Option<u64>,
+    /// Steps the new cluster committed.
+    pub steps_after: u64,
+}
+
+impl OutageReport {
+    /// The outage after `last_step_before` in history `history_before`, as the final committed
+    /// sequence shows its end: the steps of a later history are the new cluster's.
+    pub fn of(
+        last_step_before: Option<u64>,
+        history_before: u64,
+        final_seq: &[StepRecord],
+    ) -> Self {
+        let after: Vec<&StepRecord> = final_seq
+            .iter()
+            .filter(|r| r.history > history_before)
+            .collect();
+        Self {
+            last_step_before,
+            resumed_from_step: after.first().and_then(|r| r.step.checked_sub(1)),
+            steps_after: after.len() as u64,
+        }
+    }
+}
+
 /// What the table shows besides the JSON.
 #[derive(Debug, Default)]
 pub struct Details {
@@ -213,6 +250,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
         resources: obs.monitor.resources.report(),
         leader_failover: obs.monitor.failover.clone(),
+        outage: None,
         simulated_samples: None,
         vs_simulated: None,
         percent_of_ideal: None,
@@ -398,10 +436,19 @@ pub fn summary(r: &RunReport) -> String {
             r.lost_committed_steps, r.duplicate_samples
         )
     };
-    let rolled_back = match r.rolled_back_steps {
+    let mut rolled_back = match r.rolled_back_steps {
         0 => String::new(),
         n => format!(" ({n} steps rolled back to a checkpoint and trained again)"),
     };
+    if let Some(o) = &r.outage {
+        let show = |s: Option<u64>| s.map_or("-".to_string(), |s| s.to_string());
+        rolled_back.push_str(&format!(
+            "; whole-cluster outage after step {}: resumed from the stored checkpoint of step {}, {} steps after",
+            show(o.last_step_before),
+            show(o.resumed_from_step),
+            o.steps_after
+        ));
+    }
     format!(
         "{}: {loss}; {total} reconfigurations ({} intra, {} inter, {} repartition, {} restart) \
          taking {:.1} s; {safety}{rolled_back}",
@@ -425,6 +472,14 @@ pub fn check(r: &RunReport) -> Result<(), String> {
         failed.push(format!(
             "{} committed steps were lost",
             r.lost_committed_steps
+        ));
+    }
+    if let Some(o) = &r.outage
+        && (o.steps_after == 0 || o.resumed_from_step.is_none())
+    {
+        failed.push(format!(
+            "training did not resume from a stored checkpoint after the outage ({} steps after it)",
+            o.steps_after
         ));
     }
     if r.duplicate_samples > 0 {
@@ -636,6 +691,7 @@ mod tests {
             emulated: Some(e),
             resources: None,
             leader_failover: None,
+            outage: None,
             reconfigurations: Vec::new(),
             simulated_samples: None,
             vs_simulated: None,

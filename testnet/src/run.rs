@@ -252,6 +252,7 @@ impl NodeArgs {
                 .map(|p| Emulate::new(p, self.time_scale))
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
+            checkpoint_store: None,
         })
     }
 }
@@ -296,10 +297,14 @@ pub fn session(
     let started = Instant::now();
     let dir = process::run_dir(node.work_dir.as_deref(), spec.strategy)
         .context("creating the run directory")?;
+    let settings = NodeSettings {
+        checkpoint_store: Some(dir.join("store")),
+        ..node.settings(spec.strategy, spec.nodes_max)?
+    };
     let opts = ClusterOptions {
         bin,
         dir: dir.clone(),
-        settings: node.settings(spec.strategy, spec.nodes_max)?,
+        settings,
         notice: node.notice,
         ports: node.base_port.map_or(Ports::Ephemeral, Ports::Base),
     };

@@ -677,17 +677,24 @@ impl<M: PipelineModel> Worker<M> {
         if every == 0 || !(k + 1).is_multiple_of(every) || cur.slot.pipeline != 0 {
             return Ok(());
         }
+        let snapshot = Instant::now();
         let range = cur.stage.layer_range();
         let bytes = cur.stage.export_state(range.clone())?;
         let steps = k + 1;
         let digest: Digest32 = Sha256::digest(&bytes).into();
         cur.digest = Some(digest);
+        let metrics = self.setup.metrics.clone();
+        metrics.checkpoints_total.inc();
+        metrics
+            .checkpoint_snapshot_ms_total
+            .inc_by(snapshot.elapsed().as_millis() as u64);
         let me = self.setup.me;
         let peer = checkpoint_peer(state, plan, me, cur.slot);
         let ep = self.ep.clone();
         let submit = self.submit.clone();
         let epoch = plan.epoch;
         self.rt.spawn(async move {
+            let written = Instant::now();
             let store = ep.checkpoints.clone();
             let layers = range.clone();
             let saved = tokio::task::spawn_blocking(move || {
@@ -725,6 +732,10 @@ impl<M: PipelineModel> Worker<M> {
                     Err(e) => tracing::warn!(node = %peer.node, "checkpoint copy failed: {e}"),
                 }
             }
+            metrics
+                .checkpoint_write_ms_total
+                .inc_by(written.elapsed().as_millis() as u64);
+            let uploaded = Instant::now();
             let stored = match &ep.store {
                 Some(store) => match store
                     .put_part(steps, layers.start..layers.end, &digest, bytes)
@@ -738,6 +749,9 @@ impl<M: PipelineModel> Worker<M> {
                 },
                 None => false,
             };
+            metrics
+                .checkpoint_upload_ms_total
+                .inc_by(uploaded.elapsed().as_millis() as u64);
             submit(Command::Checkpointed {
                 step: k,
                 epoch,
