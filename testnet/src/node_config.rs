@@ -39,6 +39,8 @@ pub struct NodeSettings {
     /// The job's durable checkpoint store shared by every node (a directory of the run), so
     /// that nodes started after a whole-cluster outage resume from it.
     pub checkpoint_store: Option<PathBuf>,
+    /// `[D, P]` every plan is pinned to, if any.
+    pub pin: Option<[u32; 2]>,
 }
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
@@ -120,9 +122,13 @@ const VALIDATION_KEYS: &str = "val_fraction = 0.01\nval_every = 10\nval_samples 
 /// The keys of the trainer: `[planner] strategy` (continuing the `[planner]` table that
 /// [`render`] opened), the `[train]` table, and `[device]` when emulated.
 fn training_keys(s: &NodeSettings) -> String {
+    let pin = s
+        .pin
+        .map_or(String::new(), |[d, p]| format!("pin = [{d}, {p}]\n"));
     let mut out = format!(
         "strategy = {strategy:?}\n\
          max_nodes = {max_nodes}\n\
+         {pin}\
          [train]\n\
          model = {model:?}\n\
          data = {data:?}\n\
@@ -238,6 +244,7 @@ mod tests {
             threads: 1,
             emulate: None,
             checkpoint_store: None,
+            pin: None,
         }
     }
 

@@ -73,6 +73,11 @@ pub struct NodeArgs {
     /// Emulated durations are divided by this (with --emulate).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+    /// Pin every plan to `D`x`P` (data-parallel pipelines x stages, e.g. `1x3`) instead of
+    /// the strategy's choice: with `D` = 1 every node is the only holder of its stage, so a
+    /// kill takes a whole stage (and the cluster rolls back to a checkpoint).
+    #[arg(long, value_parser = parse_pin)]
+    pub pin: Option<[u32; 2]>,
     /// First port: node k serves /status on BASE+2k and p2p on BASE+2k+1 (default: ephemeral).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
     pub base_port: Option<u16>,
@@ -154,6 +159,18 @@ pub struct Window {
 }
 
 /// Parses `START_H-END_H` (e.g. `5.5-6.5`): both finite, `0 <= START_H < END_H`.
+fn parse_pin(text: &str) -> Result<[u32; 2], String> {
+    let bad = || format!("{text:?}: expected DxP with D, P >= 1, e.g. 1x3");
+    let (d, p) = text.split_once('x').ok_or_else(bad)?;
+    let dim = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+    };
+    Ok([dim(d).ok_or_else(bad)?, dim(p).ok_or_else(bad)?])
+}
+
 fn parse_window(text: &str) -> Result<Window, String> {
     let bad = || format!("{text:?}: expected START_H-END_H in hours, e.g. 5.5-6.5");
     let (a, b) = text.split_once('-').ok_or_else(bad)?;
@@ -253,6 +270,7 @@ impl NodeArgs {
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
             checkpoint_store: None,
+            pin: self.pin,
         })
     }
 }
@@ -510,6 +528,14 @@ mod tests {
         for bad in ["6.5-5.5", "1-1", "x-2", "3", "-1-2", "1-inf"] {
             let e = parse_window(bad).unwrap_err();
             assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_pin_is_d_by_p() {
+        assert_eq!(parse_pin("1x3"), Ok([1, 3]));
+        for bad in ["0x3", "1x", "3", "1x65", "axb"] {
+            assert!(parse_pin(bad).unwrap_err().contains(bad));
         }
     }
 
