@@ -3,7 +3,9 @@
 //!
 //! Checkpoints are per stage (`ckpt-STEP-FIRST-END.state` in a node's data directory); the
 //! export takes the newest step whose stage checkpoints, from any of the directories given,
-//! cover every layer, and verifies each part's checksums and model fingerprint on import.
+//! cover every layer, and verifies each part's checksums and model fingerprint on import. From
+//! a job's durable store (`--store`, [`crate::store`]) it takes the newest complete stored cut,
+//! each part checked against the SHA-256 raft committed for it.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -16,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::NodeConfig;
+use crate::store::JobStore;
 use crate::train::launch::CHECKPOINT_DIR;
 
 /// The file formats `export` writes.
@@ -33,8 +36,15 @@ pub struct ExportOptions {
     pub config: Option<PathBuf>,
     /// A node's data directory or a directory of its checkpoints (repeatable: the stages of
     /// one step may be spread over several nodes).
-    #[arg(long = "checkpoints", required = true)]
+    #[arg(long = "checkpoints", required_unless_present = "store")]
     pub checkpoints: Vec<PathBuf>,
+    /// The job's checkpoint store instead (a directory, or an `s3://`, `gs://`, `az://` URL
+    /// with credentials from the environment).
+    #[arg(long, conflicts_with = "checkpoints")]
+    pub store: Option<String>,
+    /// The job in the store (a prefix of its directory name), when it holds several.
+    #[arg(long, requires = "store")]
+    pub job: Option<String>,
     /// The step to export (the number of steps the checkpoint had taken); default: the newest
     /// step the checkpoints cover whole.
     #[arg(long)]
@@ -119,16 +129,45 @@ fn checkpoint_dir(dir: &Path) -> PathBuf {
     }
 }
 
-/// Writes the model of the chosen step to `opts.out`.
-pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
-    let config = match &opts.config {
-        Some(path) => NodeConfig::load(path)?,
-        None => NodeConfig::default(),
-    };
-    let gpt = config.model();
-    let model = Arc::new(Gpt::new(gpt.clone())?);
-    let stores: Vec<CheckpointStore> = opts
-        .checkpoints
+/// Steps taken, and each stage checkpoint's layers and bytes.
+type StepParts = (u64, Vec<(Range<usize>, Vec<u8>)>);
+
+/// The parts of the newest complete cut in the job's store at `location` (or the one after
+/// `step` steps), each checked against its committed digest.
+fn from_store(location: &str, job: Option<&str>, step: Option<u64>) -> anyhow::Result<StepParts> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let store = JobStore::open_existing(location, job).await?;
+        let cut = store.stored_cut(step).await?.with_context(|| match step {
+            Some(s) => format!("no complete checkpoint after {s} steps in {location}"),
+            None => format!("no complete checkpoint in {location}"),
+        })?;
+        let steps = cut.end.step + 1;
+        let mut parts = Vec::with_capacity(cut.parts.len());
+        for part in &cut.parts {
+            let range = part.layers.start as usize..part.layers.end as usize;
+            let bytes = store.get_part(steps, part, MAX_PART_BYTES).await?;
+            if Sha256::digest(&bytes).as_slice() != part.digest {
+                bail!("the stored checkpoint of layers {range:?} after {steps} steps does not match its digest");
+            }
+            parts.push((range, bytes));
+        }
+        Ok((steps, parts))
+    })
+}
+
+/// The largest stage part read from a store (a 1.5B-parameter model's state is about 18 GB).
+const MAX_PART_BYTES: u64 = 64 << 30;
+
+/// The parts of the newest step (or `step`) the checkpoint directories cover end to end.
+fn from_directories(
+    dirs: &[PathBuf],
+    layers: usize,
+    step: Option<u64>,
+) -> anyhow::Result<StepParts> {
+    let stores: Vec<CheckpointStore> = dirs
         .iter()
         .map(|d| {
             if !d.is_dir() {
@@ -138,15 +177,35 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
         })
         .collect::<anyhow::Result<_>>()?;
     let found: Vec<(u64, Range<usize>)> = stores.iter().flat_map(|s| s.list()).collect();
-    let (step, parts) =
-        pick_cut(&found, model.num_layers(), opts.step).map_err(anyhow::Error::msg)?;
+    let (step, ranges) = pick_cut(&found, layers, step).map_err(anyhow::Error::msg)?;
+    let parts = ranges
+        .into_iter()
+        .map(|range| {
+            let bytes = stores
+                .iter()
+                .find_map(|s| s.load(step, &range).ok())
+                .with_context(|| format!("checkpoint of layers {range:?} at step {step}"))?;
+            Ok((range, bytes))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok((step, parts))
+}
+
+/// Writes the model of the chosen step to `opts.out`.
+pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
+    let config = match &opts.config {
+        Some(path) => NodeConfig::load(path)?,
+        None => NodeConfig::default(),
+    };
+    let gpt = config.model();
+    let model = Arc::new(Gpt::new(gpt.clone())?);
+    let (step, parts) = match &opts.store {
+        Some(location) => from_store(location, opts.job.as_deref(), opts.step)?,
+        None => from_directories(&opts.checkpoints, model.num_layers(), opts.step)?,
+    };
     let device = burn::tensor::Device::flex();
     let mut layers = Vec::with_capacity(model.num_layers());
-    for range in &parts {
-        let bytes = stores
-            .iter()
-            .find_map(|s| s.load(step, range).ok())
-            .with_context(|| format!("checkpoint of layers {range:?} at step {step}"))?;
+    for (range, bytes) in &parts {
         let mut stage = Stage::new(
             model.clone(),
             range.clone(),
@@ -155,7 +214,7 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
             StageConfig::default(),
         )?;
         stage
-            .import_state(&bytes, range.clone())
+            .import_state(bytes, range.clone())
             .with_context(|| format!("checkpoint of layers {range:?} at step {step}"))?;
         for layer in range.clone() {
             layers.push(LayerWeights {
@@ -171,7 +230,7 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
     let written = std::fs::read(&opts.out).with_context(|| opts.out.display().to_string())?;
     Ok(Exported {
         step,
-        parts,
+        parts: parts.into_iter().map(|(range, _)| range).collect(),
         sha256: hex::encode(Sha256::digest(&written)),
     })
 }

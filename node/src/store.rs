@@ -79,28 +79,49 @@ impl JobStore {
     /// The store at `location` (a directory path, `file://`, `s3://`, `gs://` or `az://` URL),
     /// holding the job whose digest is `job`. A local directory is created if missing.
     pub fn open(location: &str, job: &Digest32) -> Result<Self, StoreError> {
-        let bad = |reason: String| StoreError::Location {
-            location: location.to_string(),
-            reason,
-        };
-        let (store, prefix): (Arc<dyn ObjectStore>, Path) = if location.contains("://") {
-            let url = url::Url::parse(location).map_err(|e| bad(e.to_string()))?;
-            let env = std::env::vars().map(|(k, v)| (k.to_ascii_lowercase(), v));
-            let (store, prefix) =
-                object_store::parse_url_opts(&url, env).map_err(|e| bad(e.to_string()))?;
-            (Arc::from(store), prefix)
-        } else {
-            std::fs::create_dir_all(location).map_err(|e| bad(e.to_string()))?;
-            let local = object_store::local::LocalFileSystem::new_with_prefix(location)
-                .map_err(|e| bad(e.to_string()))?;
-            (Arc::new(local), Path::default())
-        };
-        let root = prefix.join(hex::encode(&job[..16]));
+        let (store, prefix) = open_location(location)?;
         Ok(Self {
             store,
-            root,
+            root: prefix.join(hex::encode(&job[..16])),
             location: location.to_string(),
         })
+    }
+
+    /// The one job in the store at `location`, or the one whose directory name starts with
+    /// `job` (for reading a store without the job's configuration: `parcae-node export`).
+    pub async fn open_existing(location: &str, job: Option<&str>) -> Result<Self, StoreError> {
+        let (store, prefix) = open_location(location)?;
+        let listed = store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|source| StoreError::Store {
+                location: location.to_string(),
+                source,
+            })?;
+        let jobs: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .filter(|name| job.is_none_or(|j| name.starts_with(j)))
+            .collect();
+        match jobs.as_slice() {
+            [one] => Ok(Self {
+                store,
+                root: prefix.join(one.as_str()),
+                location: location.to_string(),
+            }),
+            [] => Err(StoreError::Location {
+                location: location.to_string(),
+                reason: format!(
+                    "no job {}in the store",
+                    job.map_or(String::new(), |j| format!("{j}* "))
+                ),
+            }),
+            many => Err(StoreError::Location {
+                location: location.to_string(),
+                reason: format!("several jobs, name one: {}", many.join(", ")),
+            }),
+        }
     }
 
     fn error(&self, source: object_store::Error) -> StoreError {
@@ -206,10 +227,16 @@ impl JobStore {
         Ok(cuts)
     }
 
-    /// The newest stored cut: of the latest history, the latest step. A manifest that does
-    /// not decode, or names an incomplete cut, is an error (the store was tampered with).
-    pub async fn newest_cut(&self) -> Result<Option<Cut>, StoreError> {
-        let Some((_, _, path)) = self.manifests().await?.into_iter().next() else {
+    /// The newest stored cut (of the latest history, the latest step), or with `steps` the
+    /// newest one holding the state after that many steps. A manifest that does not decode, or
+    /// names an incomplete cut, is an error (the store was tampered with).
+    pub async fn stored_cut(&self, steps: Option<u64>) -> Result<Option<Cut>, StoreError> {
+        let Some((_, _, path)) = self
+            .manifests()
+            .await?
+            .into_iter()
+            .find(|(_, step, _)| steps.is_none_or(|s| step + 1 == s))
+        else {
             return Ok(None);
         };
         let bytes = self.get_bounded(&path, MAX_MANIFEST_BYTES).await?;
@@ -223,6 +250,11 @@ impl JobStore {
             return Err(invalid("not a complete stored cut".into()));
         }
         Ok(Some(cut))
+    }
+
+    /// The newest stored cut ([`JobStore::stored_cut`]).
+    pub async fn newest_cut(&self) -> Result<Option<Cut>, StoreError> {
+        self.stored_cut(None).await
     }
 
     async fn prune(&self) -> Result<(), StoreError> {
@@ -276,6 +308,26 @@ impl JobStore {
             }
         }
         Ok(())
+    }
+}
+
+/// The object store at `location` and the prefix under it.
+fn open_location(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+    let bad = |reason: String| StoreError::Location {
+        location: location.to_string(),
+        reason,
+    };
+    if location.contains("://") {
+        let url = url::Url::parse(location).map_err(|e| bad(e.to_string()))?;
+        let env = std::env::vars().map(|(k, v)| (k.to_ascii_lowercase(), v));
+        let (store, prefix) =
+            object_store::parse_url_opts(&url, env).map_err(|e| bad(e.to_string()))?;
+        Ok((Arc::from(store), prefix))
+    } else {
+        std::fs::create_dir_all(location).map_err(|e| bad(e.to_string()))?;
+        let local = object_store::local::LocalFileSystem::new_with_prefix(location)
+            .map_err(|e| bad(e.to_string()))?;
+        Ok((Arc::new(local), Path::default()))
     }
 }
 
@@ -355,6 +407,24 @@ mod tests {
             .join(format!("{:020}-{:020}.json", 1, 14));
         std::fs::write(&manifest, b"{").unwrap();
         assert!(store.newest_cut().await.is_err());
+        assert_eq!(
+            store
+                .stored_cut(Some(20))
+                .await
+                .unwrap()
+                .map(|c| c.end.step),
+            Some(19),
+            "a cut by its steps"
+        );
+        let found = JobStore::open_existing(location.to_str().unwrap(), None)
+            .await
+            .unwrap();
+        assert_eq!(found.root, store.root, "the one job in the store");
+        assert!(
+            JobStore::open_existing(location.to_str().unwrap(), Some("zz"))
+                .await
+                .is_err()
+        );
         assert!(JobStore::open("s3://", &[7; 32]).is_err());
         assert!(JobStore::open("ftp://host/x", &[7; 32]).is_err());
     }

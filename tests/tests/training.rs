@@ -224,7 +224,7 @@ fn losing_a_whole_stage_rolls_back_and_the_model_still_equals_one_process() {
 fn after_a_whole_cluster_outage_a_new_cluster_resumes_from_the_s3_store() {
     let _serial = serial();
     let s3 = S3Server::start("parcae-test");
-    let steps_total = 30u64;
+    let steps_total = 40u64;
     let config = train_config(
         "pin = [2, 2]",
         &format!(
@@ -246,7 +246,7 @@ fn after_a_whole_cluster_outage_a_new_cluster_resumes_from_the_s3_store() {
             .into_iter()
             .filter(|k| k.contains("/cuts/"))
             .collect();
-        (!cuts.is_empty() && last_step(&first).is_some_and(|s| s >= 8)).then_some(cuts)
+        (!cuts.is_empty()).then_some(cuts)
     })
     .unwrap_or_else(|| panic!("no checkpoint reached the store\n{}", first.logs()));
     let before = last_step(&first).unwrap();
@@ -288,6 +288,51 @@ fn after_a_whole_cluster_outage_a_new_cluster_resumes_from_the_s3_store() {
             .contains("resuming the job from the newest complete checkpoint in its store")
     );
     assert_model_equals_one_process(&second, steps_total);
+
+    // `parcae-node export` from the store writes the same model as from the nodes' disks.
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("node.toml");
+    std::fs::write(&config_file, &config).unwrap();
+    let export = |args: &[&std::ffi::OsStr], out: &Path| {
+        std::process::Command::new(parcae_tests::node_binary())
+            .arg("export")
+            .arg("--config")
+            .arg(&config_file)
+            .args(["--step", &steps_total.to_string()])
+            .args(args)
+            .arg("--out")
+            .arg(out)
+            .envs(s3.env())
+            .output()
+            .expect("export runs")
+    };
+    let stored = dir.path().join("stored.safetensors");
+    wait_for(Duration::from_secs(30), || {
+        export(
+            &["--store".as_ref(), "s3://parcae-test/jobs".as_ref()],
+            &stored,
+        )
+        .status
+        .success()
+        .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no export from the store\n{}", second.logs()));
+    let on_disks = dir.path().join("disks.safetensors");
+    let dirs: Vec<&std::ffi::OsStr> = second
+        .nodes
+        .iter()
+        .flat_map(|n| ["--checkpoints".as_ref(), n.data_dir.as_os_str()])
+        .collect();
+    let done = export(&dirs, &on_disks);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&stored).unwrap(),
+        std::fs::read(&on_disks).unwrap()
+    );
 }
 
 /// The longest committed step sequence any running node shows, checked for exactly-once data:
