@@ -2,7 +2,10 @@
 //!
 //! A checkpoint is one state buffer of `parcae-model` (per-layer CRCs inside) written to a
 //! temporary file, fsynced and renamed, so a crash leaves either the old or the new file. The
-//! newest [`KEEP`] checkpoints of each layer range are kept.
+//! newest [`KEEP`] checkpoints of each layer range are kept, and besides them those the
+//! registry committed in raft names in a complete cut ([`registered_steps`]): a copy can arrive
+//! before its cut completes, and the cut it belongs to may never complete, so counting alone
+//! would delete the restore target.
 
 use std::fs;
 use std::io::Write;
@@ -65,6 +68,23 @@ pub fn may_store(
     Ok(())
 }
 
+/// The steps of the complete cuts committed in raft that hold a part of exactly `layers`: their
+/// files are kept however many newer ones arrive (at most
+/// [`parcae_consensus::state::limits::MAX_COMPLETE_CUTS`] of them).
+pub fn registered_steps(state: &ControlState, layers: &Range<usize>) -> Vec<u64> {
+    state
+        .checkpoints
+        .values()
+        .filter(|c| c.is_complete())
+        .filter(|c| {
+            c.parts.iter().any(|p| {
+                p.layers.start as usize == layers.start && p.layers.end as usize == layers.end
+            })
+        })
+        .map(|c| c.end.step)
+        .collect()
+}
+
 /// The directory of checkpoints.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
@@ -91,12 +111,14 @@ impl CheckpointStore {
         ))
     }
 
-    /// Writes a checkpoint durably and returns its digest.
+    /// Writes a checkpoint durably and returns its digest; of the older ones of `layers`, those
+    /// beyond the newest [`KEEP`] go unless `registered` names their step.
     pub fn save(
         &self,
         steps: u64,
         layers: &Range<usize>,
         bytes: &[u8],
+        registered: &[u64],
     ) -> Result<Digest32, CheckpointError> {
         fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let path = self.path(steps, layers);
@@ -108,7 +130,7 @@ impl CheckpointStore {
         fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| io(&self.dir, e))?;
-        self.prune(layers)?;
+        self.prune(layers, registered)?;
         Ok(Sha256::digest(bytes).into())
     }
 
@@ -131,14 +153,18 @@ impl CheckpointStore {
         out
     }
 
-    fn prune(&self, layers: &Range<usize>) -> Result<(), CheckpointError> {
+    fn prune(&self, layers: &Range<usize>, registered: &[u64]) -> Result<(), CheckpointError> {
         let same: Vec<u64> = self
             .list()
             .into_iter()
             .filter(|(_, r)| r == layers)
             .map(|(s, _)| s)
             .collect();
-        for steps in same.into_iter().skip(KEEP) {
+        for steps in same
+            .into_iter()
+            .skip(KEEP)
+            .filter(|s| !registered.contains(s))
+        {
             let path = self.path(steps, layers);
             fs::remove_file(&path).map_err(|e| io(&path, e))?;
         }
@@ -164,11 +190,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(dir.path().join("ckpt"));
         for steps in 1..=4u64 {
-            store.save(steps, &(0..2), &[steps as u8; 8]).unwrap();
+            store.save(steps, &(0..2), &[steps as u8; 8], &[]).unwrap();
         }
-        store.save(3, &(2..4), b"other").unwrap();
+        store.save(3, &(2..4), b"other", &[]).unwrap();
         assert_eq!(store.load(4, &(0..2)).unwrap(), vec![4u8; 8]);
         assert_eq!(store.list(), vec![(4, 0..2), (3, 0..2), (3, 2..4)]);
+        store.save(5, &(2..4), b"newer", &[3]).unwrap();
+        store.save(6, &(2..4), b"newest", &[3]).unwrap();
+        assert_eq!(
+            store.load(3, &(2..4)).unwrap(),
+            b"other",
+            "a step of a registered complete cut stays"
+        );
         assert!(store.load(1, &(0..2)).is_err());
         assert_eq!(parse_name("ckpt-1-3-2.state"), None);
         assert_eq!(parse_name("ckpt-x-0-2.state"), None);

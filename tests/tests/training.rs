@@ -165,9 +165,9 @@ fn losing_a_whole_stage_rolls_back_and_the_model_still_equals_one_process() {
     let steps_total = 30u64;
     let config = train_config(
         "pin = [2, 2]",
-        &format!("max_steps = {steps_total}\ncheckpoint_every = 5"),
+        &format!("max_steps = {steps_total}\ncheckpoint_every = 10"),
     );
-    let mut c = training_cluster(&config, 6, 12);
+    let mut c = training_cluster(&config, 6, 1);
     let stage_nodes = |stage: u64| -> Vec<usize> {
         workers(&c)
             .into_iter()
@@ -179,11 +179,22 @@ fn losing_a_whole_stage_rolls_back_and_the_model_still_equals_one_process() {
         .into_iter()
         .find(|v| v.len() == 2)
         .unwrap_or_else(|| panic!("a stage without the leader\n{}", c.logs()));
-    let before = last_step(&c).unwrap();
+    // The stage dies between two checkpoints: its step is past the newest complete cut (which
+    // ends at `cut` and so restores the state entering step `cut + 1`), so no cut holds the
+    // step and the cluster must roll back.
+    let cut = wait_for(Duration::from_secs(120), || {
+        let cut = c
+            .statuses()
+            .into_iter()
+            .filter_map(|(_, s)| s.checkpoint_step)
+            .max()?;
+        last_step(&c).filter(|s| *s > cut).map(|_| cut)
+    })
+    .unwrap_or_else(|| panic!("no checkpoint\n{}", c.logs()));
     for &v in &victims {
         c.nodes[v].kill();
     }
-    eprintln!("killed nodes {victims:?} after step {before}");
+    eprintln!("killed nodes {victims:?} past the checkpoint of step {cut}");
     let rolled_back = wait_for(Duration::from_secs(90), || {
         c.statuses()
             .into_iter()

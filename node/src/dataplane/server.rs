@@ -363,6 +363,7 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
                 tracing::warn!(%peer, steps, "checkpoint refused: {why}");
                 return reply(&mut stream, &Reply::Refused(why)).await;
             }
+            let registered = crate::checkpoint::registered_steps(&ep.view.borrow(), &layers);
             let bytes = stream.recv(ep.max_state_bytes).await?;
             let store = ep.checkpoints.clone();
             let stored = on_blocking_pool(move || {
@@ -370,7 +371,7 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
                 if got != digest || start >= end {
                     return Ok(false);
                 }
-                store.save(steps, &(start as usize..end as usize), &bytes)?;
+                store.save(steps, &layers, &bytes, &registered)?;
                 Ok(true)
             })
             .await?;

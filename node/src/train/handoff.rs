@@ -112,27 +112,47 @@ pub async fn acquire(
 ) -> Result<Result<Acquired, Missing>, TrainError> {
     let history = state.progress.history;
     let ask = members_to_ask(state, me);
-    let answers = join_all(ask.iter().map(|p| client::query(ep, p))).await;
-    let mut holders: Vec<(NodeId, HeldInfo)> = Vec::new();
     let own = ep.held();
     let at = |h: &HeldInfo| (h.history, h.step) == (history, step);
     let covers_own =
         own.filter(|h| at(h) && h.start as usize <= needed.start && needed.end <= h.end as usize);
-    if let Some(h) = covers_own {
-        holders.push((me, h));
-    } else {
-        if let Some(h) = own {
+    // Members that hold nothing at the step yet may be about to publish it (they enter the
+    // plan a moment after this node): without a checkpoint of the step to restore from, layers
+    // count as missing only once the members settled or the wait ran out.
+    let can_restore = cuts_for(state, step).0.is_some();
+    let settle_by = tokio::time::Instant::now() + ep.timeout;
+    let (mut fetches, missing) = loop {
+        let mut holders: Vec<(NodeId, HeldInfo)> = Vec::new();
+        let mut unsettled = false;
+        if let Some(h) = covers_own {
             holders.push((me, h));
-        }
-        for (peer, answer) in ask.iter().zip(answers) {
-            match answer {
-                Ok(Some(h)) => holders.push((peer.node, h)),
-                Ok(None) => {}
-                Err(e) => tracing::debug!(node = %peer.node, "state query failed: {e}"),
+        } else {
+            holders.extend(own.map(|h| (me, h)));
+            let answers = join_all(ask.iter().map(|p| client::query(ep, p))).await;
+            for (peer, answer) in ask.iter().zip(answers) {
+                match answer {
+                    Ok(Some(h)) => {
+                        unsettled |= !at(&h);
+                        holders.push((peer.node, h));
+                    }
+                    Ok(None) => unsettled = true,
+                    Err(e) => {
+                        unsettled = true;
+                        tracing::debug!(node = %peer.node, "state query failed: {e}");
+                    }
+                }
             }
         }
-    }
-    let (mut fetches, missing) = plan_fetches(needed.clone(), (history, step), &holders, spread);
+        let (fetches, missing) = plan_fetches(needed.clone(), (history, step), &holders, spread);
+        if missing.is_empty()
+            || !unsettled
+            || can_restore
+            || tokio::time::Instant::now() >= settle_by
+        {
+            break (fetches, missing);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    };
     // This node's own layers cost nothing: take them wherever they cover a fetch.
     for f in &mut fetches {
         if own.is_some_and(|h| {
@@ -197,6 +217,9 @@ pub fn cuts_for(state: &ControlState, step: u64) -> (Option<&Cut>, Option<&Cut>)
     (exact, older)
 }
 
+/// Pause between two rounds of state queries while members settle.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// How often a holder that does not answer is asked for its copy, and the pause between.
 const CHECKPOINT_ATTEMPTS: usize = 2;
 const CHECKPOINT_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
@@ -241,7 +264,11 @@ async fn fetch_verified(
             } else {
                 match client::peer_addr(state, *holder) {
                     Ok(peer) => client::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
-                    Err(e) => Err(e),
+                    Err(e) => {
+                        tracing::warn!(%holder, layers = ?range, steps, "checkpoint holder not reachable: {e}");
+                        unreachable = true;
+                        break;
+                    }
                 }
             };
             match got {
@@ -250,6 +277,12 @@ async fn fetch_verified(
                 }
                 Ok(_) => {
                     tracing::error!(%holder, layers = ?range, steps, "a checkpoint copy does not match the digest committed in raft");
+                    break;
+                }
+                // The holder answered, or this node looked: the copy is not there (its disk
+                // was wiped, or the file damaged beyond reading). Asking again changes nothing.
+                Err(e @ (DataplaneError::Peer(_) | DataplaneError::Checkpoint(_))) => {
+                    tracing::error!(%holder, layers = ?range, steps, "the holder has no readable copy of the checkpoint: {e}");
                     break;
                 }
                 Err(e) => {

@@ -355,6 +355,11 @@ impl<M: PipelineModel> Worker<M> {
             .take()
             .map(|c| c.stage)
             .or(self.idle_stage.take());
+        if old.as_ref().is_none_or(|s| s.step() != next) {
+            // What this node held belongs to another step (or history): nobody needs it, and
+            // peers must not wait for it to reach the step.
+            self.ep.hold(None);
+        }
         if let Some(stage) = &old
             && stage.step() == next
         {
@@ -697,8 +702,9 @@ impl<M: PipelineModel> Worker<M> {
             let written = Instant::now();
             let store = ep.checkpoints.clone();
             let layers = range.clone();
+            let registered = crate::checkpoint::registered_steps(&ep.view.borrow(), &layers);
             let saved = tokio::task::spawn_blocking(move || {
-                store.save(steps, &layers, &bytes).map(|_| bytes)
+                store.save(steps, &layers, &bytes, &registered).map(|_| bytes)
             })
             .await;
             let bytes = match saved {
