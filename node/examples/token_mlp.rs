@@ -129,6 +129,7 @@ fn main() -> anyhow::Result<()> {
         status_addr: status_addr.parse().context("STATUS_ADDR")?,
         resync: false,
         trainer: None,
+        adopt: None,
         config,
     };
     let model = TokenMlp {

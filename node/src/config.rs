@@ -4,10 +4,11 @@
 //! holds tuning that is usually shared by a whole cluster. Unknown keys are errors so that a typo
 //! does not silently fall back to a default.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::emulate::Emulation;
 use crate::net::swarm::NetLimits;
@@ -56,6 +57,10 @@ pub struct NodeConfig {
     pub train: TrainConfig,
     /// What the stage runs on.
     pub device: DeviceConfig,
+    /// The `[train]` keys the file sets: a node that adopts the cluster's job keeps these
+    /// (and is refused where they differ from the job) and takes the others from the job.
+    #[serde(skip)]
+    pub explicit_train: BTreeSet<String>,
 }
 
 /// Where a stage's work runs.
@@ -155,7 +160,7 @@ pub enum PlanStrategy {
 }
 
 /// The built-in GPT presets `parcae-node` trains (`parcae_model::GptConfig`'s).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelPreset {
     /// 4 pipeline layers, 30,080 parameters: tests and the default testnet.
@@ -192,7 +197,7 @@ impl ModelPreset {
 }
 
 /// The width of a token file's ids, as the config names it.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenDtypeName {
     /// 2-byte ids.
@@ -210,13 +215,30 @@ impl From<TokenDtypeName> for parcae_model::TokenDtype {
     }
 }
 
-/// What the cluster trains. Every node must use the same values (the model fingerprint and
-/// the layer count are checked when state moves between nodes).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// Where a node's job settings come from.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum JobSource {
+    /// This file's `[train]`: a founder defines the cluster's job with it, a joiner whose
+    /// job differs is refused.
+    #[default]
+    Own,
+    /// The cluster's job, as its founder's `parcae-node` defined it: the node waits for the
+    /// job, then trains it with its own data file (checked against the job's hash) and the
+    /// `[train]` keys its file sets (refused where they differ).
+    Adopt,
+}
+
+/// What the cluster trains. Every node must use the same values: the cluster replicates its
+/// founder's as the job, and refuses a joiner whose job differs (or gives it the job, with
+/// `job = "adopt"`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
     /// Train at all (a node without training only runs the control plane).
     pub enabled: bool,
+    /// `own`: the job is this section's; `adopt`: the cluster's ([`JobSource`]).
+    pub job: JobSource,
     /// Built-in GPT preset.
     pub model: ModelPreset,
     /// `synthetic` (the seeded built-in task), or a path: a token file when `tokens` names its
@@ -334,6 +356,7 @@ impl Default for NodeConfig {
             net: NetConfig::default(),
             train: TrainConfig::default(),
             device: DeviceConfig::default(),
+            explicit_train: BTreeSet::new(),
         }
     }
 }
@@ -342,6 +365,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            job: JobSource::Own,
             model: ModelPreset::Tiny,
             data: "synthetic".into(),
             tokens: None,
@@ -407,10 +431,15 @@ impl Default for NetConfig {
 impl NodeConfig {
     /// Parses and validates TOML text.
     pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
-        let config: NodeConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e| ConfigError::Parse {
             path: path.to_owned(),
             source: Box::new(e),
-        })?;
+        };
+        let mut config: NodeConfig = toml::from_str(text).map_err(parse_error)?;
+        let table: toml::Table = toml::from_str(text).map_err(parse_error)?;
+        if let Some(train) = table.get("train").and_then(|t| t.as_table()) {
+            config.explicit_train = train.keys().cloned().collect();
+        }
         config.validate()?;
         Ok(config)
     }

@@ -63,6 +63,7 @@
 //! `js-sys = 0.3.85`) while burn 0.22 needs `js-sys >= 0.3.91`, which cannot resolve in one
 //! workspace lock. The APIs used here are the same in both.
 
+pub mod adopt;
 pub mod checkpoint;
 pub mod config;
 pub mod control;

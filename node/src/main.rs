@@ -14,7 +14,8 @@ use parcae_model::{
     TokenDtype, TokenFileDataset,
 };
 use parcae_node::Trainer;
-use parcae_node::config::NodeConfig;
+use parcae_node::adopt;
+use parcae_node::config::{JobSource, NodeConfig};
 use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
@@ -82,8 +83,16 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => {
             let mut opts = args.load()?;
-            if opts.config.train.enabled {
-                opts.trainer = Some(builtin_trainer(&opts.config)?);
+            match opts.config.train.job {
+                _ if !opts.config.train.enabled => {}
+                JobSource::Own => opts.trainer = Some(builtin_trainer(&opts.config)?),
+                JobSource::Adopt => {
+                    let config = opts.config.clone();
+                    opts.adopt = Some(Box::new(move |job| {
+                        let adopted = adopt::adopted(&config, job).map_err(|e| e.to_string())?;
+                        builtin_trainer(&adopted).map_err(|e| format!("{e:#}"))
+                    }));
+                }
             }
             std::process::exit(runtime::run(opts)?);
         }
@@ -143,6 +152,7 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     let t = &config.train;
     let emulation = config.device.emulation()?;
     let gpt = config.model();
+    let recipe = adopt::recipe(config)?;
     let optimizer = OptimizerConfig {
         peak_lr: t.peak_lr,
         min_lr: t.peak_lr / 10.0,
@@ -163,6 +173,7 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
             trainer = trainer.initial_weights(Arc::new(weights));
         }
         Ok(trainer
+            .job_settings(recipe.clone())
             .seed(t.seed)
             .batch(t.global_batch, t.micro_batch)
             .max_steps(t.max_steps)

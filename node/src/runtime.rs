@@ -7,11 +7,13 @@ use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
 use libp2p::Multiaddr;
+use parcae_api::{TrainingPhase, TrainingView};
+use parcae_consensus::state::Job;
 
 use crate::config::{ConfigError, NodeConfig, NoticeProvider, PlanStrategy};
 use crate::control::driver::Outlets;
 use crate::control::{
-    ControlDriver, ControlPlane, RaftActorError, RaftSetup, known_peers, open_node,
+    ControlDriver, ControlPlane, RaftActorError, RaftSetup, TrainerReady, known_peers, open_node,
 };
 use crate::http::{HttpError, serve_http};
 use crate::identity::{self, IdentityError};
@@ -23,7 +25,7 @@ use crate::net::swarm::{SwarmError, build_swarm};
 use crate::planner::Planner;
 use crate::resync::{self, ResyncError};
 use crate::status::{Published, Status, StatusSnapshot};
-use crate::train::{TrainError, TrainerContext, TrainerLauncher};
+use crate::train::{TrainError, TrainerContext, TrainerLauncher, TrainerStarted};
 use crate::watch::NoticeWatcher;
 
 /// Directory of the raft log inside the data directory.
@@ -104,6 +106,7 @@ impl RunArgs {
             resync: self.resync,
             config,
             trainer: None,
+            adopt: None,
         })
     }
 }
@@ -128,7 +131,17 @@ pub struct RunOptions {
     pub config: NodeConfig,
     /// The trainer to run beside the control plane (`None`: control plane only).
     pub trainer: Option<TrainerLauncher>,
+    /// Instead of `trainer`: makes the trainer from the cluster's job once this node has
+    /// applied it (`[train] job = "adopt"`).
+    pub adopt: Option<JobAdopter>,
 }
+
+/// Makes a node's trainer from the job its cluster trains; the error says why this node
+/// cannot train it.
+pub type JobAdopter = Box<dyn FnOnce(&Job) -> Result<TrainerLauncher, String> + Send>;
+
+/// How often a node that adopts the job looks for it in its applied state.
+const JOB_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Why the node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +170,12 @@ pub enum NodeError {
     /// `--resync` could not set the damaged state aside.
     #[error(transparent)]
     Resync(#[from] ResyncError),
+    /// `[train] job = "adopt"` on a node that founds a cluster.
+    #[error(
+        "[train] job = \"adopt\" takes the job from the cluster, but this node founds one: \
+         give it --bootstrap, or its own job (job = \"own\")"
+    )]
+    NothingToAdopt,
 }
 
 /// Logs through `tracing` to stderr, filtered by `RUST_LOG` (default `info`): what the binary
@@ -197,6 +216,9 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let remembered = known_peers::path(&opts.data_dir);
     given.extend(known_peers::load(&remembered));
     let found_cluster = given.is_empty() && opts.bootstrap_file.is_none();
+    if opts.adopt.is_some() && found_cluster {
+        return Err(NodeError::NothingToAdopt);
+    }
     let left = resync::left_before(&opts.data_dir);
     if opts.resync || left {
         if found_cluster {
@@ -237,27 +259,34 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
     let status = system.block_on(async { Status::new(cells).start() });
     let control = ControlPlane::new();
     let handle = control.handle();
-    let trainer = match opts.trainer {
-        Some(launch) => {
-            let publish = status.clone().recipient();
-            let reports = handle.clone();
-            Some(launch(TrainerContext {
-                me: parcae_consensus::NodeId::from_peer_bytes(&peer_id.to_bytes()),
-                keypair: keypair.clone(),
-                key: opts.cluster_key.clone(),
-                data_dir: opts.data_dir.clone(),
-                bind_ip: listen_ip(&listen),
-                data_port: config.train.data_port,
-                view: handle.state(),
-                submit: Arc::new(move |c| reports.submit(c)),
-                publish: Box::new(move |v| publish.do_send(v)),
-                peer_timeout: config.peer_timeout(),
-                restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
-                metrics: metrics.clone(),
-            })?)
+    let context = || {
+        let publish = status.clone().recipient();
+        let reports = handle.clone();
+        TrainerContext {
+            me: parcae_consensus::NodeId::from_peer_bytes(&peer_id.to_bytes()),
+            keypair: keypair.clone(),
+            key: opts.cluster_key.clone(),
+            data_dir: opts.data_dir.clone(),
+            bind_ip: listen_ip(&listen),
+            data_port: config.train.data_port,
+            view: handle.state(),
+            submit: Arc::new(move |c| reports.submit(c)),
+            publish: Box::new(move |v| publish.do_send(v)),
+            peer_timeout: config.peer_timeout(),
+            restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
+            metrics: metrics.clone(),
         }
+    };
+    let trainer = match opts.trainer {
+        Some(launch) => Some(launch(context())?),
         None => None,
     };
+    let adoption = opts.adopt.map(|adopt| {
+        let ctx = context();
+        let refused = status.clone().recipient();
+        let driver = handle.driver().clone();
+        move || launch_adopted(adopt, ctx, driver, refused)
+    });
     if let Some(t) = &trainer {
         tracing::info!(addr = %t.data_addr, "data plane listening");
     }
@@ -300,7 +329,51 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         .start();
         Planner::new(handle, status, &config).start();
     });
+    if let Some(adoption) = adoption {
+        std::thread::Builder::new()
+            .name("job-adoption".into())
+            .spawn(adoption)?;
+    }
     Ok(system.run_with_code()?)
+}
+
+/// Waits until this node applied the cluster's job, makes the trainer for it and starts it;
+/// then the node's membership record gets the data plane's address and the job's digest, and
+/// the planner may give it a slot. A job this node cannot train leaves it refused, with the
+/// reason in `/status`.
+fn launch_adopted(
+    adopt: JobAdopter,
+    ctx: TrainerContext,
+    driver: Addr<ControlDriver>,
+    refused: Recipient<TrainingView>,
+) {
+    let job = loop {
+        if let Some(job) = ctx.view.borrow().job.clone() {
+            break job;
+        }
+        std::thread::sleep(JOB_POLL);
+    };
+    tracing::info!("adopting the cluster's job");
+    let started = adopt(&job)
+        .and_then(|launch| launch(ctx).map_err(|e| e.to_string()))
+        .map_err(|e| format!("this node cannot train the cluster's job: {e}"));
+    match started {
+        Ok(TrainerStarted { data_addr, job }) => {
+            tracing::info!(addr = %data_addr, "data plane listening");
+            driver.do_send(TrainerReady {
+                data_addr,
+                job: job.digest(),
+            });
+        }
+        Err(error) => {
+            tracing::error!("{error}");
+            refused.do_send(TrainingView {
+                phase: TrainingPhase::Refused,
+                error: Some(error),
+                ..TrainingView::default()
+            });
+        }
+    }
 }
 
 /// The IP the data plane binds and advertises: the first IP of the libp2p listen addresses; for

@@ -52,6 +52,7 @@ impl<M: PipelineModel> Trainer<M> {
                 emulation: None,
                 initial_weights: None,
                 validation: None,
+                extra_settings: Vec::new(),
             },
         }
     }
@@ -122,6 +123,13 @@ impl<M: PipelineModel> Trainer<M> {
     /// [`ValidationConfig`]); shown in `/status`, `/steps` and the testnet's reports.
     pub fn validation(mut self, validation: ValidationConfig) -> Self {
         self.job.validation = Some(validation);
+        self
+    }
+
+    /// Named settings the job carries besides the model, data and hyper-parameters above
+    /// (compared like them: a node whose values differ is refused).
+    pub fn job_settings(mut self, settings: Vec<(String, String)>) -> Self {
+        self.job.extra_settings = settings;
         self
     }
 

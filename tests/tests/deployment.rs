@@ -313,26 +313,47 @@ fn probes_answer_as_documented_and_flags_come_from_the_environment() {
     );
 }
 
-#[test]
-fn a_bad_seed_from_the_environment_is_refused_naming_the_address() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let key = dir.path().join("cluster.key");
+/// `parcae-node run` with a fresh key and data directory and `env` besides: it must refuse to
+/// start; returns what it wrote to stderr.
+fn refused_start(dir: &Path, env: &[(&str, &std::ffi::OsStr)]) -> String {
+    let key = dir.join("cluster.key");
     parcae_node::key::ClusterKey::generate()
         .store(&key)
         .expect("key");
     let out = std::process::Command::new(node_binary())
         .arg("run")
-        .env("PARCAE_DATA_DIR", dir.path().join("d"))
+        .env("PARCAE_DATA_DIR", dir.join("d"))
         .env("PARCAE_LISTEN", "/ip4/127.0.0.1/tcp/0")
         .env("PARCAE_CLUSTER_KEY", &key)
         .env("PARCAE_STATUS_ADDR", "127.0.0.1:0")
-        .env("PARCAE_BOOTSTRAP", "/ip4/127.0.0.1/udp/7000")
+        .envs(env.iter().copied())
         .output()
         .expect("run");
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_seed_from_the_environment_is_refused_naming_the_address() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seed = std::ffi::OsStr::new("/ip4/127.0.0.1/udp/7000");
+    let err = refused_start(dir.path(), &[("PARCAE_BOOTSTRAP", seed)]);
     assert!(
         err.contains("bootstrap address /ip4/127.0.0.1/udp/7000"),
+        "{err}"
+    );
+}
+
+/// A node told to adopt the cluster's job with no cluster to join refuses to start and says
+/// what to do, instead of waiting forever for a job nobody defines.
+#[test]
+fn a_founder_that_would_adopt_the_job_is_refused_with_the_remedy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, "[train]\njob = \"adopt\"\n").expect("config");
+    let err = refused_start(dir.path(), &[("PARCAE_CONFIG", config.as_os_str())]);
+    assert!(
+        err.contains("this node founds one: give it --bootstrap"),
         "{err}"
     );
 }

@@ -578,6 +578,58 @@ fn with_every_checkpoint_damaged_training_stops_with_a_clear_status() {
     assert!(refusals < 20, "{refusals} refusals: a restore loop\n{logs}");
 }
 
+/// A joiner with `job = "adopt"` and no job key in its file trains the founder's job (its
+/// status shows the job, it gets a slot and the cluster trains on with it); one that adopts
+/// but sets a job key of its own to another value is refused, naming the key.
+#[test]
+fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refused() {
+    let _serial = serial();
+    let mut c = start_cluster(&train_config("", "checkpoint_every = 0"), 1);
+    let job = wait_for(Duration::from_secs(30), || c.nodes[0].status()?.job)
+        .unwrap_or_else(|| panic!("no job defined\n{}", c.logs()));
+    assert_eq!(
+        job.get("train.seed").map(String::as_str),
+        Some(SEED.to_string().as_str())
+    );
+    let founder = c.nodes[0].p2p_addr().expect("addr");
+    let adopting = format!(
+        "{TRAIN_BASE_CONFIG}[planner]\ninterval_secs = 2.0\n[train]\njob = \"adopt\"\n\
+         peer_timeout_secs = 5.0\n"
+    );
+    let conflicting = format!("{adopting}seed = {}\n", SEED + 1);
+    let adopter = c
+        .spawn_with_config(std::slice::from_ref(&founder), &adopting)
+        .expect("spawn");
+    let other = c
+        .spawn_with_config(std::slice::from_ref(&founder), &conflicting)
+        .expect("spawn");
+    let error = wait_for(Duration::from_secs(60), || {
+        let t = c.nodes[other].status()?.training?;
+        (t.phase == TrainingPhase::Refused).then_some(t.error?)
+    })
+    .unwrap_or_else(|| panic!("the conflicting joiner was not refused\n{}", c.logs()));
+    assert!(
+        error.contains(&format!(
+            "seed: the cluster's job has \"{SEED}\", this node's \"{}\"",
+            SEED + 1
+        )),
+        "{error}"
+    );
+    wait_for(Duration::from_secs(60), || {
+        c.nodes[adopter].status()?.training?.slot.map(|_| ())
+    })
+    .unwrap_or_else(|| panic!("the adopting joiner got no slot\n{}", c.logs()));
+    assert_eq!(c.nodes[adopter].status().and_then(|s| s.job), Some(job));
+    let before = last_step(&c).unwrap_or(0);
+    trains_on(&c, before, 3, Duration::from_secs(60));
+    assert_eq!(
+        c.nodes[other].status().and_then(|s| s.training?.slot),
+        None,
+        "the refused joiner is never planned"
+    );
+    committed_sequence(&c);
+}
+
 #[test]
 fn a_joining_node_is_put_to_work() {
     let _serial = serial();

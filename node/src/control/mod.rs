@@ -18,5 +18,5 @@ pub mod membership;
 pub mod project;
 pub mod proof;
 
-pub use driver::{ControlDriver, RaftActorError, RaftSetup, open_node};
+pub use driver::{ControlDriver, RaftActorError, RaftSetup, TrainerReady, open_node};
 pub use handle::{ControlHandle, ControlPlane, ProposeFailed, Routed};

@@ -229,7 +229,10 @@ impl Planner {
         if current.is_some() && !broken && !interval_boundary {
             return None;
         }
-        let cost = Arc::new(model::measured(state, self.shape)?);
+        let cost = Arc::new(model::measured(
+            state,
+            self.shape.for_job(state.job.as_ref()),
+        )?);
         self.status.do_send(Estimates(estimates(&cost, n)));
         let now = current.map_or(ParallelConfig::IDLE, |p| {
             ParallelConfig::new(p.data_parallel, p.pipeline_stages)

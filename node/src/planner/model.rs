@@ -34,6 +34,24 @@ pub struct JobShape {
     pub memory_mb: f64,
 }
 
+impl JobShape {
+    /// This shape with the batch sizes of the cluster's job where it names them: the leader
+    /// plans the job the cluster trains, not its own file's (a node that adopted the job has
+    /// defaults there).
+    pub fn for_job(self, job: Option<&parcae_consensus::state::Job>) -> JobShape {
+        let setting = |name: &str| {
+            job.and_then(|j| j.settings.get(name))
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|v| *v > 0)
+        };
+        JobShape {
+            global_batch: setting("batch.global").unwrap_or(self.global_batch),
+            micro_batch: setting("batch.micro").unwrap_or(self.micro_batch),
+            ..self
+        }
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -102,4 +120,29 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
     let max_nodes = shape.max_nodes.min(shape.global_batch).max(1);
     let table = throughput_table(&spec, hw, &transfer, max_nodes);
     Some(CostModel::new(spec, table, transfer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parcae_consensus::state::Job;
+
+    #[test]
+    fn the_leader_plans_the_batch_of_the_cluster_s_job() {
+        let own = JobShape {
+            global_batch: 16,
+            micro_batch: 2,
+            max_nodes: 32,
+            restart_ms: 2000.0,
+            memory_mb: CPU_MEMORY_MB,
+        };
+        let mut job = Job::default();
+        job.settings.insert("batch.global".into(), "64".into());
+        job.settings.insert("batch.micro".into(), "0".into());
+        let shape = own.for_job(Some(&job));
+        assert_eq!((shape.global_batch, shape.micro_batch), (64, 2));
+        assert_eq!(shape.max_nodes, 32);
+        let shape = own.for_job(None);
+        assert_eq!((shape.global_batch, shape.micro_batch), (16, 2));
+    }
 }

@@ -29,6 +29,8 @@ pub struct JobParts<'a, M: PipelineModel> {
     pub initial_weights: Option<&'a dyn WeightSource>,
     /// The held-out split, if any.
     pub validation: Option<ValidationConfig>,
+    /// Further named settings (none of them named like a setting above).
+    pub extra: &'a [(String, String)],
 }
 
 /// The job's settings. Reads the dataset (and starting weights) once to hash them.
@@ -61,12 +63,20 @@ pub fn job_of<M: PipelineModel>(parts: &JobParts<'_, M>) -> Result<Job, TrainErr
         ("max_steps", parts.max_steps.to_string()),
         ("checkpoint_every", parts.checkpoint_every.to_string()),
     ];
-    Ok(Job {
+    let mut job = Job {
         settings: settings
             .into_iter()
             .map(|(name, value)| (name.to_string(), value))
             .collect(),
-    })
+    };
+    for (name, value) in parts.extra {
+        if job.settings.insert(name.clone(), value.clone()).is_some() {
+            return Err(TrainError::Config(format!(
+                "the job setting {name} is defined twice"
+            )));
+        }
+    }
+    Ok(job)
 }
 
 #[cfg(test)]
@@ -87,6 +97,7 @@ mod tests {
             optimizer: &OptimizerConfig::default(),
             initial_weights: None,
             validation: None,
+            extra: &[],
         })
         .unwrap()
     }

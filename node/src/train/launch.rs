@@ -106,6 +106,9 @@ pub struct TrainJob<M: PipelineModel> {
     pub initial_weights: Option<Arc<dyn WeightSource>>,
     /// The held-out split and how often its loss is measured, if any.
     pub validation: Option<ValidationConfig>,
+    /// Settings the job carries besides those of its parts (`parcae-node`'s `[train]` keys,
+    /// which let a joiner adopt the job).
+    pub extra_settings: Vec<(String, String)>,
 }
 
 /// A validation split: the last `fraction` of the dataset's examples, never trained; every
@@ -152,6 +155,7 @@ impl<M: PipelineModel> TrainJob<M> {
             optimizer: &self.optimizer,
             initial_weights: self.initial_weights.as_deref(),
             validation: self.validation,
+            extra: &self.extra_settings,
         })?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

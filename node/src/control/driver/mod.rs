@@ -521,6 +521,28 @@ impl Handler<Ready> for ControlDriver {
     }
 }
 
+/// The trainer started after the node did (it adopted the cluster's job): the membership
+/// record is to carry its data plane's address and its job.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TrainerReady {
+    /// The data plane's address.
+    pub data_addr: std::net::SocketAddr,
+    /// The digest of the job the trainer trains.
+    pub job: parcae_consensus::state::Digest32,
+}
+
+impl Handler<TrainerReady> for ControlDriver {
+    type Result = ();
+
+    fn handle(&mut self, ready: TrainerReady, ctx: &mut Context<Self>) {
+        self.data_addr = Some(ready.data_addr.to_string());
+        self.job = Some(ready.job);
+        self.join_retry.reset();
+        self.maintain_membership(ctx);
+    }
+}
+
 impl Handler<Propose> for ControlDriver {
     type Result = Result<Routed, ProposeFailed>;
 
