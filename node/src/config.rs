@@ -286,6 +286,10 @@ pub struct TrainConfig {
     /// (credentials and endpoint from the environment). Unset: `store/` in the data
     /// directory. A new cluster pointed at the same store resumes the job from it.
     pub checkpoint_store: Option<String>,
+    /// Another store of this job (a backup): its newest complete checkpoint is copied into the
+    /// job's store at start, for a new cluster, or one whose training stopped for want of a
+    /// checkpoint, to resume from (`parcae-node run --restore`).
+    pub restore: Option<String>,
     /// Peak learning rate.
     pub peak_lr: f64,
     /// Warmup steps of the learning-rate schedule.
@@ -385,6 +389,7 @@ impl Default for TrainConfig {
             max_steps: 0,
             checkpoint_every: 20,
             checkpoint_store: None,
+            restore: None,
             peak_lr: 1e-2,
             warmup_steps: 10,
             peer_timeout_secs: 10.0,

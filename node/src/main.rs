@@ -179,6 +179,7 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
             .max_steps(t.max_steps)
             .checkpoint_every(t.checkpoint_every)
             .checkpoint_store(t.checkpoint_store.clone())
+            .restore_from(t.restore.clone())
             .optimizer(optimizer)
             .emulate(emulation.clone())
             .launcher())

@@ -72,6 +72,12 @@ pub struct RunArgs {
     /// and rejoins the cluster as a new member through the seeds or the remembered members.
     #[arg(long, env = "PARCAE_RESYNC")]
     pub resync: bool,
+    /// Another checkpoint store of the job (a directory or an `s3://`, `gs://`, `az://` URL):
+    /// its newest complete checkpoint is copied into the job's store at start, every part
+    /// checked, so that a new cluster, or one whose training stopped for want of a checkpoint,
+    /// resumes from it (overrides `[train] restore`).
+    #[arg(long, env = "PARCAE_RESTORE")]
+    pub restore: Option<String>,
 }
 
 /// A file the command line names could not be loaded.
@@ -95,6 +101,9 @@ impl RunArgs {
         };
         if let Some(provider) = self.notice {
             config.notices.provider = provider;
+        }
+        if self.restore.is_some() {
+            config.train.restore = self.restore;
         }
         Ok(RunOptions {
             cluster_key: ClusterKey::load(&self.cluster_key)?,

@@ -23,6 +23,7 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parcae_consensus::state::{Cut, CutPart, Digest32};
+use sha2::{Digest, Sha256};
 
 /// Largest cut manifest read back (a cut names at most a few thousand parts).
 const MAX_MANIFEST_BYTES: u64 = 4 << 20;
@@ -193,6 +194,11 @@ impl JobStore {
     /// manifests and parts of all but the newest [`KEEP_STORED_CUTS`] stored cuts (parts newer
     /// than every kept cut stay: they are uploads of cuts not complete yet).
     pub async fn put_cut(&self, cut: &Cut) -> Result<(), StoreError> {
+        self.put_manifest(cut).await?;
+        self.prune().await
+    }
+
+    async fn put_manifest(&self, cut: &Cut) -> Result<(), StoreError> {
         let json = serde_json::to_vec(cut).map_err(|e| StoreError::Invalid {
             location: self.location.clone(),
             object: "cut".into(),
@@ -205,7 +211,36 @@ impl JobStore {
             )
             .await
             .map_err(|e| self.error(e))?;
-        self.prune().await
+        Ok(())
+    }
+
+    /// Copies the newest complete cut of `from` (another store of this job: a backup, or the
+    /// store of an earlier cluster) into this one, each part checked against the digest its
+    /// manifest names and written before the manifest. Nothing here is pruned: the copy may be
+    /// older than the cuts this store holds. `None` when `from` holds no cut.
+    pub async fn copy_newest_from(
+        &self,
+        from: &JobStore,
+        max_part_bytes: u64,
+    ) -> Result<Option<Cut>, StoreError> {
+        let Some(cut) = from.newest_cut().await? else {
+            return Ok(None);
+        };
+        let steps = cut.end.step + 1;
+        for part in &cut.parts {
+            let bytes = from.get_part(steps, part, max_part_bytes).await?;
+            if Sha256::digest(&bytes).as_slice() != part.digest {
+                return Err(StoreError::Invalid {
+                    location: from.location.clone(),
+                    object: format!("layers {:?} after {steps} steps", part.layers),
+                    reason: "the bytes do not match the digest of the cut's manifest".into(),
+                });
+            }
+            let layers = part.layers.start..part.layers.end;
+            self.put_part(steps, layers, &part.digest, bytes).await?;
+        }
+        self.put_manifest(&cut).await?;
+        Ok(Some(cut))
     }
 
     /// The manifests in the store as `(history, step, path)`, newest first.
@@ -231,11 +266,31 @@ impl JobStore {
     /// newest one holding the state after that many steps. A manifest that does not decode, or
     /// names an incomplete cut, is an error (the store was tampered with).
     pub async fn stored_cut(&self, steps: Option<u64>) -> Result<Option<Cut>, StoreError> {
+        self.newest_cut_where(|_, step| steps.is_none_or(|s| step + 1 == s))
+            .await
+    }
+
+    /// The newest stored cut that holds the state entering a step before `next` and that
+    /// `held` (the cuts a cluster holds, as `(history, step)`) does not name: what a stopped
+    /// cluster can resume from.
+    pub async fn newest_cut_not_held(
+        &self,
+        next: u64,
+        held: &[(u64, u64)],
+    ) -> Result<Option<Cut>, StoreError> {
+        self.newest_cut_where(|history, step| step < next && !held.contains(&(history, step)))
+            .await
+    }
+
+    async fn newest_cut_where(
+        &self,
+        wanted: impl Fn(u64, u64) -> bool,
+    ) -> Result<Option<Cut>, StoreError> {
         let Some((_, _, path)) = self
             .manifests()
             .await?
             .into_iter()
-            .find(|(_, step, _)| steps.is_none_or(|s| step + 1 == s))
+            .find(|(history, step, _)| wanted(*history, *step))
         else {
             return Ok(None);
         };
@@ -427,5 +482,43 @@ mod tests {
         );
         assert!(JobStore::open("s3://", &[7; 32]).is_err());
         assert!(JobStore::open("ftp://host/x", &[7; 32]).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_backup_s_newest_cut_is_copied_verified_and_found_by_a_stopped_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let open =
+            |name: &str| JobStore::open(dir.path().join(name).to_str().unwrap(), &[7; 32]).unwrap();
+        let (backup, live) = (open("backup"), open("live"));
+        let bytes = [vec![1u8; 8], vec![2u8; 8]];
+        let mut given = cut(0, 3, [0, 0]);
+        for (p, b) in given.parts.iter_mut().zip(&bytes) {
+            p.digest = Sha256::digest(b).into();
+            let layers = p.layers.start..p.layers.end;
+            backup
+                .put_part(4, layers, &p.digest, b.clone())
+                .await
+                .unwrap();
+        }
+        backup.put_cut(&given).await.unwrap();
+        put(&live, &cut(0, 9, [3, 4])).await;
+        put(&live, &cut(0, 11, [5, 6])).await;
+        let copied = live.copy_newest_from(&backup, 1 << 20).await.unwrap();
+        assert_eq!(copied.as_ref(), Some(&given));
+        let part = &given.parts[1];
+        assert_eq!(live.get_part(4, part, 1 << 20).await.unwrap(), bytes[1]);
+        let newest = live.newest_cut().await.unwrap().map(|c| c.end.step);
+        assert_eq!(newest, Some(11), "the older copy is kept, not newest");
+        let found = live.newest_cut_not_held(10, &[(0, 9)]).await.unwrap();
+        assert_eq!(found.map(|c| c.end.step), Some(3), "11 is ahead, 9 held");
+        let none = live
+            .newest_cut_not_held(10, &[(0, 9), (0, 3)])
+            .await
+            .unwrap();
+        assert!(none.is_none());
+        // A backup part whose bytes are not its manifest's digest is not copied.
+        put(&backup, &cut(0, 5, [9, 9])).await;
+        let refused = live.copy_newest_from(&backup, 1 << 20).await.unwrap_err();
+        assert!(refused.to_string().contains("do not match"), "{refused}");
     }
 }

@@ -47,6 +47,7 @@ impl<M: PipelineModel> Trainer<M> {
                 max_steps: 0,
                 checkpoint_every: 20,
                 checkpoint_store: None,
+                restore_from: None,
                 optimizer: OptimizerConfig::default(),
                 device: default_device(),
                 emulation: None,
@@ -88,6 +89,15 @@ impl<M: PipelineModel> Trainer<M> {
     /// with the same store resumes from the newest one.
     pub fn checkpoint_store(mut self, location: Option<String>) -> Self {
         self.job.checkpoint_store = location;
+        self
+    }
+
+    /// Another store of this job (a backup, or the store of an earlier cluster): at start its
+    /// newest complete checkpoint is copied into the job's store, every part checked against
+    /// its manifest. A new cluster resumes from it when it is the newest there; a cluster whose
+    /// training stopped for want of a checkpoint resumes from it when it does not hold it.
+    pub fn restore_from(mut self, location: Option<String>) -> Self {
+        self.job.restore_from = location;
         self
     }
 

@@ -630,6 +630,119 @@ fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refus
     committed_sequence(&c);
 }
 
+/// `(history, step)` of the complete cuts whose manifests a job store directory holds.
+fn stored_cuts(store: &Path) -> Vec<(u64, u64)> {
+    let jobs = std::fs::read_dir(store).into_iter().flatten().flatten();
+    jobs.flat_map(|job| {
+        std::fs::read_dir(job.path().join("cuts"))
+            .into_iter()
+            .flatten()
+            .flatten()
+    })
+    .filter_map(|e| {
+        let name = e.file_name().to_string_lossy().to_string();
+        let (history, step) = name.strip_suffix(".json")?.split_once('-')?;
+        Some((history.parse().ok()?, step.parse().ok()?))
+    })
+    .collect()
+}
+
+/// Every stage part in a job store directory gets one byte flipped.
+fn damage_store_parts(store: &Path) {
+    let jobs = std::fs::read_dir(store).into_iter().flatten().flatten();
+    for part in jobs.flat_map(|job| {
+        std::fs::read_dir(job.path().join("parts"))
+            .into_iter()
+            .flatten()
+            .flatten()
+    }) {
+        let mut bytes = std::fs::read(part.path()).expect("part");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(part.path(), bytes).expect("damage");
+    }
+}
+
+/// A stage's only replica dies and every copy of every checkpoint the cluster holds is damaged,
+/// on the nodes' disks and in the job's store: training stops. A node started with a restore
+/// location (`--restore`; here `[train] restore`) naming an earlier backup of the store copies
+/// its checkpoint into the job's store; the stopped cluster resumes from it in a new history
+/// and trains past the step it stopped at, every sample once in the final history.
+#[test]
+fn a_stopped_cluster_resumes_from_a_backup_given_with_restore() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, backup) = (dir.path().join("store"), dir.path().join("backup"));
+    let store_setting = format!("checkpoint_store = {:?}", store.display().to_string());
+    let config = train_config(
+        "pin = [1, 2]",
+        &format!("checkpoint_every = 2\n{store_setting}"),
+    );
+    let mut c = training_cluster(&config, 3, 1);
+    wait_for(Duration::from_secs(60), || stored_cuts(&store).pop())
+        .unwrap_or_else(|| panic!("no checkpoint in the store\n{}", c.logs()));
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&store)
+        .arg(&backup)
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let (_, backed_up) = stored_cuts(&backup)
+        .into_iter()
+        .max()
+        .expect("a checkpoint in the backup");
+    // Two newer complete checkpoints: the cluster no longer holds the backed-up one.
+    wait_for(Duration::from_secs(120), || {
+        c.statuses()
+            .into_iter()
+            .filter_map(|(_, s)| s.checkpoint_step)
+            .find(|s| *s >= backed_up + 4)
+    })
+    .unwrap_or_else(|| panic!("no newer checkpoints\n{}", c.logs()));
+    let (victim, _) = *workers(&c).first().expect("a training non-leader");
+    c.nodes[victim].kill();
+    damage_checkpoints(&c, victim, true);
+    damage_store_parts(&store);
+    let (stopped_step, stopped_history) = wait_for(Duration::from_secs(90), || {
+        c.statuses().into_iter().find_map(|(_, s)| {
+            (s.training?.phase == TrainingPhase::Stopped).then_some((s.step, s.history))
+        })
+    })
+    .unwrap_or_else(|| panic!("training did not stop\n{}", c.logs()));
+    assert!(stopped_step > backed_up, "stopped at {stopped_step}");
+    let live = (0..c.nodes.len())
+        .find(|i| *i != victim)
+        .expect("a live node");
+    let seed = c.nodes[live].p2p_addr().expect("addr");
+    let restoring = config.replace(
+        &store_setting,
+        &format!(
+            "{store_setting}\nrestore = {:?}",
+            backup.display().to_string()
+        ),
+    );
+    c.spawn_with_config(std::slice::from_ref(&seed), &restoring)
+        .expect("spawn");
+    trains_on(&c, stopped_step, 2, Duration::from_secs(120));
+    let logs = c.logs();
+    assert!(
+        logs.contains("copied the newest checkpoint of the job"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("training resumes from a checkpoint given in the job's store"),
+        "{logs}"
+    );
+    let status = c.nodes[live].status().expect("status");
+    assert!(status.history > stopped_history, "{status:?}");
+    let record = committed_sequence(&c);
+    assert!(
+        record.iter().any(|r| r.history == status.history),
+        "steps after the restore are committed in the new history"
+    );
+}
+
 #[test]
 fn a_joining_node_is_put_to_work() {
     let _serial = serial();

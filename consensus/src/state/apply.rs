@@ -77,6 +77,12 @@ pub(super) fn apply(
             bandwidth,
         } => cost_report(state, *node, *step, layers, bandwidth),
         Command::DefineJob { job } => define_job(state, job),
+        Command::RestoreCut {
+            node,
+            epoch,
+            at_step,
+            cut,
+        } => restore_cut(state, *node, *epoch, *at_step, cut),
     }
 }
 
@@ -600,13 +606,14 @@ fn prune_cuts(state: &mut ControlState) {
 /// it are dropped from the progress (counted in `rolled_back_steps`) and will be trained again
 /// on the same samples. The plan in force (or the pending one) continues under a new epoch, so
 /// every step in flight is superseded and every node restores its stage from the cut.
-fn roll_back(
-    state: &mut ControlState,
+/// The next step, when `node` has a slot in the current plan of `epoch` and `at_step` is the
+/// next step: what a member must show to turn the cluster back.
+fn stuck_member(
+    state: &ControlState,
     node: NodeId,
     epoch: u64,
     at_step: u64,
-    to_step: u64,
-) -> Result<Vec<StateEvent>, Rejection> {
+) -> Result<u64, Rejection> {
     let plan = state.plan.as_ref().ok_or(Rejection::NoPlan)?;
     if plan.epoch != epoch {
         return Err(Rejection::StaleEpoch {
@@ -621,6 +628,17 @@ fn roll_back(
     if at_step != next {
         return Err(not_the_next_step(at_step, next));
     }
+    Ok(next)
+}
+
+fn roll_back(
+    state: &mut ControlState,
+    node: NodeId,
+    epoch: u64,
+    at_step: u64,
+    to_step: u64,
+) -> Result<Vec<StateEvent>, Rejection> {
+    let next = stuck_member(state, node, epoch, at_step)?;
     let end = state
         .checkpoints
         .get(&to_step)
@@ -636,25 +654,101 @@ fn roll_back(
             ),
         ));
     }
+    state.checkpoints.retain(|step, _| *step <= end.step);
+    Ok(resume_after(state, next, end))
+}
+
+/// Goes back from step `next` to the state after `end` in a new history; the plan continues
+/// under a new epoch, so every step in flight is superseded.
+fn resume_after(state: &mut ControlState, next: u64, end: StepEnd) -> Vec<StateEvent> {
+    let current = state.plan.clone();
     let latest_epoch = state
         .pending_plan
-        .as_ref()
-        .map_or(plan.epoch, |p| p.epoch.max(plan.epoch));
-    let mut resumed = state.pending_plan.take().unwrap_or_else(|| plan.clone());
-    resumed.epoch = latest_epoch + 1;
-    resumed.at_step = end.step + 1;
+        .iter()
+        .chain(current.iter())
+        .map(|p| p.epoch)
+        .max()
+        .unwrap_or(0);
+    let resumed = state.pending_plan.take().or(current).map(|mut p| {
+        p.epoch = latest_epoch + 1;
+        p.at_step = end.step + 1;
+        p
+    });
     let progress = &mut state.progress;
-    progress.rolled_back_steps += next - (end.step + 1);
+    progress.rolled_back_steps += next.saturating_sub(end.step + 1);
     progress.history += 1;
     rewind(progress, end);
-    state.checkpoints.retain(|step, _| *step <= end.step);
-    state.pending_plan = Some(resumed);
+    state.pending_plan = resumed;
     let mut events = vec![StateEvent::RolledBack {
         from_step: next,
         to_step: end.step + 1,
     }];
     events.extend(activate_due_plan(state));
-    Ok(events)
+    events
+}
+
+/// A stopped cluster resumes from a complete stored cut it does not hold.
+fn restore_cut(
+    state: &mut ControlState,
+    node: NodeId,
+    epoch: u64,
+    at_step: u64,
+    cut: &Cut,
+) -> Result<Vec<StateEvent>, Rejection> {
+    let next = stuck_member(state, node, epoch, at_step)?;
+    stored_cut_shape(cut)?;
+    if cut.end.step + 1 > next {
+        return Err(invalid(
+            "cut",
+            format!(
+                "the cut of step {} is ahead of the cluster (at step {next})",
+                cut.end.step
+            ),
+        ));
+    }
+    if state
+        .checkpoints
+        .get(&cut.end.step)
+        .is_some_and(|held| held.history == cut.history)
+    {
+        return Err(invalid(
+            "cut",
+            format!(
+                "the cluster holds the cut of step {} already: it rolls back to it itself",
+                cut.end.step
+            ),
+        ));
+    }
+    let restored = cleared(cut);
+    state.checkpoints = [(cut.end.step, restored)].into_iter().collect();
+    // The new history is newer than the cut's too, so the store orders its cuts after it.
+    state.progress.history = state.progress.history.max(cut.history);
+    Ok(resume_after(state, next, cut.end))
+}
+
+/// A cut to take from the store must name every part stored, and not too many.
+fn stored_cut_shape(cut: &Cut) -> Result<(), Rejection> {
+    if cut.parts.len() > limits::MAX_PLAN_DIM as usize || !cut.is_stored() {
+        return Err(invalid(
+            "cut",
+            format!(
+                "{} parts over {} layers: not a complete stored cut",
+                cut.parts.len(),
+                cut.layers
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A stored cut as the registry holds it once taken: its copies are in the store, on no
+/// member's disk.
+fn cleared(cut: &Cut) -> Cut {
+    let mut taken = cut.clone();
+    for part in &mut taken.parts {
+        part.holders.clear();
+    }
+    taken
 }
 
 fn not_the_next_step(at_step: u64, next: u64) -> Rejection {
@@ -692,20 +786,8 @@ fn adopt_cut(state: &mut ControlState, cut: &Cut) -> Result<Vec<StateEvent>, Rej
     if let Some(last) = state.progress.last_committed_step {
         return Err(Rejection::AlreadyCommitted(last));
     }
-    if cut.parts.len() > limits::MAX_PLAN_DIM as usize || !cut.is_stored() {
-        return Err(invalid(
-            "cut",
-            format!(
-                "{} parts over {} layers: not a complete stored cut",
-                cut.parts.len(),
-                cut.layers
-            ),
-        ));
-    }
-    let mut adopted = cut.clone();
-    for part in &mut adopted.parts {
-        part.holders.clear();
-    }
+    stored_cut_shape(cut)?;
+    let adopted = cleared(cut);
     let progress = &mut state.progress;
     progress.history = cut.history + 1;
     rewind(progress, cut.end);

@@ -131,6 +131,20 @@ pub enum Command {
         /// Peer -> bytes per second.
         bandwidth: Vec<(NodeId, f64)>,
     },
+    /// Training stopped (some layers have no live holder and no complete cut the cluster
+    /// holds restores them) and a complete cut the cluster does not hold was given in the
+    /// job's durable store (`parcae-node run --restore URL` puts one there): the cluster
+    /// resumes from it in a new history, as after a rollback.
+    RestoreCut {
+        /// The stopped member that found the cut.
+        node: NodeId,
+        /// The plan it stopped under (the current one).
+        epoch: u64,
+        /// The step it stopped at (the next step).
+        at_step: u64,
+        /// The cut, every part in the store.
+        cut: Cut,
+    },
 }
 
 impl Command {
@@ -160,6 +174,7 @@ impl Command {
             Command::DefineJob { .. } => "define_job",
             Command::RollBack { .. } => "roll_back",
             Command::AdoptCut { .. } => "adopt_cut",
+            Command::RestoreCut { .. } => "restore_cut",
         }
     }
 }

@@ -587,6 +587,69 @@ fn a_rollback_rewinds_to_the_newest_complete_cut_under_a_new_epoch() {
 }
 
 #[test]
+fn a_stopped_cluster_restores_a_stored_cut_it_does_not_hold_in_a_new_history() {
+    let mut s = trained(6);
+    let stored = |state: &mut ControlState, step| {
+        for stage in 0..2 {
+            let mut c = part(step, stage, vec![id(1)]);
+            if let Command::Checkpointed { stored, .. } = &mut c {
+                *stored = true;
+            }
+            state.apply(&c).unwrap();
+        }
+    };
+    stored(&mut s, 2);
+    let given = s.checkpoints[&2].clone();
+    let restore = |cut: &Cut, at_step| Command::RestoreCut {
+        node: id(1),
+        epoch: 1,
+        at_step,
+        cut: cut.clone(),
+    };
+    assert!(
+        matches!(
+            rejected(&mut s, &restore(&given, 6)),
+            Rejection::Invalid { field: "cut", .. }
+        ),
+        "the cluster rolls back to a cut it holds itself"
+    );
+    s.checkpoints.clear();
+    assert!(matches!(
+        rejected(&mut s, &restore(&given, 5)),
+        Rejection::AlreadyCommitted(5)
+    ));
+    let mut ahead = given.clone();
+    ahead.end.step = 9;
+    assert!(matches!(
+        rejected(&mut s, &restore(&ahead, 6)),
+        Rejection::Invalid { field: "cut", .. }
+    ));
+    let mut partial = given.clone();
+    partial.parts.pop();
+    assert!(matches!(
+        rejected(&mut s, &restore(&partial, 6)),
+        Rejection::Invalid { field: "cut", .. }
+    ));
+    let events = s.apply(&restore(&given, 6)).unwrap();
+    assert_eq!(
+        events,
+        vec![
+            StateEvent::RolledBack {
+                from_step: 6,
+                to_step: 3
+            },
+            StateEvent::PlanActivated { epoch: 2 }
+        ]
+    );
+    let p = &s.progress;
+    assert_eq!(p.last_committed_step, Some(2));
+    assert_eq!(p.sample_cursor, 24);
+    assert_eq!((p.history, p.rolled_back_steps), (1, 3));
+    assert!(s.checkpoints[&2].parts.iter().all(|p| p.holders.is_empty()));
+    assert_eq!(s.plan.as_ref().map(|p| (p.epoch, p.at_step)), Some((2, 3)));
+}
+
+#[test]
 fn a_new_cluster_adopts_a_stored_cut_before_its_first_step_only() {
     let mut old = trained(6);
     for stage in 0..2 {

@@ -35,9 +35,10 @@ pub fn authorize(
         Command::Checkpointed { holders, .. } => {
             holders.contains(&origin_id) && state.members.contains_key(&origin_id)
         }
-        // A rollback comes from a node of the plan it found layers missing under; a stored
-        // cut is adopted by a member of a cluster that has not trained yet.
-        Command::RollBack { node, epoch, .. } => {
+        // A rollback, or a restore of a stopped cluster, comes from a node of the plan it found
+        // layers missing under; a stored cut is adopted by a member of a cluster that has not
+        // trained yet.
+        Command::RollBack { node, epoch, .. } | Command::RestoreCut { node, epoch, .. } => {
             *node == origin_id
                 && state
                     .plan

@@ -96,6 +96,9 @@ pub struct TrainJob<M: PipelineModel> {
     pub checkpoint_every: u64,
     /// The job's durable checkpoint store (`None`: `store/` in the data directory).
     pub checkpoint_store: Option<String>,
+    /// Another store of this job (a backup) whose newest complete checkpoint is copied into
+    /// the job's store at start, for a new or a stopped cluster to resume from.
+    pub restore_from: Option<String>,
     /// AdamW, schedule and clipping.
     pub optimizer: OptimizerConfig,
     /// The Burn device.
@@ -181,13 +184,17 @@ impl<M: PipelineModel> TrainJob<M> {
         };
         let store = JobStore::open(&store_location, &job.digest())
             .map_err(|e| TrainError::Config(e.to_string()))?;
+        let max_state_bytes = num_params * 12 + (16 << 20);
+        if let Some(from) = &self.restore_from {
+            restore_into(&rt, &store, from, &job, max_state_bytes)?;
+        }
         let endpoint = Arc::new(
             Endpoint::new(
                 ctx.keypair,
                 ctx.key,
                 ctx.view.clone(),
                 CheckpointStore::new(ctx.data_dir.join(CHECKPOINT_DIR)),
-                num_params * 12 + (16 << 20),
+                max_state_bytes,
                 ctx.peer_timeout,
             )
             .with_store(store),
@@ -306,4 +313,32 @@ fn measure_costs<M: PipelineModel>(
             )
         })
         .collect())
+}
+
+/// Copies the newest complete checkpoint of the job from the store at `from` into the job's
+/// store (every part checked against its manifest's digest): a new cluster then resumes from
+/// it when it is the store's newest, and a stopped one when it does not hold it.
+fn restore_into(
+    rt: &tokio::runtime::Runtime,
+    store: &JobStore,
+    from: &str,
+    job: &Job,
+    max_state_bytes: u64,
+) -> Result<(), TrainError> {
+    let failed = |e: String| TrainError::Config(format!("--restore {from}: {e}"));
+    let source = JobStore::open(from, &job.digest()).map_err(|e| failed(e.to_string()))?;
+    match rt.block_on(store.copy_newest_from(&source, max_state_bytes)) {
+        Ok(Some(cut)) => {
+            tracing::warn!(
+                step = cut.end.step,
+                history = cut.history,
+                "copied the newest checkpoint of the job from {from} into its store"
+            );
+            Ok(())
+        }
+        Ok(None) => Err(failed(
+            "the store holds no complete checkpoint of this job".into(),
+        )),
+        Err(e) => Err(failed(e.to_string())),
+    }
 }

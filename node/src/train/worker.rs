@@ -47,6 +47,9 @@ const JOB_RETRY: Duration = Duration::from_secs(2);
 /// Longest a read of the job's store before the first step may take.
 const STORE_READ_LIMIT: Duration = Duration::from_secs(60);
 
+/// Time between reads of the job's store while training is stopped for want of a checkpoint.
+const STOPPED_STORE_POLL: Duration = Duration::from_secs(5);
+
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
 /// in well under a second at the measured rates; this bounds a stuck peer).
 const SWITCH_LIMIT: Duration = Duration::from_secs(600);
@@ -270,6 +273,52 @@ impl<M: PipelineModel> Worker<M> {
         }
     }
 
+    /// While training is stopped: a complete cut the cluster does not hold, given in the job's
+    /// store (`parcae-node run --restore URL` copies one there), is proposed to resume from
+    /// (`Command::RestoreCut`). Cuts the cluster holds failed already, so they are not retried.
+    fn restore_given(&mut self, state: &ControlState, epoch: u64, next: u64) {
+        let Some(store) = self.ep.store.clone() else {
+            return;
+        };
+        if self
+            .store_tried
+            .is_some_and(|t| t.elapsed() < STOPPED_STORE_POLL)
+        {
+            return;
+        }
+        self.store_tried = Some(Instant::now());
+        let held: Vec<(u64, u64)> = state
+            .checkpoints
+            .values()
+            .map(|c| (c.history, c.end.step))
+            .collect();
+        let read = block_on_timeout(
+            &self.rt,
+            STORE_READ_LIMIT,
+            store.newest_cut_not_held(next, &held),
+        );
+        match read {
+            Ok(Ok(Some(cut))) => {
+                tracing::warn!(
+                    step = cut.end.step,
+                    history = cut.history,
+                    "training resumes from a checkpoint given in the job's store"
+                );
+                (self.submit)(Command::RestoreCut {
+                    node: self.setup.me,
+                    epoch,
+                    at_step: next,
+                    cut,
+                });
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => tracing::warn!("the job's checkpoint store cannot be read: {e}"),
+            Err(_) => {
+                tracing::warn!("the job's checkpoint store did not answer in {STORE_READ_LIMIT:?}")
+            }
+        }
+    }
+
     /// The first replica of the first stage writes the manifest of every complete cut whose
     /// parts are all stored, so a new cluster can resume from it.
     fn record_stored_cut(&mut self, state: &ControlState) {
@@ -316,6 +365,7 @@ impl<M: PipelineModel> Worker<M> {
         };
         let next = state.progress.next_step();
         if self.stopped_at == Some((plan.epoch, next, state.progress.history)) {
+            self.restore_given(state, plan.epoch, next);
             return Ok(false);
         }
         let slot = plan.assignment.get(&self.setup.me).copied();
@@ -534,7 +584,8 @@ impl<M: PipelineModel> Worker<M> {
         let Some(to_step) = missing.roll_back_to else {
             let error = format!(
                 "layers {:?} have no live holder and no complete checkpoint is left to roll back to (step {next}): \
-                 training stops until the job is restored from its checkpoint store",
+                 training stops until a checkpoint the cluster does not hold is given in the job's \
+                 store (parcae-node run --restore URL copies one there)",
                 missing.layers
             );
             tracing::error!("{error}");
