@@ -580,7 +580,8 @@ fn with_every_checkpoint_damaged_training_stops_with_a_clear_status() {
 
 /// A joiner with `job = "adopt"` and no job key in its file trains the founder's job (its
 /// status shows the job, it gets a slot and the cluster trains on with it); one that adopts
-/// but sets a job key of its own to another value is refused, naming the key.
+/// but sets a job key of its own to another value is refused, naming the key, and so is one
+/// whose data file is another (naming the data's hash).
 #[test]
 fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refused() {
     let _serial = serial();
@@ -597,11 +598,18 @@ fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refus
          peer_timeout_secs = 5.0\n"
     );
     let conflicting = format!("{adopting}seed = {}\n", SEED + 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = dir.path().join("other.txt");
+    std::fs::write(&text, "another corpus entirely. ".repeat(200)).expect("text");
+    let other_data = format!("{adopting}data = {:?}\n", text.display().to_string());
     let adopter = c
         .spawn_with_config(std::slice::from_ref(&founder), &adopting)
         .expect("spawn");
     let other = c
         .spawn_with_config(std::slice::from_ref(&founder), &conflicting)
+        .expect("spawn");
+    let other_dataset = c
+        .spawn_with_config(std::slice::from_ref(&founder), &other_data)
         .expect("spawn");
     let error = wait_for(Duration::from_secs(60), || {
         let t = c.nodes[other].status()?.training?;
@@ -612,6 +620,18 @@ fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refus
         error.contains(&format!(
             "seed: the cluster's job has \"{SEED}\", this node's \"{}\"",
             SEED + 1
+        )),
+        "{error}"
+    );
+    let error = wait_for(Duration::from_secs(60), || {
+        let t = c.nodes[other_dataset].status()?.training?;
+        (t.phase == TrainingPhase::Refused).then_some(t.error?)
+    })
+    .unwrap_or_else(|| panic!("the joiner with other data was not refused\n{}", c.logs()));
+    assert!(
+        error.contains(&format!(
+            "data.sha256: the cluster's job has \"{}\"",
+            job["data.sha256"]
         )),
         "{error}"
     );
