@@ -30,7 +30,7 @@ use crate::status::Published;
 /// Connections served at once.
 const MAX_CONNECTIONS: usize = 256;
 /// Connections one source address may hold.
-const MAX_PER_SOURCE: usize = 16;
+pub const MAX_PER_SOURCE: usize = 16;
 /// Time a client has to send its request head.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time an idle keep-alive connection stays open.

@@ -23,6 +23,8 @@ mod accept;
 mod admission;
 mod backpressure;
 
+pub use accept::{MAX_PER_SOURCE, REQUEST_TIMEOUT};
+
 /// Why the HTTP server could not start.
 #[derive(Debug, thiserror::Error)]
 #[error("status server on {addr}: {source}")]
