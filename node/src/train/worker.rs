@@ -405,11 +405,6 @@ impl<M: PipelineModel> Worker<M> {
             .take()
             .map(|c| c.stage)
             .or(self.idle_stage.take());
-        if old.as_ref().is_none_or(|s| s.step() != next) {
-            // What this node held belongs to another step (or history): nobody needs it, and
-            // peers must not wait for it to reach the step.
-            self.ep.hold(None);
-        }
         if let Some(stage) = &old
             && stage.step() == next
         {
