@@ -348,6 +348,15 @@ fn after_a_whole_cluster_outage_a_new_cluster_resumes_from_the_s3_store() {
 
 /// The longest committed step sequence any running node shows, checked for exactly-once data:
 /// steps `0..n` in order, each starting where the previous ended.
+/// The error of node `i` once it refuses the cluster's job (`what` names it in the panic).
+fn refusal(c: &LocalCluster, i: usize, what: &str) -> String {
+    wait_for(Duration::from_secs(60), || {
+        let t = c.nodes[i].status()?.training?;
+        (t.phase == TrainingPhase::Refused).then_some(t.error?)
+    })
+    .unwrap_or_else(|| panic!("{what}\n{}", c.logs()))
+}
+
 fn committed_sequence(c: &LocalCluster) -> Vec<StepRecord> {
     committed_sequence_of(c, BATCH)
 }
@@ -611,11 +620,7 @@ fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refus
     let other_dataset = c
         .spawn_with_config(std::slice::from_ref(&founder), &other_data)
         .expect("spawn");
-    let error = wait_for(Duration::from_secs(60), || {
-        let t = c.nodes[other].status()?.training?;
-        (t.phase == TrainingPhase::Refused).then_some(t.error?)
-    })
-    .unwrap_or_else(|| panic!("the conflicting joiner was not refused\n{}", c.logs()));
+    let error = refusal(&c, other, "the conflicting joiner was not refused");
     assert!(
         error.contains(&format!(
             "seed: the cluster's job has \"{SEED}\", this node's \"{}\"",
@@ -623,11 +628,11 @@ fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refus
         )),
         "{error}"
     );
-    let error = wait_for(Duration::from_secs(60), || {
-        let t = c.nodes[other_dataset].status()?.training?;
-        (t.phase == TrainingPhase::Refused).then_some(t.error?)
-    })
-    .unwrap_or_else(|| panic!("the joiner with other data was not refused\n{}", c.logs()));
+    let error = refusal(
+        &c,
+        other_dataset,
+        "the joiner with other data was not refused",
+    );
     assert!(
         error.contains(&format!(
             "data.sha256: the cluster's job has \"{}\"",
@@ -1140,11 +1145,7 @@ fn a_joiner_whose_job_differs_is_refused_naming_the_setting_and_never_planned() 
     let same = c
         .spawn_with_config(std::slice::from_ref(&founder), &config)
         .expect("spawn");
-    let error = wait_for(Duration::from_secs(60), || {
-        let t = c.nodes[other].status()?.training?;
-        (t.phase == TrainingPhase::Refused).then_some(t.error?)
-    })
-    .unwrap_or_else(|| panic!("the other job was not refused\n{}", c.logs()));
+    let error = refusal(&c, other, "the other job was not refused");
     assert!(
         error.contains("seed: the cluster's job has \"3\", this node's \"4\""),
         "{error}"

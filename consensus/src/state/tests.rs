@@ -498,6 +498,26 @@ fn incomplete_cuts_are_bounded() {
     );
 }
 
+/// A cluster of `trained(6)` taken back from step 6 to the cut of step 2, as a rollback and a
+/// restore both leave it: history 1, three steps rolled back, the plan under epoch 2 from step 3.
+fn assert_back_from_step_6_at_step_3(s: &ControlState, events: Vec<StateEvent>) {
+    assert_eq!(
+        events,
+        vec![
+            StateEvent::RolledBack {
+                from_step: 6,
+                to_step: 3
+            },
+            StateEvent::PlanActivated { epoch: 2 }
+        ]
+    );
+    let p = &s.progress;
+    assert_eq!(p.last_committed_step, Some(2));
+    assert_eq!(p.sample_cursor, 24);
+    assert_eq!((p.history, p.rolled_back_steps), (1, 3));
+    assert_eq!(s.plan.as_ref().map(|p| (p.epoch, p.at_step)), Some((2, 3)));
+}
+
 #[test]
 fn a_rollback_rewinds_to_the_newest_complete_cut_under_a_new_epoch() {
     let mut s = trained(6);
@@ -527,25 +547,11 @@ fn a_rollback_rewinds_to_the_newest_complete_cut_under_a_new_epoch() {
         Rejection::Invalid { field: "node", .. }
     ));
     let events = s.apply(&roll(id(3), 1, 6)).unwrap();
-    assert_eq!(
-        events,
-        vec![
-            StateEvent::RolledBack {
-                from_step: 6,
-                to_step: 3
-            },
-            StateEvent::PlanActivated { epoch: 2 }
-        ]
-    );
+    assert_back_from_step_6_at_step_3(&s, events);
     let p = &s.progress;
-    assert_eq!(p.last_committed_step, Some(2));
-    assert_eq!(p.sample_cursor, 24);
     assert_eq!(p.optimizer.step_count, 3);
-    assert_eq!(p.rolled_back_steps, 3);
-    assert_eq!(p.history, 1);
     assert_eq!(p.recent_losses.back().map(|l| l.step), Some(2));
     assert_eq!(p.audited_step, None, "the audited step 5 was rolled back");
-    assert_eq!(s.plan.as_ref().map(|p| (p.epoch, p.at_step)), Some((2, 3)));
     assert_eq!(
         s.checkpoints.keys().copied().collect::<Vec<_>>(),
         vec![2],
@@ -631,22 +637,8 @@ fn a_stopped_cluster_restores_a_stored_cut_it_does_not_hold_in_a_new_history() {
         Rejection::Invalid { field: "cut", .. }
     ));
     let events = s.apply(&restore(&given, 6)).unwrap();
-    assert_eq!(
-        events,
-        vec![
-            StateEvent::RolledBack {
-                from_step: 6,
-                to_step: 3
-            },
-            StateEvent::PlanActivated { epoch: 2 }
-        ]
-    );
-    let p = &s.progress;
-    assert_eq!(p.last_committed_step, Some(2));
-    assert_eq!(p.sample_cursor, 24);
-    assert_eq!((p.history, p.rolled_back_steps), (1, 3));
+    assert_back_from_step_6_at_step_3(&s, events);
     assert!(s.checkpoints[&2].parts.iter().all(|p| p.holders.is_empty()));
-    assert_eq!(s.plan.as_ref().map(|p| (p.epoch, p.at_step)), Some((2, 3)));
 }
 
 #[test]

@@ -242,13 +242,12 @@ impl<M: PipelineModel> Worker<M> {
             return false;
         }
         self.store_tried = Some(Instant::now());
-        let read = block_on_timeout(&self.rt, STORE_READ_LIMIT, store.newest_cut()).ok();
-        match read {
-            Some(Ok(None)) => {
+        match self.read_store(store.newest_cut()) {
+            Ok(None) => {
                 self.store_read = true;
                 true
             }
-            Some(Ok(Some(cut))) => {
+            Ok(Some(cut)) => {
                 tracing::warn!(
                     step = cut.end.step,
                     history = cut.history,
@@ -257,19 +256,27 @@ impl<M: PipelineModel> Worker<M> {
                 (self.submit)(Command::AdoptCut { cut });
                 false
             }
-            Some(Err(e)) => {
-                let error = format!("the job's checkpoint store cannot be read: {e}");
+            Err(error) => {
                 tracing::error!("{error}");
                 self.status.error = Some(error);
                 (self.publish)(self.status.clone());
                 false
             }
-            None => {
-                tracing::error!(
-                    "the job's checkpoint store did not answer in {STORE_READ_LIMIT:?}"
-                );
-                false
-            }
+        }
+    }
+
+    /// A read of the job's store, bounded by [`STORE_READ_LIMIT`]; a failure, or the limit
+    /// reached, described for the log and `/status`.
+    fn read_store<T>(
+        &self,
+        read: impl std::future::Future<Output = Result<T, crate::store::StoreError>>,
+    ) -> Result<T, String> {
+        match block_on_timeout(&self.rt, STORE_READ_LIMIT, read) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(format!("the job's checkpoint store cannot be read: {e}")),
+            Err(_) => Err(format!(
+                "the job's checkpoint store did not answer in {STORE_READ_LIMIT:?}"
+            )),
         }
     }
 
@@ -292,13 +299,8 @@ impl<M: PipelineModel> Worker<M> {
             .values()
             .map(|c| (c.history, c.end.step))
             .collect();
-        let read = block_on_timeout(
-            &self.rt,
-            STORE_READ_LIMIT,
-            store.newest_cut_not_held(next, &held),
-        );
-        match read {
-            Ok(Ok(Some(cut))) => {
+        match self.read_store(store.newest_cut_not_held(next, &held)) {
+            Ok(Some(cut)) => {
                 tracing::warn!(
                     step = cut.end.step,
                     history = cut.history,
@@ -311,11 +313,8 @@ impl<M: PipelineModel> Worker<M> {
                     cut,
                 });
             }
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => tracing::warn!("the job's checkpoint store cannot be read: {e}"),
-            Err(_) => {
-                tracing::warn!("the job's checkpoint store did not answer in {STORE_READ_LIMIT:?}")
-            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!("{error}"),
         }
     }
 
