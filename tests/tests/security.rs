@@ -489,10 +489,18 @@ fn a_member_that_left_is_refused_and_comes_back_only_as_a_new_member() {
     while std::time::Instant::now() < deadline {
         if let Some(s) = c.nodes[2].status() {
             assert_eq!(s.peer_id, old_id);
+        }
+        // The members deny its connections once its handshake names it; the former member's
+        // own swarm may count such a connection for the moment before the denial closes it, so
+        // the members' side is the one that tells whether it got in.
+        for member in [0, 1] {
+            let connected = c.nodes[member]
+                .status()
+                .map(|s| s.connected_peers)
+                .unwrap_or_default();
             assert!(
-                s.connected_peers.is_empty(),
-                "a former member got connected: {:?}\n{}",
-                s.connected_peers,
+                !connected.contains(&old_id),
+                "a former member got connected to node {member}\n{}",
                 c.logs()
             );
         }
