@@ -291,6 +291,12 @@ pub struct StatusSnapshot {
     /// Where this node watches for preemption notices besides SIGTERM: `"aws"`, `"gce"` or
     /// `"azure"` (the metadata service it polls), `"none"`, or `null` while it is detecting.
     pub notice_provider: Option<String>,
+    /// Fingerprints of the cluster keys this node admits peers with, the key in force first
+    /// (two while a key rotation is under way).
+    pub keys_held: Vec<String>,
+    /// Fingerprint of the cluster key in force by the replicated state once one was rotated in
+    /// (`null`: the key the cluster was founded with).
+    pub key_in_force: Option<String>,
 }
 
 impl StatusSnapshot {

@@ -45,14 +45,16 @@ async fn secure(data: &[u8], key: &ClusterKey) -> f64 {
     let k = key.clone();
     let rx = tokio::spawn(async move {
         let (s, _) = l.accept().await.expect("accept");
-        let (_, mut st) = accept(s, &b, &k, |_| async { true })
+        let (_, mut st) = accept(s, &b, &[k], |_| async { true })
             .await
             .expect("handshake");
         let got = st.recv(u64::MAX).await.expect("recv").len();
         st.send(&[1]).await.expect("ack");
         got
     });
-    let mut st = connect(addr, &a, b_id, key).await.expect("connect");
+    let mut st = connect(addr, &a, b_id, std::slice::from_ref(key))
+        .await
+        .expect("connect");
     let t = Instant::now();
     st.send(data).await.expect("send");
     st.recv(1).await.expect("ack");
@@ -88,7 +90,7 @@ async fn handoff(data: &[u8], key: &ClusterKey) -> f64 {
     let endpoint = |k: Keypair| {
         Arc::new(Endpoint::new(
             k,
-            key.clone(),
+            key.clone().into(),
             view.clone(),
             CheckpointStore::new(dir.clone()),
             u64::MAX,

@@ -125,7 +125,7 @@ fn main() -> anyhow::Result<()> {
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
         bootstrap: rest.iter().map(|b| b.parse()).collect::<Result<_, _>>()?,
         bootstrap_file: None,
-        cluster_key: ClusterKey::load(std::path::Path::new(key))?,
+        cluster_key: ClusterKey::load(std::path::Path::new(key))?.into(),
         status_addr: status_addr.parse().context("STATUS_ADDR")?,
         resync: false,
         trainer: None,

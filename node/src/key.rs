@@ -8,6 +8,7 @@
 use std::fmt;
 use std::path::Path;
 
+use parcae_consensus::state::KeyId;
 use sha2::{Digest, Sha256};
 
 /// Length of a cluster key in bytes.
@@ -64,11 +65,20 @@ impl ClusterKey {
         &self.0
     }
 
-    /// A short, non-secret fingerprint (first 8 bytes of SHA-256 of the key, in hex) that is
-    /// safe to log, so that operators can check that two nodes use the same key.
-    pub fn fingerprint(&self) -> String {
+    /// The key's public fingerprint: the first 8 bytes of its SHA-256. Membership records list
+    /// the keys a member holds by it, and the data plane names the key it offers by it.
+    pub fn id(&self) -> KeyId {
         let digest = Sha256::digest(self.0);
-        hex::encode(&digest[..8])
+        let mut id = KeyId::default();
+        let len = id.len();
+        id.copy_from_slice(&digest[..len]);
+        id
+    }
+
+    /// [`Self::id`] in hex: safe to log, so that operators can check that two nodes use the
+    /// same key.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(self.id())
     }
 
     /// Parses the file format: 64 hex digits, surrounding whitespace ignored.
@@ -112,6 +122,16 @@ impl ClusterKey {
     /// (overwriting would silently lock this node out of its cluster).
     pub fn store(&self, path: &Path) -> Result<(), KeyError> {
         crate::fsutil::write_private_new(path, format!("{}\n", hex::encode(self.0)).as_bytes())
+            .map_err(|source| KeyError::Io {
+                path: path.display().to_string(),
+                source,
+            })
+    }
+
+    /// Writes the key file over an existing one, whole or not at all (a rotated key replaces
+    /// the one it rotated out).
+    pub fn replace(&self, path: &Path) -> Result<(), KeyError> {
+        crate::fsutil::write_private_atomic(path, format!("{}\n", hex::encode(self.0)).as_bytes())
             .map_err(|source| KeyError::Io {
                 path: path.display().to_string(),
                 source,

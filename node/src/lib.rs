@@ -74,6 +74,7 @@ pub mod fsutil;
 pub mod http;
 pub mod identity;
 pub mod key;
+pub mod keyring;
 pub mod metrics;
 pub mod net;
 pub mod notice;

@@ -17,7 +17,8 @@ use crate::control::{
 };
 use crate::http::{HttpError, serve_http};
 use crate::identity::{self, IdentityError};
-use crate::key::{ClusterKey, KeyError};
+use crate::key::KeyError;
+use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
 use crate::net::actor::{Network, SeedSource};
 use crate::net::seeds::{self, SeedError};
@@ -54,7 +55,8 @@ pub struct RunArgs {
     /// few seconds while the node is connected to no member.
     #[arg(long, env = "PARCAE_BOOTSTRAP_FILE")]
     pub bootstrap_file: Option<PathBuf>,
-    /// File holding the cluster key (see `keygen`).
+    /// File holding the cluster key (see `keygen`). A key made by `keygen` into FILE.next on
+    /// every member is rotated in without stopping training (see `docs/architecture.md`, "Rotating the cluster key").
     #[arg(long, env = "PARCAE_CLUSTER_KEY")]
     pub cluster_key: PathBuf,
     /// Address of the HTTP server (/status, /steps, /metrics, /healthz, /readyz).
@@ -106,7 +108,7 @@ impl RunArgs {
             config.train.restore = self.restore;
         }
         Ok(RunOptions {
-            cluster_key: ClusterKey::load(&self.cluster_key)?,
+            cluster_key: KeyRing::load(&self.cluster_key)?,
             data_dir: self.data_dir,
             listen: self.listen,
             bootstrap: self.bootstrap,
@@ -130,8 +132,8 @@ pub struct RunOptions {
     pub bootstrap: Vec<Multiaddr>,
     /// A file of seed addresses, read again while the node is alone.
     pub bootstrap_file: Option<PathBuf>,
-    /// The cluster key.
-    pub cluster_key: ClusterKey,
+    /// The cluster keys: the key file's, and a staged next key ([`crate::keyring`]).
+    pub cluster_key: KeyRing,
     /// HTTP status address.
     pub status_addr: SocketAddr,
     /// Set the raft state and identity aside and rejoin as a new member ([`crate::resync`]).
@@ -250,7 +252,8 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         seeds: given,
         file: opts.bootstrap_file.clone(),
     };
-    tracing::info!(%peer_id, key = %opts.cluster_key.fingerprint(), seeds = seeds.seeds.len(), "starting node");
+    let fingerprints: Vec<String> = opts.cluster_key.ids().iter().map(hex::encode).collect();
+    tracing::info!(%peer_id, keys = ?fingerprints, seeds = seeds.seeds.len(), "starting node");
 
     let metrics = Arc::new(Metrics::default());
     let initial = serde_json::to_string(&StatusSnapshot::initial(peer_id.to_string()))
@@ -274,7 +277,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         TrainerContext {
             me: parcae_consensus::NodeId::from_peer_bytes(&peer_id.to_bytes()),
             keypair: keypair.clone(),
-            key: opts.cluster_key.clone(),
+            keys: opts.cluster_key.clone(),
             data_dir: opts.data_dir.clone(),
             bind_ip: listen_ip(&listen),
             data_port: config.train.data_port,
@@ -309,6 +312,7 @@ pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
         data_dir: opts.data_dir.clone(),
         data_addr: trainer.as_ref().map(|t| t.data_addr),
         job: trainer.as_ref().map(|t| t.job.digest()),
+        keys: opts.cluster_key.clone(),
     };
     let raft_node = open_node(&setup, &config)?;
     let swarm = build_swarm(keypair, opts.cluster_key, &config.net_limits())?;

@@ -14,11 +14,13 @@ use parcae_consensus::state::PeerInfo;
 use parcae_node::control::proof;
 use parcae_node::http::{MAX_PER_SOURCE, REQUEST_TIMEOUT};
 use parcae_node::key::ClusterKey;
+use parcae_node::keyring::KeyRing;
 use parcae_node::net::codec::ControlRequest;
 use parcae_node::net::swarm::{Behaviour, BehaviourEvent, NetLimits, build_swarm};
 use parcae_node::wire::ControlMessage;
 use parcae_tests::{
-    LocalCluster, TEST_CONFIG, http_get, new_cluster, rss_kib, serial, start_cluster, wait_for,
+    LocalCluster, TEST_CONFIG, TRAIN_BASE_CONFIG, http_get, new_cluster, rss_kib, serial,
+    start_cluster, wait_for,
 };
 
 fn metric(addr: std::net::SocketAddr, name: &str) -> u64 {
@@ -93,7 +95,7 @@ fn attacker(key: &ClusterKey) -> Swarm<Behaviour> {
         max_control_frame: 64 << 20,
         ..NetLimits::default()
     };
-    build_swarm(Keypair::generate_ed25519(), key.clone(), &limits).expect("swarm")
+    build_swarm(Keypair::generate_ed25519(), key.clone().into(), &limits).expect("swarm")
 }
 
 /// Connects, sends `frame`, and waits until the node closes the connection.
@@ -258,7 +260,7 @@ fn a_member_cannot_propose_for_another_member() {
         .expect("runtime");
     let members_here = || c.nodes[li].status().map(|s| s.members.len()).unwrap_or(0);
     rt.block_on(async {
-        let mut swarm = build_swarm(mallory.clone(), key.clone(), &limits).expect("swarm");
+        let mut swarm = build_swarm(mallory.clone(), key.clone().into(), &limits).expect("swarm");
         // Mallory joins the cluster properly: a member holding the key.
         swarm.dial(addr.clone()).expect("dial");
         let deadline = tokio::time::sleep(Duration::from_secs(15));
@@ -284,7 +286,8 @@ fn a_member_cannot_propose_for_another_member() {
     });
     for frame in forgeries {
         rt.block_on(async {
-            let mut swarm = build_swarm(mallory.clone(), key.clone(), &limits).expect("swarm");
+            let mut swarm =
+                build_swarm(mallory.clone(), key.clone().into(), &limits).expect("swarm");
             send_and_expect_disconnect(&mut swarm, target, &addr, frame).await;
         });
     }
@@ -528,4 +531,117 @@ fn a_member_that_left_is_refused_and_comes_back_only_as_a_new_member() {
         !marker.exists(),
         "the mark is set aside with the old identity"
     );
+}
+
+/// The newest committed step any node shows, once the cluster trains.
+fn trained_step(c: &LocalCluster) -> Option<u64> {
+    c.statuses()
+        .into_iter()
+        .filter(|(_, s)| s.loss.is_some())
+        .map(|(_, s)| s.step)
+        .max()
+}
+
+#[test]
+fn the_cluster_key_is_rotated_through_raft_while_training_goes_on() {
+    let _serial = serial();
+    let config = format!(
+        "{TRAIN_BASE_CONFIG}[planner]\ninterval_secs = 2.0\n[train]\nseed = 3\nglobal_batch = 16\n\
+         micro_batch = 2\npeer_timeout_secs = 5.0\ncheckpoint_every = 0\n"
+    );
+    let mut c = new_cluster(&config);
+    // Every node has a key file of its own, as on separate VMs.
+    let old = ClusterKey::load(c.key()).expect("key");
+    let dir = c.dir().to_path_buf();
+    let key_file = |i: usize| dir.join(format!("node{i}.key"));
+    for i in 0..5 {
+        old.store(&key_file(i)).expect("key copy");
+    }
+    let founder = c.spawn(&[], Some(&key_file(0))).expect("founder");
+    let seed = wait_for(Duration::from_secs(20), || c.nodes[founder].p2p_addr())
+        .unwrap_or_else(|| panic!("no founder\n{}", c.logs()));
+    for i in 1..3 {
+        c.spawn(std::slice::from_ref(&seed), Some(&key_file(i)))
+            .expect("spawn");
+    }
+    wait_for(Duration::from_secs(120), || {
+        trained_step(&c).filter(|s| *s >= 3)
+    })
+    .unwrap_or_else(|| panic!("no training\n{}", c.logs()));
+
+    // Staged on two of the three members: both keys admitted there, nothing rotated yet.
+    let new = ClusterKey::generate();
+    let (old_id, new_id) = (old.fingerprint(), new.fingerprint());
+    for i in 0..2 {
+        new.store(&KeyRing::staged_path(&key_file(i)))
+            .expect("stage");
+    }
+    wait_for(Duration::from_secs(15), || {
+        (0..2)
+            .all(|i| {
+                c.nodes[i]
+                    .status()
+                    .is_some_and(|s| s.keys_held == [old_id.clone(), new_id.clone()])
+            })
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the staged key is not held\n{}", c.logs()));
+    std::thread::sleep(Duration::from_secs(5));
+    for (i, s) in c.statuses() {
+        assert_eq!(
+            s.key_in_force, None,
+            "rotated before node 2 held the key ({i})"
+        );
+    }
+
+    // Staged on the last member too: the leader rotates, every node keeps only the new key.
+    new.store(&KeyRing::staged_path(&key_file(2)))
+        .expect("stage");
+    let rotated_at = wait_for(Duration::from_secs(30), || {
+        let statuses = c.statuses();
+        let done = statuses.len() == 3
+            && statuses.iter().all(|(_, s)| {
+                s.key_in_force.as_deref() == Some(new_id.as_str())
+                    && s.keys_held == [new_id.clone()]
+            });
+        done.then(|| trained_step(&c)).flatten()
+    })
+    .unwrap_or_else(|| panic!("the key was not rotated\n{}", c.logs()));
+    for i in 0..3 {
+        assert_eq!(
+            ClusterKey::load(&key_file(i)).expect("key"),
+            new,
+            "node {i}'s key file"
+        );
+        assert!(!KeyRing::staged_path(&key_file(i)).exists());
+    }
+    // Training went on through the rotation, without a rollback or a restart.
+    wait_for(Duration::from_secs(60), || {
+        trained_step(&c).filter(|s| *s >= rotated_at + 3)
+    })
+    .unwrap_or_else(|| panic!("training stopped after the rotation\n{}", c.logs()));
+    for (i, s) in c.statuses() {
+        assert_eq!((s.history, s.rolled_back_steps), (0, 0), "node {i}");
+        assert_eq!(s.members.len(), 3, "node {i}");
+    }
+
+    // The old key admits nobody now; the new one does.
+    let stale = c
+        .spawn(std::slice::from_ref(&seed), Some(&key_file(3)))
+        .expect("spawn");
+    let fresh_file = key_file(4);
+    std::fs::remove_file(&fresh_file).expect("remove");
+    new.store(&fresh_file).expect("new key");
+    let fresh = c
+        .spawn(std::slice::from_ref(&seed), Some(&fresh_file))
+        .expect("spawn");
+    wait_for(Duration::from_secs(30), || {
+        let s = c.nodes[fresh].status()?;
+        (s.members.len() == 4 && s.members.iter().any(|m| m.peer_id == s.peer_id)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("a node with the new key did not join\n{}", c.logs()));
+    let s = c.nodes[stale].status().expect("stale node runs");
+    assert!(s.connected_peers.is_empty(), "{s:?}");
+    assert!(s.members.is_empty());
+    assert_eq!(c.nodes[0].status().expect("status").members.len(), 4);
 }

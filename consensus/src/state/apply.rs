@@ -7,8 +7,9 @@ use super::ControlState;
 use super::command::{Command, Rejection, StateEvent};
 use super::limits;
 use super::types::{
-    AvailabilitySample, Cut, CutPart, Digest32, Job, LayerCost, LossRecord, Member, MemberStatus,
-    NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot, StepEnd,
+    AvailabilitySample, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LossRecord, Member,
+    MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot,
+    StepEnd,
 };
 use crate::ids::NodeId;
 
@@ -83,7 +84,25 @@ pub(super) fn apply(
             at_step,
             cut,
         } => restore_cut(state, *node, *epoch, *at_step, cut),
+        Command::RotateKey { key } => rotate_key(state, *key),
     }
+}
+
+/// The key goes into force when every member that is not lost holds it; the same key again
+/// changes nothing.
+fn rotate_key(state: &mut ControlState, key: KeyId) -> Result<Vec<StateEvent>, Rejection> {
+    if state.cluster_key == Some(key) {
+        return Ok(Vec::new());
+    }
+    if let Some(m) = state
+        .members
+        .values()
+        .find(|m| m.status != MemberStatus::Lost && !m.peer.keys.contains(&key))
+    {
+        return Err(Rejection::KeyNotHeld(m.id));
+    }
+    state.cluster_key = Some(key);
+    Ok(vec![StateEvent::KeyRotated { key }])
 }
 
 fn define_job(state: &mut ControlState, job: &Job) -> Result<Vec<StateEvent>, Rejection> {
@@ -153,6 +172,17 @@ fn validate_peer(node: NodeId, peer: &PeerInfo) -> Result<(), Rejection> {
             format!("address of {} bytes", a.len()),
         ));
     }
+    let repeated = (1..peer.keys.len()).any(|i| peer.keys[..i].contains(&peer.keys[i]));
+    if peer.keys.len() > limits::MAX_KEYS || repeated {
+        return Err(invalid(
+            "keys",
+            format!(
+                "{} keys (at most {}, distinct)",
+                peer.keys.len(),
+                limits::MAX_KEYS
+            ),
+        ));
+    }
     if peer.caps.label.len() > limits::MAX_ADDR_BYTES {
         return Err(invalid(
             "caps.label",
@@ -170,6 +200,9 @@ fn join(
     validate_peer(node, peer)?;
     if state.is_retired(node) {
         return Err(Rejection::Retired(node));
+    }
+    if state.cluster_key.is_some_and(|k| !peer.keys.contains(&k)) {
+        return Err(Rejection::StaleKey(node));
     }
     if let Some(existing) = state.members.get_mut(&node) {
         if existing.peer.peer_id != peer.peer_id {

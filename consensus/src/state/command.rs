@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{Cut, Digest32, Job, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan};
+use super::types::{
+    Cut, Digest32, Job, KeyId, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan,
+};
 use crate::codec::{self, CodecError};
 use crate::ids::NodeId;
 
@@ -11,7 +13,7 @@ use crate::ids::NodeId;
 pub const MAX_COMMAND_BYTES: usize = 1 << 20;
 
 /// Current version of the command encoding.
-pub const COMMAND_VERSION: u16 = 1;
+pub const COMMAND_VERSION: u16 = 2;
 
 /// A change to the control state. Every node applies the committed sequence of commands in the
 /// same order; [`ControlState::apply`](super::ControlState::apply) is deterministic.
@@ -145,6 +147,12 @@ pub enum Command {
         /// The cut, every part in the store.
         cut: Cut,
     },
+    /// The leader's decision that every member holds the staged cluster key: it is in force
+    /// from now on, and the key before it is dropped (members stop admitting peers with it).
+    RotateKey {
+        /// The new key's fingerprint; every member that is not lost must list it.
+        key: KeyId,
+    },
 }
 
 impl Command {
@@ -175,6 +183,7 @@ impl Command {
             Command::RollBack { .. } => "roll_back",
             Command::AdoptCut { .. } => "adopt_cut",
             Command::RestoreCut { .. } => "restore_cut",
+            Command::RotateKey { .. } => "rotate_key",
         }
     }
 }
@@ -256,6 +265,11 @@ pub enum StateEvent {
         /// The reporting node.
         node: NodeId,
     },
+    /// Another cluster key is in force.
+    KeyRotated {
+        /// Its fingerprint.
+        key: KeyId,
+    },
 }
 
 /// Why a committed command was rejected. Rejection is deterministic: every node rejects the same
@@ -285,6 +299,12 @@ pub enum Rejection {
     /// The node left the cluster: it may not join again under the same identity.
     #[error("node {0} left the cluster; a machine comes back only under a new identity")]
     Retired(NodeId),
+    /// A joiner that does not hold the cluster key in force.
+    #[error("node {0} does not hold the cluster key in force")]
+    StaleKey(NodeId),
+    /// A key rotation to a key that a member does not hold yet.
+    #[error("member {0} does not hold the key to rotate to")]
+    KeyNotHeld(NodeId),
     /// A job other than the one the cluster trains.
     #[error("the cluster's job is defined already and differs: {0}")]
     JobConflict(String),

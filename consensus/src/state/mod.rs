@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateEvent};
 pub use types::{
-    AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, LayerCost, LayerRange,
+    AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LayerRange,
     LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, Progress,
     RaftRole, Retired, StageSlot, StepEnd,
 };
@@ -30,7 +30,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 6;
+pub const SNAPSHOT_VERSION: u16 = 7;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {
@@ -68,6 +68,8 @@ pub mod limits {
     pub const MAX_JOB_NAME_BYTES: usize = 64;
     /// Bytes of a job setting's value.
     pub const MAX_JOB_VALUE_BYTES: usize = 1024;
+    /// Cluster keys a member holds: the key in force and a staged one.
+    pub const MAX_KEYS: usize = 2;
 }
 
 /// The replicated control state. Read it freely; change it only through [`ControlState::apply`]
@@ -95,6 +97,9 @@ pub struct ControlState {
     pub retired: VecDeque<Retired>,
     /// The job the cluster trains, once defined.
     pub job: Option<Job>,
+    /// The cluster key in force, once one was rotated in (none: the key the cluster was
+    /// founded with). A joiner must hold it.
+    pub cluster_key: Option<KeyId>,
 }
 
 impl ControlState {

@@ -13,6 +13,20 @@ fn peer(i: u8) -> PeerInfo {
         data_addr: None,
         caps: Capabilities::default(),
         job: None,
+        keys: vec![OLD_KEY],
+    }
+}
+
+const OLD_KEY: KeyId = [1; 8];
+const NEW_KEY: KeyId = [2; 8];
+
+fn holding(i: u8, keys: &[KeyId]) -> Command {
+    Command::Join {
+        node: id(i),
+        peer: PeerInfo {
+            keys: keys.to_vec(),
+            ..peer(i)
+        },
     }
 }
 
@@ -118,6 +132,37 @@ fn join_validates_identity_and_rejoins_after_loss() {
     );
     let m = &s.members[&id(1)];
     assert_eq!((m.status, m.join_seq), (MemberStatus::Spare, 2));
+}
+
+#[test]
+fn a_key_goes_into_force_once_every_member_holds_it_and_joiners_must_hold_it() {
+    let mut s = state_with(3);
+    s.apply(&Command::Lost { node: id(3) }).unwrap();
+    s.apply(&holding(1, &[OLD_KEY, NEW_KEY])).unwrap();
+    let rotate = Command::RotateKey { key: NEW_KEY };
+    assert_eq!(rejected(&mut s, &rotate), Rejection::KeyNotHeld(id(2)));
+    // The lost member is not waited for; every other member holds the new key now.
+    s.apply(&holding(2, &[NEW_KEY])).unwrap();
+    assert_eq!(
+        s.apply(&rotate).unwrap(),
+        vec![StateEvent::KeyRotated { key: NEW_KEY }]
+    );
+    assert_eq!(s.cluster_key, Some(NEW_KEY));
+    assert_eq!(s.apply(&rotate).unwrap(), Vec::new());
+    // Once the key is in force a joiner, or a lost member coming back, must hold it.
+    assert_eq!(rejected(&mut s, &join(3)), Rejection::StaleKey(id(3)));
+    assert_eq!(rejected(&mut s, &join(4)), Rejection::StaleKey(id(4)));
+    s.apply(&holding(4, &[NEW_KEY])).unwrap();
+    assert!(matches!(
+        rejected(&mut s, &holding(5, &[NEW_KEY, NEW_KEY])),
+        Rejection::Invalid { field: "keys", .. }
+    ));
+    assert!(matches!(
+        rejected(&mut s, &holding(5, &[[3; 8], [4; 8], NEW_KEY])),
+        Rejection::Invalid { field: "keys", .. }
+    ));
+    let restored = ControlState::decode_snapshot(&s.encode_snapshot().unwrap()).unwrap();
+    assert_eq!(restored.cluster_key, Some(NEW_KEY));
 }
 
 #[test]
@@ -755,10 +800,10 @@ fn undecodable_entry_is_rejected_without_change() {
     assert!(cmd.is_none());
     assert!(matches!(outcome, Err(Rejection::Undecodable(_))));
     assert_eq!(s, before);
-    let mut v2 = join(2).encode().unwrap();
-    v2[0] = 2;
+    let mut next = join(2).encode().unwrap();
+    next[..2].copy_from_slice(&(COMMAND_VERSION + 1).to_le_bytes());
     assert!(matches!(
-        s.apply_bytes(&v2).1,
+        s.apply_bytes(&next).1,
         Err(Rejection::Undecodable(_))
     ));
 }

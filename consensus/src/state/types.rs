@@ -27,7 +27,14 @@ pub struct PeerInfo {
     /// [`Job::digest`] of the job this node trains (none: it does not train). The planner
     /// gives slots only to members whose job is the cluster's.
     pub job: Option<Digest32>,
+    /// Fingerprints of the cluster keys the node admits peers with (at most
+    /// [`super::limits::MAX_KEYS`]): the key in force and, while a rotation is under way, the
+    /// staged next one. The leader rotates the key once every member holds the staged one.
+    pub keys: Vec<KeyId>,
 }
+
+/// A cluster key's public fingerprint: the first 8 bytes of the SHA-256 of the key.
+pub type KeyId = [u8; 8];
 
 /// The training job every member trains, as named settings (`model.architecture`,
 /// `data.sha256`, `batch.global`, ...), fixed by the first `DefineJob` that commits. Settings

@@ -51,9 +51,10 @@ pub fn authorize(
         // The job is defined once, by a member (the founder, in practice: it is the only
         // member when its trainer starts); after that nobody may propose one.
         Command::DefineJob { .. } => state.job.is_none() && state.members.contains_key(&origin_id),
-        Command::Lost { .. } | Command::AvailabilityTick { .. } | Command::Reconfigure { .. } => {
-            false
-        }
+        Command::Lost { .. }
+        | Command::AvailabilityTick { .. }
+        | Command::Reconfigure { .. }
+        | Command::RotateKey { .. } => false,
     };
     if allowed {
         Ok(())
@@ -149,6 +150,7 @@ mod tests {
             Command::Reconfigure {
                 plan: state.plan.clone().unwrap(),
             },
+            Command::RotateKey { key: [9; 8] },
         ] {
             assert!(authorize(&state, &[1], &command).is_err(), "{command:?}");
         }

@@ -4,19 +4,20 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use libp2p::{Multiaddr, PeerId};
-use parcae_consensus::state::{Capabilities, Digest32, MemberStatus, PeerInfo};
+use parcae_consensus::state::{Capabilities, Digest32, KeyId, MemberStatus, PeerInfo};
 use parcae_consensus::{Command, ControlState, NodeId};
 
 /// How long a proposed notice counts as on its way: after that (a dropped proposal, a change
 /// of leader) the same notice may be proposed again.
 pub const NOTICE_IN_FLIGHT: Duration = Duration::from_secs(1);
 
-/// This node's identity and addresses as recorded in the membership.
+/// This node's identity, addresses, job and cluster keys as recorded in the membership.
 pub fn peer_info(
     peer: &PeerId,
     addrs: &[Multiaddr],
     data_addr: Option<String>,
     job: Option<Digest32>,
+    keys: Vec<KeyId>,
 ) -> PeerInfo {
     PeerInfo {
         peer_id: peer.to_bytes(),
@@ -24,11 +25,12 @@ pub fn peer_info(
         data_addr,
         caps: Capabilities::default(),
         job,
+        keys,
     }
 }
 
 /// The `Join` this node must (re-)send: unless the replicated state already lists it healthy,
-/// at the addresses of `me`; and even then when it has known no leader for `leaderless_for`
+/// at the addresses, job and keys of `me`; and even then when it has known no leader for `leaderless_for`
 /// of at least `patience`. Its state may be stale: a node that was down while the cluster
 /// declared it lost and took it out of raft still reads itself healthy in its own log, cannot
 /// be heard by the voters it remembers, and only the current leader can re-admit it. For a
@@ -45,6 +47,7 @@ pub fn join_needed(
             && m.peer.addrs == me.addrs
             && m.peer.data_addr == me.data_addr
             && m.peer.job == me.job
+            && m.peer.keys == me.keys
     });
     (!current || leaderless_for >= patience).then(|| Command::Join {
         node,
@@ -111,6 +114,7 @@ mod tests {
             &["/ip4/127.0.0.1/tcp/4001".parse().unwrap()],
             Some("127.0.0.1:5001".into()),
             Some([1; 32]),
+            vec![[1; 8]],
         )
     }
 
@@ -124,6 +128,12 @@ mod tests {
         assert!(
             join_needed(&state, &moved, Duration::ZERO, PATIENCE).is_some(),
             "new data address"
+        );
+        let mut staged = me.clone();
+        staged.keys.push([2; 8]);
+        assert!(
+            join_needed(&state, &staged, Duration::ZERO, PATIENCE).is_some(),
+            "a staged cluster key"
         );
         let node = NodeId::from_peer_bytes(&me.peer_id);
         state.members.get_mut(&node).unwrap().status = MemberStatus::Lost;

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use libp2p::PeerId;
-use parcae_consensus::state::{MemberStatus, RaftRole};
+use parcae_consensus::state::{KeyId, MemberStatus, RaftRole};
 use parcae_consensus::{ControlState, NodeId, NodeStatus, Role};
 
 use crate::status::{
@@ -29,6 +29,8 @@ pub struct LocalView<'a> {
     pub notices: &'a [NoticeView],
     /// Proposal-to-apply latencies of its own commands, ascending (µs).
     pub sorted_commit_latency_us: &'a [u64],
+    /// Fingerprints of the cluster keys it holds.
+    pub keys_held: Vec<KeyId>,
 }
 
 /// The `/status` snapshot.
@@ -87,6 +89,8 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
         training: None,
         migrations: Vec::new(),
         notice_provider: None,
+        keys_held: local.keys_held.iter().map(hex::encode).collect(),
+        key_in_force: state.cluster_key.map(hex::encode),
     }
 }
 
@@ -116,6 +120,7 @@ mod tests {
             leaving_deadline_unix_ms: None,
             notices: &[],
             sorted_commit_latency_us: &[10, 20, 30, 40],
+            keys_held: vec![[7; 8]],
         }
     }
 
@@ -139,7 +144,7 @@ mod tests {
         for p in [a, b] {
             let join = join_needed(
                 &state,
-                &peer_info(&p, &[], None, None),
+                &peer_info(&p, &[], None, None, Vec::new()),
                 std::time::Duration::ZERO,
                 std::time::Duration::MAX,
             )
@@ -183,5 +188,7 @@ mod tests {
         assert_eq!(snapshot.commit_latency_us.max, 40);
         assert_eq!(snapshot.epoch, 0);
         assert_eq!(snapshot.config, None);
+        assert_eq!(snapshot.keys_held, vec!["0707070707070707".to_string()]);
+        assert_eq!(snapshot.key_in_force, None);
     }
 }

@@ -49,7 +49,7 @@ async fn open(
 ) -> Result<SecureStream, DataplaneError> {
     let mut stream = tokio::time::timeout(
         ep.timeout,
-        dataplane::connect(to.addr, &ep.keypair, to.peer, &ep.key),
+        dataplane::connect(to.addr, &ep.keypair, to.peer, &ep.keys.keys()),
     )
     .await
     .map_err(|_| DataplaneError::Timeout(format!("connecting to {}", to.addr)))??;

@@ -157,11 +157,16 @@ mod tests {
             let s2 = secret.clone();
             let acc = tokio::spawn(async move {
                 let (s, _) = l.accept().await.unwrap();
-                accept(s, &kj, &s2, |_| async { true }).await.unwrap().1
+                accept(s, &kj, &[s2], |_| async { true }).await.unwrap().1
             });
-            let out = connect(addr, &keys[i], keys[j].public().to_peer_id(), &secret)
-                .await
-                .unwrap();
+            let out = connect(
+                addr,
+                &keys[i],
+                keys[j].public().to_peer_id(),
+                std::slice::from_ref(&secret),
+            )
+            .await
+            .unwrap();
             let inb = acc.await.unwrap();
             writers.push(out.split().1);
             readers.push((j, inb.split().0));

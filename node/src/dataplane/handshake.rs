@@ -6,7 +6,10 @@
 //!   the cluster key (the handshake this replaced derived them from the key and nonces sent in
 //!   clear).
 //! * The pre-shared key is mixed into the third message: only a holder of the cluster key
-//!   completes a handshake.
+//!   completes a handshake. While a key rotation is under way a node holds two keys
+//!   ([`crate::keyring`]): the initiator first offers the fingerprints of its keys, the
+//!   responder answers with the first one it holds, and the offer is the Noise prologue, so a
+//!   changed offer fails the handshake.
 //! * Identity binding, as libp2p-noise does it: each side's payload carries its libp2p public
 //!   key and a signature over its static Noise key, which the Noise transcript authenticates.
 //!   A relay that holds the cluster key can forward the handshake but not read or change what
@@ -25,25 +28,49 @@ use tokio::net::TcpStream;
 use super::DataplaneError;
 use super::channel::SecureStream;
 use crate::key::ClusterKey;
+use parcae_consensus::state::KeyId;
+use parcae_consensus::state::limits::MAX_KEYS;
 
-const MAGIC: &[u8; 8] = b"PRCDP/2\n";
+/// Bytes of a key fingerprint in the offer.
+const KEY_ID_LEN: usize = std::mem::size_of::<KeyId>();
+
+const MAGIC: &[u8; 8] = b"PRCDP/3\n";
 const NOISE: &str = "Noise_XXpsk3_25519_AESGCM_SHA256";
 /// Domain separation of the identity signature over the static Noise key.
 const STATIC_LABEL: &[u8] = b"parcae-dataplane-static-key:";
 /// The responder's confirmation, the first record under the new keys.
-const CONFIRM: &[u8] = b"parcae-dataplane/2 ok";
+const CONFIRM: &[u8] = b"parcae-dataplane/3 ok";
 /// Largest Noise handshake message (the Noise limit).
 const MAX_NOISE: usize = 65535;
 /// Largest encoded public key or signature accepted in a handshake payload.
 const MAX_FIELD: usize = 256;
+/// The responder's answer to an offer when it holds none of the offered keys.
+const NO_SHARED_KEY: u8 = u8::MAX;
 
 fn noise_error(_: snow::Error) -> DataplaneError {
     DataplaneError::Handshake("noise handshake failed")
 }
 
-/// A fresh static Noise key pair and a handshake state for it.
+/// The initiator's key offer, in its order of preference: the count, then each key's
+/// fingerprint ([`ClusterKey::id`]). Both sides mix it into the transcript as the prologue.
+fn offer(keys: &[ClusterKey]) -> Result<Vec<u8>, DataplaneError> {
+    let count = u8::try_from(keys.len())
+        .ok()
+        .filter(|c| (1..=MAX_KEYS).contains(&usize::from(*c)))
+        .ok_or(DataplaneError::Handshake("no cluster key to offer"))?;
+    let mut out = vec![count];
+    for key in keys {
+        out.extend_from_slice(&key.id());
+    }
+    Ok(out)
+}
+
+/// A fresh static Noise key pair and a handshake state for it, bound to `prologue`; the
+/// pre-shared key is the `psk` (the responder knows it from the offer; the initiator sets it
+/// from the responder's choice).
 fn start(
-    secret: &ClusterKey,
+    prologue: &[u8],
+    psk: Option<&ClusterKey>,
     initiator: bool,
 ) -> Result<(snow::HandshakeState, Vec<u8>), DataplaneError> {
     let params = NOISE
@@ -51,9 +78,10 @@ fn start(
         .map_err(|_| DataplaneError::Handshake("noise parameters"))?;
     let builder = snow::Builder::new(params);
     let keys = builder.generate_keypair().map_err(noise_error)?;
-    let builder = builder
-        .local_private_key(&keys.private)
-        .psk(3, secret.as_bytes());
+    let mut builder = builder.local_private_key(&keys.private).prologue(prologue);
+    if let Some(psk) = psk {
+        builder = builder.psk(3, psk.as_bytes());
+    }
     let state = if initiator {
         builder.build_initiator()
     } else {
@@ -63,20 +91,31 @@ fn start(
     Ok((state, keys.public))
 }
 
-/// Open a channel to `expected` at `addr`.
+/// Open a channel to `expected` at `addr`, offering `keys` (the ring's, the key in force first).
 pub async fn connect(
     addr: std::net::SocketAddr,
     local: &Keypair,
     expected: PeerId,
-    secret: &ClusterKey,
+    keys: &[ClusterKey],
 ) -> Result<SecureStream, DataplaneError> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
-    s.write_all(MAGIC).await?;
-    let (mut hs, static_key) = start(secret, true)?;
+    let offered = offer(keys)?;
+    let mut prologue = MAGIC.to_vec();
+    prologue.extend_from_slice(&offered);
+    let (mut hs, static_key) = start(&prologue, None, true)?;
     let mut buf = vec![0u8; MAX_NOISE];
     let n = hs.write_message(&[], &mut buf).map_err(noise_error)?;
+    s.write_all(&prologue).await?;
     send_frame(&mut s, &buf[..n]).await?;
+    let choice = s.read_u8().await?;
+    if choice == NO_SHARED_KEY {
+        return Err(DataplaneError::WrongClusterKey);
+    }
+    let psk = keys
+        .get(usize::from(choice))
+        .ok_or(DataplaneError::Handshake("key choice not offered"))?;
+    hs.set_psk(3, psk.as_bytes()).map_err(noise_error)?;
     let msg = recv_frame(&mut s).await?;
     let mut payload = vec![0u8; MAX_NOISE];
     let n = hs.read_message(&msg, &mut payload).map_err(noise_error)?;
@@ -95,11 +134,12 @@ pub async fn connect(
     Ok(stream)
 }
 
-/// Accept a channel on `s`, admitting only peers for which `admit` is true.
+/// Accept a channel on `s` with the first offered key that is among `keys`, admitting only
+/// peers for which `admit` is true.
 pub async fn accept<F: Future<Output = bool>>(
     mut s: TcpStream,
     local: &Keypair,
-    secret: &ClusterKey,
+    keys: &[ClusterKey],
     admit: impl FnOnce(PeerId) -> F,
 ) -> Result<(PeerId, SecureStream), DataplaneError> {
     s.set_nodelay(true)?;
@@ -108,16 +148,35 @@ pub async fn accept<F: Future<Output = bool>>(
     if &magic != MAGIC {
         return Err(DataplaneError::Handshake("not a data-plane peer"));
     }
-    let (mut hs, static_key) = start(secret, false)?;
-    let mut payload = vec![0u8; MAX_NOISE];
+    let count = s.read_u8().await?;
+    if !(1..=MAX_KEYS).contains(&usize::from(count)) {
+        return Err(DataplaneError::Handshake("bad key offer"));
+    }
+    let mut prologue = MAGIC.to_vec();
+    prologue.push(count);
+    let mut ids = vec![0u8; usize::from(count) * KEY_ID_LEN];
+    s.read_exact(&mut ids).await?;
+    prologue.extend_from_slice(&ids);
+    let chosen = ids
+        .chunks_exact(KEY_ID_LEN)
+        .enumerate()
+        .find_map(|(i, id)| keys.iter().find(|k| k.id() == id).map(|k| (i as u8, k)));
     let msg = recv_frame(&mut s).await?;
+    let Some((choice, psk)) = chosen else {
+        s.write_u8(NO_SHARED_KEY).await?;
+        return Err(DataplaneError::WrongClusterKey);
+    };
+    let (mut hs, static_key) = start(&prologue, Some(psk), false)?;
+    let mut payload = vec![0u8; MAX_NOISE];
     hs.read_message(&msg, &mut payload).map_err(noise_error)?;
     let proof = identity_proof(local, &static_key)?;
     let mut buf = vec![0u8; MAX_NOISE];
     let n = hs.write_message(&proof, &mut buf).map_err(noise_error)?;
+    s.write_u8(choice).await?;
     send_frame(&mut s, &buf[..n]).await?;
     let msg = recv_frame(&mut s).await?;
-    // The pre-shared key enters here: another cluster key fails this message's authentication.
+    // The pre-shared key enters here: a peer that named a key it does not hold fails this
+    // message's authentication.
     let n = hs
         .read_message(&msg, &mut payload)
         .map_err(|_| DataplaneError::WrongClusterKey)?;
@@ -209,7 +268,13 @@ mod tests {
     }
 
     /// Connect `a` (holding `ka`) to `b` (holding `kb`), the dialer expecting `expect`.
-    async fn pair(ka: ClusterKey, kb: ClusterKey, expect: Option<PeerId>, admit: bool) -> Pair {
+    async fn pair(
+        ka: impl Into<Vec<ClusterKey>>,
+        kb: impl Into<Vec<ClusterKey>>,
+        expect: Option<PeerId>,
+        admit: bool,
+    ) -> Pair {
+        let (ka, kb) = (ka.into(), kb.into());
         let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
         let expected = expect.unwrap_or_else(|| b.public().to_peer_id());
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -226,7 +291,7 @@ mod tests {
     #[tokio::test]
     async fn same_key_exchanges_messages_both_ways() {
         let k = ClusterKey::from_bytes([5; 32]);
-        let p = pair(k.clone(), k, None, true).await;
+        let p = pair([k.clone()], [k], None, true).await;
         let mut c = p.client.unwrap();
         let (_, mut s) = p.server.unwrap();
         let big: Vec<u8> = (0..3 * super::super::MAX_RECORD + 17)
@@ -246,26 +311,89 @@ mod tests {
     #[tokio::test]
     async fn another_cluster_key_is_refused_by_both_sides() {
         let p = pair(
-            ClusterKey::from_bytes([1; 32]),
-            ClusterKey::from_bytes([2; 32]),
+            [ClusterKey::from_bytes([1; 32])],
+            [ClusterKey::from_bytes([2; 32])],
             None,
             true,
         )
         .await;
-        assert!(p.client.is_err());
-        assert!(matches!(
-            p.server,
-            Err(DataplaneError::WrongClusterKey) | Err(DataplaneError::Io(_))
-        ));
+        assert!(matches!(p.client, Err(DataplaneError::WrongClusterKey)));
+        assert!(matches!(p.server, Err(DataplaneError::WrongClusterKey)));
+    }
+
+    #[tokio::test]
+    async fn during_a_rotation_the_first_offered_key_both_hold_is_used() {
+        let (old, new) = (
+            ClusterKey::from_bytes([1; 32]),
+            ClusterKey::from_bytes([2; 32]),
+        );
+        for (a, b) in [
+            (vec![old.clone(), new.clone()], vec![new.clone()]),
+            (vec![new.clone()], vec![old.clone(), new.clone()]),
+            (vec![old.clone()], vec![new.clone(), old.clone()]),
+        ] {
+            let p = pair(a, b, None, true).await;
+            let mut c = p.client.unwrap();
+            let (_, mut s) = p.server.unwrap();
+            c.send(b"rotating").await.unwrap();
+            assert_eq!(s.recv(64).await.unwrap(), b"rotating");
+        }
+        let p = pair([old], [new], None, true).await;
+        assert!(matches!(p.client, Err(DataplaneError::WrongClusterKey)));
+    }
+
+    #[tokio::test]
+    async fn a_changed_key_offer_fails_the_handshake() {
+        // A relay that rewrites the offer (here: its count, to name only the first key)
+        // changes the prologue the two sides bind, so no session comes up.
+        let (old, new) = (
+            ClusterKey::from_bytes([1; 32]),
+            ClusterKey::from_bytes([2; 32]),
+        );
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = server.local_addr().unwrap();
+        let b = Keypair::generate_ed25519();
+        let b_id = b.public().to_peer_id();
+        let keys = vec![old.clone(), new.clone()];
+        let responder = tokio::spawn(async move {
+            let (s, _) = server.accept().await.unwrap();
+            accept(s, &b, &keys, |_| async { true }).await.map(|_| ())
+        });
+        let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_addr = relay.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (inbound, _) = relay.accept().await.unwrap();
+            let outbound = TcpStream::connect(server_addr).await.unwrap();
+            let (mut ir, mut iw) = inbound.into_split();
+            let (mut or, mut ow) = outbound.into_split();
+            let mut head = vec![0u8; MAGIC.len() + 1 + 2 * KEY_ID_LEN];
+            ir.read_exact(&mut head).await.unwrap();
+            head[MAGIC.len()] = 1;
+            head.truncate(MAGIC.len() + 1 + KEY_ID_LEN);
+            ow.write_all(&head).await.unwrap();
+            // Each direction closes its far side when its near side closes.
+            let a_to_b = async move {
+                let _ = tokio::io::copy(&mut ir, &mut ow).await;
+                let _ = ow.shutdown().await;
+            };
+            let b_to_a = async move {
+                let _ = tokio::io::copy(&mut or, &mut iw).await;
+                let _ = iw.shutdown().await;
+            };
+            tokio::join!(a_to_b, b_to_a);
+        });
+        let a = Keypair::generate_ed25519();
+        assert!(connect(relay_addr, &a, b_id, &[old, new]).await.is_err());
+        assert!(responder.await.unwrap().is_err());
     }
 
     #[tokio::test]
     async fn unexpected_or_unadmitted_peers_are_refused() {
         let k = ClusterKey::from_bytes([3; 32]);
         let stranger = Keypair::generate_ed25519().public().to_peer_id();
-        let p = pair(k.clone(), k.clone(), Some(stranger), true).await;
+        let p = pair([k.clone()], [k.clone()], Some(stranger), true).await;
         assert!(matches!(p.client, Err(DataplaneError::NotAdmitted(_))));
-        let p = pair(k.clone(), k, None, false).await;
+        let p = pair([k.clone()], [k], None, false).await;
         assert!(matches!(p.server, Err(DataplaneError::NotAdmitted(_))));
         assert!(p.client.is_err());
     }
@@ -295,7 +423,7 @@ mod tests {
         let kb = k.clone();
         let receiver = tokio::spawn(async move {
             let (s, _) = server.accept().await.unwrap();
-            let (_, mut stream) = accept(s, &b, &kb, |_| async { true }).await.unwrap();
+            let (_, mut stream) = accept(s, &b, &[kb], |_| async { true }).await.unwrap();
             stream.recv(1 << 20).await.unwrap()
         });
         // A recording relay between the two: every byte, both ways.
@@ -334,7 +462,9 @@ mod tests {
             tokio::join!(a_to_b, b_to_a);
         });
         let secret_payload = b"the weights of stage 3, step 4096".repeat(8);
-        let mut stream = connect(relay_addr, &a, b_id, &k).await.unwrap();
+        let mut stream = connect(relay_addr, &a, b_id, std::slice::from_ref(&k))
+            .await
+            .unwrap();
         stream.send(&secret_payload).await.unwrap();
         assert_eq!(receiver.await.unwrap(), secret_payload);
 
@@ -346,9 +476,10 @@ mod tests {
         );
         // Holding the cluster key, replay the initiator's messages to a responder of one's own:
         // the third message was keyed for B's Diffie-Hellman secrets, not the cluster key's.
-        assert_eq!(&up[..8], MAGIC);
-        let recorded = frames(&up[8..]);
-        let (mut eve, _) = start(&k, false).unwrap();
+        let prologue = [MAGIC.as_slice(), &offer(std::slice::from_ref(&k)).unwrap()].concat();
+        assert_eq!(&up[..prologue.len()], prologue);
+        let recorded = frames(&up[prologue.len()..]);
+        let (mut eve, _) = start(&prologue, Some(&k), false).unwrap();
         let mut payload = vec![0u8; MAX_NOISE];
         let mut out = vec![0u8; MAX_NOISE];
         eve.read_message(&recorded[0], &mut payload).unwrap();
@@ -382,7 +513,7 @@ mod tests {
         let k2 = k.clone();
         let server = tokio::spawn(async move {
             let (s, _) = l.accept().await.unwrap();
-            accept(s, &b, &k2, |_| async { true }).await.map(|_| ())
+            accept(s, &b, &[k2], |_| async { true }).await.map(|_| ())
         });
         let mut raw = TcpStream::connect(addr).await.unwrap();
         raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
@@ -393,7 +524,7 @@ mod tests {
 
         // A flipped ciphertext bit fails authentication.
         let (mut r, mut w) = {
-            let p = pair(k.clone(), k, None, true).await;
+            let p = pair([k.clone()], [k], None, true).await;
             let (_, s) = p.server.unwrap();
             (s.split().0, p.client.unwrap().split().1)
         };

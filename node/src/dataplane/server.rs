@@ -23,7 +23,7 @@ use super::limits::{
 use super::protocol::{self, HeldInfo, LinkKind, MAX_CONTROL, Reply, Request};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::{self, SecureStream};
-use crate::key::ClusterKey;
+use crate::keyring::KeyRing;
 use crate::store::JobStore;
 
 /// How long an inbound connection from a peer this node does not know as a member waits for
@@ -73,8 +73,8 @@ type Parked = (PeerId, SecureStream);
 pub struct Endpoint {
     /// This node's identity (signs the handshake).
     pub keypair: Keypair,
-    /// The cluster key (admission).
-    pub key: ClusterKey,
+    /// The cluster keys (admission), read at each handshake.
+    pub keys: KeyRing,
     /// The replicated state as last applied here.
     pub view: watch::Receiver<Arc<ControlState>>,
     /// Checkpoints on this node's disk.
@@ -97,7 +97,7 @@ impl Endpoint {
     /// An endpoint with nothing held and no links waiting.
     pub fn new(
         keypair: Keypair,
-        key: ClusterKey,
+        keys: KeyRing,
         view: watch::Receiver<Arc<ControlState>>,
         checkpoints: CheckpointStore,
         max_state_bytes: u64,
@@ -105,7 +105,7 @@ impl Endpoint {
     ) -> Self {
         Self {
             keypair,
-            key,
+            keys,
             view,
             checkpoints,
             store: None,
@@ -265,7 +265,7 @@ pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>) {
 async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), DataplaneError> {
     let (peer, mut stream) = tokio::time::timeout(
         ep.timeout,
-        dataplane::accept(socket, &ep.keypair, &ep.key, |p| async move {
+        dataplane::accept(socket, &ep.keypair, &ep.keys.keys(), |p| async move {
             ep.admits(&p).await
         }),
     )
@@ -402,6 +402,7 @@ async fn reply(stream: &mut SecureStream, r: &Reply) -> Result<(), DataplaneErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::ClusterKey;
     use parcae_consensus::Command;
     use parcae_consensus::state::PeerInfo;
 
@@ -411,7 +412,7 @@ mod tests {
         let (tx, rx) = watch::channel(Arc::new(ControlState::default()));
         let ep = Endpoint::new(
             Keypair::generate_ed25519(),
-            ClusterKey::generate(),
+            ClusterKey::generate().into(),
             rx,
             CheckpointStore::new(dir.path().to_path_buf()),
             1 << 20,

@@ -3,10 +3,12 @@
 //! Noise authenticates both peer ids and encrypts the channel; it says nothing about cluster
 //! membership. Right after it, both sides run this handshake on the encrypted channel:
 //!
-//! 1. each sends a version byte and a fresh 32-byte nonce;
-//! 2. each sends `HMAC-SHA256(cluster key, label || sender id || receiver id || sender nonce ||
-//!    receiver nonce)`;
-//! 3. each checks the other's tag in constant time.
+//! 1. each sends a version byte, the number of cluster keys it holds (1, or 2 while a key
+//!    rotation is under way: see [`crate::keyring`]) and a fresh 32-byte nonce;
+//! 2. each sends, for every key it holds, `HMAC-SHA256(key, label || sender id || receiver id
+//!    || sender nonce || receiver nonce)`;
+//! 3. each checks in constant time whether one of the other's tags verifies under one of its
+//!    own keys: two nodes are admitted to each other when they share a key.
 //!
 //! The tag binds the noise-authenticated peer ids (in sender/receiver order) and both nonces, so
 //! a tag cannot be replayed on another connection, reflected back, or relayed from a keyholder's
@@ -19,7 +21,6 @@
 //! connection and nothing per byte.
 
 use std::io;
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -30,11 +31,13 @@ use libp2p::yamux;
 use sha2::Sha256;
 
 use crate::key::ClusterKey;
+use crate::keyring::KeyRing;
+use parcae_consensus::state::limits::MAX_KEYS;
 
 /// Protocol name negotiated (by multistream-select) for admission followed by yamux.
-pub const PROTOCOL: &str = "/parcae/admit/1.0.0+yamux";
+pub const PROTOCOL: &str = "/parcae/admit/2.0.0+yamux";
 /// Wire version of the handshake.
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Domain separation label of the MAC.
 const LABEL: &[u8] = b"parcae-admission-v1";
 const NONCE_LEN: usize = 32;
@@ -49,11 +52,14 @@ pub enum AdmissionError {
     /// The peer speaks another version of the handshake.
     #[error("admission handshake: unsupported version {0}")]
     Version(u8),
+    /// The peer offers no key, or more than a node holds.
+    #[error("admission handshake: peer offers {0} keys (1 to {MAX_KEYS})")]
+    KeyCount(u8),
     /// The peer echoed our own nonce (a reflection attempt).
     #[error("admission handshake: peer reflected our nonce")]
     Reflected,
     /// The peer's tag does not verify: it does not hold the cluster key.
-    #[error("admission refused: peer {0} does not hold the cluster key")]
+    #[error("admission refused: peer {0} holds no cluster key this node holds")]
     WrongKey(PeerId),
     /// Multiplexer setup failed after a successful admission.
     #[error("yamux after admission: {0}")]
@@ -63,7 +69,7 @@ pub enum AdmissionError {
 /// The upgrade: admission handshake, then yamux on the same channel.
 #[derive(Clone)]
 pub struct AdmitThenMux {
-    key: Arc<ClusterKey>,
+    keys: KeyRing,
     local: PeerId,
     remote: PeerId,
     yamux: yamux::Config,
@@ -71,9 +77,9 @@ pub struct AdmitThenMux {
 
 impl AdmitThenMux {
     /// Builds the upgrade for one connection between `local` and the noise-authenticated `remote`.
-    pub fn new(key: Arc<ClusterKey>, local: PeerId, remote: PeerId) -> Self {
+    pub fn new(keys: KeyRing, local: PeerId, remote: PeerId) -> Self {
         Self {
-            key,
+            keys,
             local,
             remote,
             yamux: yamux::Config::default(),
@@ -100,7 +106,7 @@ where
 
     fn upgrade_inbound(self, mut io: C, _: Self::Info) -> Self::Future {
         Box::pin(async move {
-            handshake(&mut io, &self.key, self.local, self.remote).await?;
+            handshake(&mut io, &self.keys.keys(), self.local, self.remote).await?;
             self.yamux
                 .upgrade_inbound(io, "/yamux/1.0.0")
                 .await
@@ -119,7 +125,7 @@ where
 
     fn upgrade_outbound(self, mut io: C, _: Self::Info) -> Self::Future {
         Box::pin(async move {
-            handshake(&mut io, &self.key, self.local, self.remote).await?;
+            handshake(&mut io, &self.keys.keys(), self.local, self.remote).await?;
             self.yamux
                 .upgrade_outbound(io, "/yamux/1.0.0")
                 .await
@@ -128,42 +134,64 @@ where
     }
 }
 
-/// Runs the symmetric handshake on an already encrypted, peer-authenticated channel.
+/// Runs the symmetric handshake on an already encrypted, peer-authenticated channel, offering
+/// `keys` (1 to [`MAX_KEYS`]).
 pub async fn handshake<C>(
     io: &mut C,
-    key: &ClusterKey,
+    keys: &[ClusterKey],
     local: PeerId,
     remote: PeerId,
 ) -> Result<(), AdmissionError>
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
+    let count = u8::try_from(keys.len()).unwrap_or(u8::MAX);
+    if !(1..=MAX_KEYS).contains(&keys.len()) {
+        return Err(AdmissionError::KeyCount(count));
+    }
     let nonce: [u8; NONCE_LEN] = rand::random();
-    let mut hello = [0u8; 1 + NONCE_LEN];
+    let mut hello = [0u8; 2 + NONCE_LEN];
     hello[0] = VERSION;
-    hello[1..].copy_from_slice(&nonce);
+    hello[1] = count;
+    hello[2..].copy_from_slice(&nonce);
     io.write_all(&hello).await?;
     io.flush().await?;
 
-    let mut theirs = [0u8; 1 + NONCE_LEN];
+    let mut theirs = [0u8; 2 + NONCE_LEN];
     io.read_exact(&mut theirs).await?;
     if theirs[0] != VERSION {
         return Err(AdmissionError::Version(theirs[0]));
     }
-    let remote_nonce = &theirs[1..];
+    let their_count = theirs[1];
+    if !(1..=MAX_KEYS).contains(&usize::from(their_count)) {
+        return Err(AdmissionError::KeyCount(their_count));
+    }
+    let remote_nonce = &theirs[2..];
     if remote_nonce == nonce {
         return Err(AdmissionError::Reflected);
     }
 
-    let tag = mac(key, &local, &remote, &nonce, remote_nonce).finalize();
-    io.write_all(&tag.into_bytes()).await?;
+    let mut tags = Vec::with_capacity(keys.len() * TAG_LEN);
+    for key in keys {
+        tags.extend_from_slice(
+            &mac(key, &local, &remote, &nonce, remote_nonce)
+                .finalize()
+                .into_bytes(),
+        );
+    }
+    io.write_all(&tags).await?;
     io.flush().await?;
 
-    let mut remote_tag = [0u8; TAG_LEN];
-    io.read_exact(&mut remote_tag).await?;
-    mac(key, &remote, &local, remote_nonce, &nonce)
-        .verify_slice(&remote_tag)
-        .map_err(|_| AdmissionError::WrongKey(remote))
+    let mut remote_tags = vec![0u8; usize::from(their_count) * TAG_LEN];
+    io.read_exact(&mut remote_tags).await?;
+    let shared = remote_tags.chunks_exact(TAG_LEN).any(|tag| {
+        keys.iter().any(|key| {
+            mac(key, &remote, &local, remote_nonce, &nonce)
+                .verify_slice(tag)
+                .is_ok()
+        })
+    });
+    shared.then_some(()).ok_or(AdmissionError::WrongKey(remote))
 }
 
 /// The MAC over one direction of the handshake; every field is length-prefixed so that no two

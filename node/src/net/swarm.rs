@@ -4,7 +4,6 @@
 //! admission upgrade of [`super::admission`] could not run before the behaviours see the peer.
 
 use std::error::Error;
-use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::core::upgrade::Version;
@@ -18,7 +17,7 @@ use libp2p::{
 
 use super::admission::AdmitThenMux;
 use super::codec::{CONTROL_PROTOCOL, ControlCodec};
-use crate::key::ClusterKey;
+use crate::keyring::KeyRing;
 
 /// Gossipsub topic of preemption notices.
 pub const NOTICE_TOPIC: &str = "parcae/notices/1";
@@ -85,14 +84,14 @@ pub struct Behaviour {
 #[error("building the libp2p swarm: {0}")]
 pub struct SwarmError(String);
 
-/// Builds the swarm for `keypair`, admitting only peers that hold `cluster_key`.
+/// Builds the swarm for `keypair`, admitting only peers that hold one of the ring's keys (the
+/// ring is read at each handshake, so a staged or rotated key counts at once).
 pub fn build_swarm(
     keypair: Keypair,
-    cluster_key: ClusterKey,
+    keys: KeyRing,
     limits: &NetLimits,
 ) -> Result<Swarm<Behaviour>, SwarmError> {
     let local = keypair.public().to_peer_id();
-    let cluster_key = Arc::new(cluster_key);
     let handshake_timeout = limits.handshake_timeout;
     let limits = limits.clone();
     let swarm = SwarmBuilder::with_existing_identity(keypair)
@@ -103,9 +102,7 @@ pub fn build_swarm(
                 tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
                     .upgrade(Version::V1Lazy)
                     .authenticate(noise)
-                    .multiplex_ext(move |remote, _| {
-                        AdmitThenMux::new(cluster_key.clone(), local, *remote)
-                    })
+                    .multiplex_ext(move |remote, _| AdmitThenMux::new(keys.clone(), local, *remote))
                     .timeout(handshake_timeout)
                     .boxed(),
             )
@@ -161,17 +158,17 @@ fn behaviour(key: &Keypair, limits: &NetLimits) -> Result<Behaviour, Box<dyn Err
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::ClusterKey;
     use futures::StreamExt;
     use libp2p::swarm::SwarmEvent;
     use libp2p::{Multiaddr, PeerId};
 
     fn node(key: &ClusterKey) -> Swarm<Behaviour> {
-        build_swarm(
-            Keypair::generate_ed25519(),
-            key.clone(),
-            &NetLimits::default(),
-        )
-        .unwrap()
+        holding(key.clone().into())
+    }
+
+    fn holding(keys: KeyRing) -> Swarm<Behaviour> {
+        build_swarm(Keypair::generate_ed25519(), keys, &NetLimits::default()).unwrap()
     }
 
     async fn listen(swarm: &mut Swarm<Behaviour>) -> Multiaddr {
@@ -241,5 +238,31 @@ mod tests {
         let mut b = node(&ClusterKey::generate());
         assert_eq!(dial_outcome(&mut a, &mut b).await, (false, false));
         assert!(!a.is_connected(&PeerId::random()));
+    }
+
+    #[tokio::test]
+    async fn during_a_rotation_either_key_is_admitted_and_after_it_only_the_new_one() {
+        let (old, new) = (ClusterKey::generate(), ClusterKey::generate());
+        let both = KeyRing::from(old.clone());
+        both.stage(new.clone());
+        let mut rotating = holding(both.clone());
+        assert_eq!(
+            dial_outcome(&mut rotating, &mut node(&old)).await,
+            (true, true)
+        );
+        let mut rotating = holding(both.clone());
+        assert_eq!(
+            dial_outcome(&mut node(&new), &mut rotating).await,
+            (true, true)
+        );
+        assert_eq!(
+            both.settle(new.id()).unwrap(),
+            crate::keyring::Settled::Promoted
+        );
+        let mut rotated = holding(both);
+        assert_eq!(
+            dial_outcome(&mut rotated, &mut node(&old)).await,
+            (false, false)
+        );
     }
 }

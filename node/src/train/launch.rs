@@ -25,7 +25,7 @@ use super::worker::{Worker, WorkerSetup};
 use crate::checkpoint::CheckpointStore;
 use crate::dataplane::server::{self, Endpoint};
 use crate::emulate::{Accelerator, Emulation};
-use crate::key::ClusterKey;
+use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
 use crate::status::TrainingView;
 use crate::store::JobStore;
@@ -42,8 +42,8 @@ pub struct TrainerContext {
     pub me: NodeId,
     /// Its identity (data-plane handshakes).
     pub keypair: Keypair,
-    /// The cluster key.
-    pub key: ClusterKey,
+    /// The cluster keys (data-plane admission).
+    pub keys: KeyRing,
     /// The data directory.
     pub data_dir: PathBuf,
     /// IP to bind the data plane on.
@@ -191,7 +191,7 @@ impl<M: PipelineModel> TrainJob<M> {
         let endpoint = Arc::new(
             Endpoint::new(
                 ctx.keypair,
-                ctx.key,
+                ctx.keys,
                 ctx.view.clone(),
                 CheckpointStore::new(ctx.data_dir.join(CHECKPOINT_DIR)),
                 max_state_bytes,

@@ -426,9 +426,9 @@ mod wire_tests {
             let k = key.clone();
             let server = tokio::spawn(async move {
                 let (s, _) = l.accept().await.unwrap();
-                accept(s, &b, &k, |_| async { true }).await.unwrap().1
+                accept(s, &b, &[k], |_| async { true }).await.unwrap().1
             });
-            let theirs = connect(addr, &a, b_id, &key).await.unwrap();
+            let theirs = connect(addr, &a, b_id, &[key]).await.unwrap();
             (server.await.unwrap(), theirs)
         });
         let cfg = GptConfig::tiny();

@@ -33,6 +33,7 @@ use super::membership::{NoticesInFlight, join_needed, peer_info};
 use super::project::{LocalView, project};
 use super::proof;
 use crate::config::NodeConfig;
+use crate::keyring::{KeyRing, Settled, rotation_due};
 use crate::metrics::Metrics;
 use crate::net::actor::{KeepConnected, Network, RefusePeers, SendControl};
 use crate::notice::unix_ms;
@@ -53,6 +54,9 @@ const LEADERLESS_PATIENCE: u32 = 3;
 const LATENCY_WINDOW: usize = 10_000;
 /// Notices kept for `/status`.
 const MAX_NOTICES_SHOWN: usize = 256;
+/// How often the staged cluster key file is read again and the leader checks whether a key
+/// rotation is due.
+const KEY_CHECK: Duration = Duration::from_secs(2);
 
 pub use open::{RaftActorError, RaftSetup, open_node};
 
@@ -96,6 +100,10 @@ pub struct ControlDriver {
     members_version: Option<Vec<(NodeId, Vec<String>, bool)>>,
     published_applied: Option<u64>,
     ready_scheduled: bool,
+    /// The cluster keys ([`crate::keyring`]).
+    keys: KeyRing,
+    /// The last problem with the keys that was logged (each is logged once, not every check).
+    key_problem: Option<String>,
 }
 
 /// Runs one ready cycle; sent by the driver to itself, so it runs after the mailbox is drained.
@@ -138,6 +146,8 @@ impl ControlDriver {
             members_version: None,
             published_applied: None,
             ready_scheduled: false,
+            keys: setup.keys,
+            key_problem: None,
         }
     }
 
@@ -409,8 +419,63 @@ impl ControlDriver {
             .copied()
     }
 
-    /// Sends `Join` until the replicated state lists this node, healthy, at its current addresses.
+    /// Logs a problem with the keys once (until another one, or none, replaces it).
+    fn key_problem(&mut self, problem: Option<String>) {
+        if let Some(p) = &problem
+            && self.key_problem.as_ref() != Some(p)
+        {
+            tracing::error!("{p}");
+        }
+        self.key_problem = problem;
+    }
+
+    /// Reads the staged key file again; on the leader, rotates to the staged key once every
+    /// member holds it ([`rotation_due`]).
+    fn check_keys(&mut self, ctx: &mut Context<Self>) {
+        match self.keys.reload_staged() {
+            Ok(true) => {
+                tracing::info!(
+                    staged = %self.keys.staged().map(hex::encode).unwrap_or_default(),
+                    "holding the staged cluster key beside the one in force; it goes into force once every member holds it"
+                );
+                self.key_problem(None);
+            }
+            Ok(false) => {}
+            Err(e) => self.key_problem(Some(format!("the staged cluster key is not usable: {e}"))),
+        }
+        if self.node.is_leader()
+            && let Some(key) = rotation_due(self.node.state(), self.keys.staged())
+        {
+            tracing::info!(key = %hex::encode(key), "every member holds the staged cluster key: rotating to it");
+            self.propose_logged(Command::RotateKey { key }, ctx);
+        }
+    }
+
+    /// Keeps only the key in force once the replicated state rotated to it.
+    fn settle_keys(&mut self) {
+        let Some(in_force) = self.node.state().cluster_key else {
+            return;
+        };
+        match self.keys.settle(in_force) {
+            Ok(Settled::Unchanged) => {}
+            Ok(Settled::Promoted) => tracing::info!(
+                key = %hex::encode(in_force),
+                "the staged cluster key is in force and written over the key file; the old key admits nobody now"
+            ),
+            Ok(Settled::NotHeld) => self.key_problem(Some(format!(
+                "this node does not hold the cluster key in force ({}): stage it as KEY.next beside the key file",
+                hex::encode(in_force)
+            ))),
+            Err(e) => self.key_problem(Some(format!(
+                "the cluster key in force is used but could not be stored: {e}"
+            ))),
+        }
+    }
+
+    /// Sends `Join` until the replicated state lists this node, healthy, at its current
+    /// addresses, job and keys.
     fn maintain_membership(&mut self, ctx: &mut Context<Self>) {
+        self.settle_keys();
         if self.leaving.is_some() {
             return;
         }
@@ -423,6 +488,7 @@ impl ControlDriver {
             &self.listen_addrs,
             self.data_addr.clone(),
             self.job,
+            self.keys.ids(),
         );
         let leaderless = now.saturating_duration_since(self.leader_seen);
         let patience = self.config.raft_election_timeout() * LEADERLESS_PATIENCE;
@@ -470,6 +536,7 @@ impl ControlDriver {
             leaving_deadline_unix_ms: self.leaving.map(unix_ms),
             notices: &notices,
             sorted_commit_latency_us: &latencies,
+            keys_held: self.keys.ids(),
         };
         let snapshot = project(local, &st, self.node.state());
         let gauges = &self.out.metrics;
@@ -508,6 +575,7 @@ impl Actor for ControlDriver {
             act.schedule_ready(ctx);
         });
         ctx.run_interval(JOIN_CHECK, |act, ctx| act.maintain_membership(ctx));
+        ctx.run_interval(KEY_CHECK, |act, ctx| act.check_keys(ctx));
         self.schedule_ready(ctx);
     }
 }

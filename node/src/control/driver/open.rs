@@ -8,6 +8,7 @@ use parcae_consensus::{NodeId, RaftNode};
 
 use crate::config::NodeConfig;
 use crate::control::membership::peer_info;
+use crate::keyring::KeyRing;
 use crate::wire::MAX_RAFT_MESSAGE;
 
 /// Why the control plane could not start.
@@ -44,6 +45,8 @@ pub struct RaftSetup {
     pub job: Option<parcae_consensus::state::Digest32>,
     /// The data directory, where a graceful exit leaves its mark ([`crate::resync::mark_left`]).
     pub data_dir: PathBuf,
+    /// The cluster keys, listed in the membership and rotated by the driver.
+    pub keys: KeyRing,
 }
 
 /// Opens the raft node in `setup.dir`, founding a one-member cluster there when its storage
@@ -60,6 +63,7 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
         &setup.listen,
         setup.data_addr.map(|a| a.to_string()),
         setup.job,
+        setup.keys.ids(),
     );
     let found = setup.found_cluster.then_some(std::slice::from_ref(&me));
     let (mut node, founded) =
