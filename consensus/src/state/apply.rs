@@ -76,7 +76,8 @@ pub(super) fn apply(
             step,
             layers,
             bandwidth,
-        } => cost_report(state, *node, *step, layers, bandwidth),
+            reconfiguration_s,
+        } => cost_report(state, *node, *step, layers, bandwidth, *reconfiguration_s),
         Command::DefineJob { job } => define_job(state, job),
         Command::RestoreCut {
             node,
@@ -834,6 +835,7 @@ fn cost_report(
     step: u64,
     layers: &[(u32, LayerCost)],
     bandwidth: &[(NodeId, f64)],
+    reconfiguration_s: Option<f64>,
 ) -> Result<Vec<StateEvent>, Rejection> {
     if !state.members.contains_key(&node) {
         return Err(Rejection::UnknownNode(node));
@@ -860,6 +862,12 @@ fn cost_report(
             format!("rate to {peer} is negative or non-finite"),
         ));
     }
+    if reconfiguration_s.is_some_and(|s| !valid(s)) {
+        return Err(invalid(
+            "reconfiguration_s",
+            "negative or non-finite".to_string(),
+        ));
+    }
     // A report replaces the node's previous one (it measures what it runs now), which also keeps
     // the stored costs bounded by the per-report limits.
     state.costs.insert(
@@ -868,6 +876,7 @@ fn cost_report(
             step,
             layers: layers.iter().copied().collect(),
             bandwidth: bandwidth.iter().copied().collect(),
+            reconfiguration_s,
         },
     );
     Ok(vec![StateEvent::CostsRecorded { node }])

@@ -132,6 +132,9 @@ pub enum Command {
         layers: Vec<(u32, LayerCost)>,
         /// Peer -> bytes per second.
         bandwidth: Vec<(NodeId, f64)>,
+        /// What the node's latest reconfiguration took beyond moving state (links, groups,
+        /// building the stage), seconds: the planner's price of a reconfiguration.
+        reconfiguration_s: Option<f64>,
     },
     /// Training stopped (some layers have no live holder and no complete cut the cluster
     /// holds restores them) and a complete cut the cluster does not hold was given in the

@@ -738,6 +738,7 @@ fn cost_reports_replace_and_validate() {
         step: 5,
         layers: vec![(0, cost), (1, cost)],
         bandwidth: vec![(id(2), 1e9)],
+        reconfiguration_s: None,
     })
     .unwrap();
     s.apply(&Command::CostReport {
@@ -745,10 +746,28 @@ fn cost_reports_replace_and_validate() {
         step: 6,
         layers: vec![(2, cost)],
         bandwidth: vec![],
+        reconfiguration_s: Some(2.5),
     })
     .unwrap();
     let c = &s.costs[&id(1)];
     assert_eq!((c.step, c.layers.len(), c.bandwidth.len()), (6, 1, 0));
+    assert_eq!(c.reconfiguration_s, Some(2.5));
+    assert!(matches!(
+        rejected(
+            &mut s,
+            &Command::CostReport {
+                node: id(1),
+                step: 7,
+                layers: vec![],
+                bandwidth: vec![],
+                reconfiguration_s: Some(f64::INFINITY),
+            }
+        ),
+        Rejection::Invalid {
+            field: "reconfiguration_s",
+            ..
+        }
+    ));
     let bad = LayerCost {
         forward_s: f64::NAN,
         ..cost
@@ -760,7 +779,8 @@ fn cost_reports_replace_and_validate() {
                 node: id(1),
                 step: 7,
                 layers: vec![(0, bad)],
-                bandwidth: vec![]
+                bandwidth: vec![],
+                reconfiguration_s: None,
             }
         ),
         Rejection::Invalid {

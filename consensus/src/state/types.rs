@@ -353,4 +353,6 @@ pub struct NodeCosts {
     pub layers: BTreeMap<u32, LayerCost>,
     /// Peer -> measured transfer rate in bytes per second.
     pub bandwidth: BTreeMap<NodeId, f64>,
+    /// What its latest reconfiguration took beyond moving state, seconds.
+    pub reconfiguration_s: Option<f64>,
 }

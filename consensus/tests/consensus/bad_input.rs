@@ -126,6 +126,7 @@ fn oversized_proposal_is_refused_and_counted() {
         step: 0,
         layers,
         bandwidth: vec![],
+        reconfiguration_s: None,
     };
     let err = sim.node_mut(leader).propose(&cmd).unwrap_err();
     assert!(matches!(err, ProposeError::TooLarge { max, .. } if max == MAX_COMMAND_BYTES));

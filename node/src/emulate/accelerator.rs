@@ -78,6 +78,20 @@ impl Accelerator {
             ..real.clone()
         })
     }
+
+    /// What timing a state fetch on this device's link finds, given what the real fetch of
+    /// the narrow stand-in's state took (`real_secs`): the emulated state bytes of the layers
+    /// `fetched`, and the real fetch waited out to the emulated link's time, as the pacer makes
+    /// it. (bytes, seconds): the rate the planner learns is the emulated link's, not loopback's
+    /// for a model a thousand times smaller.
+    pub fn measured_fetch(
+        &self,
+        fetched: &[std::ops::Range<usize>],
+        real_secs: f64,
+    ) -> Result<(f64, f64), EmulationError> {
+        let (bytes, emulated_secs) = self.emulation.fetch(fetched)?;
+        Ok((bytes, real_secs.max(emulated_secs)))
+    }
 }
 
 #[cfg(test)]
@@ -113,5 +127,33 @@ mod tests {
         assert_eq!(slow.forward_ms, 100.0);
         assert!(device.measured(&cpu(50, 0.1), 1).is_err());
         assert_eq!(device.view().busy_secs, 0.0);
+    }
+
+    #[test]
+    fn timing_a_fetch_finds_the_emulated_link_unless_the_real_fetch_is_slower() {
+        let device = Accelerator::new(Emulation::new("gpt-1.5b", 2.0).unwrap());
+        let (bytes, emulated) = device.emulation().fetch(&[1..3, 3..4]).unwrap();
+        // Two blocks from one source, one from another: the bytes add up, the slower counts.
+        let (one, one_secs) = device
+            .emulation()
+            .fetch(std::slice::from_ref(&(1..3)))
+            .unwrap();
+        assert!(bytes > one && (emulated - one_secs).abs() < 1e-12);
+        assert_eq!(
+            device.measured_fetch(&[1..3, 3..4], 0.001).unwrap(),
+            (bytes, emulated)
+        );
+        assert_eq!(
+            device.measured_fetch(&[1..3, 3..4], 100.0).unwrap(),
+            (bytes, 100.0)
+        );
+        // About the profiled 10 Gb/s link, twice as fast at time scale 2.
+        let rate = bytes / emulated;
+        assert!((1.5e9..3.0e9).contains(&rate), "{rate}");
+        assert!(
+            device
+                .measured_fetch(std::slice::from_ref(&(60..61)), 1.0)
+                .is_err()
+        );
     }
 }

@@ -98,6 +98,14 @@ impl Emulation {
         Hardware::default().memory_mb
     }
 
+    /// The shallowest pipeline whose stages fit the emulated device: the smallest depth Parcae
+    /// profiled the model at (gpt-1.5b: 6). A memory limit of the device, as
+    /// [`Self::memory_mb`] is, not a cost: the planner's own memory estimate leaves out the
+    /// gradients and the framework's overhead and would plan stages that do not fit.
+    pub fn min_depth(&self) -> u32 {
+        self.spec.depths.iter().copied().min().unwrap_or(1)
+    }
+
     /// Parameters of layer `layer` and the bytes of its output for a micro-batch of
     /// `micro_batch` samples, as the emulated model has them.
     pub fn layer_size(&self, layer: usize, micro_batch: u32) -> Option<(f64, f64)> {
@@ -157,17 +165,10 @@ impl Emulation {
         fetched: &[Range<usize>],
         restored: &[Range<usize>],
     ) -> Result<Duration, EmulationError> {
-        let state_ms = |layers: &Range<usize>| -> Result<f64, EmulationError> {
-            let params = self.entries(layers.clone())?.iter().map(|l| l.params).sum();
-            Ok(self.link.cost_ms(self.spec.state_bytes(params)))
-        };
-        let mut fetch_ms = 0.0f64;
-        for layers in fetched {
-            fetch_ms = fetch_ms.max(state_ms(layers)?);
-        }
+        let (_, fetch_ms) = self.fetch_ms(fetched)?;
         let mut restore_ms = 0.0;
         for layers in restored {
-            restore_ms += state_ms(layers)?;
+            restore_ms += self.state_ms(layers)?.1;
         }
         let rebuild_ms = if restart {
             self.spec.restart.restart_ms(to, kind)
@@ -175,6 +176,32 @@ impl Emulation {
             self.spec.restart.groups_ms(to, kind)
         };
         Ok(self.ms(rebuild_ms + fetch_ms + restore_ms))
+    }
+
+    /// What fetching the state of the layers `fetched` from live holders moves and takes on the
+    /// emulated link: (bytes, emulated seconds at the time scale). The sources send at once, so
+    /// the slowest one counts.
+    pub fn fetch(&self, fetched: &[Range<usize>]) -> Result<(f64, f64), EmulationError> {
+        let (bytes, ms) = self.fetch_ms(fetched)?;
+        Ok((bytes, self.ms(ms).as_secs_f64()))
+    }
+
+    /// [`Self::fetch`] in unscaled emulated milliseconds.
+    fn fetch_ms(&self, fetched: &[Range<usize>]) -> Result<(f64, f64), EmulationError> {
+        let (mut bytes, mut ms) = (0.0, 0.0f64);
+        for layers in fetched {
+            let (b, m) = self.state_ms(layers)?;
+            bytes += b;
+            ms = ms.max(m);
+        }
+        Ok((bytes, ms))
+    }
+
+    /// The emulated state bytes of `layers` and their time over the link, ms.
+    fn state_ms(&self, layers: &Range<usize>) -> Result<(f64, f64), EmulationError> {
+        let params = self.entries(layers.clone())?.iter().map(|l| l.params).sum();
+        let bytes = self.spec.state_bytes(params);
+        Ok((bytes, self.link.cost_ms(bytes)))
     }
 
     /// The profiled entries of `layers` (non-empty and within the model).

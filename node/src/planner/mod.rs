@@ -87,6 +87,44 @@ fn first_plan_settles_until(
     (state.plan.is_none() && state.pending_plan.is_none() && now < settled).then_some(settled)
 }
 
+/// How long a plan broken by notices waits for more of them: the preemptions of one interval
+/// boundary reach the leader over a second or so, one `Notice` at a time, and planning at each
+/// would reconfigure as many times (the 32-node hh replay re-planned at every arriving
+/// notice), gossip and a commit apart; a notice comes 30 s (AWS: 120 s) before its deadline.
+const NOTICE_SETTLE: Duration = Duration::from_millis(500);
+
+/// The members of the plan in force that announced they leave, in id order.
+fn leaving_in_plan(state: &ControlState) -> Vec<NodeId> {
+    state.plan.as_ref().map_or_else(Vec::new, |plan| {
+        plan.assignment
+            .keys()
+            .filter(|id| {
+                state
+                    .members
+                    .get(id)
+                    .is_some_and(|m| matches!(m.status, MemberStatus::Leaving { .. }))
+            })
+            .copied()
+            .collect()
+    })
+}
+
+/// Until when a plan that notices broke waits for more of them: [`NOTICE_SETTLE`] after the
+/// set of its leaving members last changed (`since`); `None` when planning may go ahead, and
+/// at once when a member of the plan is gone without notice (lost or removed: the plan is
+/// stuck until replaced).
+fn notices_settle_until(state: &ControlState, since: Instant, now: Instant) -> Option<Instant> {
+    let plan = state.plan.as_ref()?;
+    let stuck = plan.assignment.keys().any(|id| {
+        state
+            .members
+            .get(id)
+            .is_none_or(|m| m.status == MemberStatus::Lost)
+    });
+    let settled = since + NOTICE_SETTLE;
+    (!stuck && !leaving_in_plan(state).is_empty() && now < settled).then_some(settled)
+}
+
 /// The actor.
 pub struct Planner {
     control: ControlHandle,
@@ -100,6 +138,8 @@ pub struct Planner {
     next_tick: Option<SpawnHandle>,
     proposed: Option<Proposed>,
     workers_seen: Option<(Vec<NodeId>, Instant)>,
+    /// The plan's leaving members as last seen, and since when.
+    leaving_seen: Option<(Vec<NodeId>, Instant)>,
     optimizer: Option<(usize, LiveputOptimizer)>,
     zone: NoticeAware<ZoneModel>,
     /// Parcae's predictor for `liveput-predict`, made with the first cost model (its bounds
@@ -111,15 +151,16 @@ pub struct Planner {
 impl Planner {
     /// A planner proposing through `control`, showing estimates on `status`.
     pub fn new(control: ControlHandle, status: Addr<Status>, config: &NodeConfig) -> Self {
+        let device = config.device.emulation().ok().flatten();
         let shape = JobShape {
             global_batch: config.train.global_batch,
             micro_batch: config.train.micro_batch,
             max_nodes: config.planner.max_nodes,
             restart_ms: 2000.0,
-            memory_mb: match config.device.emulation() {
-                Ok(Some(device)) => device.memory_mb(),
-                _ => model::CPU_MEMORY_MB,
-            },
+            memory_mb: device
+                .as_ref()
+                .map_or(model::CPU_MEMORY_MB, |d| d.memory_mb()),
+            min_depth: device.as_ref().map_or(1, |d| d.min_depth()),
         };
         let interval = Duration::from_secs_f64(config.planner.interval_secs);
         Self {
@@ -134,6 +175,7 @@ impl Planner {
             next_tick: None,
             proposed: None,
             workers_seen: None,
+            leaving_seen: None,
             optimizer: None,
             zone: NoticeAware::new(ZoneModel::new(interval.as_secs_f64())),
             arima: None,
@@ -158,17 +200,31 @@ impl Planner {
             self.workers_seen = Some((workers_now, now));
         }
         let since = self.workers_seen.as_ref().map_or(now, |(_, t)| *t);
+        let leaving_now = leaving_in_plan(&state);
+        if self
+            .leaving_seen
+            .as_ref()
+            .is_none_or(|(l, _)| *l != leaving_now)
+        {
+            self.leaving_seen = Some((leaving_now, now));
+        }
         // While a new cluster settles, neither its availability nor a plan is recorded: both
         // would describe a cluster that is still arriving.
         let settling = first_plan_settles_until(&state, since, now);
+        let noticed_since = self.leaving_seen.as_ref().map_or(now, |(_, t)| *t);
+        let batching = self
+            .acts_on_notices()
+            .then(|| notices_settle_until(&state, noticed_since, now))
+            .flatten();
         let tick = settling.is_none() && self.last_tick.is_none_or(|t| now - t >= self.interval);
         let mut out = Vec::new();
         if tick {
             self.last_tick = Some(now);
             out.push(availability_tick(&state));
         }
-        self.arm_timer(ctx, now, settling);
+        self.arm_timer(ctx, now, settling.into_iter().chain(batching).min());
         if settling.is_none()
+            && batching.is_none()
             && !plan_on_its_way(&state, self.proposed, now)
             && let Some(plan) = self.next_plan(&state, tick)
         {
@@ -194,8 +250,14 @@ impl Planner {
         }
     }
 
-    /// Runs a round when the current interval ends, or the workers settled (`settling`),
-    /// whichever comes first, whatever else happens before.
+    /// Whether this planner re-plans when a member of the plan announces it leaves: the
+    /// reactive baseline does not (a leaving node works until it is gone), a pinned plan does.
+    fn acts_on_notices(&self) -> bool {
+        self.strategy != PlanStrategy::Reactive || self.pin.is_some()
+    }
+
+    /// Runs a round when the current interval ends, or the workers or the notices settled
+    /// (`settling`), whichever comes first, whatever else happens before.
     fn arm_timer(&mut self, ctx: &mut Context<Self>, now: Instant, settling: Option<Instant>) {
         if let Some(h) = self.next_tick.take() {
             ctx.cancel_future(h);
@@ -217,11 +279,9 @@ impl Planner {
         let workers = workers(state);
         let n = workers.len() as u32;
         let current = state.plan.as_ref();
-        // The reactive baseline does not act on notices: a leaving node works until it is gone,
-        // and only then is the plan broken.
-        let reactive = self.strategy == PlanStrategy::Reactive && self.pin.is_none();
+        let acts_on_notices = self.acts_on_notices();
         let gone = |id: &NodeId| match state.members.get(id).map(|m| m.status) {
-            Some(MemberStatus::Leaving { .. }) => !reactive,
+            Some(MemberStatus::Leaving { .. }) => acts_on_notices,
             Some(s) => !s.is_healthy(),
             None => true,
         };
@@ -640,6 +700,71 @@ mod tests {
             None,
             "a broken plan is replaced at once"
         );
+    }
+
+    #[test]
+    fn a_plan_broken_by_notices_waits_for_the_other_notices_of_the_boundary() {
+        let mut state = ControlState::default();
+        let ids: Vec<NodeId> = (1..=3u8)
+            .map(|n| {
+                let id = NodeId::from_peer_bytes(&[n]);
+                state
+                    .apply(&Command::Join {
+                        node: id,
+                        peer: PeerInfo {
+                            peer_id: vec![n],
+                            ..PeerInfo::default()
+                        },
+                    })
+                    .unwrap();
+                id
+            })
+            .collect();
+        state.plan = Some(Plan {
+            epoch: 1,
+            data_parallel: 3,
+            pipeline_stages: 1,
+            partition: vec![0, 1],
+            assignment: ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let slot = StageSlot {
+                        pipeline: i as u32,
+                        stage: 0,
+                    };
+                    (*id, slot)
+                })
+                .collect(),
+            at_step: 0,
+        });
+        let t0 = Instant::now();
+        assert_eq!(notices_settle_until(&state, t0, t0), None, "no notice");
+        for id in &ids[..2] {
+            state
+                .apply(&Command::Notice {
+                    node: *id,
+                    deadline_ms: 10_000,
+                })
+                .unwrap();
+        }
+        let mut noticed = ids[..2].to_vec();
+        noticed.sort();
+        assert_eq!(leaving_in_plan(&state), noticed);
+        assert_eq!(
+            notices_settle_until(&state, t0, t0),
+            Some(t0 + NOTICE_SETTLE)
+        );
+        assert_eq!(notices_settle_until(&state, t0, t0 + NOTICE_SETTLE), None);
+        let mut lost = state.clone();
+        lost.apply(&Command::Lost { node: ids[2] }).unwrap();
+        assert_eq!(
+            notices_settle_until(&lost, t0, t0),
+            None,
+            "a member gone without notice: re-plan at once"
+        );
+        state.apply(&Command::Leave { node: ids[0] }).unwrap();
+        assert_eq!(notices_settle_until(&state, t0, t0), None, "a member left");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! replicated state) instead of an offline profiling campaign: per-layer forward, backward and
 //! optimizer times (median over reporting nodes), parameter counts and activation sizes feed
 //! `strategies::cost::analytic`, which simulates 1F1B, the all-reduce and the optimizer step
-//! for every `(D, P)`.
+//! for every `(D, P)`. The price of a reconfiguration is learned the same way: the median of
+//! what the nodes' latest priced reconfigurations took beyond moving state (links, groups,
+//! building the stage, waiting for the slowest peer) is the model's restart cost, so the
+//! look-ahead weighs a change of configuration at what changes cost on this cluster.
 
 use std::collections::BTreeMap;
 
@@ -28,10 +31,13 @@ pub struct JobShape {
     pub micro_batch: u32,
     /// Most nodes planned for.
     pub max_nodes: u32,
-    /// Cost of a restart, ms (process restart, state reload).
+    /// Cost of a restart, ms (process restart, state reload), until nodes measured their
+    /// reconfigurations (`CostReport::reconfiguration_s`).
     pub restart_ms: f64,
     /// Usable memory of a node's device, MiB: which depths fit.
     pub memory_mb: f64,
+    /// The shallowest pipeline whose stages fit the device (1 on CPUs).
+    pub min_depth: u32,
 }
 
 impl JobShape {
@@ -95,19 +101,28 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
     } else {
         median(rates)
     };
+    let reconfigurations: Vec<f64> = state
+        .costs
+        .values()
+        .filter_map(|c| c.reconfiguration_s)
+        .map(|s| s * 1e3)
+        .collect();
+    let restart_ms = if reconfigurations.is_empty() {
+        shape.restart_ms
+    } else {
+        median(reconfigurations)
+    };
     let spec = ModelSpec {
         name: "measured".into(),
         family: Family::Transformer,
-        depths: (1..=n as u32).collect(),
+        depths: (shape.min_depth.clamp(1, n as u32)..=n as u32).collect(),
         layers,
         optimizer_states: 2,
         global_batch: shape.global_batch,
         micro_batch: shape.micro_batch,
         boundary_bytes,
         min_d: 1,
-        restart: RestartCost::Fixed {
-            ms: shape.restart_ms,
-        },
+        restart: RestartCost::Fixed { ms: restart_ms },
     };
     let transfer = TransferModel::Linear {
         latency_ms: 1.0,
@@ -125,7 +140,62 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use parcae_consensus::state::Job;
+    use parcae_consensus::state::{Job, PeerInfo};
+    use parcae_consensus::{Command, NodeId};
+
+    #[test]
+    fn a_reconfiguration_is_priced_at_what_the_nodes_measured() {
+        let shape = JobShape {
+            global_batch: 16,
+            micro_batch: 2,
+            max_nodes: 4,
+            restart_ms: 2000.0,
+            memory_mb: CPU_MEMORY_MB,
+            min_depth: 1,
+        };
+        let cost = parcae_consensus::state::LayerCost {
+            forward_s: 0.01,
+            backward_s: 0.02,
+            optimizer_s: 0.001,
+            params: 1000,
+            output_bytes: 4096,
+        };
+        let mut state = ControlState::default();
+        let restart = |state: &ControlState| match measured(state, shape).unwrap().spec.restart {
+            RestartCost::Fixed { ms } => ms,
+            other => panic!("{other:?}"),
+        };
+        for (n, reconfiguration_s) in [(1u8, None), (2, Some(12.0)), (3, Some(20.0))] {
+            let node = NodeId::from_peer_bytes(&[n]);
+            let peer = PeerInfo {
+                peer_id: vec![n],
+                ..PeerInfo::default()
+            };
+            state.apply(&Command::Join { node, peer }).unwrap();
+            state
+                .apply(&Command::CostReport {
+                    node,
+                    step: 0,
+                    layers: vec![(0, cost), (1, cost)],
+                    bandwidth: Vec::new(),
+                    reconfiguration_s,
+                })
+                .unwrap();
+            if n == 1 {
+                assert_eq!(restart(&state), 2000.0, "nothing measured yet");
+            }
+        }
+        assert_eq!(restart(&state), 20_000.0);
+        let deep = JobShape {
+            min_depth: 2,
+            ..shape
+        };
+        let model = measured(&state, deep).unwrap();
+        assert!(
+            model.candidates().iter().all(|c| c.p == 2),
+            "only depth 2 fits"
+        );
+    }
 
     #[test]
     fn the_leader_plans_the_batch_of_the_cluster_s_job() {
@@ -135,6 +205,7 @@ mod tests {
             max_nodes: 32,
             restart_ms: 2000.0,
             memory_mb: CPU_MEMORY_MB,
+            min_depth: 1,
         };
         let mut job = Job::default();
         job.settings.insert("batch.global".into(), "64".into());

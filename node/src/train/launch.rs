@@ -259,6 +259,7 @@ impl<M: PipelineModel> TrainJob<M> {
                             step: 0,
                             layers,
                             bandwidth: Vec::new(),
+                            reconfiguration_s: None,
                         });
                     }
                     Err(e) => tracing::warn!("cannot measure layer costs: {e}"),

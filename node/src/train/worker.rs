@@ -127,6 +127,26 @@ pub struct Worker<M: PipelineModel> {
     store_tried: Option<Instant>,
     /// `(history, step)` of the newest cut whose manifest this node wrote to the store.
     manifest_written: Option<(u64, u64)>,
+    /// What this node measured of its reconfigurations, re-sent with every cost report.
+    measured: Measured,
+}
+
+/// The latest measurements of this node's reconfigurations.
+#[derive(Default)]
+struct Measured {
+    /// Rate of the latest state fetch, per source.
+    bandwidth: Vec<(NodeId, f64)>,
+    /// What the latest priced reconfiguration took beyond its state fetch, seconds.
+    reconfiguration_s: Option<f64>,
+}
+
+/// Whether the planner's model charges a reconfiguration of this kind its fixed price (a
+/// restart-like rebuild); an intra-stage move only re-forms pipelines.
+fn priced(kind: MigrationKind) -> bool {
+    matches!(
+        kind,
+        MigrationKind::Inter | MigrationKind::Repartition | MigrationKind::Restart
+    )
 }
 
 enum Outcome {
@@ -160,6 +180,7 @@ impl<M: PipelineModel> Worker<M> {
             store_read: false,
             store_tried: None,
             manifest_written: None,
+            measured: Measured::default(),
         }
     }
 
@@ -499,17 +520,36 @@ impl<M: PipelineModel> Worker<M> {
             received_bytes = acquired.as_ref().map_or(0, |a| a.received_bytes),
             "reconfiguration done"
         );
-        if let Some(a) = acquired
+        let fetched = acquired
             .as_ref()
-            .filter(|a| a.received_bytes > 0 && a.fetch_secs > 0.0)
-        {
+            .filter(|a| a.received_bytes > 0 && a.fetch_secs > 0.0);
+        // (bytes, seconds) of the state fetch, as the device's link times it.
+        let fetch = match (fetched, &self.setup.accelerator) {
+            (Some(a), Some(device)) => {
+                let ranges: Vec<_> = a.fetched.iter().map(|f| f.layers.clone()).collect();
+                Some(device.measured_fetch(&ranges, a.fetch_secs)?)
+            }
+            (Some(a), None) => Some((a.received_bytes as f64, a.fetch_secs)),
+            (None, _) => None,
+        };
+        if let (Some(a), Some((bytes, fetch_secs))) = (fetched, fetch) {
             // Several sources sent in parallel: their aggregate rate bounds each link's.
-            let rate = a.received_bytes as f64 / a.fetch_secs;
+            let rate = bytes / fetch_secs;
+            self.measured.bandwidth = a.sources.iter().map(|s| (*s, rate)).collect();
+        }
+        if priced(kind) {
+            // The model prices the state transfer from the measured rate; the rest (links,
+            // groups, the stage's build, waiting for the slowest peer) is the fixed price.
+            let fetch_secs = fetch.map_or(0.0, |(_, secs)| secs);
+            self.measured.reconfiguration_s = Some((secs - fetch_secs).max(0.0));
+        }
+        if fetched.is_some() || priced(kind) {
             (self.submit)(Command::CostReport {
                 node: self.setup.me,
                 step: next,
                 layers: self.setup.layer_costs.clone(),
-                bandwidth: a.sources.iter().map(|s| (*s, rate)).collect(),
+                bandwidth: self.measured.bandwidth.clone(),
+                reconfiguration_s: self.measured.reconfiguration_s,
             });
         }
         self.status.slot = Some([slot.pipeline, slot.stage]);
