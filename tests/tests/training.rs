@@ -877,17 +877,18 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let ask = |req: Request| {
+        let connect = || {
             let (keypair, key) = (keypair.clone(), key.clone());
             async move {
-                let mut s = parcae_node::dataplane::connect(
-                    addr,
-                    &keypair,
-                    target_peer,
-                    std::slice::from_ref(&key),
-                )
-                .await
-                .unwrap();
+                parcae_node::dataplane::connect(addr, &keypair, target_peer, &[key])
+                    .await
+                    .unwrap()
+            }
+        };
+        let ask = |req: Request| {
+            let connect = connect.clone();
+            async move {
+                let mut s = connect().await;
                 s.send(&protocol::encode(&req).unwrap()).await.unwrap();
                 s.recv(1 << 16)
                     .await
@@ -922,14 +923,7 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
         }
         // A checkpoint from a member the plan does not make a stage's first replica (its bytes
         // do not match their digest either): refused before its bytes are read.
-        let mut s = parcae_node::dataplane::connect(
-            addr,
-            &keypair,
-            target_peer,
-            std::slice::from_ref(&key),
-        )
-        .await
-        .unwrap();
+        let mut s = connect().await;
         let put = Request::PutCheckpoint {
             steps: 4,
             start: 0,
