@@ -885,16 +885,13 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
                     .unwrap()
             }
         };
-        let ask = |req: Request| {
-            let connect = connect.clone();
-            async move {
-                let mut s = connect().await;
-                s.send(&protocol::encode(&req).unwrap()).await.unwrap();
-                s.recv(1 << 16)
-                    .await
-                    .ok()
-                    .map(|b| protocol::decode::<Reply>(&b).unwrap())
-            }
+        let ask = |req: Request| async move {
+            let mut s = connect().await;
+            s.send(&protocol::encode(&req).unwrap()).await.unwrap();
+            s.recv(1 << 16)
+                .await
+                .ok()
+                .map(|b| protocol::decode::<Reply>(&b).unwrap())
         };
         // A link claiming another node's slot, and one of a stale epoch: closed without reply.
         let other = [slot[0] as u32, 1 - slot[1] as u32];
