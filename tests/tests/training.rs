@@ -510,13 +510,24 @@ fn losing_every_replica_of_a_stage_restores_from_a_peer_checkpoint() {
     committed_sequence(&c);
 }
 
-/// Damages the checkpoint files of the nodes other than `victim`: those of the newest step
-/// each holds, or all of them.
-fn damage_checkpoints(c: &LocalCluster, victim: usize, all: bool) {
+/// Which checkpoint files `damage_checkpoints` damages.
+#[derive(Clone, Copy)]
+enum Damage {
+    /// Those holding this many trained steps.
+    Step(u64),
+    /// Every one.
+    All,
+}
+
+/// Damages the checkpoint files of the nodes other than `victim`.
+fn damage_checkpoints(c: &LocalCluster, victim: usize, damage: Damage) {
     for (i, node) in c.nodes.iter().enumerate().filter(|(i, _)| *i != victim) {
         let files = checkpoint_files(&node.data_dir);
-        let newest = files.iter().map(|(s, _, _)| *s).max().unwrap_or(0);
-        for (_, _, path) in files.iter().filter(|(s, _, _)| all || *s == newest) {
+        let hit = |s: u64| match damage {
+            Damage::Step(step) => s == step,
+            Damage::All => true,
+        };
+        for (_, _, path) in files.iter().filter(|(s, _, _)| hit(*s)) {
             let mut bytes = std::fs::read(path).expect("checkpoint");
             let middle = bytes.len() / 2;
             bytes[middle] ^= 0xff;
@@ -536,7 +547,19 @@ fn a_damaged_checkpoint_is_refused_and_the_older_one_restores() {
     let (victim, slot) = *workers(&c).first().expect("a training non-leader");
     let before = last_step(&c).unwrap();
     c.nodes[victim].kill();
-    damage_checkpoints(&c, victim, false);
+    // The newest complete checkpoint as the replicated state names it once a record in flight
+    // at the kill has committed: the newest file on a disk may belong to a checkpoint the
+    // victim never completed, which no restore reads.
+    std::thread::sleep(Duration::from_millis(300));
+    let newest = c
+        .statuses()
+        .into_iter()
+        .filter_map(|(_, s)| s.checkpoint_step)
+        .max()
+        .unwrap_or_else(|| panic!("no complete checkpoint\n{}", c.logs()));
+    // A checkpoint file is named by the steps trained into it: the cut ending at step `s`
+    // holds `s + 1`.
+    damage_checkpoints(&c, victim, Damage::Step(newest + 1));
     trains_on(&c, before, 2, Duration::from_secs(90));
     let logs = c.logs();
     assert!(
@@ -565,7 +588,7 @@ fn with_every_checkpoint_damaged_training_stops_with_a_clear_status() {
     let mut c = training_cluster(&train_config("pin = [1, 2]", "checkpoint_every = 2"), 3, 9);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
     c.nodes[victim].kill();
-    damage_checkpoints(&c, victim, true);
+    damage_checkpoints(&c, victim, Damage::All);
     let stopped = wait_for(Duration::from_secs(90), || {
         c.statuses().into_iter().find_map(|(_, s)| {
             let t = s.training?;
@@ -727,7 +750,7 @@ fn a_stopped_cluster_resumes_from_a_backup_given_with_restore() {
     .unwrap_or_else(|| panic!("no newer checkpoints\n{}", c.logs()));
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
     c.nodes[victim].kill();
-    damage_checkpoints(&c, victim, true);
+    damage_checkpoints(&c, victim, Damage::All);
     damage_store_parts(&store);
     let (stopped_step, stopped_history) = wait_for(Duration::from_secs(90), || {
         c.statuses().into_iter().find_map(|(_, s)| {
