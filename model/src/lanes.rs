@@ -8,11 +8,13 @@
 //! ([`crate::PipelineModel::loss`]), so slice `k` is weighted by its share of the examples.
 //!
 //! Work that is not cut (a micro-batch too small to pay for lanes, one lane) runs whole on a
-//! pool of as many threads as the caller's rayon pool. Every thread of these pools flushes denormal floats to zero
+//! pool of as many threads as the caller's rayon pool, or on the caller's thread when that is
+//! one. Every thread of these pools flushes denormal floats to zero
 //! (FTZ/DAZ): as a model trains, attention probabilities and gradients drift into the
 //! subnormal range, where x86 arithmetic takes microcode assists, and a `small` GPT node's
 //! step grew from 1.8 s to 3.9 s within 30 steps, nearly all of it in GEMM; with the flags set
-//! it stays at 2.1-2.5 s. The caller's threads and the global rayon pool are left as they are.
+//! it stays at 2.1-2.5 s. The caller's thread has the flags only while it runs such work; the global
+//! rayon pool is left as it is.
 
 use std::sync::{Arc, Mutex};
 
@@ -154,7 +156,7 @@ impl Lanes {
     /// long as the process: a call hands them work, it starts none.
     pub(crate) fn run<T: Send>(&self, jobs: Vec<impl FnOnce() -> T + Send>) -> Vec<T> {
         if jobs.len() <= 1 || self.narrow.is_empty() {
-            return jobs.into_iter().map(|job| self.wide.install(job)).collect();
+            return jobs.into_iter().map(|job| self.run_whole(job)).collect();
         }
         debug_assert!(jobs.len() <= self.narrow.len());
         let slots: Vec<Mutex<Option<T>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
@@ -167,6 +169,25 @@ impl Lanes {
                     .expect("every lane ran its job")
             })
             .collect()
+    }
+
+    /// Runs `job` whole: on the calling thread when the wide pool has one thread and so has the
+    /// caller's rayon pool, else on the wide pool. Handing one thread's work to another thread
+    /// only adds two wake-ups, and where many processes share the cores each waits in the run
+    /// queue: 32 emulated nodes on two cores spent milliseconds per operation there, more than
+    /// the emulated GPU's time for it at a time scale of 4. Denormals are flushed as on the
+    /// pools' threads, so the numbers are the same either way.
+    fn run_whole<T: Send>(&self, job: impl FnOnce() -> T + Send) -> T {
+        if self.wide.current_num_threads() == 1 && rayon::current_num_threads() == 1 {
+            // SAFETY: the flags are set on this thread for the job only and restored when it
+            // returns or unwinds; only Burn's kernels run in it. The job is an opaque indirect
+            // call: inlined, its arithmetic could be scheduled before the flags are set (the
+            // compiler does not order floating-point work against them).
+            let job: Box<dyn FnOnce() -> T + Send + '_> = Box::new(job);
+            unsafe { no_denormals::no_denormals(|| std::hint::black_box(job)()) }
+        } else {
+            self.wide.install(job)
+        }
     }
 
     /// Applies `f` to every item, the items dealt to the lanes in turn, and returns the results
@@ -265,6 +286,29 @@ mod tests {
             assert!(wide[0].iter().all(|v| *v == 0.0), "wide pool: {wide:?}");
         }
         assert!(half_of_smallest() > 0.0);
+    }
+
+    #[test]
+    fn one_thread_s_work_runs_on_the_caller_with_denormals_flushed() {
+        let half_of_smallest =
+            || std::hint::black_box(f32::MIN_POSITIVE) * std::hint::black_box(0.5f32);
+        let caller = ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let lanes = Lanes::new(1, 1).unwrap();
+        let (here, ran_on, flushed, kept_after) = caller.install(|| {
+            let here = std::thread::current().id();
+            let out = lanes.run(vec![|| (std::thread::current().id(), half_of_smallest())]);
+            (here, out[0].0, out[0].1, half_of_smallest())
+        });
+        assert_eq!(ran_on, here, "no hand-off to another thread");
+        assert_eq!(flushed, 0.0);
+        assert!(kept_after > 0.0, "the caller's own flags are restored");
+        // A caller with more threads hands the work to the wide pool.
+        let wide = ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let (here, ran_on) = wide.install(|| {
+            let out = lanes.run(vec![|| std::thread::current().id()]);
+            (std::thread::current().id(), out[0])
+        });
+        assert_ne!(ran_on, here);
     }
 
     #[test]

@@ -550,11 +550,15 @@ impl NodeConfig {
     }
 
     /// The GPT the node trains: the `[train]` preset with the sizes `[train]` sets, a
-    /// vocabulary of 256 on byte-level text, and the emulated model's blocks on an emulated
-    /// device (its layer list is the profile's, at the preset's width).
+    /// vocabulary of 256 on byte-level text, and on an emulated device the narrow stand-in of
+    /// the emulated model (its layer list, at a small width the `[train]` sizes can change).
     pub fn model(&self) -> parcae_model::GptConfig {
         let t = &self.train;
-        let mut gpt = t.model.gpt();
+        let emulation = self.device.emulation().ok().flatten();
+        let mut gpt = match &emulation {
+            Some(e) => e.stand_in(t.model.gpt()),
+            None => t.model.gpt(),
+        };
         let overrides = [
             (&mut gpt.vocab_size, t.vocab_size),
             (&mut gpt.d_model, t.d_model),
@@ -572,7 +576,7 @@ impl NodeConfig {
             // A text file read byte by byte.
             gpt.vocab_size = 256;
         }
-        if let Ok(Some(e)) = self.device.emulation() {
+        if let Some(e) = emulation {
             gpt.n_blocks = e.blocks();
         }
         gpt
@@ -700,7 +704,13 @@ strategy = \"liveput_predict\"",
         let e = c.device.emulation().unwrap().expect("emulated");
         assert_eq!(e.time_scale(), 4.0);
         assert_eq!(c.model().n_blocks, 48);
-        assert_eq!(c.model().d_model, parcae_model::GptConfig::tiny().d_model);
+        assert_eq!(c.model().d_model, crate::emulate::STAND_IN.d_model);
+        let wider = NodeConfig::parse(
+            "[train]\nd_model = 64\n[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!((wider.model().d_model, wider.model().n_blocks), (64, 48));
         assert_eq!(
             NodeConfig::default().model(),
             parcae_model::GptConfig::tiny()

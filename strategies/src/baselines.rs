@@ -4,7 +4,7 @@
 
 use crate::config::ParallelConfig;
 use crate::cost::CostModel;
-use crate::cost::spec::RestartKind;
+use crate::cost::spec::{ModelSpec, RestartKind};
 
 /// Saving and loading a checkpoint in the reactive baseline, ms.
 pub const CHECKPOINT_MS: f64 = 14_000.0;
@@ -13,5 +13,17 @@ pub const CHECKPOINT_MS: f64 = 14_000.0;
 /// round trip when resuming, and every stage's state reloaded one after another.
 pub fn restart_ms(model: &CostModel, to: ParallelConfig, kind: RestartKind, resume: bool) -> f64 {
     let reload: f64 = model.stage_transfer_ms(to.p).iter().sum();
-    model.spec.restart.restart_ms(to, kind) + if resume { CHECKPOINT_MS } else { 0.0 } + reload
+    restart_reloading_ms(&model.spec, to, kind, resume, reload)
+}
+
+/// [`restart_ms`] when reloading every stage's state one after another takes `reload_ms`: an
+/// emulated node charges the reactive baseline this, with the reload timed on its own link.
+pub fn restart_reloading_ms(
+    spec: &ModelSpec,
+    to: ParallelConfig,
+    kind: RestartKind,
+    resume: bool,
+    reload_ms: f64,
+) -> f64 {
+    spec.restart.restart_ms(to, kind) + if resume { CHECKPOINT_MS } else { 0.0 } + reload_ms
 }

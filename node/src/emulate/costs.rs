@@ -62,6 +62,41 @@ pub struct EmulatedStage {
     pub state: Duration,
 }
 
+/// The width of the narrow stand-in ([`Emulation::stand_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StandInWidth {
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Feed-forward width.
+    pub d_ff: usize,
+    /// Sequence length.
+    pub seq_len: usize,
+}
+
+/// The stand-in's width: small, with every part of GPT's block kept (several heads, a wider
+/// feed-forward, a causal sequence). Narrower saves nothing: d 8 and sequence 4 measured the
+/// same, as the cost is per operation.
+pub const STAND_IN: StandInWidth = StandInWidth {
+    d_model: 16,
+    n_heads: 2,
+    d_ff: 32,
+    seq_len: 8,
+};
+
+impl StandInWidth {
+    fn apply(self, base: parcae_model::GptConfig) -> parcae_model::GptConfig {
+        parcae_model::GptConfig {
+            d_model: self.d_model,
+            n_heads: self.n_heads,
+            d_ff: self.d_ff,
+            seq_len: self.seq_len,
+            ..base
+        }
+    }
+}
+
 impl Emulation {
     /// The built-in profiled model `profile` (e.g. `gpt-1.5b`) on Parcae's 10 Gb/s cluster,
     /// every duration divided by `time_scale`.
@@ -125,6 +160,19 @@ impl Emulation {
         self.layers().saturating_sub(2)
     }
 
+    /// The narrow model that stands in for the emulated one: `base` with the emulated model's
+    /// blocks at [`STAND_IN`]'s width. Its real work is what the emulated cluster's pacing has
+    /// to hide on the host's cores, and at these sizes each Burn operation costs about its
+    /// fixed overhead: gpt-1.5b's 48 blocks x 128 micro-batches of a step take ~1.5 s of CPU at
+    /// `tiny`'s width (d 32, sequence 16) and a third less at this one (32 nodes on two cores
+    /// at a time scale of 6: overrun 54 % at `tiny`'s width, 35 % at this one; docs/testnet.md).
+    pub fn stand_in(&self, base: parcae_model::GptConfig) -> parcae_model::GptConfig {
+        parcae_model::GptConfig {
+            n_blocks: self.blocks(),
+            ..STAND_IN.apply(base)
+        }
+    }
+
     /// What the stage holding `layers` takes with micro-batches of `micro_batch` samples and
     /// `replicas` replicas. The profile is per micro-batch of the emulated job's size; other
     /// sizes scale compute and boundary bytes linearly.
@@ -176,6 +224,26 @@ impl Emulation {
             self.spec.restart.groups_ms(to, kind)
         };
         Ok(self.ms(rebuild_ms + fetch_ms + restore_ms))
+    }
+
+    /// What the reactive baseline's restart into `to` takes on the emulated cluster: the
+    /// checkpoint-restart system Parcae measures against
+    /// (`parcae_strategies::baselines::restart_ms`, as the simulator charges it): the profiled
+    /// restart, the checkpoint saved and loaded, and every stage's state reloaded one after
+    /// another. Whatever the node's real restart fetched from live peers (which keeps its
+    /// training exact), a checkpoint-restart system has no live peers to fetch from.
+    pub fn reactive_restart(
+        &self,
+        to: ParallelConfig,
+        kind: RestartKind,
+    ) -> Result<Duration, EmulationError> {
+        let mut reload_ms = 0.0;
+        for stage in self.spec.partition(to.p).windows(2) {
+            reload_ms += self.state_ms(&(stage[0]..stage[1]))?.1;
+        }
+        Ok(self.ms(parcae_strategies::baselines::restart_reloading_ms(
+            &self.spec, to, kind, true, reload_ms,
+        )))
     }
 
     /// What fetching the state of the layers `fetched` from live holders moves and takes on the
@@ -307,6 +375,28 @@ mod tests {
         assert!((ms(add) - joined).abs() < 1e-6, "{add:?}");
         let beyond = std::slice::from_ref(&(49..51));
         assert!(e.switch(to, remove, false, beyond, &[]).is_err());
+    }
+
+    #[test]
+    fn the_reactive_baseline_restarts_as_the_simulator_charges_it() {
+        let model = parcae_strategies::cost::CostModel::builtin("gpt-1.5b").unwrap();
+        for scale in [1.0, 4.0] {
+            let e = Emulation::new("gpt-1.5b", scale).unwrap();
+            for (to, kind) in [
+                (ParallelConfig::new(4, 8), RestartKind::Remove),
+                (ParallelConfig::new(2, 13), RestartKind::Add),
+            ] {
+                let simulated = parcae_strategies::baselines::restart_ms(&model, to, kind, true);
+                let emulated = ms(e.reactive_restart(to, kind).unwrap()) * scale;
+                assert!(
+                    (emulated - simulated).abs() < 1e-6,
+                    "{emulated} {simulated}"
+                );
+                // The checkpoint round trip and the whole model's state, beyond the restart.
+                let restart = ms(e.switch(to, kind, true, &[], &[]).unwrap()) * scale;
+                assert!(emulated > restart + 14_000.0, "{emulated} {restart}");
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,6 @@ pub mod paced;
 pub mod pacer;
 
 pub use accelerator::Accelerator;
-pub use costs::{EmulatedStage, Emulation, EmulationError};
+pub use costs::{EmulatedStage, Emulation, EmulationError, STAND_IN, StandInWidth};
 pub use paced::{PacedCollective, PacedNeighbours};
 pub use pacer::{Overrun, OverrunSnapshot, Pacer};

@@ -491,8 +491,12 @@ impl<M: PipelineModel> Worker<M> {
             acquired.as_ref(),
             self.setup.restart_on_change,
         );
+        // Every reconfiguration after the job's start is paced, a joiner's first one too: on the
+        // emulated cluster it pays its rendezvous and fetch as the others pay theirs, and one that
+        // started at once would wait out their pacing on its neighbours' links, past their
+        // timeout (a reactive restart takes up to a minute of emulated time).
         if let Some(device) = &self.setup.accelerator
-            && kind != MigrationKind::Initial
+            && next > 0
         {
             let to = ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
             let joined = restart_kind(previous.as_ref(), plan);
@@ -504,9 +508,13 @@ impl<M: PipelineModel> Worker<M> {
                         a.restored.iter().map(|p| p.layers.clone()).collect(),
                     )
                 });
-            let emulated = device
-                .emulation()
-                .switch(to, joined, restart, &fetched, &restored)?;
+            let emulated = if self.setup.restart_on_change {
+                device.emulation().reactive_restart(to, joined)?
+            } else {
+                device
+                    .emulation()
+                    .switch(to, joined, restart, &fetched, &restored)?
+            };
             device
                 .pacer()
                 .after_reconfiguration(started.elapsed(), emulated);
