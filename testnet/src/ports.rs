@@ -4,8 +4,9 @@
 //! nodes' outgoing connections draw their source ports from too: between the harness
 //! reserving it and the child binding it, a node can take it and the child fails with
 //! "address in use". Ports handed out here come from below the ephemeral range, each once per
-//! process, starting at an offset drawn from the process id so that concurrent harnesses do
-//! not walk the same sequence.
+//! process, starting at an offset hashed from the process id so that concurrent harnesses do
+//! not walk the same sequence (two started together have neighbouring ids, and offsets that
+//! were the ids themselves made their sequences overlap from the second port on).
 
 use std::net::TcpListener;
 use std::sync::{Mutex, OnceLock};
@@ -22,7 +23,7 @@ pub fn reserve_loopback_port() -> std::io::Result<u16> {
     static NEXT: OnceLock<Mutex<u16>> = OnceLock::new();
     let (low, high) = reserved_range();
     let span = high - low;
-    let start = low + (std::process::id() % u32::from(span)) as u16;
+    let start = low + start_offset(std::process::id(), span);
     let mut next = NEXT
         .get_or_init(|| Mutex::new(start))
         .lock()
@@ -35,6 +36,13 @@ pub fn reserve_loopback_port() -> std::io::Result<u16> {
         }
     }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Where in a range of `span` ports the harness of process `pid` starts: Fibonacci hashing
+/// spreads neighbouring ids across the whole range.
+fn start_offset(pid: u32, span: u16) -> u16 {
+    let hashed = u64::from(pid).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    (hashed % u64::from(span.max(1))) as u16
 }
 
 /// `[low, high)`: the ports below the kernel's ephemeral range.
@@ -56,6 +64,19 @@ fn reserved_range() -> (u16, u16) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn harnesses_with_neighbouring_process_ids_start_far_apart() {
+        let span = 22_768;
+        for pid in [1u32, 6_166, 40_000, 4_194_303] {
+            let a = i32::from(start_offset(pid, span));
+            let b = i32::from(start_offset(pid + 1, span));
+            assert!(a < i32::from(span) && b < i32::from(span));
+            // A 64-node run takes 128 ports: the two sequences (which wrap) must not meet.
+            let apart = (a - b).abs().min(i32::from(span) - (a - b).abs());
+            assert!(apart > 256, "pid {pid}: {a} and {b}");
+        }
+    }
 
     #[test]
     fn ports_are_distinct_bindable_and_below_the_ephemeral_range() {

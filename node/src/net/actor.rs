@@ -623,7 +623,7 @@ impl Actor for Network {
     fn started(&mut self, ctx: &mut Context<Self>) {
         for addr in self.listen.clone() {
             if let Err(e) = self.swarm.listen_on(addr.clone()) {
-                tracing::error!(%addr, "cannot listen: {e}");
+                tracing::error!(%addr, "cannot listen: {e:?}");
                 System::current().stop_with_code(2);
             }
         }
