@@ -3,10 +3,15 @@
 //! before they leave, the all-reduce after the real one: the real exchange ends when the last
 //! replica arrived, where the emulated ring starts, so each replica then waits the ring's
 //! whole time.
+//!
+//! Every activation and gradient carries its sender's place on the emulated timeline (the
+//! last 8 bytes, [`Pacer::stamp`]), and its receiver resumes from there ([`Pacer::received`]):
+//! the time the host takes to deliver a message between processes is owed and repaid from
+//! the next waits rather than added to every pipeline crossing.
 
 use std::time::Duration;
 
-use parcae_model::{Collective, Neighbours, Op};
+use parcae_model::{Collective, ModelError, Neighbours, Op};
 
 use super::costs::EmulatedStage;
 use super::pacer::Pacer;
@@ -29,27 +34,60 @@ impl<'a, N> PacedNeighbours<'a, N> {
     }
 }
 
+/// Bytes of the emulated timestamp at the end of every paced message.
+const STAMP_LEN: usize = 8;
+
+/// `bytes` with the sender's emulated time appended.
+fn stamped(mut bytes: Vec<u8>, pacer: &Pacer) -> Vec<u8> {
+    bytes.extend_from_slice(&pacer.stamp().to_le_bytes());
+    bytes
+}
+
+/// A received message without its stamp, the receipt reported to `pacer`.
+fn unstamped(mut bytes: Vec<u8>, pacer: &Pacer) -> Result<Vec<u8>, ModelError> {
+    let Some(at) = bytes.len().checked_sub(STAMP_LEN) else {
+        return Err(ModelError::Truncated {
+            what: "emulated timestamp of a neighbour's message (is every node emulated?)",
+            needed: STAMP_LEN,
+            available: bytes.len(),
+        });
+    };
+    let mut stamp = [0u8; STAMP_LEN];
+    stamp.copy_from_slice(&bytes[at..]);
+    bytes.truncate(at);
+    pacer.received(u64::from_le_bytes(stamp));
+    Ok(bytes)
+}
+
 impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     type Error = N::Error;
 
     fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
-        self.inner.recv_activation(mb)
+        match self.inner.recv_activation(mb)? {
+            Some(bytes) => Ok(Some(unstamped(bytes, self.pacer)?)),
+            None => Ok(None),
+        }
     }
 
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
-        let inner = &mut *self.inner;
-        self.pacer
-            .transfer(self.stage.boundary, || inner.send_activation(mb, bytes))
+        let (inner, pacer) = (&mut *self.inner, self.pacer);
+        pacer.transfer(self.stage.boundary, || {
+            inner.send_activation(mb, stamped(bytes, pacer))
+        })
     }
 
     fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
-        self.inner.recv_grad(mb)
+        match self.inner.recv_grad(mb)? {
+            Some(bytes) => Ok(Some(unstamped(bytes, self.pacer)?)),
+            None => Ok(None),
+        }
     }
 
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
-        let inner = &mut *self.inner;
-        self.pacer
-            .transfer(self.stage.boundary, || inner.send_grad(mb, bytes))
+        let (inner, pacer) = (&mut *self.inner, self.pacer);
+        pacer.transfer(self.stage.boundary, || {
+            inner.send_grad(mb, stamped(bytes, pacer))
+        })
     }
 
     fn computed(&mut self, op: Op, real: Duration) -> Result<(), Self::Error> {
@@ -98,26 +136,29 @@ mod tests {
     use std::sync::Arc;
     use std::time::Instant;
 
-    /// Records when each message left.
+    /// Records when each message left, and hands the messages sent back as received ones.
     #[derive(Default)]
     struct Clocked {
         sent: Vec<(usize, Instant)>,
+        wire: Vec<Vec<u8>>,
     }
 
     impl Neighbours for Clocked {
         type Error = ModelError;
         fn recv_activation(&mut self, _: usize) -> Result<Option<Vec<u8>>, ModelError> {
-            Ok(Some(Vec::new()))
+            Ok(self.wire.pop())
         }
-        fn send_activation(&mut self, mb: usize, _: Vec<u8>) -> Result<(), ModelError> {
+        fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), ModelError> {
             self.sent.push((mb, Instant::now()));
+            self.wire.push(bytes);
             Ok(())
         }
         fn recv_grad(&mut self, _: usize) -> Result<Option<Vec<u8>>, ModelError> {
-            Ok(Some(Vec::new()))
+            Ok(self.wire.pop())
         }
-        fn send_grad(&mut self, mb: usize, _: Vec<u8>) -> Result<(), ModelError> {
+        fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), ModelError> {
             self.sent.push((mb, Instant::now()));
+            self.wire.push(bytes);
             Ok(())
         }
     }
@@ -167,6 +208,22 @@ mod tests {
             .unwrap();
         let s = overrun.snapshot();
         assert!(s.overrun_secs >= 0.005, "{s:?}");
+    }
+
+    #[test]
+    fn a_message_crosses_with_its_stamp_and_arrives_as_it_was_sent() {
+        let pacer = Pacer::new(Arc::new(Overrun::default()));
+        let mut inner = Clocked::default();
+        let mut paced = PacedNeighbours::new(&mut inner, stage(), &pacer);
+        paced.send_grad(3, vec![7, 8, 9]).unwrap();
+        assert_eq!(paced.recv_grad(3).unwrap(), Some(vec![7, 8, 9]));
+        assert_eq!(paced.recv_grad(3).unwrap(), None);
+        // An unpaced neighbour's message has no stamp: a clear refusal, not a wrong decode.
+        inner.wire.push(vec![1, 2]);
+        let err = PacedNeighbours::new(&mut inner, stage(), &pacer)
+            .recv_activation(0)
+            .unwrap_err();
+        assert!(err.to_string().contains("is every node emulated"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// What to do after real work that took `real` when the emulated hardware takes `emulated`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,29 @@ pub fn catch_up(lag: Duration, gap: Duration, wait: Duration) -> (Duration, Dura
     let lag = lag.saturating_sub(gap);
     let paid = lag.min(wait);
     (lag - paid, wait - paid)
+}
+
+/// What a node owes after receiving a message whose emulated arrival was `late` ago, when it
+/// owed `lag` at the end of its last paced wait or receipt, `gap` ago.
+///
+/// On the emulated hardware the receiver resumes at the later of its own emulated time and
+/// the message's arrival, so it owes the time since whichever came last: what it owed plus
+/// the time since (the message was already there, and the host spent that time on something
+/// the device does not do), or the time since the message arrived (the host's delivery
+/// latency: milliseconds per pipeline crossing where 32 nodes share two cores, which a GPU's
+/// link does not add). Owing it makes the next waits shorter, as [`catch_up`] does for a
+/// late sleep; a node whose real work leaves no slack to repay it overruns instead.
+pub fn lag_on_receipt(lag: Duration, gap: Duration, late: Duration) -> Duration {
+    (lag + gap).min(late).min(MAX_LAG)
+}
+
+/// The wall clock as nanoseconds since the Unix epoch: the one clock that the nodes of a host
+/// share (and hosts share as well as they are synchronised).
+fn wall_nanos() -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(now.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A pacer's lateness and when its last wait ended.
@@ -196,6 +219,27 @@ impl Pacer {
         out
     }
 
+    /// Where this node stands on the emulated timeline, as a stamp for a message it sends:
+    /// the wall clock less the lateness it owes.
+    pub fn stamp(&self) -> u64 {
+        let lag = self.clock.lock().unwrap_or_else(|e| e.into_inner()).lag;
+        wall_nanos().saturating_sub(u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// A message [`Pacer::stamp`]ed `stamp` by its sender has just been received: the node
+    /// resumes where the emulated hardware would ([`lag_on_receipt`]). A stamp from the future
+    /// (another host's clock ahead of this one) counts as on time.
+    pub fn received(&self, stamp: u64) {
+        let late = Duration::from_nanos(wall_nanos().saturating_sub(stamp));
+        let now = Instant::now();
+        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+        let gap = clock
+            .last_end
+            .map_or(Duration::ZERO, |end| now.saturating_duration_since(end));
+        clock.lag = lag_on_receipt(clock.lag, gap, late);
+        clock.last_end = Some(now);
+    }
+
     fn record(&self, excess: Duration) {
         if excess.is_zero() {
             return;
@@ -230,6 +274,40 @@ mod tests {
         // An idle gap longer than the lateness absorbs it all.
         assert_eq!(catch_up(ms(5), ms(40), ms(10)), (ms(0), ms(10)));
         assert_eq!(catch_up(ms(0), ms(0), ms(0)), (ms(0), ms(0)));
+    }
+
+    #[test]
+    fn a_receiver_owes_the_time_since_the_later_of_its_own_clock_and_the_arrival() {
+        let ms = Duration::from_millis;
+        // Waited for a message that the host delivered 6 ms after its emulated arrival.
+        assert_eq!(lag_on_receipt(ms(0), ms(40), ms(6)), ms(6));
+        // The message was there before the node asked: it owes its lag and the time since.
+        assert_eq!(lag_on_receipt(ms(3), ms(2), ms(500)), ms(5));
+        // Delivered exactly on time: whatever it owed was idle time on the device.
+        assert_eq!(lag_on_receipt(ms(30), ms(40), ms(0)), ms(0));
+        // Never more than the most a pacer carries.
+        assert_eq!(lag_on_receipt(ms(0), ms(5_000), ms(4_000)), MAX_LAG);
+    }
+
+    #[test]
+    fn a_stamp_is_the_wall_clock_less_the_lag_and_a_late_receipt_is_owed() {
+        let pacer = Pacer::default();
+        let before = wall_nanos();
+        let stamp = pacer.stamp();
+        assert!(stamp >= before && stamp <= wall_nanos());
+        // A message whose emulated arrival was 200 ms ago, received by a node that owed
+        // nothing and had just finished a wait: owes the 200 ms (less than the gap it waited).
+        pacer.wait(Instant::now(), Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(300));
+        pacer.received(wall_nanos() - 200_000_000);
+        let owed = pacer.clock.lock().unwrap().lag;
+        assert!(owed >= Duration::from_millis(200) && owed < Duration::from_millis(300));
+        // Its own stamps are that much behind the wall clock now.
+        let behind = wall_nanos() - pacer.stamp();
+        assert!(behind >= 199_000_000, "{behind}");
+        // A stamp from the future is on time: nothing owed.
+        pacer.received(wall_nanos() + 1_000_000_000);
+        assert_eq!(pacer.clock.lock().unwrap().lag, Duration::ZERO);
     }
 
     #[test]
