@@ -594,14 +594,32 @@ impl NodeConfig {
 
     /// Time a pipeline neighbour or ring peer may take: `train.peer_timeout_secs`, stretched
     /// by `1 / time_scale` on an emulated device slower than real time, as every emulated wait
-    /// is (a faster one keeps it: its waits only shrink). Control-plane timeouts do not
-    /// change: heartbeats and elections are not paced.
+    /// is (a faster one keeps it: its waits only shrink). Heartbeats and elections are not
+    /// paced, so their timeouts do not change; the lost-member timeout does
+    /// ([`NodeConfig::lost_timeout`]).
     pub fn peer_timeout(&self) -> Duration {
         let stretch = match self.device.emulation() {
             Ok(Some(e)) => (1.0 / e.time_scale()).max(1.0),
             _ => 1.0,
         };
         Duration::from_secs_f64(self.train.peer_timeout_secs * stretch)
+    }
+
+    /// How long a member may stay unreachable before the leader proposes `Lost`:
+    /// `raft.lost_timeout_ms`, divided by the time scale of an emulated device faster than real
+    /// time. A preemption without notice is found this long after the kill, and the emulated
+    /// cluster must pay it in emulated time as the cluster it emulates would: unscaled, a
+    /// 2 s timeout cost a reactive cluster at time scale 5 ten emulated seconds per change,
+    /// a handicap its real counterpart does not have. Never below three heartbeats: a member
+    /// that missed two is not yet lost.
+    pub fn lost_timeout(&self) -> Duration {
+        let configured = Duration::from_millis(self.raft.lost_timeout_ms);
+        let scale = match self.device.emulation() {
+            Ok(Some(e)) => e.time_scale().max(1.0),
+            _ => 1.0,
+        };
+        let heartbeat = Duration::from_millis(self.raft.tick_ms) * self.raft.heartbeat_ticks as u32;
+        configured.div_f64(scale).max(heartbeat * 3).min(configured)
     }
 
     /// Raft's election timeout: `election_ticks` ticks of `tick_ms`.
@@ -737,6 +755,23 @@ strategy = \"liveput_predict\"",
             timeout("kind = \"emulated\"\ntime_scale = 0.5"),
             Duration::from_secs(12)
         );
+    }
+
+    #[test]
+    fn the_lost_member_timeout_runs_on_emulated_time_above_three_heartbeats() {
+        let lost = |device: &str| {
+            let text = format!(
+                "[raft]\ntick_ms = 100\nheartbeat_ticks = 2\nlost_timeout_ms = 2000\n[device]\n{device}\n"
+            );
+            NodeConfig::parse(&text, "x").unwrap().lost_timeout()
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(lost(""), ms(2000));
+        assert_eq!(lost("kind = \"emulated\"\ntime_scale = 2.0"), ms(1000));
+        // Three heartbeats of 200 ms at the least.
+        assert_eq!(lost("kind = \"emulated\"\ntime_scale = 12.0"), ms(600));
+        // A slower emulated device does not wait longer: heartbeats are not paced.
+        assert_eq!(lost("kind = \"emulated\"\ntime_scale = 0.5"), ms(2000));
     }
 
     #[test]

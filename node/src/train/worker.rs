@@ -491,12 +491,8 @@ impl<M: PipelineModel> Worker<M> {
             acquired.as_ref(),
             self.setup.restart_on_change,
         );
-        // Every reconfiguration after the job's start is paced, a joiner's first one too: on the
-        // emulated cluster it pays its rendezvous and fetch as the others pay theirs, and one that
-        // started at once would wait out their pacing on its neighbours' links, past their
-        // timeout (a reactive restart takes up to a minute of emulated time).
         if let Some(device) = &self.setup.accelerator
-            && next > 0
+            && paced_on_the_device(previous.as_ref(), plan, next)
         {
             let to = ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
             let joined = restart_kind(previous.as_ref(), plan);
@@ -905,6 +901,18 @@ pub fn restart_kind(previous: Option<&Plan>, plan: &Plan) -> RestartKind {
     }
 }
 
+/// Whether an emulated device pays for entering `plan` at step `next` after `previous`: every
+/// change of plan after the job's start, a joiner's first one too (on the emulated cluster it
+/// pays its rendezvous and fetch as the others pay theirs, and one that started at once would
+/// wait out their pacing on its neighbours' links, past their timeout). Not the plan the node
+/// was already in, entered again after an abandoned step: the emulated cluster retries a step
+/// over the groups it has, and a reactive node that paid a whole restart for the retry (up to a
+/// minute of emulated time, while the new plan that the failure brings waited behind it) paid
+/// two restarts for one change, where the system it stands for pays one.
+pub fn paced_on_the_device(previous: Option<&Plan>, plan: &Plan, next: u64) -> bool {
+    next > 0 && previous.is_none_or(|p| p.epoch != plan.epoch)
+}
+
 /// The kind of a reconfiguration, as Parcae names them: `intra` (pipelines re-formed, nothing
 /// moves), `inter` (nodes take other stages), `repartition` (layer boundaries move), `restart`
 /// (state restored from checkpoints, or the reactive strategy), `initial`.
@@ -975,5 +983,18 @@ mod tests {
             RestartKind::Add
         );
         assert_eq!(restart_kind(None, &plan(&[1])), RestartKind::Add);
+    }
+
+    #[test]
+    fn a_change_of_plan_is_paced_and_a_retry_of_the_same_plan_is_not() {
+        let before = plan(&[1, 2, 3]);
+        let mut after = plan(&[1, 2]);
+        after.epoch = 2;
+        // The job's start is free; a joiner's first plan and every change are paid.
+        assert!(!paced_on_the_device(None, &before, 0));
+        assert!(paced_on_the_device(None, &before, 5));
+        assert!(paced_on_the_device(Some(&before), &after, 5));
+        // The same plan again after an abandoned step.
+        assert!(!paced_on_the_device(Some(&after), &after, 5));
     }
 }

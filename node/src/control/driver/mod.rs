@@ -514,7 +514,7 @@ impl ControlDriver {
             |id| connected.contains(&id),
             Instant::now(),
             unix_ms(SystemTime::now()),
-            Duration::from_millis(self.config.raft.lost_timeout_ms),
+            self.config.lost_timeout(),
         );
         for command in commands {
             tracing::info!(kind = command.kind(), "leader marks member");
