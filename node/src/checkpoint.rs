@@ -68,9 +68,12 @@ pub fn may_store(
     Ok(())
 }
 
-/// The steps of the complete cuts committed in raft that hold a part of exactly `layers`: their
-/// files are kept however many newer ones arrive (at most
-/// [`parcae_consensus::state::limits::MAX_COMPLETE_CUTS`] of them).
+/// The files of the complete cuts committed in raft that hold a part of exactly `layers`, by
+/// the steps trained into them (a file's name: the cut after step `s` is file `s + 1`): they
+/// are kept however many newer ones arrive (at most
+/// [`parcae_consensus::state::limits::MAX_COMPLETE_CUTS`] of them). Naming them by the cut's
+/// step instead protected no file, and an incomplete newer copy pushed out the older complete
+/// one that a restore then needed.
 pub fn registered_steps(state: &ControlState, layers: &Range<usize>) -> Vec<u64> {
     state
         .checkpoints
@@ -81,7 +84,7 @@ pub fn registered_steps(state: &ControlState, layers: &Range<usize>) -> Vec<u64>
                 p.layers.start as usize == layers.start && p.layers.end as usize == layers.end
             })
         })
-        .map(|c| c.end.step)
+        .map(|c| c.end.step + 1)
         .collect()
 }
 
@@ -205,6 +208,48 @@ mod tests {
         assert!(store.load(1, &(0..2)).is_err());
         assert_eq!(parse_name("ckpt-1-3-2.state"), None);
         assert_eq!(parse_name("ckpt-x-0-2.state"), None);
+    }
+
+    #[test]
+    fn a_complete_cut_s_file_stays_when_an_incomplete_newer_one_arrives() {
+        use parcae_consensus::state::{Cut, CutPart, LayerRange, StepEnd};
+        let part = |start, end| CutPart {
+            layers: LayerRange { start, end },
+            holders: Vec::new(),
+            digest: [0; 32],
+            stored: false,
+        };
+        let cut = |step, parts| Cut {
+            end: StepEnd {
+                step,
+                epoch: 1,
+                sample_cursor: 0,
+                optimizer: Default::default(),
+            },
+            history: 0,
+            layers: 4,
+            parts,
+        };
+        let mut state = ControlState::default();
+        state
+            .checkpoints
+            .insert(5, cut(5, vec![part(0, 2), part(2, 4)]));
+        state
+            .checkpoints
+            .insert(7, cut(7, vec![part(0, 2), part(2, 4)]));
+        state.checkpoints.insert(9, cut(9, vec![part(2, 4)]));
+        // The cuts after steps 5 and 7 are the files of 6 and 8 steps.
+        let registered = registered_steps(&state, &(2..4));
+        assert_eq!(registered, vec![6, 8]);
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path().join("ckpt"));
+        for steps in [6, 8, 10] {
+            store
+                .save(steps, &(2..4), &[steps as u8], &registered)
+                .unwrap();
+        }
+        assert_eq!(store.load(6, &(2..4)).unwrap(), vec![6]);
+        assert_eq!(store.list().len(), 3);
     }
 
     #[test]
