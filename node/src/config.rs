@@ -98,6 +98,15 @@ impl Default for DeviceConfig {
 }
 
 impl DeviceConfig {
+    /// How much faster than real time the device runs: the time scale of an emulated device
+    /// (validated with the rest of the configuration), 1 on a real one.
+    pub fn emulated_time_scale(&self) -> f64 {
+        match self.kind {
+            DeviceKind::Emulated => self.time_scale,
+            DeviceKind::Cpu => 1.0,
+        }
+    }
+
     /// The emulation this section asks for (`None` on the CPU).
     pub fn emulation(&self) -> Result<Option<Emulation>, ConfigError> {
         match self.kind {
@@ -598,10 +607,7 @@ impl NodeConfig {
     /// paced, so their timeouts do not change; the lost-member timeout does
     /// ([`NodeConfig::lost_timeout`]).
     pub fn peer_timeout(&self) -> Duration {
-        let stretch = match self.device.emulation() {
-            Ok(Some(e)) => (1.0 / e.time_scale()).max(1.0),
-            _ => 1.0,
-        };
+        let stretch = (1.0 / self.device.emulated_time_scale()).max(1.0);
         Duration::from_secs_f64(self.train.peer_timeout_secs * stretch)
     }
 
@@ -614,10 +620,7 @@ impl NodeConfig {
     /// that missed two is not yet lost.
     pub fn lost_timeout(&self) -> Duration {
         let configured = Duration::from_millis(self.raft.lost_timeout_ms);
-        let scale = match self.device.emulation() {
-            Ok(Some(e)) => e.time_scale().max(1.0),
-            _ => 1.0,
-        };
+        let scale = self.device.emulated_time_scale().max(1.0);
         let heartbeat = Duration::from_millis(self.raft.tick_ms) * self.raft.heartbeat_ticks as u32;
         configured.div_f64(scale).max(heartbeat * 3).min(configured)
     }

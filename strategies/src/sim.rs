@@ -13,7 +13,7 @@ use crate::cost::CostModel;
 use crate::cost::migration::{MigrationEvent, MigrationKind};
 use crate::cost::spec::RestartKind;
 use crate::liveput::{LiveputOptimizer, PlanState, Terminal};
-use crate::predict::{self, Bounds, ForecastInput, NoticeAhead, NoticeAware, Predictor, ZoneModel};
+use crate::predict::{self, Bounds, ForecastInput, NoticeAware, Predictor, ZoneModel};
 use crate::trace::{Interval, Trace};
 
 /// Where a liveput strategy's view of the future comes from.
@@ -299,52 +299,15 @@ impl Forecast {
                 };
                 p.forecast(&input)
             }
-            Forecast::Observed(p) => observed(p.as_mut(), trace.history(i), event, horizon),
+            Forecast::Observed(p) => {
+                predict::observed(p.as_mut(), trace.history(i), event, horizon)
+            }
             Forecast::Zone => {
                 let mut notice_aware = NoticeAware::new(zone);
-                observed(&mut notice_aware, trace.history(i), event, horizon)
+                predict::observed(&mut notice_aware, trace.history(i), event, horizon)
             }
         }
     }
-}
-
-/// `predictor`'s forecast after `history`, with the upcoming `event` known (its preemptions
-/// as notices) and put in the first step.
-fn observed(
-    predictor: &mut dyn Predictor,
-    history: &[Interval],
-    event: Interval,
-    horizon: usize,
-) -> Vec<Interval> {
-    let notices = [NoticeAhead {
-        offset: 0,
-        nodes: event.removed,
-    }];
-    let input = ForecastInput {
-        history,
-        known_next: Some(event.nodes),
-        notices: if event.removed > 0 { &notices } else { &[] },
-        horizon,
-    };
-    rebase(event, &predictor.forecast(&input))
-}
-
-/// Replace a forecast's first step by the observed event and carry the later steps' changes
-/// over from the observed count.
-fn rebase(event: Interval, forecast: &[Interval]) -> Vec<Interval> {
-    let mut out = Vec::with_capacity(forecast.len());
-    out.push(event);
-    let mut nodes = event.nodes;
-    for step in forecast.iter().skip(1) {
-        let after = (nodes + step.added).saturating_sub(step.removed);
-        out.push(Interval {
-            nodes: after,
-            added: after.saturating_sub(nodes),
-            removed: nodes.saturating_sub(after),
-        });
-        nodes = after;
-    }
-    out
 }
 
 /// Names of the strategies [`strategy_by_name`] knows, in report order.

@@ -47,7 +47,7 @@ use crate::trace::Interval;
 pub use arima::Arima110;
 pub use eval::{StepErrors, mean_l1_per_step};
 pub use holt::HoltDamped;
-pub use notice::{NoticeAware, fold_notices};
+pub use notice::{NoticeAware, fold_notices, observed};
 pub use rules::{
     RuleConfig, RulePredictor, SeriesModel, flatten_turn_point, history_window, remove_outliers,
 };

@@ -34,6 +34,46 @@ impl<P: Predictor> Predictor for NoticeAware<P> {
     }
 }
 
+/// `predictor`'s forecast after `history`, with the upcoming `event` known (its preemptions
+/// as notices) and put in the first step: what a planner that sees notices and joins knows
+/// when it decides (the simulator's observed forecasts and the node's planner share it).
+pub fn observed(
+    predictor: &mut dyn Predictor,
+    history: &[Interval],
+    event: Interval,
+    horizon: usize,
+) -> Vec<Interval> {
+    let notices = [NoticeAhead {
+        offset: 0,
+        nodes: event.removed,
+    }];
+    let input = ForecastInput {
+        history,
+        known_next: Some(event.nodes),
+        notices: if event.removed > 0 { &notices } else { &[] },
+        horizon,
+    };
+    rebase(event, &predictor.forecast(&input))
+}
+
+/// Replaces a forecast's first step by the observed event and carry the later steps' changes
+/// over from the observed count.
+fn rebase(event: Interval, forecast: &[Interval]) -> Vec<Interval> {
+    let mut out = Vec::with_capacity(forecast.len());
+    out.push(event);
+    let mut nodes = event.nodes;
+    for step in forecast.iter().skip(1) {
+        let after = (nodes + step.added).saturating_sub(step.removed);
+        out.push(Interval {
+            nodes: after,
+            added: after.saturating_sub(nodes),
+            removed: nodes.saturating_sub(after),
+        });
+        nodes = after;
+    }
+    out
+}
+
 /// `base` (consistent from `start`) with every step removing at least the nodes noticed for
 /// it; notices beyond the forecast are ignored, several for one step add up.
 pub fn fold_notices(base: &[Interval], start: u32, notices: &[NoticeAhead]) -> Vec<Interval> {
