@@ -12,7 +12,7 @@ use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use parcae_consensus::state::Digest32;
+use parcae_consensus::state::{Cut, Digest32};
 use parcae_consensus::{ControlState, NodeId};
 use sha2::{Digest, Sha256};
 
@@ -84,7 +84,7 @@ pub fn registered_steps(state: &ControlState, layers: &Range<usize>) -> Vec<u64>
                 p.layers.start as usize == layers.start && p.layers.end as usize == layers.end
             })
         })
-        .map(|c| c.end.step + 1)
+        .map(Cut::steps_trained)
         .collect()
 }
 
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn a_complete_cut_s_file_stays_when_an_incomplete_newer_one_arrives() {
-        use parcae_consensus::state::{Cut, CutPart, LayerRange, StepEnd};
+        use parcae_consensus::state::{CutPart, LayerRange, StepEnd};
         let part = |start, end| CutPart {
             layers: LayerRange { start, end },
             holders: Vec::new(),

@@ -144,7 +144,7 @@ fn from_store(location: &str, job: Option<&str>, step: Option<u64>) -> anyhow::R
             Some(s) => format!("no complete checkpoint after {s} steps in {location}"),
             None => format!("no complete checkpoint in {location}"),
         })?;
-        let steps = cut.end.step + 1;
+        let steps = cut.steps_trained();
         let mut parts = Vec::with_capacity(cut.parts.len());
         for part in &cut.parts {
             let range = part.layers.start as usize..part.layers.end as usize;

@@ -226,7 +226,7 @@ impl JobStore {
         let Some(cut) = from.newest_cut().await? else {
             return Ok(None);
         };
-        let steps = cut.end.step + 1;
+        let steps = cut.steps_trained();
         for part in &cut.parts {
             let bytes = from.get_part(steps, part, max_part_bytes).await?;
             if Sha256::digest(&bytes).as_slice() != part.digest {
@@ -318,7 +318,7 @@ impl JobStore {
         for (_, _, path) in manifests.iter().take(KEEP_STORED_CUTS) {
             let bytes = self.get_bounded(path, MAX_MANIFEST_BYTES).await?;
             if let Ok(cut) = serde_json::from_slice::<Cut>(&bytes) {
-                let steps = cut.end.step + 1;
+                let steps = cut.steps_trained();
                 keep_parts.extend(
                     cut.parts
                         .iter()
@@ -426,7 +426,7 @@ mod tests {
         for p in &c.parts {
             let layers = p.layers.start..p.layers.end;
             store
-                .put_part(c.end.step + 1, layers, &p.digest, vec![p.digest[0]; 8])
+                .put_part(c.steps_trained(), layers, &p.digest, vec![p.digest[0]; 8])
                 .await
                 .unwrap();
         }

@@ -304,6 +304,12 @@ pub struct Cut {
 }
 
 impl Cut {
+    /// Steps trained into the cut's state (its end step and every one before it): what its
+    /// files are named by, and where training resumes from it.
+    pub fn steps_trained(&self) -> u64 {
+        self.end.step + 1
+    }
+
     /// Whether the parts cover layers `0..layers` end to end.
     pub fn is_complete(&self) -> bool {
         let mut next = 0;

@@ -212,8 +212,8 @@ pub async fn acquire(
 /// and the newest complete cut before it (a rollback target).
 pub fn cuts_for(state: &ControlState, step: u64) -> (Option<&Cut>, Option<&Cut>) {
     let mut complete = state.checkpoints.values().rev().filter(|c| c.is_complete());
-    let exact = complete.clone().find(|c| c.end.step + 1 == step);
-    let older = complete.find(|c| c.end.step + 1 < step);
+    let exact = complete.clone().find(|c| c.steps_trained() == step);
+    let older = complete.find(|c| c.steps_trained() < step);
     (exact, older)
 }
 
