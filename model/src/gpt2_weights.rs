@@ -426,6 +426,7 @@ mod tests {
             seq_len: 8,
             d_ff: 64,
             gelu: Gelu::Tanh,
+            kernel: crate::BlockKernel::Composed,
         }
     }
 

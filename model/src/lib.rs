@@ -50,11 +50,13 @@
 //! NdArray) are in `notes/burn-0.22.md` of the project.
 
 mod activation;
+mod block_kernel;
 mod codec;
 mod costs;
 mod data;
 mod device;
 mod error;
+mod fused_block;
 mod gpt;
 mod gpt2_weights;
 mod host;
@@ -78,7 +80,7 @@ pub use data::{
 };
 pub use device::{Backend, default_device};
 pub use error::{ModelError, Result};
-pub use gpt::{Gelu, Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
+pub use gpt::{BlockKernel, Gelu, Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
 pub use gpt2_weights::{Gpt2Safetensors, LayerWeights, write_gpt2_safetensors};
 pub use lanes::{DEFAULT_LANE_MIN_FLOPS, MAX_LANES, default_lanes};
 pub use optim::OptimizerConfig;

@@ -726,6 +726,11 @@ strategy = \"liveput_predict\"",
         assert_eq!(e.time_scale(), 4.0);
         assert_eq!(c.model().n_blocks, 48);
         assert_eq!(c.model().d_model, crate::emulate::STAND_IN.d_model);
+        assert_eq!(c.model().kernel, parcae_model::BlockKernel::Fused);
+        assert_eq!(
+            NodeConfig::default().model().kernel,
+            parcae_model::BlockKernel::Composed
+        );
         let wider = NodeConfig::parse(
             "[train]\nd_model = 64\n[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\n",
             "x",

@@ -77,7 +77,9 @@ pub struct StandInWidth {
 
 /// The stand-in's width: small, with every part of GPT's block kept (several heads, a wider
 /// feed-forward, a causal sequence). Narrower saves nothing: d 8 and sequence 4 measured the
-/// same, as the cost is per operation.
+/// same, as the cost is per operation; the stand-in runs each block as one fused operation
+/// ([`parcae_model::BlockKernel::Fused`]: 24 us forward and backward per block and micro-batch
+/// where Burn's composed block took 107 us).
 pub const STAND_IN: StandInWidth = StandInWidth {
     d_model: 16,
     n_heads: 2,
@@ -92,6 +94,7 @@ impl StandInWidth {
             n_heads: self.n_heads,
             d_ff: self.d_ff,
             seq_len: self.seq_len,
+            kernel: parcae_model::BlockKernel::Fused,
             ..base
         }
     }
@@ -161,11 +164,12 @@ impl Emulation {
     }
 
     /// The narrow model that stands in for the emulated one: `base` with the emulated model's
-    /// blocks at [`STAND_IN`]'s width. Its real work is what the emulated cluster's pacing has
-    /// to hide on the host's cores, and at these sizes each Burn operation costs about its
-    /// fixed overhead: gpt-1.5b's 48 blocks x 128 micro-batches of a step take ~1.5 s of CPU at
-    /// `tiny`'s width (d 32, sequence 16) and a third less at this one (32 nodes on two cores
-    /// at a time scale of 6: overrun 54 % at `tiny`'s width, 35 % at this one; docs/testnet.md).
+    /// blocks at [`STAND_IN`]'s width, each block one fused operation. Its real work is what the
+    /// emulated cluster's pacing has to hide on the host's cores, and at these sizes a composed
+    /// block is Burn's fixed per-operation overhead: gpt-1.5b's 48 blocks x 128 micro-batches of
+    /// a step took ~1.5 s of CPU at `tiny`'s width (d 32, sequence 16), a third less at this
+    /// one, and a quarter of that fused (docs/testnet.md). A `[train]` width override keeps the
+    /// fused kernel, which is plain loops: meant for narrow widths.
     pub fn stand_in(&self, base: parcae_model::GptConfig) -> parcae_model::GptConfig {
         parcae_model::GptConfig {
             n_blocks: self.blocks(),
