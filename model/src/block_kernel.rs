@@ -38,95 +38,44 @@ impl BlockDims {
     }
 }
 
-/// The block's twelve parameters (or their gradients), in [`crate::GptBlock`]'s order.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct BlockParams<T> {
-    pub ln_attn_gamma: T,
-    pub ln_attn_beta: T,
-    pub qkv_weight: T,
-    pub qkv_bias: T,
-    pub proj_weight: T,
-    pub proj_bias: T,
-    pub ln_mlp_gamma: T,
-    pub ln_mlp_beta: T,
-    pub fc_in_weight: T,
-    pub fc_in_bias: T,
-    pub fc_out_weight: T,
-    pub fc_out_bias: T,
+/// One of the block's twelve parameters, in [`crate::GptBlock`]'s order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Param {
+    LnAttnGamma,
+    LnAttnBeta,
+    QkvWeight,
+    QkvBias,
+    ProjWeight,
+    ProjBias,
+    LnMlpGamma,
+    LnMlpBeta,
+    FcInWeight,
+    FcInBias,
+    FcOutWeight,
+    FcOutBias,
 }
 
-impl<T> BlockParams<T> {
-    /// The parameters in order, for code that treats them alike.
-    pub fn into_array(self) -> [T; 12] {
-        [
-            self.ln_attn_gamma,
-            self.ln_attn_beta,
-            self.qkv_weight,
-            self.qkv_bias,
-            self.proj_weight,
-            self.proj_bias,
-            self.ln_mlp_gamma,
-            self.ln_mlp_beta,
-            self.fc_in_weight,
-            self.fc_in_bias,
-            self.fc_out_weight,
-            self.fc_out_bias,
-        ]
-    }
+/// The block's twelve parameters (or their gradients), indexed by [`Param`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BlockParams<T>(pub [T; 12]);
 
+impl<T> BlockParams<T> {
     /// Each parameter through `f`.
     pub fn map<U>(self, f: impl FnMut(T) -> U) -> BlockParams<U> {
-        BlockParams::from_array(self.into_array().map(f))
+        BlockParams(self.0.map(f))
     }
 
     /// The parameters borrowed.
     pub fn as_ref(&self) -> BlockParams<&T> {
-        BlockParams {
-            ln_attn_gamma: &self.ln_attn_gamma,
-            ln_attn_beta: &self.ln_attn_beta,
-            qkv_weight: &self.qkv_weight,
-            qkv_bias: &self.qkv_bias,
-            proj_weight: &self.proj_weight,
-            proj_bias: &self.proj_bias,
-            ln_mlp_gamma: &self.ln_mlp_gamma,
-            ln_mlp_beta: &self.ln_mlp_beta,
-            fc_in_weight: &self.fc_in_weight,
-            fc_in_bias: &self.fc_in_bias,
-            fc_out_weight: &self.fc_out_weight,
-            fc_out_bias: &self.fc_out_bias,
-        }
+        BlockParams(self.0.each_ref())
     }
+}
 
-    /// The inverse of [`Self::into_array`].
-    pub fn from_array(a: [T; 12]) -> Self {
-        let [
-            ln_attn_gamma,
-            ln_attn_beta,
-            qkv_weight,
-            qkv_bias,
-            proj_weight,
-            proj_bias,
-            ln_mlp_gamma,
-            ln_mlp_beta,
-            fc_in_weight,
-            fc_in_bias,
-            fc_out_weight,
-            fc_out_bias,
-        ] = a;
-        Self {
-            ln_attn_gamma,
-            ln_attn_beta,
-            qkv_weight,
-            qkv_bias,
-            proj_weight,
-            proj_bias,
-            ln_mlp_gamma,
-            ln_mlp_beta,
-            fc_in_weight,
-            fc_in_bias,
-            fc_out_weight,
-            fc_out_bias,
-        }
+impl<T> std::ops::Index<Param> for BlockParams<T> {
+    type Output = T;
+
+    fn index(&self, p: Param) -> &T {
+        &self.0[p as usize]
     }
 }
 
@@ -157,15 +106,36 @@ pub(crate) fn forward(dims: BlockDims, p: &BlockParams<&[f32]>, x: &[f32]) -> Ve
 
 fn forward_saved(dims: BlockDims, p: &BlockParams<&[f32]>, x: &[f32]) -> (Vec<f32>, Saved) {
     let (n, d, f) = (dims.rows(), dims.d, dims.d_ff);
-    let ln_attn = layer_norm(x, d, p.ln_attn_gamma, p.ln_attn_beta);
-    let qkv = linear(&ln_attn.out, p.qkv_weight, p.qkv_bias, n, d, 3 * d);
+    let ln_attn = layer_norm(x, d, p[Param::LnAttnGamma], p[Param::LnAttnBeta]);
+    let qkv = linear(
+        &ln_attn.out,
+        p[Param::QkvWeight],
+        p[Param::QkvBias],
+        n,
+        d,
+        3 * d,
+    );
     let (attn, probs) = attention(dims, &qkv);
-    let mut x1 = linear(&attn, p.proj_weight, p.proj_bias, n, d, d);
+    let mut x1 = linear(&attn, p[Param::ProjWeight], p[Param::ProjBias], n, d, d);
     add_into(&mut x1, x);
-    let ln_mlp = layer_norm(&x1, d, p.ln_mlp_gamma, p.ln_mlp_beta);
-    let hidden = linear(&ln_mlp.out, p.fc_in_weight, p.fc_in_bias, n, d, f);
+    let ln_mlp = layer_norm(&x1, d, p[Param::LnMlpGamma], p[Param::LnMlpBeta]);
+    let hidden = linear(
+        &ln_mlp.out,
+        p[Param::FcInWeight],
+        p[Param::FcInBias],
+        n,
+        d,
+        f,
+    );
     let activated: Vec<f32> = hidden.iter().map(|&h| gelu(h, dims.gelu_tanh)).collect();
-    let mut y = linear(&activated, p.fc_out_weight, p.fc_out_bias, n, f, d);
+    let mut y = linear(
+        &activated,
+        p[Param::FcOutWeight],
+        p[Param::FcOutBias],
+        n,
+        f,
+        d,
+    );
     add_into(&mut y, &x1);
     let saved = Saved {
         ln_attn,
@@ -192,28 +162,28 @@ pub(crate) fn backward(
     // y = x1 + fc_out(gelu(fc_in(ln_mlp(x1))))
     let fc_out_weight = at_b(&s.activated, dy, n, f, d);
     let fc_out_bias = column_sums(dy, d);
-    let mut d_hidden = a_bt(dy, p.fc_out_weight, n, d, f);
+    let mut d_hidden = a_bt(dy, p[Param::FcOutWeight], n, d, f);
     for (g, &h) in d_hidden.iter_mut().zip(&s.hidden) {
         *g *= gelu_derivative(h, dims.gelu_tanh);
     }
     let fc_in_weight = at_b(&s.ln_mlp.out, &d_hidden, n, d, f);
     let fc_in_bias = column_sums(&d_hidden, f);
-    let d_ln_mlp = a_bt(&d_hidden, p.fc_in_weight, n, f, d);
+    let d_ln_mlp = a_bt(&d_hidden, p[Param::FcInWeight], n, f, d);
     let (mut dx1, ln_mlp_gamma, ln_mlp_beta) =
-        layer_norm_backward(&s.ln_mlp, &d_ln_mlp, p.ln_mlp_gamma, d);
+        layer_norm_backward(&s.ln_mlp, &d_ln_mlp, p[Param::LnMlpGamma], d);
     add_into(&mut dx1, dy);
     // x1 = x + proj(attention(qkv(ln_attn(x))))
     let proj_weight = at_b(&s.attn, &dx1, n, d, d);
     let proj_bias = column_sums(&dx1, d);
-    let d_attn = a_bt(&dx1, p.proj_weight, n, d, d);
+    let d_attn = a_bt(&dx1, p[Param::ProjWeight], n, d, d);
     let d_qkv = attention_backward(dims, &s.qkv, &s.probs, &d_attn);
     let qkv_weight = at_b(&s.ln_attn.out, &d_qkv, n, d, 3 * d);
     let qkv_bias = column_sums(&d_qkv, 3 * d);
-    let d_ln_attn = a_bt(&d_qkv, p.qkv_weight, n, 3 * d, d);
+    let d_ln_attn = a_bt(&d_qkv, p[Param::QkvWeight], n, 3 * d, d);
     let (mut dx, ln_attn_gamma, ln_attn_beta) =
-        layer_norm_backward(&s.ln_attn, &d_ln_attn, p.ln_attn_gamma, d);
+        layer_norm_backward(&s.ln_attn, &d_ln_attn, p[Param::LnAttnGamma], d);
     add_into(&mut dx, &dx1);
-    let grads = BlockParams {
+    let grads = BlockParams([
         ln_attn_gamma,
         ln_attn_beta,
         qkv_weight,
@@ -226,7 +196,7 @@ pub(crate) fn backward(
         fc_in_bias,
         fc_out_weight,
         fc_out_bias,
-    };
+    ]);
     (dx, grads)
 }
 
@@ -486,7 +456,7 @@ mod tests {
         let (d, f) = (dims.d, dims.d_ff);
         let sizes = [d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * f, f, f * d, d];
         let mut seed = 0;
-        BlockParams::from_array(sizes.map(|n| {
+        BlockParams(sizes.map(|n| {
             seed += 1;
             values(n, seed)
         }))
@@ -532,13 +502,13 @@ mod tests {
                 },
                 "x",
             );
-            for (k, g) in grads.into_array().iter().enumerate() {
+            for (k, g) in grads.0.iter().enumerate() {
                 check(
                     g,
                     &|i, e| {
-                        let mut a = p.clone().into_array();
-                        a[k][i] += e;
-                        objective(dims, &BlockParams::from_array(a), &x, &w)
+                        let mut p = p.clone();
+                        p.0[k][i] += e;
+                        objective(dims, &p, &x, &w)
                     },
                     &format!("parameter {k}"),
                 );

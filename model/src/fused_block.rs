@@ -20,62 +20,36 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::block_kernel::{self, BlockDims, BlockParams};
+use crate::block_kernel::{self, BlockDims, BlockParams, Param};
 use crate::gpt::Gelu;
 
-/// The block's input and parameters across the dispatch boundary.
+/// The block's input and parameters (in [`Param`]'s order) across the dispatch boundary.
 #[derive(ExtensionType)]
-pub struct BlockInputs<B: Backend> {
-    x: FloatTensor<B>,
-    ln_attn_gamma: FloatTensor<B>,
-    ln_attn_beta: FloatTensor<B>,
-    qkv_weight: FloatTensor<B>,
-    qkv_bias: FloatTensor<B>,
-    proj_weight: FloatTensor<B>,
-    proj_bias: FloatTensor<B>,
-    ln_mlp_gamma: FloatTensor<B>,
-    ln_mlp_beta: FloatTensor<B>,
-    fc_in_weight: FloatTensor<B>,
-    fc_in_bias: FloatTensor<B>,
-    fc_out_weight: FloatTensor<B>,
-    fc_out_bias: FloatTensor<B>,
-}
+pub struct BlockInputs<B: Backend>(
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+);
 
 impl<B: Backend> BlockInputs<B> {
     fn split(self) -> (FloatTensor<B>, BlockParams<FloatTensor<B>>) {
-        let params = BlockParams {
-            ln_attn_gamma: self.ln_attn_gamma,
-            ln_attn_beta: self.ln_attn_beta,
-            qkv_weight: self.qkv_weight,
-            qkv_bias: self.qkv_bias,
-            proj_weight: self.proj_weight,
-            proj_bias: self.proj_bias,
-            ln_mlp_gamma: self.ln_mlp_gamma,
-            ln_mlp_beta: self.ln_mlp_beta,
-            fc_in_weight: self.fc_in_weight,
-            fc_in_bias: self.fc_in_bias,
-            fc_out_weight: self.fc_out_weight,
-            fc_out_bias: self.fc_out_bias,
-        };
-        (self.x, params)
+        let Self(x, a, b, c, d, e, f, g, h, i, j, k, l) = self;
+        (x, BlockParams([a, b, c, d, e, f, g, h, i, j, k, l]))
     }
 
     fn join(x: FloatTensor<B>, p: BlockParams<FloatTensor<B>>) -> Self {
-        Self {
-            x,
-            ln_attn_gamma: p.ln_attn_gamma,
-            ln_attn_beta: p.ln_attn_beta,
-            qkv_weight: p.qkv_weight,
-            qkv_bias: p.qkv_bias,
-            proj_weight: p.proj_weight,
-            proj_bias: p.proj_bias,
-            ln_mlp_gamma: p.ln_mlp_gamma,
-            ln_mlp_beta: p.ln_mlp_beta,
-            fc_in_weight: p.fc_in_weight,
-            fc_in_bias: p.fc_in_bias,
-            fc_out_weight: p.fc_out_weight,
-            fc_out_bias: p.fc_out_bias,
-        }
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = p.0;
+        Self(x, a, b, c, d, e, f, g, h, i, j, k, l)
     }
 }
 
@@ -148,7 +122,7 @@ fn forward_flex(
     gelu_tanh: bool,
 ) -> FlexTensor {
     debug_assert_eq!(x.dtype(), DType::F32);
-    let dims = dims(x, &p.fc_in_weight, heads, gelu_tanh);
+    let dims = dims(x, &p[Param::FcInWeight], heads, gelu_tanh);
     let (xs, ps) = (values(x), p.as_ref().map(values));
     let y = block_kernel::forward(dims, &ps.as_ref().map(|v| &v[..]), &xs);
     flex_tensor(y, x.layout().shape().to_vec())
@@ -180,13 +154,13 @@ impl Backward<Flex, 13> for BlockBackward {
     fn backward(self, ops: Ops<Self::State, 13>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<Flex>(&ops.node);
         let s = ops.state;
-        let dims = dims(&s.x, &s.params.fc_in_weight, s.heads, s.gelu_tanh);
+        let dims = dims(&s.x, &s.params[Param::FcInWeight], s.heads, s.gelu_tanh);
         let (xs, ps, dys) = (values(&s.x), s.params.as_ref().map(values), values(&dy));
         let (dx, dp) = block_kernel::backward(dims, &ps.as_ref().map(|v| &v[..]), &xs, &dys);
         let shapes = std::iter::once(&s.x)
-            .chain(s.params.as_ref().into_array())
+            .chain(&s.params.0)
             .map(|t| t.layout().shape().to_vec());
-        let values = std::iter::once(dx).chain(dp.into_array());
+        let values = std::iter::once(dx).chain(dp.0);
         for ((parent, grad), shape) in ops.parents.iter().zip(values).zip(shapes) {
             if let Some(node) = parent {
                 grads.register::<Flex>(node.id, flex_tensor(grad, shape));
@@ -198,7 +172,7 @@ impl Backward<Flex, 13> for BlockBackward {
 impl<C: CheckpointStrategy> FusedBlockBackend for Autodiff<Flex, C> {
     fn gpt_block(inputs: BlockInputs<Self>, heads: usize, gelu_tanh: bool) -> FloatTensor<Self> {
         let (x, p) = inputs.split();
-        let [a, b, c, d, e, f, g, h, i, j, k, l] = p.as_ref().into_array().map(|t| t.node());
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = p.as_ref().0.map(|t| t.node());
         let nodes = [x.node(), a, b, c, d, e, f, g, h, i, j, k, l];
         let x = x.into_primitive();
         let params = p.map(|t| t.into_primitive());

@@ -194,26 +194,13 @@ impl GptBlock {
                 n.beta.as_ref()?.val().into_dispatch(),
             ))
         };
-        let (ln_attn_gamma, ln_attn_beta) = norm(&self.ln_attn)?;
-        let (qkv_weight, qkv_bias) = linear(&self.qkv)?;
-        let (proj_weight, proj_bias) = linear(&self.proj)?;
-        let (ln_mlp_gamma, ln_mlp_beta) = norm(&self.ln_mlp)?;
-        let (fc_in_weight, fc_in_bias) = linear(&self.fc_in)?;
-        let (fc_out_weight, fc_out_bias) = linear(&self.fc_out)?;
-        Some(BlockParams {
-            ln_attn_gamma,
-            ln_attn_beta,
-            qkv_weight,
-            qkv_bias,
-            proj_weight,
-            proj_bias,
-            ln_mlp_gamma,
-            ln_mlp_beta,
-            fc_in_weight,
-            fc_in_bias,
-            fc_out_weight,
-            fc_out_bias,
-        })
+        let (a, b) = norm(&self.ln_attn)?;
+        let (c, d) = linear(&self.qkv)?;
+        let (e, f) = linear(&self.proj)?;
+        let (g, h) = norm(&self.ln_mlp)?;
+        let (i, j) = linear(&self.fc_in)?;
+        let (k, l) = linear(&self.fc_out)?;
+        Some(BlockParams([a, b, c, d, e, f, g, h, i, j, k, l]))
     }
 }
 
