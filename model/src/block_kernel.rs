@@ -36,6 +36,12 @@ impl BlockDims {
     fn rows(&self) -> usize {
         self.batch * self.seq
     }
+
+    /// A head's width and its attention scores' scale, `1 / sqrt(width)`.
+    fn head(&self) -> (usize, f32) {
+        let dh = self.d / self.heads;
+        (dh, 1.0 / (dh as f32).sqrt())
+    }
 }
 
 /// One of the block's twelve parameters, in [`crate::GptBlock`]'s order.
@@ -313,15 +319,8 @@ fn layer_norm_backward(
 /// Causal multi-head attention over the fused projection `qkv [rows, 3d]`: the heads'
 /// outputs `[rows, d]` and the probabilities.
 fn attention(dims: BlockDims, qkv: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let BlockDims {
-        batch,
-        seq,
-        d,
-        heads,
-        ..
-    } = dims;
-    let dh = d / heads;
-    let scale = 1.0 / (dh as f32).sqrt();
+    let (batch, seq, d, heads) = (dims.batch, dims.seq, dims.d, dims.heads);
+    let (dh, scale) = dims.head();
     let mut out = vec![0.0; batch * seq * d];
     let mut probs = vec![0.0; batch * heads * seq * seq];
     let mut scores = vec![0.0; seq];
@@ -362,15 +361,8 @@ fn attention(dims: BlockDims, qkv: &[f32]) -> (Vec<f32>, Vec<f32>) {
 
 /// The gradient of the fused projection for the attention output's gradient `d_out`.
 fn attention_backward(dims: BlockDims, qkv: &[f32], probs: &[f32], d_out: &[f32]) -> Vec<f32> {
-    let BlockDims {
-        batch,
-        seq,
-        d,
-        heads,
-        ..
-    } = dims;
-    let dh = d / heads;
-    let scale = 1.0 / (dh as f32).sqrt();
+    let (batch, seq, d, heads) = (dims.batch, dims.seq, dims.d, dims.heads);
+    let (dh, scale) = dims.head();
     let mut d_qkv = vec![0.0; qkv.len()];
     let mut d_scores = vec![0.0; seq];
     let at = |b: usize, t: usize, part: usize, h: usize| (b * seq + t) * 3 * d + part * d + h * dh;
