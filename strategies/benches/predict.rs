@@ -26,6 +26,7 @@ fn forecasts(c: &mut Criterion) {
                 i = if i + 1 >= t.len() { 20 } else { i + 1 };
                 let input = ForecastInput {
                     history: &t.intervals[..i],
+                    first: 0,
                     known_next: None,
                     notices: &[],
                     horizon: 12,

@@ -293,6 +293,7 @@ impl Forecast {
                 let known_next = first.then_some(event.nodes);
                 let input = ForecastInput {
                     history: trace.history(i),
+                    first: 0,
                     known_next,
                     notices: &[],
                     horizon,
@@ -300,11 +301,11 @@ impl Forecast {
                 p.forecast(&input)
             }
             Forecast::Observed(p) => {
-                predict::observed(p.as_mut(), trace.history(i), event, horizon)
+                predict::observed(p.as_mut(), trace.history(i), 0, event, horizon)
             }
             Forecast::Zone => {
                 let mut notice_aware = NoticeAware::new(zone);
-                predict::observed(&mut notice_aware, trace.history(i), event, horizon)
+                predict::observed(&mut notice_aware, trace.history(i), 0, event, horizon)
             }
         }
     }

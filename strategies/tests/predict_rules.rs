@@ -14,6 +14,7 @@ fn input<'a>(
 ) -> ForecastInput<'a> {
     ForecastInput {
         history,
+        first: 0,
         known_next: None,
         notices,
         horizon,
@@ -38,6 +39,7 @@ fn warm_up_uses_the_known_first_count_then_the_last() {
     let mut p = RulePredictor::new(SeriesModel::Arima, Bounds::PARCAE, 0);
     let f = p.forecast(&ForecastInput {
         history: &[],
+        first: 0,
         known_next: Some(18),
         notices: &[],
         horizon: 3,
@@ -238,7 +240,7 @@ proptest! {
         let warm = history.len() <= predict::history_window(horizon);
         for name in PredictorSpec::NAMES.into_iter().chain(["arima+reclamp", "es+reclamp+fresh", "last+notices+reclamp"]) {
             let mut p = predict::by_name(name, bounds, seed).unwrap();
-            let input = ForecastInput { history: &history, known_next: known, notices: &notices, horizon };
+            let input = ForecastInput { history: &history, first: 0, known_next: known, notices: &notices, horizon };
             let f = p.forecast(&input);
             prop_assert_eq!(f.len(), horizon);
             let mut prev = last;

@@ -87,42 +87,71 @@ fn first_plan_settles_until(
     (state.plan.is_none() && state.pending_plan.is_none() && now < settled).then_some(settled)
 }
 
-/// How long a plan broken by notices waits for more of them: the preemptions of one interval
-/// boundary reach the leader over a second or so, one `Notice` at a time, and planning at each
-/// would reconfigure as many times (the 32-node hh replay re-planned at every arriving
-/// notice), gossip and a commit apart; a notice comes 30 s (AWS: 120 s) before its deadline.
-const NOTICE_SETTLE: Duration = Duration::from_millis(500);
+/// How long a plan broken by departures waits for more of them: the preemptions of one
+/// interval boundary reach the leader over a second or so, one `Notice` at a time (the 32-node
+/// hh replay re-planned at every arriving notice, gossip and a commit apart; a notice comes 30 s,
+/// on AWS 120 s, before its deadline), and members killed together are marked lost a liveness
+/// check or two apart (the reactive hh replay: three killed at once, marked 0.1 s apart, cost
+/// two restarts). Planning at each would reconfigure as many times.
+const DEPARTURE_SETTLE: Duration = Duration::from_millis(500);
 
-/// The members of the plan in force that announced they leave, in id order.
-fn leaving_in_plan(state: &ControlState) -> Vec<NodeId> {
+/// The members of the plan in force that are gone (lost, or no longer members) or, when
+/// `notices` (the strategy acts on them), announced they leave: in id order.
+fn departing_from_plan(state: &ControlState, notices: bool) -> Vec<NodeId> {
     state.plan.as_ref().map_or_else(Vec::new, |plan| {
         plan.assignment
             .keys()
             .filter(|id| {
-                state
-                    .members
-                    .get(id)
-                    .is_some_and(|m| matches!(m.status, MemberStatus::Leaving { .. }))
+                state.members.get(id).is_none_or(|m| match m.status {
+                    MemberStatus::Lost => true,
+                    MemberStatus::Leaving { .. } => notices,
+                    _ => false,
+                })
             })
             .copied()
             .collect()
     })
 }
 
-/// Until when a plan that notices broke waits for more of them: [`NOTICE_SETTLE`] after the
-/// set of its leaving members last changed (`since`); `None` when planning may go ahead, and
-/// at once when a member of the plan is gone without notice (lost or removed: the plan is
-/// stuck until replaced).
-fn notices_settle_until(state: &ControlState, since: Instant, now: Instant) -> Option<Instant> {
-    let plan = state.plan.as_ref()?;
-    let stuck = plan.assignment.keys().any(|id| {
-        state
-            .members
-            .get(id)
-            .is_none_or(|m| m.status == MemberStatus::Lost)
-    });
-    let settled = since + NOTICE_SETTLE;
-    (!stuck && !leaving_in_plan(state).is_empty() && now < settled).then_some(settled)
+/// Until when a plan that departures broke waits for more of them: [`DEPARTURE_SETTLE`] after
+/// the set of its departing members (`departing`) last changed (`since`); `None` when planning
+/// may go ahead.
+fn departures_settle_until(departing: &[NodeId], since: Instant, now: Instant) -> Option<Instant> {
+    let settled = since + DEPARTURE_SETTLE;
+    (!departing.is_empty() && now < settled).then_some(settled)
+}
+
+/// When the current availability interval began, as this node saw it: the leader when it
+/// proposes a tick, a follower when it applies one. A new leader goes on at the old one's
+/// phase; one that started a new interval at once recorded its first seconds as a whole
+/// interval and planned at a boundary that was none (the 64-node run's new leader re-planned
+/// seven times in 100 s).
+#[derive(Debug, Default)]
+struct IntervalClock {
+    /// The last interval known to have begun.
+    interval: Option<u64>,
+    began: Option<Instant>,
+}
+
+impl IntervalClock {
+    /// Notes the last interval the replicated state records: a later one than known began now.
+    fn observe(&mut self, recorded: Option<u64>, now: Instant) {
+        if recorded > self.interval {
+            self.interval = recorded;
+            self.began = Some(now);
+        }
+    }
+
+    /// Notes that this node (the leader) begins `interval` now.
+    fn begin(&mut self, interval: u64, now: Instant) {
+        self.interval = Some(interval);
+        self.began = Some(now);
+    }
+
+    /// When the current interval ends: now if none is known to have begun.
+    fn ends(&self, now: Instant, length: Duration) -> Instant {
+        self.began.map_or(now, |t| t + length)
+    }
 }
 
 /// The actor.
@@ -134,13 +163,13 @@ pub struct Planner {
     lookahead: usize,
     pin: Option<ParallelConfig>,
     shape: JobShape,
-    last_tick: Option<Instant>,
+    clock: IntervalClock,
     next_tick: Option<SpawnHandle>,
     proposed: Option<Proposed>,
     workers_seen: Option<(Vec<NodeId>, Instant)>,
-    /// The plan's leaving members as last seen, and since when.
-    leaving_seen: Option<(Vec<NodeId>, Instant)>,
-    optimizer: Option<(usize, LiveputOptimizer)>,
+    /// The plan's departing members as last seen, and since when.
+    departing_seen: Option<(Vec<NodeId>, Instant)>,
+    optimizer: Option<LiveputOptimizer>,
     zone: NoticeAware<ZoneModel>,
     /// Parcae's predictor for `liveput-predict`, made with the first cost model (its bounds
     /// are the smallest feasible configuration and the job's cluster size).
@@ -171,11 +200,11 @@ impl Planner {
             pin: config.planner.pin.map(|[d, p]| ParallelConfig::new(d, p)),
             lookahead: usize::from(config.planner.lookahead),
             shape,
-            last_tick: None,
+            clock: IntervalClock::default(),
             next_tick: None,
             proposed: None,
             workers_seen: None,
-            leaving_seen: None,
+            departing_seen: None,
             optimizer: None,
             zone: NoticeAware::new(ZoneModel::new(interval.as_secs_f64())),
             arima: None,
@@ -186,11 +215,19 @@ impl Planner {
     /// One planning round on the leader: the availability tick when an interval is over, and
     /// a new plan when one is needed and none is on its way.
     fn round(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let recorded = self
+            .control
+            .state()
+            .borrow()
+            .availability
+            .back()
+            .map(|s| s.interval);
+        self.clock.observe(recorded, now);
         if !*self.control.leading().borrow() {
             return;
         }
         let state = self.control.state().borrow().clone();
-        let now = Instant::now();
         let workers_now: Vec<NodeId> = workers(&state).into_iter().map(|(id, _)| id).collect();
         if self
             .workers_seen
@@ -200,26 +237,25 @@ impl Planner {
             self.workers_seen = Some((workers_now, now));
         }
         let since = self.workers_seen.as_ref().map_or(now, |(_, t)| *t);
-        let leaving_now = leaving_in_plan(&state);
+        let departing_now = departing_from_plan(&state, self.acts_on_notices());
         if self
-            .leaving_seen
+            .departing_seen
             .as_ref()
-            .is_none_or(|(l, _)| *l != leaving_now)
+            .is_none_or(|(d, _)| *d != departing_now)
         {
-            self.leaving_seen = Some((leaving_now, now));
+            self.departing_seen = Some((departing_now, now));
         }
         // While a new cluster settles, neither its availability nor a plan is recorded: both
         // would describe a cluster that is still arriving.
         let settling = first_plan_settles_until(&state, since, now);
-        let noticed_since = self.leaving_seen.as_ref().map_or(now, |(_, t)| *t);
         let batching = self
-            .acts_on_notices()
-            .then(|| notices_settle_until(&state, noticed_since, now))
-            .flatten();
-        let tick = settling.is_none() && self.last_tick.is_none_or(|t| now - t >= self.interval);
+            .departing_seen
+            .as_ref()
+            .and_then(|(departing, since)| departures_settle_until(departing, *since, now));
+        let tick = settling.is_none() && now >= self.clock.ends(now, self.interval);
         let mut out = Vec::new();
         if tick {
-            self.last_tick = Some(now);
+            self.clock.begin(next_interval(&state), now);
             out.push(availability_tick(&state));
         }
         self.arm_timer(ctx, now, settling.into_iter().chain(batching).min());
@@ -262,7 +298,7 @@ impl Planner {
         if let Some(h) = self.next_tick.take() {
             ctx.cancel_future(h);
         }
-        let interval_due = self.last_tick.map_or(now, |t| t + self.interval);
+        let interval_due = self.clock.ends(now, self.interval);
         let due = settling
             .map_or(interval_due, |s| s.min(interval_due))
             .saturating_duration_since(now);
@@ -333,14 +369,8 @@ impl Planner {
                         self.interval.as_secs_f64(),
                     ),
                 };
-                let layers = cost.spec.layers.len();
-                let optimizer = match &mut self.optimizer {
-                    Some((l, o)) if *l == layers => o,
-                    slot => {
-                        let o = LiveputOptimizer::new(cost.clone(), self.interval.as_secs_f64(), 1);
-                        &mut slot.insert((layers, o)).1
-                    }
-                };
+                let optimizer =
+                    optimizer_for(&mut self.optimizer, &cost, self.interval.as_secs_f64());
                 let decision = optimizer.decide_with_terminal(
                     PlanState {
                         nodes: before,
@@ -371,6 +401,25 @@ impl Planner {
     }
 }
 
+/// The look-ahead optimizer for the cost model measured now: the one kept while the model is
+/// the same (its memoised migration costs stay valid), a new one as soon as the nodes measured
+/// anything new. The decision is then a function of the replicated state alone, so a new
+/// leader decides as the old one would have; an optimizer kept from the first plan priced
+/// every later move at the costs measured before any reconfiguration (the 2 s default restart).
+fn optimizer_for<'a>(
+    kept: &'a mut Option<LiveputOptimizer>,
+    cost: &Arc<CostModel>,
+    interval_secs: f64,
+) -> &'a mut LiveputOptimizer {
+    let current = kept
+        .as_mut()
+        .is_some_and(|o| o.costs().model().as_ref() == cost.as_ref());
+    if !current {
+        *kept = None;
+    }
+    kept.get_or_insert_with(|| LiveputOptimizer::new(cost.clone(), interval_secs, 1))
+}
+
 /// The count before the upcoming event, and the next `lookahead` intervals as the
 /// simulator's `liveput-zone` sees them at an interval's start: the upcoming interval
 /// observed (the `n` workers present, the members leaving or lost as its removals) and the
@@ -388,17 +437,20 @@ fn zone_forecast(
     interval_secs: f64,
 ) -> (u32, Vec<Interval>, Terminal) {
     let history = availability_history(state);
+    let first = first_recorded(state);
     let departing = departing(state);
     let event = Interval {
         nodes: n,
         added: 0,
         removed: departing,
     };
-    let future = observed(zone, &history, event, lookahead);
+    let future = observed(zone, &history, first, event, lookahead);
     let end = future.last().map_or(n, |s| s.nodes);
-    let terminal = zone
-        .inner()
-        .terminal(history.len() + future.len(), end, interval_secs * 1000.0);
+    let terminal = zone.inner().terminal(
+        first + history.len() + future.len(),
+        end,
+        interval_secs * 1000.0,
+    );
     (n + departing, future, terminal)
 }
 
@@ -424,6 +476,7 @@ fn parcae_forecast(
     let history = availability_history(state);
     predictor.forecast(&ForecastInput {
         history: &history,
+        first: first_recorded(state),
         known_next: history.is_empty().then_some(n),
         notices: &[],
         horizon,
@@ -445,6 +498,15 @@ fn availability_history(state: &ControlState) -> Vec<Interval> {
         prev = Some(s.count);
     }
     history
+}
+
+/// The number of the oldest availability interval the replicated state still records (it
+/// keeps the latest `limits::MAX_AVAILABILITY`; the leader numbers them one by one from 0).
+fn first_recorded(state: &ControlState) -> usize {
+    state
+        .availability
+        .front()
+        .map_or(0, |s| s.interval as usize)
 }
 
 /// Members that can take a slot: healthy, with a data plane, training the cluster's job, most
@@ -548,11 +610,16 @@ fn build_plan(
     })
 }
 
+/// The number of the next availability interval.
+fn next_interval(state: &ControlState) -> u64 {
+    state.availability.back().map_or(0, |s| s.interval + 1)
+}
+
 /// The availability command for the next interval: the count of healthy members, continuing
 /// the replicated sequence (so a new leader goes on where the old one stopped).
 pub fn availability_tick(state: &ControlState) -> Command {
     Command::AvailabilityTick {
-        interval: state.availability.back().map_or(0, |s| s.interval + 1),
+        interval: next_interval(state),
         count: state
             .members
             .values()
@@ -654,6 +721,44 @@ mod tests {
     }
 
     #[test]
+    fn the_forecast_counts_intervals_past_the_record_s_bound() {
+        use parcae_consensus::state::limits::MAX_AVAILABILITY;
+        let mut state = ControlState::default();
+        assert_eq!(first_recorded(&state), 0);
+        let mut zone = NoticeAware::new(ZoneModel::new(60.0));
+        let total = MAX_AVAILABILITY + 100;
+        for interval in 0..total as u64 {
+            let count = 8 + u32::from(interval >= 3000 && interval % 2 == 1);
+            state
+                .apply(&Command::AvailabilityTick { interval, count })
+                .unwrap();
+            if interval % 1000 == 0 {
+                zone_forecast(&mut zone, &state, count, 4, 60.0);
+            }
+        }
+        assert_eq!(first_recorded(&state), 100);
+        let stay = |zone: &mut NoticeAware<ZoneModel>, state: &ControlState| {
+            zone_forecast(zone, state, 9, 4, 60.0).2.stay_ms
+        };
+        let kept = stay(&mut zone, &state);
+        let new_leader = stay(&mut NoticeAware::new(ZoneModel::new(60.0)), &state);
+        // A new leader learns from the record alone, the old one also from what it dropped.
+        assert!(
+            (kept - new_leader).abs() <= 0.05 * kept,
+            "a new leader values about as the old one: {kept} vs {new_leader}"
+        );
+        for interval in total as u64..total as u64 + 30 {
+            state
+                .apply(&Command::AvailabilityTick { interval, count: 9 })
+                .unwrap();
+        }
+        assert!(
+            stay(&mut zone, &state) > kept,
+            "the calm intervals after the record was full were consumed"
+        );
+    }
+
+    #[test]
     fn parcae_forecasts_from_the_recorded_availability_alone() {
         let bounds = parcae_strategies::predict::Bounds {
             min_nodes: 2,
@@ -717,7 +822,7 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_broken_by_notices_waits_for_the_other_notices_of_the_boundary() {
+    fn a_plan_broken_by_departures_waits_for_the_other_departures_of_the_boundary() {
         let mut state = ControlState::default();
         let ids: Vec<NodeId> = (1..=3u8)
             .map(|n| {
@@ -753,7 +858,10 @@ mod tests {
             at_step: 0,
         });
         let t0 = Instant::now();
-        assert_eq!(notices_settle_until(&state, t0, t0), None, "no notice");
+        let settle = |notices: bool, since: Instant, now: Instant, state: &ControlState| {
+            departures_settle_until(&departing_from_plan(state, notices), since, now)
+        };
+        assert_eq!(settle(true, t0, t0, &state), None, "nobody departs");
         for id in &ids[..2] {
             state
                 .apply(&Command::Notice {
@@ -764,21 +872,31 @@ mod tests {
         }
         let mut noticed = ids[..2].to_vec();
         noticed.sort();
-        assert_eq!(leaving_in_plan(&state), noticed);
-        assert_eq!(
-            notices_settle_until(&state, t0, t0),
-            Some(t0 + NOTICE_SETTLE)
+        assert_eq!(departing_from_plan(&state, true), noticed);
+        assert_eq!(settle(true, t0, t0, &state), Some(t0 + DEPARTURE_SETTLE));
+        assert_eq!(settle(true, t0, t0 + DEPARTURE_SETTLE, &state), None);
+        assert!(
+            departing_from_plan(&state, false).is_empty(),
+            "notices do not count for a strategy that ignores them"
         );
-        assert_eq!(notices_settle_until(&state, t0, t0 + NOTICE_SETTLE), None);
         let mut lost = state.clone();
         lost.apply(&Command::Lost { node: ids[2] }).unwrap();
         assert_eq!(
-            notices_settle_until(&lost, t0, t0),
-            None,
-            "a member gone without notice: re-plan at once"
+            departing_from_plan(&lost, false),
+            vec![ids[2]],
+            "a member gone without notice counts for every strategy"
+        );
+        assert_eq!(
+            settle(false, t0, t0, &lost),
+            Some(t0 + DEPARTURE_SETTLE),
+            "losses marked one liveness check apart make one plan"
         );
         state.apply(&Command::Leave { node: ids[0] }).unwrap();
-        assert_eq!(notices_settle_until(&state, t0, t0), None, "a member left");
+        assert_eq!(
+            departing_from_plan(&state, true),
+            noticed,
+            "a member that left is still gone from the plan"
+        );
     }
 
     #[test]
@@ -837,6 +955,82 @@ mod tests {
             state.apply(&Command::Leave { node: *id }).unwrap();
         }
         assert_eq!(decide(&state, 29, at_notice), at_notice, "no move back");
+    }
+
+    #[test]
+    fn a_new_leader_keeps_the_old_leader_s_interval_phase() {
+        let length = Duration::from_secs(20);
+        let t0 = Instant::now();
+        let mut clock = IntervalClock::default();
+        assert_eq!(
+            clock.ends(t0, length),
+            t0,
+            "nothing recorded: an interval is due"
+        );
+        clock.observe(None, t0);
+        assert_eq!(clock.ends(t0, length), t0);
+        // As a follower: interval 7 applied at t0, nothing new after it.
+        clock.observe(Some(7), t0);
+        let t1 = t0 + Duration::from_secs(3);
+        clock.observe(Some(7), t1);
+        assert_eq!(
+            clock.ends(t1, length),
+            t0 + length,
+            "the old leader's phase"
+        );
+        // As the leader: it begins interval 8 and later applies its own tick.
+        let t2 = t0 + length;
+        clock.begin(8, t2);
+        clock.observe(Some(8), t2 + Duration::from_millis(40));
+        assert_eq!(
+            clock.ends(t2, length),
+            t2 + length,
+            "no drift by commit latency"
+        );
+        clock.observe(Some(7), t2 + length);
+        assert_eq!(
+            clock.ends(t2, length),
+            t2 + length,
+            "an older record changes nothing"
+        );
+    }
+
+    #[test]
+    fn the_optimizer_prices_moves_at_the_costs_measured_last() {
+        let priced = |ms: f64| {
+            let mut cost = CostModel::builtin("gpt-1.5b").unwrap();
+            cost.spec.restart = parcae_strategies::cost::spec::RestartCost::Fixed { ms };
+            Arc::new(cost)
+        };
+        let (cheap, dear) = (priced(1_000.0), priced(3_600_000.0));
+        // Sixteen nodes run, thirty-two are here and stay: a move pays off unless it costs
+        // more than the look-ahead.
+        let now = PlanState {
+            nodes: 32,
+            config: ParallelConfig::new(2, 8),
+            leftover_ms: 0.0,
+        };
+        let future = vec![
+            Interval {
+                nodes: 32,
+                added: 0,
+                removed: 0,
+            };
+            8
+        ];
+        let fresh = |cost: &Arc<CostModel>| {
+            LiveputOptimizer::new(cost.clone(), 60.0, 1)
+                .decide(now, &future)
+                .config
+        };
+        assert_ne!(fresh(&cheap), fresh(&dear), "the price decides");
+        let mut kept = None;
+        let first = optimizer_for(&mut kept, &cheap, 60.0).decide(now, &future);
+        assert_eq!(first.config, fresh(&cheap));
+        let later = optimizer_for(&mut kept, &dear, 60.0).decide(now, &future);
+        assert_eq!(later.config, fresh(&dear), "the costs measured since");
+        let again = optimizer_for(&mut kept, &dear, 60.0).decide(now, &future);
+        assert_eq!(again.config, later.config);
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub enum RepartitionRule {
 }
 
 /// Throughput and migration costs of one job on one cluster.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CostModel {
     /// The job.
     pub spec: ModelSpec,

@@ -53,6 +53,7 @@ pub fn mean_l1_per_step(
             .collect();
         let input = ForecastInput {
             history: &intervals[..i],
+            first: 0,
             known_next: (i == 0).then(|| intervals[0].nodes),
             notices: &notices,
             horizon,

@@ -67,6 +67,11 @@ pub struct NoticeAhead {
 pub struct ForecastInput<'a> {
     /// Completed intervals, oldest first (the real past, also from before a simulation window).
     pub history: &'a [Interval],
+    /// The index of `history[0]` among all intervals ever recorded: 0 for a whole history, more
+    /// once a bounded record (the replicated state keeps the latest 4,096) dropped its oldest.
+    /// Stateful predictors count intervals by it, so they go on consuming after the record is
+    /// full and place the intervals on the clock the same way on every leader.
+    pub first: usize,
     /// The node count of the upcoming interval when it is already known (the job's initial
     /// allocation at the very first interval). Parcae's rules use it during their warm-up.
     pub known_next: Option<u32>,

@@ -34,12 +34,14 @@ impl<P: Predictor> Predictor for NoticeAware<P> {
     }
 }
 
-/// `predictor`'s forecast after `history`, with the upcoming `event` known (its preemptions
-/// as notices) and put in the first step: what a planner that sees notices and joins knows
-/// when it decides (the simulator's observed forecasts and the node's planner share it).
+/// `predictor`'s forecast after `history` (its first interval the `first`-th recorded), with
+/// the upcoming `event` known (its preemptions as notices) and put in the first step: what a
+/// planner that sees notices and joins knows when it decides (the simulator's observed
+/// forecasts and the node's planner share it).
 pub fn observed(
     predictor: &mut dyn Predictor,
     history: &[Interval],
+    first: usize,
     event: Interval,
     horizon: usize,
 ) -> Vec<Interval> {
@@ -49,6 +51,7 @@ pub fn observed(
     }];
     let input = ForecastInput {
         history,
+        first,
         known_next: Some(event.nodes),
         notices: if event.removed > 0 { &notices } else { &[] },
         horizon,

@@ -152,16 +152,28 @@ impl ZoneModel {
         }
     }
 
-    /// Consumes the intervals of `history` not seen yet. A history shorter than what was seen
-    /// (another job, a restarted log) starts the model afresh.
+    /// Consumes the intervals of a whole `history` not seen yet.
     pub fn observe(&mut self, history: &[Interval]) {
-        if history.len() < self.seen {
+        self.observe_from(0, history);
+    }
+
+    /// Consumes the intervals not seen yet of a history whose first interval is the `first`-th
+    /// recorded (a bounded record that dropped its oldest). A history ending before what was
+    /// seen (another job, a restarted log) starts the model afresh; one starting after it (a new
+    /// leader's record of a long run) is consumed from its start, placed on the clock by index.
+    pub fn observe_from(&mut self, first: usize, history: &[Interval]) {
+        let end = first + history.len();
+        if end < self.seen {
             *self = Self::new(self.interval_secs);
         }
-        for (k, iv) in history.iter().enumerate().skip(self.seen) {
-            self.consume(k, *iv);
+        if first > self.seen {
+            self.last = None;
         }
-        self.seen = history.len();
+        let skip = self.seen.saturating_sub(first);
+        for (k, iv) in history.iter().enumerate().skip(skip) {
+            self.consume(first + k, *iv);
+        }
+        self.seen = end;
     }
 
     fn consume(&mut self, index: usize, iv: Interval) {
@@ -374,7 +386,7 @@ impl Predictor for ZoneModel {
     /// Persistence from the last known count plus the expected net change of the hours ahead
     /// when the zone has a time-of-day pattern, kept within `[0, capacity]`.
     fn forecast(&mut self, input: &ForecastInput<'_>) -> Vec<Interval> {
-        self.observe(input.history);
+        self.observe_from(input.first, input.history);
         let start = input
             .history
             .last()
@@ -385,7 +397,7 @@ impl Predictor for ZoneModel {
             .capacity()
             .max(start)
             .max(input.known_next.unwrap_or(0));
-        let first = input.history.len();
+        let first = input.first + input.history.len();
         let mut drift = 0.0;
         let counts = (0..input.horizon).map(|k| {
             drift += self.expected_net_change(first + k);
@@ -469,6 +481,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bounded_record_is_consumed_past_its_bound_and_placed_by_index() {
+        let h = dipping(16, 3000, 97, 2, 5);
+        let bound = 1000;
+        let mut whole = ZoneModel::new(60.0);
+        let mut bounded = ZoneModel::new(60.0);
+        for end in [bound, 2000, 3000] {
+            whole.observe(&h[..end]);
+            bounded.observe_from(end - bound, &h[end - bound..end]);
+        }
+        let (a, b) = (
+            whole.expected_stay_intervals(3000, 16),
+            bounded.expected_stay_intervals(3000, 16),
+        );
+        assert!((a - b).abs() < 1e-9, "kept consuming: {a} vs {b}");
+        // A model that never saw the start (a new leader) places the record by its index.
+        let mut late = ZoneModel::new(60.0);
+        late.observe_from(2000, &h[2000..3000]);
+        let mut whole_late = ZoneModel::new(60.0);
+        whole_late.observe(&h[..2000]);
+        assert_eq!(late.hour_of(2000), whole_late.hour_of(2000));
+        assert_eq!(late.seen, 3000);
+    }
+
+    #[test]
     fn incremental_and_whole_history_agree() {
         let h = dipping(16, 3000, 97, 2, 5);
         let mut once = ZoneModel::new(60.0);
@@ -517,6 +553,7 @@ mod tests {
         tail.extend(office_hours(4)[3 * 24 * 60..at].iter().copied());
         let f = m.forecast(&ForecastInput {
             history: &tail,
+            first: 0,
             known_next: None,
             notices: &[],
             horizon: 30,
@@ -528,6 +565,7 @@ mod tests {
         let h = steady(16, 3 * 24 * 60);
         let f = flat.forecast(&ForecastInput {
             history: &h,
+            first: 0,
             known_next: None,
             notices: &[],
             horizon: 12,
