@@ -315,13 +315,7 @@ impl Planner {
         let workers = workers(state);
         let n = workers.len() as u32;
         let current = state.plan.as_ref();
-        let acts_on_notices = self.acts_on_notices();
-        let gone = |id: &NodeId| match state.members.get(id).map(|m| m.status) {
-            Some(MemberStatus::Leaving { .. }) => acts_on_notices,
-            Some(s) => !s.is_healthy(),
-            None => true,
-        };
-        let broken = current.is_some_and(|p| p.assignment.keys().any(gone));
+        let broken = !departing_from_plan(state, self.acts_on_notices()).is_empty();
         if current.is_some() && !broken && !interval_boundary {
             return None;
         }
