@@ -12,6 +12,17 @@
 //! `[d_in, d_out]`, and the fused `qkv` projection's output holds the queries, keys and values
 //! one after another, each head's `d / heads` columns in order.
 
+use burn::config::Config;
+
+/// Which GELU the MLP applies.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Gelu {
+    /// `x * Phi(x)` with the exact normal CDF.
+    Erf,
+    /// The tanh approximation GPT-2 was trained with (Hugging Face's `gelu_new`).
+    Tanh,
+}
+
 /// Burn's `LayerNormConfig` default, which every [`crate::Gpt`] layer norm uses.
 pub(crate) const LAYER_NORM_EPSILON: f32 = 1e-5;
 

@@ -20,8 +20,7 @@ use burn::backend::{
 };
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::block_kernel::{self, BlockDims, BlockParams, Param};
-use crate::gpt::Gelu;
+use crate::block_kernel::{self, BlockDims, BlockParams, Gelu, Param};
 
 /// The block's input and parameters (in [`Param`]'s order) across the dispatch boundary.
 #[derive(ExtensionType)]

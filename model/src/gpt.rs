@@ -17,7 +17,7 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use burn::backend::DispatchTensor;
 
 use crate::activation::Activation;
-use crate::block_kernel::BlockParams;
+use crate::block_kernel::{BlockParams, Gelu};
 use crate::error::{ModelError, Result};
 use crate::fused_block;
 use crate::pipeline_model::PipelineModel;
@@ -57,15 +57,6 @@ pub enum BlockKernel {
     /// the CPU, where Burn's per-operation cost is nearly all of a block's time (d 16, sequence
     /// 8: 9x faster forward and backward). Flex only; other devices run the composed block.
     Fused,
-}
-
-/// Which GELU the MLP applies.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum Gelu {
-    /// `x * Phi(x)` with the exact normal CDF.
-    Erf,
-    /// The tanh approximation GPT-2 was trained with (Hugging Face's `gelu_new`).
-    Tanh,
 }
 
 impl GptConfig {

@@ -414,7 +414,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::gpt::Gelu;
+    use crate::block_kernel::Gelu;
     use crate::stage::{Stage, StageConfig};
 
     fn config() -> GptConfig {

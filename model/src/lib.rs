@@ -74,13 +74,14 @@ mod weights;
 mod wire;
 
 pub use activation::Activation;
+pub use block_kernel::Gelu;
 pub use costs::LayerCost;
 pub use data::{
     ByteTextDataset, Dataset, Sampler, Subset, SyntheticTask, split_validation, token_batch,
 };
 pub use device::{Backend, default_device};
 pub use error::{ModelError, Result};
-pub use gpt::{BlockKernel, Gelu, Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
+pub use gpt::{BlockKernel, Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, GptLayer};
 pub use gpt2_weights::{Gpt2Safetensors, LayerWeights, write_gpt2_safetensors};
 pub use lanes::{DEFAULT_LANE_MIN_FLOPS, MAX_LANES, default_lanes};
 pub use optim::OptimizerConfig;

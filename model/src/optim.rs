@@ -9,11 +9,12 @@
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{AdamW, AdamWConfig, AdamWState, Optimizer};
 use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 
 /// Hyper-parameters of AdamW, the learning-rate schedule and clipping.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerConfig {
     /// Learning rate at the end of warmup.
     pub peak_lr: f64,

@@ -17,10 +17,9 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, relu};
 use burn::tensor::{Device, Tensor};
-use parcae_model::{Activation, ModelError, PipelineModel, StageRng, SyntheticTask};
-use parcae_node::config::NodeConfig;
-use parcae_node::key::ClusterKey;
-use parcae_node::runtime::RunOptions;
+use parcae_model::{
+    Activation, ModelError, OptimizerConfig, PipelineModel, StageRng, SyntheticTask,
+};
 
 /// Embedding, `blocks` residual MLP blocks, output projection.
 struct TokenMlp {
@@ -112,25 +111,10 @@ impl PipelineModel for TokenMlp {
 }
 
 fn main() -> anyhow::Result<()> {
-    parcae_node::runtime::init_logging();
+    parcae_node::process::init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [data_dir, status_addr, key, rest @ ..] = args.as_slice() else {
+    let [data_dir, status_addr, key, bootstrap @ ..] = args.as_slice() else {
         anyhow::bail!("usage: token_mlp DATA_DIR STATUS_ADDR KEY_FILE [BOOTSTRAP_MULTIADDR]");
-    };
-    let mut config = NodeConfig::default();
-    config.planner.interval_secs = 2.0;
-    config.planner.pin = Some([1, 2]);
-    let opts = RunOptions {
-        data_dir: data_dir.into(),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
-        bootstrap: rest.iter().map(|b| b.parse()).collect::<Result<_, _>>()?,
-        bootstrap_file: None,
-        cluster_key: ClusterKey::load(std::path::Path::new(key))?.into(),
-        status_addr: status_addr.parse().context("STATUS_ADDR")?,
-        resync: false,
-        trainer: None,
-        adopt: None,
-        config,
     };
     let model = TokenMlp {
         vocab: 64,
@@ -143,11 +127,25 @@ fn main() -> anyhow::Result<()> {
         .batch(16, 4)
         .max_steps(40)
         .checkpoint_every(0)
-        .optimizer(parcae_model::OptimizerConfig {
+        .optimizer(OptimizerConfig {
             peak_lr: 1e-2,
             warmup_steps: 5,
-            ..parcae_model::OptimizerConfig::default()
+            ..OptimizerConfig::default()
         })
-        .run(opts)?;
+        .data_dir(data_dir)
+        .key_file(key)
+        .listen("/ip4/127.0.0.1/tcp/0".parse()?)
+        .status_addr(status_addr.parse().context("STATUS_ADDR")?)
+        .bootstrap(
+            bootstrap
+                .iter()
+                .map(|b| b.parse())
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+        .configure(|node| {
+            node.planner.interval_secs = 2.0;
+            node.planner.pin = Some([1, 2]);
+        })
+        .run()?;
     std::process::exit(code)
 }

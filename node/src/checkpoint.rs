@@ -8,13 +8,14 @@
 //! would delete the restore target.
 
 use std::fs;
-use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use parcae_consensus::state::{Cut, Digest32};
 use parcae_consensus::{ControlState, NodeId};
 use sha2::{Digest, Sha256};
+
+use crate::data_dir::write_atomic;
 
 /// A checkpoint file could not be written, read or pruned.
 #[derive(Debug, thiserror::Error)]
@@ -125,14 +126,7 @@ impl CheckpointStore {
     ) -> Result<Digest32, CheckpointError> {
         fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let path = self.path(steps, layers);
-        let tmp = path.with_extension("tmp");
-        let mut f = fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| io(&tmp, e))?;
-        f.sync_all().map_err(|e| io(&tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
-        fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(&self.dir, e))?;
+        write_atomic(&path, bytes).map_err(|e| io(&path, e))?;
         self.prune(layers, registered)?;
         Ok(Sha256::digest(bytes).into())
     }

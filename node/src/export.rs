@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::NodeConfig;
+use crate::data_dir::CHECKPOINTS;
 use crate::store::JobStore;
-use crate::train::launch::CHECKPOINT_DIR;
 
 /// The file formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -121,7 +121,7 @@ fn chain_from(
 
 /// A node's checkpoint directory: `dir/checkpoints` for a data directory, else `dir`.
 fn checkpoint_dir(dir: &Path) -> PathBuf {
-    let inner = dir.join(CHECKPOINT_DIR);
+    let inner = dir.join(CHECKPOINTS);
     if inner.is_dir() {
         inner
     } else {

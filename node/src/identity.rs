@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 
 use libp2p::identity::Keypair;
 
-/// File name of the identity key inside the data directory.
-pub const IDENTITY_FILE: &str = "node.key";
+use crate::data_dir::{DataDir, write_atomic};
 
 /// Largest identity file accepted (an encoded ed25519 key is 68 bytes).
 const MAX_IDENTITY_FILE: u64 = 4096;
@@ -54,13 +53,13 @@ pub enum IdentityError {
 }
 
 /// Loads the identity from `data_dir`, or creates the directory and a new ed25519 identity.
-pub fn load_or_create(data_dir: &Path) -> Result<Keypair, IdentityError> {
+pub fn load_or_create(data_dir: &DataDir) -> Result<Keypair, IdentityError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| IdentityError::Io { path, source }
     };
-    std::fs::create_dir_all(data_dir).map_err(io(data_dir))?;
-    let path = data_dir.join(IDENTITY_FILE);
+    std::fs::create_dir_all(data_dir.root()).map_err(io(data_dir.root()))?;
+    let path = data_dir.identity();
     match std::fs::metadata(&path) {
         Ok(meta) => {
             if meta.len() == 0 {
@@ -84,7 +83,7 @@ pub fn load_or_create(data_dir: &Path) -> Result<Keypair, IdentityError> {
                     path: path.clone(),
                     source,
                 })?;
-            crate::fsutil::write_private_atomic(&path, &bytes).map_err(io(&path))?;
+            write_atomic(&path, &bytes).map_err(io(&path))?;
             Ok(key)
         }
         Err(e) => Err(io(&path)(e)),
@@ -98,23 +97,24 @@ mod tests {
     #[test]
     fn identity_survives_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let first = load_or_create(&dir.path().join("d")).unwrap();
-        let second = load_or_create(&dir.path().join("d")).unwrap();
+        let first = load_or_create(&DataDir::new(dir.path().join("d"))).unwrap();
+        let second = load_or_create(&DataDir::new(dir.path().join("d"))).unwrap();
         assert_eq!(first.public().to_peer_id(), second.public().to_peer_id());
-        let other = load_or_create(&dir.path().join("e")).unwrap();
+        let other = load_or_create(&DataDir::new(dir.path().join("e"))).unwrap();
         assert_ne!(first.public().to_peer_id(), other.public().to_peer_id());
     }
 
     #[test]
     fn corrupt_identity_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(IDENTITY_FILE), b"not a key").unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path());
+        std::fs::write(dir.identity(), b"not a key").unwrap();
         assert!(matches!(
-            load_or_create(dir.path()),
+            load_or_create(&dir),
             Err(IdentityError::Decode { .. })
         ));
-        std::fs::write(dir.path().join(IDENTITY_FILE), b"").unwrap();
-        let empty = load_or_create(dir.path()).unwrap_err();
+        std::fs::write(dir.identity(), b"").unwrap();
+        let empty = load_or_create(&dir).unwrap_err();
         assert!(matches!(empty, IdentityError::Empty { .. }));
         assert!(empty.to_string().contains("is empty: remove it"), "{empty}");
     }

@@ -121,7 +121,7 @@ impl ClusterKey {
     /// Writes the key file, readable by its owner only, refusing to overwrite an existing file
     /// (overwriting would silently lock this node out of its cluster).
     pub fn store(&self, path: &Path) -> Result<(), KeyError> {
-        crate::fsutil::write_private_new(path, format!("{}\n", hex::encode(self.0)).as_bytes())
+        crate::data_dir::write_private_new(path, format!("{}\n", hex::encode(self.0)).as_bytes())
             .map_err(|source| KeyError::Io {
                 path: path.display().to_string(),
                 source,
@@ -131,7 +131,7 @@ impl ClusterKey {
     /// Writes the key file over an existing one, whole or not at all (a rotated key replaces
     /// the one it rotated out).
     pub fn replace(&self, path: &Path) -> Result<(), KeyError> {
-        crate::fsutil::write_private_atomic(path, format!("{}\n", hex::encode(self.0)).as_bytes())
+        crate::data_dir::write_atomic(path, format!("{}\n", hex::encode(self.0)).as_bytes())
             .map_err(|source| KeyError::Io {
                 path: path.display().to_string(),
                 source,

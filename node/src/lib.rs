@@ -16,18 +16,20 @@
 //!   propose what, lost members, this node's `Join`, the `/status` projection) are pure
 //!   functions in [`control`]. Membership changes (learners, at most `max_voters` odd voters,
 //!   replacing a leaving voter by a caught-up learner) are planned inside the consensus crate.
-//! * [`planner::Planner`]: on the leader, woken by every change of the state or the
-//!   leadership: proposes `AvailabilityTick` every planning interval and `Reconfigure` when the
-//!   plan must change.
-//! * [`watch::NoticeWatcher`]: SIGTERM/SIGINT (deadline = now + grace, default 30 s) and the
-//!   AWS IMDSv2 / GCE / Azure metadata pollers (configurable base URLs, own threads).
+//! * `planner::Planner`: on the leader, woken by every change of the state or the leadership:
+//!   proposes `AvailabilityTick` every planning interval and `Reconfigure` when the plan must
+//!   change (the decision a pure function, the strategies in rooms of their own).
+//! * `notices::NoticeWatcher`: SIGTERM/SIGINT (deadline = now + grace, default 30 s) and the
+//!   AWS IMDSv2 / GCE / Azure metadata pollers (configurable base URLs, a thread of their own
+//!   that hands its notice straight to the driver).
 //! * the trainer ([`train`], a dedicated thread plus a small tokio runtime for the data plane):
 //!   follows the replicated plan, runs its stage with `parcae-model`, moves activations,
 //!   gradients and stage state over the encrypted data plane ([`dataplane`]), commits every step
-//!   through raft before applying it. [`Trainer`] ([`trainer`]) is the library entry point.
-//! * [`status::Status`]: renders `/status` JSON; the HTTP server ([`http`], actix-web on a
+//!   through raft before applying it. [`Trainer`] is the library entry point; [`assembly`]
+//!   assembles and runs a node.
+//! * `status::Status`: renders `/status` JSON; the HTTP server ([`http`], actix-web on a
 //!   worker thread of its own, with connection limits and timeouts) serves it, `/steps` and
-//!   `/metrics` (OpenMetrics text from [`metrics::Metrics`], prometheus-client).
+//!   `/metrics` (OpenMetrics text from `metrics::Metrics`, prometheus-client).
 //!
 //! ## Transport and admission
 //!
@@ -46,16 +48,16 @@
 //! ([`net::codec`]). Oversized frames, undecodable messages and malformed or forged raft
 //! messages disconnect the sender.
 //!
-//! Bulk tensors (next issue) should not share these connections: a bulk transfer raised
-//! request-response round trips 20x in the prototype, and noise+yamux tops out far below the
-//! 1.25 GB/s goal. The intended home is a separate data plane (raw TCP with an AEAD keyed from
-//! the cluster key through the same admission proof), leaving this swarm to control traffic.
+//! Bulk tensors do not share these connections: a bulk transfer raised request-response round
+//! trips 20x in the prototype, and noise+yamux tops out far below the 1.25 GB/s goal. They go
+//! over the data plane ([`dataplane`]: raw TCP with AES-GCM records keyed by a Noise handshake
+//! that proves the cluster key), leaving this swarm to control traffic.
 //!
 //! ## Files in the data directory
 //!
-//! `node.key` (libp2p identity, 0600; same peer id across restarts), `raft/` (raft-engine
-//! log), `checkpoints/` (this node's and peers' checkpoint parts, the fast tier) and `store/`
-//! (the job's durable checkpoint store when no other location is configured: [`store`]). The cluster key is a separate 64-hex-digit file made by `parcae-node keygen`.
+//! [`data_dir::DataDir`] names every one (identity, raft log, remembered members, the mark of
+//! a graceful exit, checkpoints, the job's default store) and writes them whole or not at all.
+//! The cluster key is a separate 64-hex-digit file made by `parcae-node keygen`.
 //!
 //! ## Version note
 //!
@@ -63,31 +65,45 @@
 //! `js-sys = 0.3.85`) while burn 0.22 needs `js-sys >= 0.3.91`, which cannot resolve in one
 //! workspace lock. The APIs used here are the same in both.
 
-pub mod adopt;
-pub mod checkpoint;
+// The library API: a Burn project's trainer, the node's settings and job, assembling a node.
+pub mod assembly;
 pub mod config;
-pub mod control;
-pub mod dataplane;
-pub mod emulate;
+pub mod job;
+pub mod process;
+mod trainer;
+
+// The tools of the `parcae-node` binary besides `run`.
+pub mod adopt;
 pub mod export;
-pub mod fsutil;
+pub mod prepare;
+
+// The control plane: raft, planning, notices, `/status`.
+pub mod control;
 pub mod http;
+pub(crate) mod notices;
+pub(crate) mod planner;
+pub(crate) mod status;
+
+// The networks: the libp2p swarm and its messages, the data plane.
+pub mod dataplane;
+pub mod net;
+pub mod wire;
+
+// Training: the trainer's rooms, the emulated accelerator, checkpoints and the job's store.
+pub mod checkpoint;
+pub mod emulate;
+pub(crate) mod store;
+pub mod train;
+
+// Who a node is and what it keeps: its data directory, identity and cluster keys.
+pub mod data_dir;
 pub mod identity;
 pub mod key;
 pub mod keyring;
-pub mod metrics;
-pub mod net;
-pub mod notice;
-pub mod planner;
-pub mod prepare;
-pub mod resync;
-pub mod retry;
-pub mod runtime;
-pub mod status;
-pub mod store;
-pub mod train;
-pub mod trainer;
-pub mod watch;
-pub mod wire;
+pub(crate) mod resync;
 
-pub use trainer::Trainer;
+// Plumbing.
+pub(crate) mod metrics;
+pub(crate) mod retry;
+
+pub use trainer::{DEFAULT_DATA_DIR, DEFAULT_LISTEN, DEFAULT_STATUS_ADDR, Trainer};

@@ -10,16 +10,16 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use parcae_api::client::Client;
 use parcae_model::{
-    ByteTextDataset, Dataset, Gpt, Gpt2Safetensors, GptConfig, OptimizerConfig, SyntheticTask,
-    TokenDtype, TokenFileDataset,
+    ByteTextDataset, Dataset, Gpt, Gpt2Safetensors, GptConfig, SyntheticTask, TokenDtype,
+    TokenFileDataset,
 };
 use parcae_node::Trainer;
 use parcae_node::adopt;
+use parcae_node::assembly::{self, RunArgs};
 use parcae_node::config::{JobSource, NodeConfig};
 use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
-use parcae_node::runtime::{self, RunArgs};
 use parcae_node::train::TrainerLauncher;
 
 /// Burn allocates a fresh buffer for every tensor operation; glibc's allocator hands large ones
@@ -79,22 +79,25 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     keep_freed_memory();
-    parcae_node::runtime::init_logging();
+    parcae_node::process::init_logging();
     match Cli::parse().command {
         Command::Run(args) => {
-            let mut opts = args.load()?;
-            match opts.config.train.job {
-                _ if !opts.config.train.enabled => {}
-                JobSource::Own => opts.trainer = Some(builtin_trainer(&opts.config)?),
+            let opts = args.load()?;
+            let opts = match opts.config.train.job {
+                _ if !opts.config.train.enabled => opts,
+                JobSource::Own => {
+                    let trainer = builtin_trainer(&opts.config)?;
+                    opts.with_trainer(trainer)
+                }
                 JobSource::Adopt => {
                     let config = opts.config.clone();
-                    opts.adopt = Some(Box::new(move |job| {
+                    opts.adopting(Box::new(move |job| {
                         let adopted = adopt::adopted(&config, job).map_err(|e| e.to_string())?;
                         builtin_trainer(&adopted).map_err(|e| format!("{e:#}"))
-                    }));
+                    }))
                 }
-            }
-            std::process::exit(runtime::run(opts)?);
+            };
+            std::process::exit(assembly::run(opts)?);
         }
         Command::Keygen { out } => {
             let key = ClusterKey::generate();
@@ -153,20 +156,8 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     let emulation = config.device.emulation()?;
     let gpt = config.model();
     let recipe = adopt::recipe(config)?;
-    let optimizer = OptimizerConfig {
-        peak_lr: t.peak_lr,
-        min_lr: t.peak_lr / 10.0,
-        warmup_steps: t.warmup_steps,
-        // Runs that split a batch differently stay within 1e-4 of each other (see the model
-        // crate's OptimizerConfig::epsilon).
-        epsilon: 1e-5,
-        ..OptimizerConfig::default()
-    };
     let launcher = |gpt: GptConfig, data: Arc<dyn Dataset>| -> anyhow::Result<TrainerLauncher> {
         let mut trainer = Trainer::with_shared_dataset(Gpt::new(gpt.clone())?, data);
-        if let Some(validation) = config.validation() {
-            trainer = trainer.validation(validation);
-        }
         if let Some(init) = &t.init {
             let weights = Gpt2Safetensors::open(std::path::Path::new(init), &gpt)
                 .with_context(|| format!("train.init {init}"))?;
@@ -174,13 +165,9 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
         }
         Ok(trainer
             .job_settings(recipe.clone())
-            .seed(t.seed)
-            .batch(t.global_batch, t.micro_batch)
-            .max_steps(t.max_steps)
-            .checkpoint_every(t.checkpoint_every)
+            .spec(t.job_spec())
             .checkpoint_store(t.checkpoint_store.clone())
             .restore_from(t.restore.clone())
-            .optimizer(optimizer)
             .emulate(emulation.clone())
             .launcher())
     };

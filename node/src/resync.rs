@@ -7,22 +7,18 @@
 //! raft directory and the identity key are set aside — moved, never deleted, for an operator to
 //! look at — and the node rejoins through its seeds or the members it remembers.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::identity::IDENTITY_FILE;
-use crate::runtime::RAFT_DIR;
-
-/// Written in the data directory when the node leaves gracefully.
-pub const LEFT_MARKER: &str = "left";
+use crate::data_dir::{DataDir, write_atomic};
 
 /// Records that this node left the cluster, so its next start comes back as a new member.
-pub fn mark_left(data_dir: &Path) -> std::io::Result<()> {
-    crate::fsutil::write_private_atomic(&data_dir.join(LEFT_MARKER), b"left the cluster\n")
+pub fn mark_left(data_dir: &DataDir) -> std::io::Result<()> {
+    write_atomic(&data_dir.left_marker(), b"left the cluster\n")
 }
 
 /// Whether this node left the cluster when it last ran.
-pub fn left_before(data_dir: &Path) -> bool {
-    data_dir.join(LEFT_MARKER).exists()
+pub fn left_before(data_dir: &DataDir) -> bool {
+    data_dir.left_marker().exists()
 }
 
 /// Why the damaged state could not be set aside.
@@ -43,14 +39,17 @@ pub enum ResyncError {
     },
 }
 
-/// Moves `DATA_DIR/raft`, `DATA_DIR/node.key` and the [`LEFT_MARKER`] (those present) into a
-/// new `DATA_DIR/set-aside-<stamp>` and returns that folder.
-pub fn set_aside(data_dir: &Path, stamp: u64) -> Result<PathBuf, ResyncError> {
-    let aside = data_dir.join(format!("set-aside-{stamp}"));
+/// Moves the member's state ([`DataDir::member_state`]: the raft log, the identity and the
+/// mark of its exit, those present) into a new `DATA_DIR/set-aside-<stamp>` and returns that
+/// folder.
+pub fn set_aside(data_dir: &DataDir, stamp: u64) -> Result<PathBuf, ResyncError> {
+    let aside = data_dir.set_aside(stamp);
     let moved = |path: PathBuf| move |source| ResyncError::Move { path, source };
     std::fs::create_dir_all(&aside).map_err(moved(aside.clone()))?;
-    for name in [RAFT_DIR, IDENTITY_FILE, LEFT_MARKER] {
-        let from = data_dir.join(name);
+    for from in data_dir.member_state() {
+        let Some(name) = from.file_name() else {
+            continue;
+        };
         if from.exists() {
             std::fs::rename(&from, aside.join(name)).map_err(moved(from.clone()))?;
         }
@@ -64,26 +63,27 @@ mod tests {
 
     #[test]
     fn the_raft_state_and_the_identity_move_aside_and_nothing_else() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join(RAFT_DIR)).unwrap();
-        std::fs::write(dir.path().join(RAFT_DIR).join("1.raftlog"), b"log").unwrap();
-        std::fs::write(dir.path().join(IDENTITY_FILE), b"key").unwrap();
-        std::fs::write(dir.path().join("known-peers"), b"peers").unwrap();
-        mark_left(dir.path()).unwrap();
-        assert!(left_before(dir.path()));
-        let aside = set_aside(dir.path(), 42).unwrap();
-        assert!(!left_before(dir.path()));
-        assert_eq!(aside, dir.path().join("set-aside-42"));
-        assert!(!dir.path().join(RAFT_DIR).exists());
-        assert!(!dir.path().join(IDENTITY_FILE).exists());
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path());
+        std::fs::create_dir(dir.raft()).unwrap();
+        std::fs::write(dir.raft().join("1.raftlog"), b"log").unwrap();
+        std::fs::write(dir.identity(), b"key").unwrap();
+        std::fs::write(dir.known_peers(), b"peers").unwrap();
+        mark_left(&dir).unwrap();
+        assert!(left_before(&dir));
+        let aside = set_aside(&dir, 42).unwrap();
+        assert!(!left_before(&dir));
+        assert_eq!(aside, tmp.path().join("set-aside-42"));
+        assert!(!dir.raft().exists());
+        assert!(!dir.identity().exists());
         assert_eq!(
-            std::fs::read(aside.join(RAFT_DIR).join("1.raftlog")).unwrap(),
+            std::fs::read(aside.join("raft").join("1.raftlog")).unwrap(),
             b"log"
         );
-        assert_eq!(std::fs::read(aside.join(IDENTITY_FILE)).unwrap(), b"key");
-        assert!(dir.path().join("known-peers").exists());
+        assert_eq!(std::fs::read(aside.join("node.key")).unwrap(), b"key");
+        assert!(dir.known_peers().exists());
         // A second resync (the first found nothing to rejoin, say) sets aside what is there.
-        let again = set_aside(dir.path(), 43).unwrap();
+        let again = set_aside(&dir, 43).unwrap();
         assert!(again.exists());
     }
 }

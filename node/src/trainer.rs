@@ -1,31 +1,64 @@
 //! [`Trainer`]: how a Burn project trains its own [`PipelineModel`] on a Parcae-rs cluster.
+//! One object wraps the whole node: the job (model, data, hyper-parameters) and where the node
+//! lives (data directory, cluster key, addresses, seeds, its settings).
 //!
 //! ```no_run
-//! # use std::sync::Arc;
-//! # fn demo<M: parcae_model::PipelineModel>(model: M, data: impl parcae_model::Dataset + 'static,
-//! #     opts: parcae_node::runtime::RunOptions) -> anyhow::Result<()> {
+//! # fn demo<M: parcae_model::PipelineModel>(model: M, data: impl parcae_model::Dataset + 'static)
+//! #     -> anyhow::Result<()> {
 //! let code = parcae_node::Trainer::new(model, data)
 //!     .seed(7)
 //!     .batch(32, 4)
 //!     .max_steps(1000)
-//!     .run(opts)?;
+//!     .key_file("cluster.key")
+//!     .listen("/ip4/0.0.0.0/tcp/7000".parse()?)
+//!     .bootstrap(["/dns4/founder.internal/tcp/7000".parse()?])
+//!     .run()?;
 //! # Ok(()) }
 //! ```
 //!
-//! The builder only describes the job ([`TrainJob`]); [`crate::train`] assembles it inside a
-//! node and [`crate::runtime`] runs the node.
+//! The job is a [`TrainJob`], which [`crate::train`] assembles inside the node; the node's side
+//! is [`RunOptions`], which [`crate::assembly`] runs.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use libp2p::Multiaddr;
 use parcae_model::{Dataset, OptimizerConfig, PipelineModel, WeightSource, default_device};
 
+use crate::assembly::{NodeError, RunOptions};
+use crate::config::NodeConfig;
 use crate::emulate::Emulation;
-use crate::runtime::{NodeError, RunOptions};
-use crate::train::{TrainJob, TrainerLauncher, ValidationConfig};
+use crate::job::{JobSpec, ValidationConfig};
+use crate::keyring::KeyRing;
+use crate::train::{TrainJob, TrainerLauncher};
+
+/// The data directory of a node the builder is not told one.
+pub const DEFAULT_DATA_DIR: &str = "parcae-data";
+/// The libp2p address a node listens on when it is not told one.
+pub const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/7000";
+/// Where a node serves `/status` when it is not told.
+pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:9000";
+
+/// A change of the node's settings, applied in order after its configuration file.
+type Configure = Box<dyn FnOnce(&mut NodeConfig)>;
 
 /// A user's model and data, trained by a node of the cluster.
 pub struct Trainer<M: PipelineModel> {
     job: TrainJob<M>,
+    node: NodeSettings,
+}
+
+/// Where the node lives, as the builder was told.
+struct NodeSettings {
+    data_dir: PathBuf,
+    key_file: Option<PathBuf>,
+    listen: Vec<Multiaddr>,
+    bootstrap: Vec<Multiaddr>,
+    bootstrap_file: Option<PathBuf>,
+    status_addr: Option<SocketAddr>,
+    config_file: Option<PathBuf>,
+    configure: Vec<Configure>,
 }
 
 impl<M: PipelineModel> Trainer<M> {
@@ -41,45 +74,56 @@ impl<M: PipelineModel> Trainer<M> {
             job: TrainJob {
                 model: Arc::new(model),
                 dataset,
-                seed: 1,
-                global_batch: 16,
-                micro_batch: 2,
-                max_steps: 0,
-                checkpoint_every: 20,
+                spec: JobSpec::default(),
                 checkpoint_store: None,
                 restore_from: None,
-                optimizer: OptimizerConfig::default(),
                 device: default_device(),
                 emulation: None,
                 initial_weights: None,
-                validation: None,
-                extra_settings: Vec::new(),
+                program_settings: Vec::new(),
+            },
+            node: NodeSettings {
+                data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+                key_file: None,
+                listen: Vec::new(),
+                bootstrap: Vec::new(),
+                bootstrap_file: None,
+                status_addr: None,
+                config_file: None,
+                configure: Vec::new(),
             },
         }
     }
 
+    /// The whole job spec at once (seed, batches, step limit, checkpoint cadence, optimizer,
+    /// validation).
+    pub fn spec(mut self, spec: JobSpec) -> Self {
+        self.job.spec = spec;
+        self
+    }
+
     /// Seed of the weights and of the data order (must be the same on every node).
     pub fn seed(mut self, seed: u64) -> Self {
-        self.job.seed = seed;
+        self.job.spec.seed = seed;
         self
     }
 
     /// Samples per step over the cluster and per micro-batch.
     pub fn batch(mut self, global: u32, micro: u32) -> Self {
-        self.job.global_batch = global;
-        self.job.micro_batch = micro;
+        self.job.spec.global_batch = global;
+        self.job.spec.micro_batch = micro;
         self
     }
 
     /// Stop after this many committed steps (0: never).
     pub fn max_steps(mut self, steps: u64) -> Self {
-        self.job.max_steps = steps;
+        self.job.spec.max_steps = steps;
         self
     }
 
     /// Checkpoint every this many steps (0: never).
     pub fn checkpoint_every(mut self, steps: u64) -> Self {
-        self.job.checkpoint_every = steps;
+        self.job.spec.checkpoint_every = steps;
         self
     }
 
@@ -103,7 +147,7 @@ impl<M: PipelineModel> Trainer<M> {
 
     /// AdamW, schedule and clipping.
     pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
-        self.job.optimizer = optimizer;
+        self.job.spec.optimizer = optimizer;
         self
     }
 
@@ -132,28 +176,116 @@ impl<M: PipelineModel> Trainer<M> {
     /// Holds out a validation split and measures its loss every so many steps (see
     /// [`ValidationConfig`]); shown in `/status`, `/steps` and the testnet's reports.
     pub fn validation(mut self, validation: ValidationConfig) -> Self {
-        self.job.validation = Some(validation);
+        self.job.spec.validation = Some(validation);
         self
     }
 
     /// Named settings the job carries besides the model, data and hyper-parameters above
     /// (compared like them: a node whose values differ is refused).
     pub fn job_settings(mut self, settings: Vec<(String, String)>) -> Self {
-        self.job.extra_settings = settings;
+        self.job.program_settings = settings;
         self
     }
 
-    /// Runs a full node (control plane and this trainer) until it leaves; returns the exit code.
-    pub fn run(self, mut opts: RunOptions) -> Result<i32, NodeError> {
-        // The planner's cost model needs the job's batch shape.
-        opts.config.train.global_batch = self.job.global_batch;
-        opts.config.train.micro_batch = self.job.micro_batch;
-        opts.trainer = Some(self.launcher());
-        crate::runtime::run(opts)
+    /// The node's data directory (identity, raft log, checkpoints; default
+    /// [`DEFAULT_DATA_DIR`] in the working directory).
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.node.data_dir = dir.into();
+        self
     }
 
-    /// The launcher the node runtime calls before its control driver starts.
+    /// The file holding the cluster key (`parcae-node keygen` makes one; required). A key
+    /// staged beside it as `FILE.next` is rotated in as with `parcae-node run`.
+    pub fn key_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.node.key_file = Some(path.into());
+        self
+    }
+
+    /// A libp2p address to listen on (repeatable; default [`DEFAULT_LISTEN`]).
+    pub fn listen(mut self, addr: Multiaddr) -> Self {
+        self.node.listen.push(addr);
+        self
+    }
+
+    /// Addresses of members (or of DNS names that lead to them) to join the cluster through;
+    /// without any, the node founds a cluster unless its data directory remembers one.
+    pub fn bootstrap(mut self, seeds: impl IntoIterator<Item = Multiaddr>) -> Self {
+        self.node.bootstrap.extend(seeds);
+        self
+    }
+
+    /// A file of bootstrap addresses, read again while the node is alone.
+    pub fn bootstrap_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.node.bootstrap_file = Some(path.into());
+        self
+    }
+
+    /// Where the node serves `/status`, `/steps`, `/metrics` and its probes (default
+    /// [`DEFAULT_STATUS_ADDR`]).
+    pub fn status_addr(mut self, addr: SocketAddr) -> Self {
+        self.node.status_addr = Some(addr);
+        self
+    }
+
+    /// The node's settings from a TOML file, as `parcae-node run --config` reads it (read when
+    /// the node runs).
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.node.config_file = Some(path.into());
+        self
+    }
+
+    /// Changes the node's settings (after its configuration file, in the order given).
+    pub fn configure(mut self, change: impl FnOnce(&mut NodeConfig) + 'static) -> Self {
+        self.node.configure.push(Box::new(change));
+        self
+    }
+
+    /// Runs the node (control plane and this trainer) until it leaves; returns the process's
+    /// exit code.
+    pub fn run(self) -> Result<i32, NodeError> {
+        let mut opts = self.node.options()?;
+        // The planner's cost model needs the job's batch shape.
+        opts.config.train.global_batch = self.job.spec.global_batch;
+        opts.config.train.micro_batch = self.job.spec.micro_batch;
+        crate::assembly::run(opts.with_trainer(self.job.launcher()))
+    }
+
+    /// The launcher the node runtime calls before its control driver starts (for programs that
+    /// assemble [`RunOptions`] themselves, as `parcae-node run` does).
     pub fn launcher(self) -> TrainerLauncher {
         self.job.launcher()
+    }
+}
+
+impl NodeSettings {
+    /// The options of the node these settings describe: its files read, defaults filled in.
+    fn options(self) -> Result<RunOptions, NodeError> {
+        let key_file = self.key_file.ok_or(NodeError::NoKeyFile)?;
+        let mut config = match &self.config_file {
+            Some(path) => NodeConfig::load(path)?,
+            None => NodeConfig::default(),
+        };
+        for change in self.configure {
+            change(&mut config);
+        }
+        config.validate()?;
+        let listen = if self.listen.is_empty() {
+            vec![DEFAULT_LISTEN.parse().expect("the default listen address")]
+        } else {
+            self.listen
+        };
+        let status_addr = self.status_addr.unwrap_or_else(|| {
+            DEFAULT_STATUS_ADDR
+                .parse()
+                .expect("the default status address")
+        });
+        Ok(RunOptions::new(
+            self.data_dir,
+            KeyRing::load(&key_file)?,
+            listen,
+            status_addr,
+            config,
+        )
+        .seeds(self.bootstrap, self.bootstrap_file))
     }
 }

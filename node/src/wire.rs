@@ -4,12 +4,24 @@
 use parcae_consensus::codec::{self, CodecError};
 use serde::{Deserialize, Serialize};
 
-use crate::control::proof::SignedProposal;
-
 /// Largest raft message accepted (must match `RaftConfig::max_message_bytes`).
 pub const MAX_RAFT_MESSAGE: usize = 16 << 20;
 /// Largest encoded control message: a raft message plus envelope slack.
 pub const MAX_CONTROL_MESSAGE: usize = MAX_RAFT_MESSAGE + 4096;
+
+/// An encoded command and its origin's proof ([`crate::control::proof`] signs and verifies
+/// it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedProposal {
+    /// The encoded `Command`.
+    pub command: Vec<u8>,
+    /// When the origin signed it (unix ms).
+    pub signed_unix_ms: u64,
+    /// The origin's libp2p public key (protobuf encoding).
+    pub public_key: Vec<u8>,
+    /// The origin's signature over the label, the time and the command.
+    pub signature: Vec<u8>,
+}
 
 /// One control message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -893,7 +893,10 @@ fn hostile_data_plane_input_is_refused_and_training_goes_on() {
     let target_peer: libp2p::PeerId = status.peer_id.parse().unwrap();
     let epoch = status.epoch;
     c.nodes[spare].kill();
-    let keypair = parcae_node::identity::load_or_create(&c.nodes[spare].data_dir).unwrap();
+    let keypair = parcae_node::identity::load_or_create(&parcae_node::data_dir::DataDir::new(
+        &c.nodes[spare].data_dir,
+    ))
+    .unwrap();
     let key = parcae_node::key::ClusterKey::load(c.key()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

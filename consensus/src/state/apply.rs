@@ -310,12 +310,7 @@ fn availability(
 }
 
 fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {
-    let latest = state
-        .pending_plan
-        .as_ref()
-        .or(state.plan.as_ref())
-        .map_or(0, |p| p.epoch);
-    let expected = latest.saturating_add(1);
+    let expected = state.latest_epoch().saturating_add(1);
     if plan.epoch != expected {
         return Err(Rejection::WrongEpoch {
             expected,
@@ -695,19 +690,16 @@ fn roll_back(
 /// Goes back from step `next` to the state after `end` in a new history; the plan continues
 /// under a new epoch, so every step in flight is superseded.
 fn resume_after(state: &mut ControlState, next: u64, end: StepEnd) -> Vec<StateEvent> {
-    let current = state.plan.clone();
-    let latest_epoch = state
+    let latest_epoch = state.latest_epoch();
+    let resumed = state
         .pending_plan
-        .iter()
-        .chain(current.iter())
-        .map(|p| p.epoch)
-        .max()
-        .unwrap_or(0);
-    let resumed = state.pending_plan.take().or(current).map(|mut p| {
-        p.epoch = latest_epoch + 1;
-        p.at_step = end.step + 1;
-        p
-    });
+        .take()
+        .or(state.plan.clone())
+        .map(|mut p| {
+            p.epoch = latest_epoch + 1;
+            p.at_step = end.step + 1;
+            p
+        });
     let progress = &mut state.progress;
     progress.rolled_back_steps += next.saturating_sub(end.step + 1);
     progress.history += 1;

@@ -108,6 +108,17 @@ impl ControlState {
         self.checkpoints.values().rev().find(|c| c.is_complete())
     }
 
+    /// The epoch of the newest plan, pending or in force (0 before the first): the next plan
+    /// takes the epoch after it.
+    pub fn latest_epoch(&self) -> u64 {
+        [self.pending_plan.as_ref(), self.plan.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| p.epoch)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Whether `node` left the cluster (and so may never act in it again).
     pub fn is_retired(&self, node: NodeId) -> bool {
         self.retired.iter().any(|r| r.id == node)

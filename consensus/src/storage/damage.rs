@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use raft_engine::{Config, Engine, RecoveryMode};
 
-use super::StorageError;
+use super::error::StorageError;
 
 /// raft-engine's batch header: `len << 8 | compression` and the footer offset, big-endian.
 const BATCH_HEADER_LEN: usize = 16;

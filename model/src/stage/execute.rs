@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 
+use super::flight::{LaneFlight, Produced};
 use super::{Stage, StageOutput, Upstream};
 use crate::activation::Activation;
 use crate::error::{ModelError, Result};
@@ -13,21 +14,6 @@ use crate::lanes::split_sizes;
 use crate::params::{take_grads, with_fresh_leaves};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
-
-pub(super) enum Produced {
-    Activation(Activation),
-    Loss(Tensor<1>),
-}
-
-/// One lane's slice of a micro-batch between its forward and its backward.
-pub(super) struct LaneFlight<L> {
-    input: Activation,
-    produced: Produced,
-    examples: usize,
-    /// The stage's layers as this lane ran them (over parameter leaves of its own when the
-    /// micro-batch was cut, see [`with_fresh_leaves`]): its gradients are found through them.
-    layers: Vec<L>,
-}
 
 /// What one lane's backward hands back: the input gradient and, per layer, the parameter
 /// gradients in visit order.

@@ -13,6 +13,7 @@
 //! state export and import are `crate::state`'s; its cost probe is `crate::costs`'.
 
 mod execute;
+mod flight;
 mod grads;
 mod init;
 mod optimize;
@@ -33,9 +34,17 @@ use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 use crate::wire::{WireDType, WireLimits, tensor_values};
 
-use execute::LaneFlight;
+use flight::LaneFlight;
 pub use init::{init_layers, layer_seed};
-pub use wire_io::WireOutput;
+
+/// A forward result encoded for the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WireOutput {
+    /// Activation bytes for the next stage.
+    Activation(Vec<u8>),
+    /// The micro-batch loss (last stage).
+    Loss(f32),
+}
 
 /// How a stage runs.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,18 +1,9 @@
 //! A stage at its boundary with the others: forward and backward from and to wire bytes.
 
-use super::{Stage, StageOutput, Upstream};
+use super::{Stage, StageOutput, Upstream, WireOutput};
 use crate::activation::Activation;
 use crate::error::Result;
 use crate::pipeline_model::PipelineModel;
-
-/// A forward result encoded for the wire.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WireOutput {
-    /// Activation bytes for the next stage.
-    Activation(Vec<u8>),
-    /// The micro-batch loss (last stage).
-    Loss(f32),
-}
 
 impl<M: PipelineModel> Stage<M> {
     /// [`Stage::forward`] from and to wire bytes, for every stage but the first (whose input is

@@ -3,21 +3,13 @@
 //! is enough to find the cluster again. The file is only a hint: one that cannot be read or
 //! parsed is logged and ignored, never fatal.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use libp2p::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId};
 
+use crate::data_dir::write_atomic;
 use crate::net::seeds::{self, MAX_SEEDS, Seed};
-
-/// The file's name in the data directory.
-pub const FILE: &str = "known-peers";
-
-/// Where the known peers of the node with data directory `data_dir` are kept.
-pub fn path(data_dir: &Path) -> PathBuf {
-    data_dir.join(FILE)
-}
 
 /// The addresses to remember of the members `(peer, addresses)`: each with `/p2p/<id>`, at
 /// most [`MAX_SEEDS`], those that are no seed shape (e.g. a relay circuit) left out.
@@ -38,15 +30,10 @@ pub fn remembered(members: &[(PeerId, Vec<Multiaddr>)]) -> Vec<Multiaddr> {
         .collect()
 }
 
-/// Writes the list atomically (a temporary file, fsync, rename): a crash leaves the old list or
-/// the new one, never half of one.
+/// Writes the list atomically: a crash leaves the old list or the new one, never half of one.
 pub fn store(path: &Path, addrs: &[Multiaddr]) -> std::io::Result<()> {
     let text: String = addrs.iter().map(|a| format!("{a}\n")).collect();
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    write_atomic(path, text.as_bytes())
 }
 
 /// The seeds remembered at `path`; none when there is no file, and none (logged) when it
@@ -90,7 +77,7 @@ mod tests {
         let addrs = remembered(&members);
         assert_eq!(addrs.len(), 3, "the QUIC address is no seed: {addrs:?}");
         let dir = tempfile::tempdir().unwrap();
-        let file = path(dir.path());
+        let file = crate::data_dir::DataDir::new(dir.path()).known_peers();
         store(&file, &addrs).unwrap();
         let seeds = load(&file);
         assert_eq!(seeds.len(), 3);
@@ -102,7 +89,7 @@ mod tests {
     #[test]
     fn a_missing_or_broken_file_gives_no_seeds() {
         let dir = tempfile::tempdir().unwrap();
-        let file = path(dir.path());
+        let file = crate::data_dir::DataDir::new(dir.path()).known_peers();
         assert!(load(&file).is_empty());
         std::fs::write(&file, "not an address\n").unwrap();
         assert!(load(&file).is_empty());

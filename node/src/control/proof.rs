@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use libp2p::PeerId;
 use libp2p::identity::{Keypair, PublicKey};
-use serde::{Deserialize, Serialize};
+
+use crate::wire::SignedProposal;
 
 /// Domain separation of the signature.
 const LABEL: &[u8] = b"parcae-proposal/1";
@@ -23,19 +24,6 @@ pub const FRESHNESS: Duration = Duration::from_secs(300);
 const MAX_PUBLIC_KEY: usize = 256;
 /// Largest signature accepted (ed25519: 64 bytes).
 const MAX_SIGNATURE: usize = 256;
-
-/// An encoded command and its origin's proof.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SignedProposal {
-    /// The encoded `Command`.
-    pub command: Vec<u8>,
-    /// When the origin signed it (unix ms).
-    pub signed_unix_ms: u64,
-    /// The origin's libp2p public key (protobuf encoding).
-    pub public_key: Vec<u8>,
-    /// The origin's signature over the label, the time and the command.
-    pub signature: Vec<u8>,
-}
 
 /// Why a proof was refused (the sender is disconnected).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -13,7 +13,10 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
-use super::{DataplaneError, MAX_RECORD};
+use super::error::DataplaneError;
+
+/// Largest record on the wire (plaintext), bytes.
+pub const MAX_RECORD: usize = 1 << 20;
 
 const TAG: usize = 16;
 

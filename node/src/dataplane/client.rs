@@ -75,9 +75,14 @@ pub async fn open_link(
     open(ep, to, &Request::Link { epoch, kind, from }).await
 }
 
-/// What `to` holds.
-pub async fn query(ep: &Endpoint, to: &PeerAddr) -> Result<Option<HeldInfo>, DataplaneError> {
-    let mut s = open(ep, to, &Request::Query).await?;
+/// What `to` holds; with `awaiting`, once it holds state of that `(history, step)` or a later
+/// one, or its wait ran out.
+pub async fn query(
+    ep: &Endpoint,
+    to: &PeerAddr,
+    awaiting: Option<(u64, u64)>,
+) -> Result<Option<HeldInfo>, DataplaneError> {
+    let mut s = open(ep, to, &Request::Query { awaiting }).await?;
     match reply(&mut s, ep).await? {
         Reply::Held(h) => Ok(h),
         other => Err(DataplaneError::Protocol(format!(

@@ -36,8 +36,14 @@ pub enum Request {
         /// The opener's slot.
         from: StageSlot,
     },
-    /// What stage state does this node hold?
-    Query,
+    /// What stage state does this node hold? With `awaiting`, the answer waits (at most the
+    /// server's timeout) until the node holds state of that `(history, step)` or a later one: a
+    /// member about to enter the same plan publishes its state a moment later, and the asker
+    /// hears of it then instead of asking again and again.
+    Query {
+        /// The `(history, step)` to wait for, if any.
+        awaiting: Option<(u64, u64)>,
+    },
     /// Send the held state of layers `start..end` after `step` steps, one layer per message.
     Fetch {
         /// The training history the state must belong to (a rollback starts a new one).

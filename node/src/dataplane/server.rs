@@ -222,16 +222,23 @@ impl Endpoint {
             .map_err(|_| DataplaneError::Timeout(format!("{:?} link from {:?}", key.1, key.2)))?
     }
 
-    async fn held_at(&self, history: u64, step: u64) -> Option<Arc<Held>> {
+    /// The held state once it is at `step` of `history` or later, waiting at most the
+    /// endpoint's timeout; `None` when it is not there by then.
+    async fn held_from(&self, history: u64, step: u64) -> Option<Arc<Held>> {
         let mut rx = self.held.subscribe();
         let wait = rx.wait_for(|h| {
             h.as_ref()
                 .is_some_and(|h| (h.history, h.step) >= (history, step))
         });
         let got = tokio::time::timeout(self.timeout, wait).await.ok()?.ok()?;
-        got.as_ref()
+        got.clone()
+    }
+
+    /// The held state at exactly `step` of `history`, waiting for it as [`Self::held_from`].
+    async fn held_at(&self, history: u64, step: u64) -> Option<Arc<Held>> {
+        self.held_from(history, step)
+            .await
             .filter(|h| (h.history, h.step) == (history, step))
-            .cloned()
     }
 }
 
@@ -299,7 +306,12 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
             ep.arrived.notify_waiters();
             Ok(())
         }
-        Request::Query => reply(&mut stream, &Reply::Held(ep.held())).await,
+        Request::Query { awaiting } => {
+            if let Some((history, step)) = awaiting {
+                ep.held_from(history, step).await;
+            }
+            reply(&mut stream, &Reply::Held(ep.held())).await
+        }
         Request::Fetch {
             history,
             step,

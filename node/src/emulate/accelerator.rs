@@ -1,14 +1,20 @@
 //! An emulated accelerator as a trainer holds it: what it emulates, and the pacer that counts
 //! its overruns.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parcae_consensus::state::Plan;
 use parcae_model::LayerCost;
+use parcae_strategies::ParallelConfig;
+use parcae_strategies::cost::spec::RestartKind;
 
 use super::costs::{Emulation, EmulationError};
 use super::pacer::{Overrun, Pacer};
-use crate::status::EmulatedView;
+use super::pacing::{Change, Pacing, StepPacing};
+use crate::metrics::Metrics;
+use crate::status::{EmulatedView, MigrationKind};
 
 /// The emulated device of one node.
 #[derive(Debug, Clone)]
@@ -94,9 +100,109 @@ impl Accelerator {
     }
 }
 
+impl Pacing for Accelerator {
+    fn step(
+        &self,
+        layers: Range<usize>,
+        micro_batch: u32,
+        replicas: u32,
+    ) -> Result<StepPacing<'_>, EmulationError> {
+        let stage = self.emulation.stage(layers, micro_batch, replicas)?;
+        Ok(StepPacing {
+            clock: Some((stage, &self.pacer)),
+        })
+    }
+
+    fn optimizer(
+        &self,
+        layers: Range<usize>,
+        micro_batch: u32,
+        real: Duration,
+    ) -> Result<(), EmulationError> {
+        let emulated = self.emulation.stage(layers, micro_batch, 1)?;
+        self.pacer.after(real, emulated.optimizer);
+        Ok(())
+    }
+
+    /// Every change of plan after the job's start is paid ([`paced_on_the_device`]): the
+    /// reactive strategy's as the checkpoint-restart system it stands for pays it, the others
+    /// as Parcae's profiled rebuild of the groups (or restart) plus the state they moved.
+    fn reconfiguration(&self, change: &Change<'_>, real: Duration) -> Result<(), EmulationError> {
+        if !paced_on_the_device(change.previous, change.plan, change.next) {
+            return Ok(());
+        }
+        let to = ParallelConfig::new(change.plan.data_parallel, change.plan.pipeline_stages);
+        let joined = restart_kind(change.previous, change.plan);
+        let emulated = if change.reactive {
+            self.emulation.reactive_restart(to, joined)?
+        } else {
+            let restart = change.kind == MigrationKind::Restart;
+            self.emulation
+                .switch(to, joined, restart, &change.fetched, &change.restored)?
+        };
+        self.pacer.after_reconfiguration(real, emulated);
+        Ok(())
+    }
+
+    fn measured_layer(
+        &self,
+        real: LayerCost,
+        micro_batch: u32,
+    ) -> Result<LayerCost, EmulationError> {
+        self.measured(&real, micro_batch)
+    }
+
+    fn measured_fetch(
+        &self,
+        fetched: &[Range<usize>],
+        _: u64,
+        real_secs: f64,
+    ) -> Result<(f64, f64), EmulationError> {
+        Accelerator::measured_fetch(self, fetched, real_secs)
+    }
+
+    fn report(&self, metrics: &Metrics) -> Option<EmulatedView> {
+        let view = self.view();
+        metrics.emulated_overruns.set(view.overrun_count);
+        metrics
+            .emulated_overrun_ms
+            .set((view.overrun_secs * 1e3) as u64);
+        metrics.emulated_busy_ms.set((view.busy_secs * 1e3) as u64);
+        Some(view)
+    }
+}
+
+/// Whether a restart into `plan` brings in nodes that were not in `previous` (a full
+/// rendezvous in Parcae's restart cost).
+pub fn restart_kind(previous: Option<&Plan>, plan: &Plan) -> RestartKind {
+    let joined = plan
+        .assignment
+        .keys()
+        .any(|n| previous.is_none_or(|p| !p.assignment.contains_key(n)));
+    if joined {
+        RestartKind::Add
+    } else {
+        RestartKind::Remove
+    }
+}
+
+/// Whether an emulated device pays for entering `plan` at step `next` after `previous`: every
+/// change of plan after the job's start, a joiner's first one too (on the emulated cluster it
+/// pays its rendezvous and fetch as the others pay theirs, and one that started at once would
+/// wait out their pacing on its neighbours' links, past their timeout). Not the plan the node
+/// was already in, entered again after an abandoned step: the emulated cluster retries a step
+/// over the groups it has, and a reactive node that paid a whole restart for the retry (up to a
+/// minute of emulated time, while the new plan that the failure brings waited behind it) paid
+/// two restarts for one change, where the system it stands for pays one.
+pub fn paced_on_the_device(previous: Option<&Plan>, plan: &Plan, next: u64) -> bool {
+    next > 0 && previous.is_none_or(|p| p.epoch != plan.epoch)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parcae_consensus::NodeId;
+    use parcae_consensus::state::StageSlot;
 
     fn cpu(layer: usize, ms: f64) -> LayerCost {
         LayerCost {
@@ -155,5 +261,57 @@ mod tests {
                 .measured_fetch(std::slice::from_ref(&(60..61)), 1.0)
                 .is_err()
         );
+    }
+
+    fn plan(nodes: &[u64]) -> Plan {
+        Plan {
+            epoch: 1,
+            data_parallel: 1,
+            pipeline_stages: nodes.len() as u32,
+            partition: (0..=nodes.len() as u32).collect(),
+            assignment: nodes
+                .iter()
+                .enumerate()
+                .map(|(s, &n)| {
+                    let slot = StageSlot {
+                        pipeline: 0,
+                        stage: s as u32,
+                    };
+                    (NodeId(n), slot)
+                })
+                .collect(),
+            at_step: 0,
+        }
+    }
+
+    #[test]
+    fn a_restart_adds_when_a_node_joined() {
+        let before = plan(&[1, 2, 3]);
+        assert_eq!(
+            restart_kind(Some(&before), &plan(&[1, 2])),
+            RestartKind::Remove
+        );
+        assert_eq!(
+            restart_kind(Some(&before), &plan(&[3, 1, 2])),
+            RestartKind::Remove
+        );
+        assert_eq!(
+            restart_kind(Some(&before), &plan(&[1, 4])),
+            RestartKind::Add
+        );
+        assert_eq!(restart_kind(None, &plan(&[1])), RestartKind::Add);
+    }
+
+    #[test]
+    fn a_change_of_plan_is_paced_and_a_retry_of_the_same_plan_is_not() {
+        let before = plan(&[1, 2, 3]);
+        let mut after = plan(&[1, 2]);
+        after.epoch = 2;
+        // The job's start is free; a joiner's first plan and every change are paid.
+        assert!(!paced_on_the_device(None, &before, 0));
+        assert!(paced_on_the_device(None, &before, 5));
+        assert!(paced_on_the_device(Some(&before), &after, 5));
+        // The same plan again after an abandoned step.
+        assert!(!paced_on_the_device(Some(&after), &after, 5));
     }
 }

@@ -11,14 +11,18 @@
 //! * [`accelerator`]: the emulated device a trainer holds, and what measuring on it finds;
 //! * [`costs`]: what the emulated hardware takes for one stage's work (pure);
 //! * [`pacer`]: waiting out the remainder and counting overruns;
+//! * [`pacing`]: the one interface the trainer paces its work through, a no-op on a real
+//!   device ([`RealTime`]), the emulated accelerator's waits otherwise;
 //! * [`paced`]: the pacing decorators of the 1F1B driver's neighbours and of the collective.
 
 pub mod accelerator;
 pub mod costs;
 pub mod paced;
 pub mod pacer;
+pub mod pacing;
 
 pub use accelerator::Accelerator;
 pub use costs::{EmulatedStage, Emulation, EmulationError, STAND_IN, StandInWidth};
 pub use paced::{PacedCollective, PacedNeighbours};
 pub use pacer::{Overrun, OverrunSnapshot, Pacer};
+pub use pacing::{Change, Pacing, RealTime, StepPacing};

@@ -1,5 +1,6 @@
 //! The pacing decorators: a stage's neighbours and its collective as the emulated hardware
-//! would serve them. Computation is paced when the driver reports it (`computed`), transfers
+//! would serve them (on a real device, [`StepPacing`] without a clock, they pass straight
+//! through). Computation is paced when the driver reports it (`computed`), transfers
 //! before they leave, the all-reduce after the real one: the real exchange ends when the last
 //! replica arrived, where the emulated ring starts, so each replica then waits the ring's
 //! whole time.
@@ -15,12 +16,36 @@ use parcae_model::{Collective, ModelError, Neighbours, Op};
 
 use super::costs::EmulatedStage;
 use super::pacer::Pacer;
+use super::pacing::StepPacing;
+
+impl<'a> StepPacing<'a> {
+    /// `inner` as this step's device serves it.
+    pub fn neighbours<'n, N>(&self, inner: &'n mut N) -> PacedNeighbours<'n, N>
+    where
+        'a: 'n,
+    {
+        PacedNeighbours {
+            inner,
+            clock: self.clock,
+        }
+    }
+
+    /// `inner` as this step's device reduces.
+    pub fn collective<'n, C>(&self, inner: &'n mut C) -> PacedCollective<'n, C>
+    where
+        'a: 'n,
+    {
+        PacedCollective {
+            inner,
+            clock: self.clock,
+        }
+    }
+}
 
 /// `inner` with every operation taking what it takes on the emulated hardware.
 pub struct PacedNeighbours<'a, N> {
     inner: &'a mut N,
-    stage: EmulatedStage,
-    pacer: &'a Pacer,
+    clock: Option<(EmulatedStage, &'a Pacer)>,
 }
 
 impl<'a, N> PacedNeighbours<'a, N> {
@@ -28,8 +53,7 @@ impl<'a, N> PacedNeighbours<'a, N> {
     pub fn new(inner: &'a mut N, stage: EmulatedStage, pacer: &'a Pacer) -> Self {
         Self {
             inner,
-            stage,
-            pacer,
+            clock: Some((stage, pacer)),
         }
     }
 }
@@ -59,43 +83,55 @@ fn unstamped(mut bytes: Vec<u8>, pacer: &Pacer) -> Result<Vec<u8>, ModelError> {
     Ok(bytes)
 }
 
+/// A received message without its stamp, when it crossed a paced link.
+fn received(bytes: Option<Vec<u8>>, pacer: Option<&Pacer>) -> Result<Option<Vec<u8>>, ModelError> {
+    match (bytes, pacer) {
+        (Some(bytes), Some(pacer)) => Ok(Some(unstamped(bytes, pacer)?)),
+        (bytes, _) => Ok(bytes),
+    }
+}
+
 impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     type Error = N::Error;
 
     fn recv_activation(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
-        match self.inner.recv_activation(mb)? {
-            Some(bytes) => Ok(Some(unstamped(bytes, self.pacer)?)),
-            None => Ok(None),
-        }
+        let bytes = self.inner.recv_activation(mb)?;
+        Ok(received(bytes, self.clock.map(|(_, p)| p))?)
     }
 
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
-        let (inner, pacer) = (&mut *self.inner, self.pacer);
-        pacer.transfer(self.stage.boundary, || {
-            inner.send_activation(mb, stamped(bytes, pacer))
-        })
-    }
-
-    fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
-        match self.inner.recv_grad(mb)? {
-            Some(bytes) => Ok(Some(unstamped(bytes, self.pacer)?)),
-            None => Ok(None),
+        let inner = &mut *self.inner;
+        match self.clock {
+            Some((stage, pacer)) => pacer.transfer(stage.boundary, || {
+                inner.send_activation(mb, stamped(bytes, pacer))
+            }),
+            None => inner.send_activation(mb, bytes),
         }
     }
 
+    fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
+        let bytes = self.inner.recv_grad(mb)?;
+        Ok(received(bytes, self.clock.map(|(_, p)| p))?)
+    }
+
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
-        let (inner, pacer) = (&mut *self.inner, self.pacer);
-        pacer.transfer(self.stage.boundary, || {
-            inner.send_grad(mb, stamped(bytes, pacer))
-        })
+        let inner = &mut *self.inner;
+        match self.clock {
+            Some((stage, pacer)) => pacer.transfer(stage.boundary, || {
+                inner.send_grad(mb, stamped(bytes, pacer))
+            }),
+            None => inner.send_grad(mb, bytes),
+        }
     }
 
     fn computed(&mut self, op: Op, real: Duration) -> Result<(), Self::Error> {
-        let emulated = match op {
-            Op::Forward(_) | Op::Evaluate(_) => self.stage.forward,
-            Op::Backward(_) => self.stage.backward,
-        };
-        self.pacer.after(real, emulated);
+        if let Some((stage, pacer)) = self.clock {
+            let emulated = match op {
+                Op::Forward(_) | Op::Evaluate(_) => stage.forward,
+                Op::Backward(_) => stage.backward,
+            };
+            pacer.after(real, emulated);
+        }
         self.inner.computed(op, real)
     }
 }
@@ -103,8 +139,7 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
 /// `inner` with the reduction taking what the ring all-reduce takes on the emulated link.
 pub struct PacedCollective<'a, C> {
     inner: &'a mut C,
-    stage: EmulatedStage,
-    pacer: &'a Pacer,
+    clock: Option<(EmulatedStage, &'a Pacer)>,
 }
 
 impl<'a, C> PacedCollective<'a, C> {
@@ -112,8 +147,7 @@ impl<'a, C> PacedCollective<'a, C> {
     pub fn new(inner: &'a mut C, stage: EmulatedStage, pacer: &'a Pacer) -> Self {
         Self {
             inner,
-            stage,
-            pacer,
+            clock: Some((stage, pacer)),
         }
     }
 }
@@ -123,7 +157,9 @@ impl<C: Collective> Collective for PacedCollective<'_, C> {
 
     fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error> {
         self.inner.all_reduce_mean(values)?;
-        self.pacer.after_sync(self.stage.all_reduce);
+        if let Some((stage, pacer)) = self.clock {
+            pacer.after_sync(stage.all_reduce);
+        }
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::admission::{Admission, ConnectionId, Decision};
 use super::backpressure::Backpressure;
-use super::routes;
+use super::routes::routes;
 use crate::metrics::Metrics;
 use crate::net::log_limit::LogLimit;
 use crate::status::Published;

@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -24,88 +23,22 @@ use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, request_response};
 use super::admission::AdmissionError;
 use super::codec::{ControlAck, ControlRequest};
 use super::log_limit::LogLimit;
-use super::seeds::{self, MAX_RESOLVED, Seed, SeedHost};
+use super::messages::{
+    DisconnectPeer, KeepConnected, NetEvent, PublishNotice, RefusePeers, SendControl,
+};
+use super::seed_dialer::{REDIAL_MAX, REDIAL_MIN, SeedDialer, SeedSource, ip_port};
+use super::seeds::{MAX_RESOLVED, Seed, SeedHost};
 use super::swarm::{Behaviour, BehaviourEvent, NOTICE_TOPIC};
 use crate::metrics::Metrics;
-use crate::notice::Notice;
+use crate::notices::Notice;
 use crate::retry::Retry;
 
 /// How often the peers that should be connected but are not are checked for a redial.
 const REDIAL_CHECK: Duration = Duration::from_millis(250);
-/// First delay before an unreachable peer is dialled again.
-const REDIAL_MIN: Duration = Duration::from_millis(500);
-/// Longest delay between dials of one unreachable peer.
-const REDIAL_MAX: Duration = Duration::from_secs(2);
 /// Most swarm events handled per poll before yielding to the mailbox.
 const EVENT_BATCH: usize = 256;
 /// Lines logged per source of refused connections (and per peer address whose key differs).
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(60);
-/// How often a bootstrap file is read again while the node is alone.
-const SEED_FILE_REREAD: Duration = Duration::from_secs(2);
-
-/// What the network reports to the node.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub enum NetEvent {
-    /// A listen address became active (with `/p2p/<local id>` appended).
-    Listening(Multiaddr),
-    /// The first connection to `peer` passed admission.
-    Connected(PeerId),
-    /// The last connection to `peer` closed.
-    Disconnected(PeerId),
-    /// A control frame (within the size limit) arrived from an admitted peer.
-    Control {
-        /// Sender.
-        from: PeerId,
-        /// The frame, not yet decoded.
-        frame: Vec<u8>,
-    },
-    /// A valid notice, signed by the node it names.
-    Notice {
-        /// The leaving node.
-        from: PeerId,
-        /// The notice.
-        notice: Notice,
-    },
-    /// A control frame to `peer` could not be delivered.
-    SendFailed(PeerId),
-}
-
-/// Sends a control frame (fire and forget; failures come back as [`NetEvent::SendFailed`]).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct SendControl {
-    /// Recipient.
-    pub to: PeerId,
-    /// Encoded frame.
-    pub frame: Vec<u8>,
-}
-
-/// Gossips an encoded notice on the notice topic.
-#[derive(Debug, Message)]
-#[rtype(result = "Result<(), String>")]
-pub struct PublishNotice(pub Vec<u8>);
-
-/// Replaces the set of peers the node keeps connections to (the members), with the addresses to
-/// dial them at.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct KeepConnected(pub Vec<(PeerId, Vec<Multiaddr>)>);
-
-/// The peers to refuse at admission: members that left the cluster (replaces the last list).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct RefusePeers(pub Vec<PeerId>);
-
-/// Closes every connection to a misbehaving peer.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct DisconnectPeer {
-    /// The peer.
-    pub peer: PeerId,
-    /// Why, for the log.
-    pub reason: String,
-}
 
 /// The actor.
 pub struct Network {
@@ -130,96 +63,6 @@ pub struct Network {
     wrong_key_log: LogLimit<Multiaddr>,
 }
 
-/// Where the node looks for its cluster, and what it learned dialling there.
-pub struct SeedSource {
-    /// Seeds from the command line and the members remembered from the last run.
-    pub seeds: Vec<Seed>,
-    /// A bootstrap file, read again every [`SEED_FILE_REREAD`] while the node is alone.
-    pub file: Option<PathBuf>,
-}
-
-/// The seeds, their dial schedules, and the peers found at them.
-struct SeedDialer {
-    fixed: Vec<Seed>,
-    file: Option<PathBuf>,
-    from_file: Vec<Seed>,
-    file_read: Option<Instant>,
-    file_error: Option<String>,
-    retry: HashMap<Seed, Retry>,
-    /// The addresses each name seed resolved to last.
-    resolved: HashMap<Seed, Vec<IpAddr>>,
-    /// The peer that answered at each seed without a peer id.
-    found: HashMap<Seed, PeerId>,
-}
-
-impl SeedDialer {
-    fn new(source: SeedSource) -> Self {
-        Self {
-            fixed: source.seeds,
-            file: source.file,
-            from_file: Vec::new(),
-            file_read: None,
-            file_error: None,
-            retry: HashMap::new(),
-            resolved: HashMap::new(),
-            found: HashMap::new(),
-        }
-    }
-
-    /// Reads the bootstrap file again when it is due; a file that became unreadable or invalid
-    /// keeps the seeds it gave last (and is logged once per new error).
-    fn refresh_file(&mut self, now: Instant) {
-        let Some(path) = &self.file else { return };
-        if self
-            .file_read
-            .is_some_and(|t| now.duration_since(t) < SEED_FILE_REREAD)
-        {
-            return;
-        }
-        self.file_read = Some(now);
-        match seeds::read_file(path) {
-            Ok(seeds) => {
-                self.file_error = None;
-                self.from_file = seeds;
-            }
-            Err(e) => {
-                let e = e.to_string();
-                if self.file_error.as_ref() != Some(&e) {
-                    tracing::warn!("{e}; keeping the seeds it gave before");
-                }
-                self.file_error = Some(e);
-            }
-        }
-    }
-
-    fn all(&self) -> impl Iterator<Item = &Seed> {
-        self.fixed.iter().chain(&self.from_file)
-    }
-
-    /// The peer at `seed`, when known (named by the address or found by dialling it).
-    fn peer(&self, seed: &Seed) -> Option<PeerId> {
-        seed.peer.or_else(|| self.found.get(seed).copied())
-    }
-
-    /// Records the peer that answered a dial of `addr`, for the seed that address belongs to.
-    fn learn(&mut self, addr: &Multiaddr, peer: PeerId) {
-        let Some((ip, port)) = ip_port(addr) else {
-            return;
-        };
-        let matching: Vec<Seed> = self
-            .all()
-            .filter(|s| s.port == port && s.peer.is_none())
-            .filter(|s| {
-                s.ip() == Some(ip) || self.resolved.get(*s).is_some_and(|r| r.contains(&ip))
-            })
-            .cloned()
-            .collect();
-        for seed in matching {
-            self.found.insert(seed, peer);
-        }
-    }
-}
-
 /// Whether a transport error is the admission handshake's verdict that the keys differ.
 fn is_wrong_key(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
@@ -240,20 +83,6 @@ fn is_wrong_key(error: &(dyn std::error::Error + 'static)) -> bool {
         current = e.source();
     }
     false
-}
-
-/// The IP and TCP port of a dialled address.
-fn ip_port(addr: &Multiaddr) -> Option<(IpAddr, u16)> {
-    let mut ip = None;
-    for p in addr.iter() {
-        match p {
-            Protocol::Ip4(a) => ip = Some(IpAddr::V4(a)),
-            Protocol::Ip6(a) => ip = Some(IpAddr::V6(a)),
-            Protocol::Tcp(port) => return ip.map(|ip| (ip, port)),
-            _ => {}
-        }
-    }
-    None
 }
 
 impl Network {
@@ -300,32 +129,7 @@ impl Network {
     /// Dials each seed that is not connected and whose backoff has run out; a name is resolved
     /// first, at every attempt.
     fn dial_seeds(&mut self, ctx: &mut Context<Self>) {
-        let now = Instant::now();
-        self.seeds.refresh_file(now);
-        let due: Vec<Seed> = self
-            .seeds
-            .all()
-            .filter(|s| {
-                self.seeds
-                    .peer(s)
-                    .is_none_or(|p| !self.connected.contains(&p))
-            })
-            .cloned()
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .filter(|s| {
-                let retry = self
-                    .seeds
-                    .retry
-                    .entry(s.clone())
-                    .or_insert_with(|| Retry::new(REDIAL_MIN, REDIAL_MAX));
-                let due = retry.due(now);
-                if due {
-                    retry.attempted(now);
-                }
-                due
-            })
-            .collect();
+        let due = self.seeds.due(Instant::now(), &self.connected);
         for seed in due {
             match &seed.host {
                 SeedHost::Ip(ip) => self.dial_seed(&seed, &[*ip]),
@@ -346,7 +150,7 @@ impl Network {
                     ctx.spawn(lookup.into_actor(self).map(move |ips, act, _| match ips {
                         Ok(ips) => {
                             act.dial_seed(&seed, &ips);
-                            act.seeds.resolved.insert(seed, ips);
+                            act.seeds.resolved(seed, ips);
                         }
                         Err(e) => tracing::debug!("seed not dialled: {e}"),
                     }));
@@ -701,60 +505,5 @@ impl Handler<DisconnectPeer> for Network {
 
     fn handle(&mut self, msg: DisconnectPeer, _: &mut Context<Self>) {
         self.disconnect(msg.peer, &msg.reason);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_dialled_address_teaches_the_peer_of_the_seed_it_belongs_to() {
-        let ip4 = Seed::parse(&"/ip4/10.0.0.1/tcp/7000".parse().unwrap()).unwrap();
-        let name = Seed::parse(&"/dns4/seed.internal/tcp/7000".parse().unwrap()).unwrap();
-        let mut dialer = SeedDialer::new(SeedSource {
-            seeds: vec![ip4.clone(), name.clone()],
-            file: None,
-        });
-        dialer
-            .resolved
-            .insert(name.clone(), vec!["10.0.0.2".parse().unwrap()]);
-        let (a, b) = (PeerId::random(), PeerId::random());
-        dialer.learn(&"/ip4/10.0.0.1/tcp/7000".parse().unwrap(), a);
-        dialer.learn(
-            &format!("/ip4/10.0.0.2/tcp/7000/p2p/{b}").parse().unwrap(),
-            b,
-        );
-        dialer.learn(&"/ip4/10.0.0.3/tcp/7000".parse().unwrap(), PeerId::random());
-        dialer.learn(&"/ip4/10.0.0.1/tcp/7001".parse().unwrap(), PeerId::random());
-        assert_eq!(dialer.peer(&ip4), Some(a));
-        assert_eq!(dialer.peer(&name), Some(b));
-    }
-
-    #[test]
-    fn a_bootstrap_file_that_breaks_keeps_its_last_seeds() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("seeds");
-        std::fs::write(&path, "/ip4/10.0.0.1/tcp/7000\n").unwrap();
-        let mut dialer = SeedDialer::new(SeedSource {
-            seeds: Vec::new(),
-            file: Some(path.clone()),
-        });
-        let start = Instant::now();
-        dialer.refresh_file(start);
-        assert_eq!(dialer.all().count(), 1);
-        std::fs::write(&path, "/ip4/10.0.0.1/tcp/7000\n/ip4/10.0.0.2/tcp/7000\n").unwrap();
-        dialer.refresh_file(start + Duration::from_millis(10));
-        assert_eq!(
-            dialer.all().count(),
-            1,
-            "read again only after the interval"
-        );
-        dialer.refresh_file(start + SEED_FILE_REREAD);
-        assert_eq!(dialer.all().count(), 2);
-        std::fs::write(&path, "garbage\n").unwrap();
-        dialer.refresh_file(start + SEED_FILE_REREAD * 2);
-        assert_eq!(dialer.all().count(), 2);
-        assert!(dialer.file_error.as_deref().unwrap().contains("line 1"));
     }
 }

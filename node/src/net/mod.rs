@@ -4,5 +4,7 @@ pub mod actor;
 pub mod admission;
 pub mod codec;
 pub mod log_limit;
+pub mod messages;
+pub mod seed_dialer;
 pub mod seeds;
 pub mod swarm;

@@ -6,13 +6,16 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use parcae_consensus::state::{Cut, CutPart, MemberStatus};
 use parcae_consensus::{ControlState, NodeId};
 use sha2::{Digest, Sha256};
 
-use super::TrainError;
+use super::error::TrainError;
 use crate::dataplane::DataplaneError;
 use crate::dataplane::client::{self, PeerAddr};
 use crate::dataplane::protocol::HeldInfo;
@@ -82,15 +85,6 @@ pub struct Acquired {
     pub fetch_secs: f64,
 }
 
-fn members_to_ask(state: &ControlState, me: NodeId) -> Vec<PeerAddr> {
-    state
-        .members
-        .iter()
-        .filter(|(id, m)| **id != me && m.status != MemberStatus::Lost)
-        .filter_map(|(id, _)| client::peer_addr(state, *id).ok())
-        .collect()
-}
-
 /// Why [`acquire`] could not bring every layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Missing {
@@ -98,6 +92,54 @@ pub struct Missing {
     pub layers: Vec<usize>,
     /// The newest complete cut before the step to roll back to, if any.
     pub roll_back_to: Option<u64>,
+}
+
+/// What an acquisition came to.
+pub enum Acquisition {
+    /// Every layer is here.
+    Acquired(Acquired),
+    /// Some layers are lost with every holder and every checkpoint of the step.
+    Missing(Missing),
+}
+
+/// What restoring layers from the checkpoint cut of the step came to.
+enum Restoration {
+    /// The layers' state, checked against the committed digests.
+    Restored(Vec<Piece>),
+    /// Some layers cannot be restored.
+    Missing(Missing),
+}
+
+/// Where one acquisition looks: the slot's layers at a step of the current history, and who to
+/// ask.
+struct Search<'a> {
+    ep: &'a Endpoint,
+    me: NodeId,
+    needed: Range<usize>,
+    /// `(history, step)`.
+    at: (u64, u64),
+    spread: usize,
+    /// Every other member that is not lost, with its data-plane address.
+    ask: Vec<PeerAddr>,
+    /// What this node holds itself.
+    own: Option<HeldInfo>,
+}
+
+impl Search<'_> {
+    fn holds_at(&self, h: &HeldInfo) -> bool {
+        (h.history, h.step) == self.at
+    }
+
+    /// Whether this node's own state at the step covers `layers`.
+    fn own_covers(&self, layers: &Range<usize>) -> bool {
+        self.own.is_some_and(|h| {
+            self.holds_at(&h) && h.start as usize <= layers.start && layers.end <= h.end as usize
+        })
+    }
+
+    fn plan(&self, holders: &[(NodeId, HeldInfo)]) -> (Vec<Fetch>, Vec<usize>) {
+        plan_fetches(self.needed.clone(), self.at, holders, self.spread)
+    }
 }
 
 /// Brings layers `needed` at step `step` to this node: its own held state first, then live
@@ -109,80 +151,129 @@ pub async fn acquire(
     needed: Range<usize>,
     step: u64,
     spread: usize,
-) -> Result<Result<Acquired, Missing>, TrainError> {
-    let history = state.progress.history;
-    let ask = members_to_ask(state, me);
-    let own = ep.held();
-    let at = |h: &HeldInfo| (h.history, h.step) == (history, step);
-    let covers_own =
-        own.filter(|h| at(h) && h.start as usize <= needed.start && needed.end <= h.end as usize);
-    // Members that hold nothing at the step yet may be about to publish it (they enter the
-    // plan a moment after this node): without a checkpoint of the step to restore from, layers
-    // count as missing only once the members settled or the wait ran out.
-    let can_restore = cuts_for(state, step).0.is_some();
-    let settle_by = tokio::time::Instant::now() + ep.timeout;
-    let (mut fetches, missing) = loop {
-        let mut holders: Vec<(NodeId, HeldInfo)> = Vec::new();
-        let mut unsettled = false;
-        if let Some(h) = covers_own {
-            holders.push((me, h));
-        } else {
-            holders.extend(own.map(|h| (me, h)));
-            let answers = join_all(ask.iter().map(|p| client::query(ep, p))).await;
-            for (peer, answer) in ask.iter().zip(answers) {
-                match answer {
-                    Ok(Some(h)) => {
-                        unsettled |= !at(&h);
-                        holders.push((peer.node, h));
-                    }
-                    Ok(None) => unsettled = true,
-                    Err(e) => {
-                        unsettled = true;
-                        tracing::debug!(node = %peer.node, "state query failed: {e}");
-                    }
-                }
-            }
-        }
-        let (fetches, missing) = plan_fetches(needed.clone(), (history, step), &holders, spread);
-        if missing.is_empty()
-            || !unsettled
-            || can_restore
-            || tokio::time::Instant::now() >= settle_by
-        {
-            break (fetches, missing);
-        }
-        tokio::time::sleep(SETTLE_POLL).await;
+) -> Result<Acquisition, TrainError> {
+    let search = Search {
+        ep,
+        me,
+        at: (state.progress.history, step),
+        spread,
+        ask: members_to_ask(state, me),
+        own: ep.held(),
+        needed,
     };
+    let can_restore = cuts_for(state, step).0.is_some();
+    let holders = survey(&search, can_restore).await;
+    let (mut fetches, missing) = search.plan(&holders);
     // This node's own layers cost nothing: take them wherever they cover a fetch.
     for f in &mut fetches {
-        if own.is_some_and(|h| {
-            at(&h) && h.start as usize <= f.layers.start && f.layers.end <= h.end as usize
-        }) {
+        if search.own_covers(&f.layers) {
             f.from = me;
         }
     }
-    let by_addr: BTreeMap<NodeId, PeerAddr> = ask.iter().map(|p| (p.node, *p)).collect();
-    let remote = fetches.iter().filter(|f| f.from != me).map(|f| async {
+    let mut acquired = fetch_live(&search, &fetches).await?;
+    match restore(ep, state, me, &missing, step).await? {
+        Restoration::Restored(pieces) => acquired.restored = pieces,
+        Restoration::Missing(missing) => return Ok(Acquisition::Missing(missing)),
+    }
+    Ok(Acquisition::Acquired(acquired))
+}
+
+fn members_to_ask(state: &ControlState, me: NodeId) -> Vec<PeerAddr> {
+    state
+        .members
+        .iter()
+        .filter(|(id, m)| **id != me && m.status != MemberStatus::Lost)
+        .filter_map(|(id, _)| client::peer_addr(state, *id).ok())
+        .collect()
+}
+
+/// Pause before a member whose answer failed is asked again.
+const QUERY_RETRY: Duration = Duration::from_millis(250);
+
+/// Who holds which layers at the step: this node alone when its own state covers the slot;
+/// otherwise what every member holds now. Members that hold nothing at the step yet may be
+/// about to publish it (they enter the plan a moment after this node): without a checkpoint of
+/// the step to restore from, layers count as missing only once those members published the
+/// step, their waits ran out, or the endpoint's timeout passed. Each of them answers the moment
+/// it publishes ([`client::query`] awaiting the step), so nothing is polled.
+async fn survey(search: &Search<'_>, can_restore: bool) -> Vec<(NodeId, HeldInfo)> {
+    let (ep, me) = (search.ep, search.me);
+    if search.own_covers(&search.needed) {
+        return search.own.map(|h| (me, h)).into_iter().collect();
+    }
+    let settle_by = tokio::time::Instant::now() + ep.timeout;
+    let mut holders: Vec<(NodeId, HeldInfo)> = search.own.map(|h| (me, h)).into_iter().collect();
+    let answers = join_all(search.ask.iter().map(|p| client::query(ep, p, None))).await;
+    let mut unsettled = Vec::new();
+    for (peer, answer) in search.ask.iter().zip(answers) {
+        match answer {
+            Ok(Some(h)) => {
+                if !search.holds_at(&h) {
+                    unsettled.push(*peer);
+                }
+                holders.push((peer.node, h));
+            }
+            Ok(None) => unsettled.push(*peer),
+            Err(e) => {
+                unsettled.push(*peer);
+                tracing::debug!(node = %peer.node, "state query failed: {e}");
+            }
+        }
+    }
+    if search.plan(&holders).1.is_empty() || unsettled.is_empty() || can_restore {
+        return holders;
+    }
+    let awaiting = Some(search.at);
+    let ask = |peer: PeerAddr, pause: Duration| async move {
+        tokio::time::sleep(pause).await;
+        (peer, client::query(ep, &peer, awaiting).await)
+    };
+    let mut waiting: FuturesUnordered<_> = unsettled
+        .into_iter()
+        .map(|peer| ask(peer, Duration::ZERO))
+        .collect();
+    while let Ok(Some((peer, answer))) = tokio::time::timeout_at(settle_by, waiting.next()).await {
+        match answer {
+            Ok(Some(h)) => {
+                holders.retain(|(n, _)| *n != peer.node);
+                holders.push((peer.node, h));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(node = %peer.node, "state query failed: {e}");
+                waiting.push(ask(peer, QUERY_RETRY));
+            }
+        }
+        if search.plan(&holders).1.is_empty() {
+            break;
+        }
+    }
+    holders
+}
+
+/// Fetches the layers `fetches` assigns to other nodes, in parallel, and takes those it
+/// assigns to this node from its own held state.
+async fn fetch_live(search: &Search<'_>, fetches: &[Fetch]) -> Result<Acquired, TrainError> {
+    let (ep, me) = (search.ep, search.me);
+    let (history, step) = search.at;
+    let by_addr: BTreeMap<NodeId, PeerAddr> = search.ask.iter().map(|p| (p.node, *p)).collect();
+    let fetched: Vec<Fetch> = fetches.iter().filter(|f| f.from != me).cloned().collect();
+    let remote = fetched.iter().map(|f| async {
         let peer = by_addr
             .get(&f.from)
             .ok_or_else(|| DataplaneError::Peer(format!("{} has no address", f.from)))?;
         let bufs = client::fetch(ep, peer, history, step, f.layers.clone()).await?;
         Ok::<_, TrainError>((f.layers.clone(), bufs))
     });
-    let mut live = Vec::new();
-    let mut received_bytes = 0u64;
-    let mut sources: Vec<NodeId> = fetches
-        .iter()
-        .map(|f| f.from)
-        .filter(|n| *n != me)
-        .collect();
+    let mut sources: Vec<NodeId> = fetched.iter().map(|f| f.from).collect();
     sources.sort_unstable();
     sources.dedup();
-    let fetched_from_peers: Vec<Fetch> = fetches.iter().filter(|f| f.from != me).cloned().collect();
     let started = std::time::Instant::now();
-    let fetched = join_all(remote).await;
+    let answers = join_all(remote).await;
     let fetch_secs = started.elapsed().as_secs_f64();
-    for got in fetched {
+    let mut live = Vec::new();
+    let mut received_bytes = 0u64;
+    for got in answers {
         let (layers, bufs) = got?;
         for (layer, bytes) in layers.zip(bufs) {
             received_bytes += bytes.len() as u64;
@@ -194,18 +285,14 @@ pub async fn acquire(
     }
     let local = fetches.iter().filter(|f| f.from == me);
     live.extend(local.flat_map(|f| ep.held_layers(history, step, f.layers.clone())));
-    let restored = match restore(ep, state, me, &missing, step).await? {
-        Ok(restored) => restored,
-        Err(missing) => return Ok(Err(missing)),
-    };
-    Ok(Ok(Acquired {
+    Ok(Acquired {
         live,
-        restored,
+        restored: Vec::new(),
         received_bytes,
         sources,
-        fetched: fetched_from_peers,
+        fetched,
         fetch_secs,
-    }))
+    })
 }
 
 /// The complete cut that holds the state entering step `step` (the end of step `step - 1`),
@@ -217,15 +304,12 @@ pub fn cuts_for(state: &ControlState, step: u64) -> (Option<&Cut>, Option<&Cut>)
     (exact, older)
 }
 
-/// Pause between two rounds of state queries while members settle.
-const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-
 /// How often a holder that does not answer is asked for its copy, and the pause between.
 const CHECKPOINT_ATTEMPTS: usize = 2;
 const CHECKPOINT_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// What one checkpoint yielded.
-enum Copy {
+/// What asking for one checkpoint part yielded.
+enum CheckpointCopy {
     /// Bytes whose SHA-256 is the digest committed in raft.
     Verified(Vec<u8>),
     /// Every holder answered, none with the committed bytes.
@@ -245,7 +329,7 @@ async fn fetch_verified(
     me: NodeId,
     steps: u64,
     part: &CutPart,
-) -> Copy {
+) -> CheckpointCopy {
     let range = part.layers.start as usize..part.layers.end as usize;
     let mut unreachable = false;
     let present = |holder: &NodeId| {
@@ -273,7 +357,7 @@ async fn fetch_verified(
             };
             match got {
                 Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
-                    return Copy::Verified(bytes);
+                    return CheckpointCopy::Verified(bytes);
                 }
                 Ok(_) => {
                     tracing::error!(%holder, layers = ?range, steps, "a checkpoint copy does not match the digest committed in raft");
@@ -299,7 +383,7 @@ async fn fetch_verified(
     if let (true, Some(store)) = (part.stored, &ep.store) {
         match store.get_part(steps, part, ep.max_state_bytes).await {
             Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
-                return Copy::Verified(bytes);
+                return CheckpointCopy::Verified(bytes);
             }
             Ok(_) => {
                 tracing::error!(layers = ?range, steps, "the stored checkpoint does not match the digest committed in raft");
@@ -317,9 +401,9 @@ async fn fetch_verified(
         }
     }
     if unreachable {
-        Copy::Unreachable
+        CheckpointCopy::Unreachable
     } else {
-        Copy::Corrupt
+        CheckpointCopy::Corrupt
     }
 }
 
@@ -334,9 +418,9 @@ async fn restore(
     me: NodeId,
     missing: &[usize],
     step: u64,
-) -> Result<Result<Vec<Piece>, Missing>, TrainError> {
+) -> Result<Restoration, TrainError> {
     if missing.is_empty() {
-        return Ok(Ok(Vec::new()));
+        return Ok(Restoration::Restored(Vec::new()));
     }
     let (exact, older) = cuts_for(state, step);
     let not_restored = || Missing {
@@ -344,7 +428,7 @@ async fn restore(
         roll_back_to: older.map(|c| c.end.step),
     };
     let Some(cut) = exact else {
-        return Ok(Err(not_restored()));
+        return Ok(Restoration::Missing(not_restored()));
     };
     let mut restored = Vec::new();
     for part in &cut.parts {
@@ -358,12 +442,12 @@ async fn restore(
             continue;
         };
         match fetch_verified(ep, state, me, step, part).await {
-            Copy::Verified(bytes) => restored.push(Piece {
+            CheckpointCopy::Verified(bytes) => restored.push(Piece {
                 bytes,
                 layers: *first..last + 1,
             }),
-            Copy::Corrupt => return Ok(Err(not_restored())),
-            Copy::Unreachable => {
+            CheckpointCopy::Corrupt => return Ok(Restoration::Missing(not_restored())),
+            CheckpointCopy::Unreachable => {
                 return Err(DataplaneError::Peer(format!(
                     "the checkpoint of layers {range:?} after {step} steps is held by nodes that do not answer"
                 ))
@@ -371,7 +455,7 @@ async fn restore(
             }
         }
     }
-    Ok(Ok(restored))
+    Ok(Restoration::Restored(restored))
 }
 
 #[cfg(test)]

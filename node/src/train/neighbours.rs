@@ -5,8 +5,8 @@
 
 use parcae_model::{Collective, Neighbours};
 
-use super::TrainError;
-use super::step::Waiter;
+use super::error::TrainError;
+use super::waiter::Waiter;
 use crate::dataplane::collective::{RingLinks, all_reduce_mean};
 use crate::dataplane::links::{PipeLink, RingLink};
 use crate::dataplane::protocol::{Header, MsgKind, Round};

@@ -1,6 +1,6 @@
 //! Forecast accuracy on a trace: mean L1 error of the predicted node count per step.
 
-use super::{ForecastInput, NoticeAhead, Predictor};
+use super::predictor::{ForecastInput, NoticeAhead, Predictor};
 use crate::trace::Interval;
 
 /// Mean absolute error of the predicted count, by forecast step.

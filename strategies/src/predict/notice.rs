@@ -5,7 +5,7 @@
 //! step may already stand for the same preemption, so the two are not added: the step removes
 //! `max(base, noticed)`, keeps the base arrivals, and every later count moves by the difference.
 
-use super::{ForecastInput, NoticeAhead, Predictor};
+use super::predictor::{ForecastInput, NoticeAhead, Predictor};
 use crate::trace::Interval;
 
 /// Wraps a predictor and makes its forecasts respect the notices of the input.

@@ -13,7 +13,7 @@ use rand_distr::{Distribution, Poisson};
 
 use super::arima::Arima110;
 use super::holt::HoltDamped;
-use super::{Bounds, ForecastInput, Predictor};
+use super::predictor::{Bounds, ForecastInput, Predictor};
 use crate::trace::Interval;
 
 /// The time-series model inside the rules.

@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 
-use super::{ForecastInput, Predictor};
+use super::predictor::{ForecastInput, Predictor};
 use crate::liveput::{NextChange, Terminal};
 use crate::trace::{Interval, intervals_from_counts};
 

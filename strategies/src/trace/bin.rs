@@ -1,8 +1,9 @@
 //! Binning of per-second records into fixed-length planning intervals.
 
 use super::error::TraceErrorKind;
+use super::interval::Interval;
+use super::limits::MAX_INTERVALS;
 use super::parse::{Record, churn};
-use super::{Interval, MAX_INTERVALS};
 
 /// How records are mapped to intervals.
 ///

@@ -8,8 +8,8 @@ pub enum TraceErrorKind {
     /// The file could not be opened or read.
     #[error("cannot read: {0}")]
     Unreadable(String),
-    /// The input exceeds [`super::MAX_INPUT_BYTES`].
-    #[error("input larger than the limit of {max} bytes", max = super::MAX_INPUT_BYTES)]
+    /// The input exceeds [`super::limits::MAX_INPUT_BYTES`].
+    #[error("input larger than the limit of {max} bytes", max = super::limits::MAX_INPUT_BYTES)]
     TooLarge,
     /// The input is not UTF-8 text.
     #[error("not UTF-8 text")]
@@ -61,14 +61,14 @@ pub enum TraceErrorKind {
         /// Nodes the event removes.
         removed: u64,
     },
-    /// More alive nodes than [`super::MAX_NODES`].
-    #[error("{0} nodes alive, above the limit of {max}", max = super::MAX_NODES)]
+    /// More alive nodes than [`super::limits::MAX_NODES`].
+    #[error("{0} nodes alive, above the limit of {max}", max = super::limits::MAX_NODES)]
     TooManyNodes(u64),
-    /// More arrivals or departures in one record or interval than [`super::MAX_NODES`].
-    #[error("{0} nodes added or removed at once, above the limit of {max}", max = super::MAX_NODES)]
+    /// More arrivals or departures in one record or interval than [`super::limits::MAX_NODES`].
+    #[error("{0} nodes added or removed at once, above the limit of {max}", max = super::limits::MAX_NODES)]
     TooMuchChurn(u64),
-    /// The binned trace would have more than [`super::MAX_INTERVALS`] intervals.
-    #[error("trace spans more than {max} intervals", max = super::MAX_INTERVALS)]
+    /// The binned trace would have more than [`super::limits::MAX_INTERVALS`] intervals.
+    #[error("trace spans more than {max} intervals", max = super::limits::MAX_INTERVALS)]
     TooLong,
     /// An interval length of 0 s or above one day.
     #[error("invalid interval length {0} s (expected 1 to 86400)")]

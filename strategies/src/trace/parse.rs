@@ -7,8 +7,8 @@
 
 use std::collections::HashSet;
 
-use super::MAX_NODES;
 use super::error::{TraceError, TraceErrorKind, quoted};
+use super::limits::MAX_NODES;
 
 /// The text formats a trace can come in, detected from the first data line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

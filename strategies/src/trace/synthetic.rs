@@ -13,7 +13,8 @@ use std::str::FromStr;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{DEFAULT_INTERVAL_SECS, Interval, MAX_INTERVALS, MAX_NODES, Trace};
+use super::interval::{Interval, Trace};
+use super::limits::{DEFAULT_INTERVAL_SECS, MAX_INTERVALS, MAX_NODES};
 
 /// Capacity (requested nodes) of the trace the band statistics were measured on.
 const REFERENCE_CAPACITY: f64 = 32.0;

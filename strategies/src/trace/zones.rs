@@ -24,8 +24,9 @@ use std::fmt;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::interval::{Interval, Trace};
+use super::limits::MAX_INTERVALS;
 use super::synthetic::{Mood, SpecParts, parse_nodes, spec_name};
-use super::{Interval, MAX_INTERVALS, Trace};
 
 /// A multi-day zone shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

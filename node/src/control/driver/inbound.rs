@@ -11,12 +11,13 @@ use parcae_consensus::{Command, StepError};
 
 use super::{ControlDriver, MAX_NOTICES_SHOWN, node_id};
 use crate::control::authorize::authorize;
-use crate::control::proof::{self, SignedProposal};
-use crate::net::actor::{DisconnectPeer, NetEvent, PublishNotice};
-use crate::notice::{Notice, unix_ms};
+use crate::control::proof;
+use crate::net::messages::{DisconnectPeer, NetEvent, PublishNotice};
+use crate::notices::LeaveRequested;
+use crate::notices::{Notice, unix_ms};
 use crate::status::NoticeView;
-use crate::watch::LeaveRequested;
 use crate::wire::ControlMessage;
+use crate::wire::SignedProposal;
 
 impl ControlDriver {
     fn on_control(&mut self, from: PeerId, frame: Vec<u8>, ctx: &mut Context<Self>) {

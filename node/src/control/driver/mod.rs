@@ -11,9 +11,11 @@
 //! proposals from peers, [`liveness`](super::liveness) for lost members,
 //! [`membership`](super::membership) for this node's `Join` and notice dedup, and
 //! [`project`](super::project) for `/status`. What comes in from the network and the notice
-//! watcher is handled in `inbound`; opening the raft storage at start in `open`.
+//! watcher is handled in `inbound`; the cluster keys' rotation in `keys`; opening the raft
+//! storage at start in `open`.
 
 mod inbound;
+mod keys;
 mod open;
 
 use std::collections::{HashSet, VecDeque};
@@ -26,17 +28,19 @@ use parcae_consensus::state::{MemberStatus, StateEvent};
 use parcae_consensus::{Command, NodeEvent, NodeId, ProposalHandle, ProposeError, RaftNode, Role};
 
 use super::authorize::authorize;
-use super::handle::{Propose, ProposeFailed, Routed, Watches};
 use super::known_peers;
 use super::liveness::Liveness;
 use super::membership::{NoticesInFlight, join_needed, peer_info};
 use super::project::{LocalView, project};
 use super::proof;
+use super::proposal::{Propose, ProposeFailed, Routed, Watches};
 use crate::config::NodeConfig;
-use crate::keyring::{KeyRing, Settled, rotation_due};
+use crate::data_dir::DataDir;
+use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
-use crate::net::actor::{KeepConnected, Network, RefusePeers, SendControl};
-use crate::notice::unix_ms;
+use crate::net::actor::Network;
+use crate::net::messages::{KeepConnected, RefusePeers, SendControl};
+use crate::notices::unix_ms;
 use crate::retry::Retry;
 use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound};
 use crate::wire::ControlMessage;
@@ -81,8 +85,7 @@ pub struct ControlDriver {
     net: Addr<Network>,
     out: Outlets,
     listen_addrs: Vec<Multiaddr>,
-    known_peers: std::path::PathBuf,
-    data_dir: std::path::PathBuf,
+    data_dir: DataDir,
     data_addr: Option<String>,
     job: Option<parcae_consensus::state::Digest32>,
     connected: HashSet<PeerId>,
@@ -131,7 +134,6 @@ impl ControlDriver {
             net,
             out,
             listen_addrs: setup.listen,
-            known_peers: setup.known_peers,
             data_dir: setup.data_dir,
             connected: HashSet::new(),
             liveness: Liveness::default(),
@@ -327,9 +329,13 @@ impl ControlDriver {
         self.out.metrics.members.set(members.len() as u64);
         self.members_version = Some(members);
         if !keep.is_empty()
-            && let Err(e) = known_peers::store(&self.known_peers, &known_peers::remembered(&keep))
+            && let Err(e) = known_peers::store(
+                &self.data_dir.known_peers(),
+                &known_peers::remembered(&keep),
+            )
         {
-            tracing::warn!(path = %self.known_peers.display(), "cannot remember the members: {e}");
+            let path = self.data_dir.known_peers();
+            tracing::warn!(path = %path.display(), "cannot remember the members: {e}");
         }
         self.net.do_send(KeepConnected(keep));
         let state = self.node.state();
@@ -417,59 +423,6 @@ impl ControlDriver {
             .find(|p| members.contains_key(&node_id(p)))
             .or_else(|| self.connected.iter().next())
             .copied()
-    }
-
-    /// Logs a problem with the keys once (until another one, or none, replaces it).
-    fn key_problem(&mut self, problem: Option<String>) {
-        if let Some(p) = &problem
-            && self.key_problem.as_ref() != Some(p)
-        {
-            tracing::error!("{p}");
-        }
-        self.key_problem = problem;
-    }
-
-    /// Reads the staged key file again; on the leader, rotates to the staged key once every
-    /// member holds it ([`rotation_due`]).
-    fn check_keys(&mut self, ctx: &mut Context<Self>) {
-        match self.keys.reload_staged() {
-            Ok(true) => {
-                tracing::info!(
-                    staged = %self.keys.staged().map(hex::encode).unwrap_or_default(),
-                    "holding the staged cluster key beside the one in force; it goes into force once every member holds it"
-                );
-                self.key_problem(None);
-            }
-            Ok(false) => {}
-            Err(e) => self.key_problem(Some(format!("the staged cluster key is not usable: {e}"))),
-        }
-        if self.node.is_leader()
-            && let Some(key) = rotation_due(self.node.state(), self.keys.staged())
-        {
-            tracing::info!(key = %hex::encode(key), "every member holds the staged cluster key: rotating to it");
-            self.propose_logged(Command::RotateKey { key }, ctx);
-        }
-    }
-
-    /// Keeps only the key in force once the replicated state rotated to it.
-    fn settle_keys(&mut self) {
-        let Some(in_force) = self.node.state().cluster_key else {
-            return;
-        };
-        match self.keys.settle(in_force) {
-            Ok(Settled::Unchanged) => {}
-            Ok(Settled::Promoted) => tracing::info!(
-                key = %hex::encode(in_force),
-                "the staged cluster key is in force and written over the key file; the old key admits nobody now"
-            ),
-            Ok(Settled::NotHeld) => self.key_problem(Some(format!(
-                "this node does not hold the cluster key in force ({}): stage it as KEY.next beside the key file",
-                hex::encode(in_force)
-            ))),
-            Err(e) => self.key_problem(Some(format!(
-                "the cluster key in force is used but could not be stored: {e}"
-            ))),
-        }
     }
 
     /// Sends `Join` until the replicated state lists this node, healthy, at its current

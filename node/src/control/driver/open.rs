@@ -1,13 +1,12 @@
 //! Opening the raft node at start: its storage in the data directory, founding a one-member
 //! cluster there when the storage holds no raft state and the node has nowhere to join.
 
-use std::path::PathBuf;
-
 use libp2p::{Multiaddr, PeerId};
 use parcae_consensus::{NodeId, RaftNode};
 
 use crate::config::NodeConfig;
 use crate::control::membership::peer_info;
+use crate::data_dir::DataDir;
 use crate::keyring::KeyRing;
 use crate::wire::MAX_RAFT_MESSAGE;
 
@@ -30,26 +29,24 @@ pub struct RaftSetup {
     pub peer_id: PeerId,
     /// The identity `peer_id` is made from: it signs this node's proposals.
     pub identity: libp2p::identity::Keypair,
-    /// Raft directory.
-    pub dir: PathBuf,
     /// Whether to create a new cluster when the storage holds no raft state (no seeds given and
     /// no members remembered).
     pub found_cluster: bool,
     /// Listen addresses as configured (used until the real ones are known).
     pub listen: Vec<Multiaddr>,
-    /// Where the members known last are remembered ([`crate::control::known_peers`]).
-    pub known_peers: PathBuf,
     /// The trainer's data-plane address, recorded in the membership.
     pub data_addr: Option<std::net::SocketAddr>,
     /// The digest of the job the trainer trains, recorded in the membership.
     pub job: Option<parcae_consensus::state::Digest32>,
-    /// The data directory, where a graceful exit leaves its mark ([`crate::resync::mark_left`]).
-    pub data_dir: PathBuf,
+    /// The data directory: the raft log, the members known last
+    /// ([`crate::control::known_peers`]), and the mark a graceful exit leaves
+    /// ([`crate::resync::mark_left`]).
+    pub data_dir: DataDir,
     /// The cluster keys, listed in the membership and rotated by the driver.
     pub keys: KeyRing,
 }
 
-/// Opens the raft node in `setup.dir`, founding a one-member cluster there when its storage
+/// Opens the raft node in the data directory's raft log, founding a one-member cluster there when its storage
 /// holds no raft state and `setup.found_cluster` says so.
 pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, RaftActorError> {
     let my_id = NodeId::from_peer_bytes(&setup.peer_id.to_bytes());
@@ -66,13 +63,13 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
         setup.keys.ids(),
     );
     let found = setup.found_cluster.then_some(std::slice::from_ref(&me));
-    let (mut node, founded) =
-        RaftNode::open_or_found(&setup.dir, raft_config, found).map_err(|e| match e {
-            parcae_consensus::RaftError::Storage(
-                damage @ parcae_consensus::storage::StorageError::Corrupt { .. },
-            ) => RaftActorError::DamagedLog(damage),
-            other => other.into(),
-        })?;
+    let (mut node, founded) = RaftNode::open_or_found(&setup.data_dir.raft(), raft_config, found)
+        .map_err(|e| match e {
+        parcae_consensus::RaftError::Storage(
+            damage @ parcae_consensus::storage::StorageError::Corrupt { .. },
+        ) => RaftActorError::DamagedLog(damage),
+        other => other.into(),
+    })?;
     if founded {
         node.campaign()?;
         tracing::info!("founded a new cluster");

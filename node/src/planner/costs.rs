@@ -1,4 +1,4 @@
-//! The planner's cost model, built from what the nodes measured (`CostReport`s in the
+//! The planner's cost model (the costs of the strategies' choices), built from what the nodes measured (`CostReport`s in the
 //! replicated state) instead of an offline profiling campaign: per-layer forward, backward and
 //! optimizer times (median over reporting nodes), parameter counts and activation sizes feed
 //! `strategies::cost::analytic`, which simulates 1F1B, the all-reduce and the optimizer step
@@ -14,6 +14,8 @@ use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::transfer::TransferModel;
+
+use crate::job::JobSpec;
 
 /// Data-plane rate assumed until nodes report measured ones (the 10 Gb/s of Parcae's cluster;
 /// the encrypted data plane measured 1.3-1.5 GB/s on loopback).
@@ -41,18 +43,31 @@ pub struct JobShape {
 }
 
 impl JobShape {
+    /// The shape `config` describes: its batch sizes and cluster size, and on an emulated
+    /// device that device's memory and shallowest pipeline.
+    pub fn of(config: &crate::config::NodeConfig) -> JobShape {
+        let device = config.device.emulation().ok().flatten();
+        JobShape {
+            global_batch: config.train.global_batch,
+            micro_batch: config.train.micro_batch,
+            max_nodes: config.planner.max_nodes,
+            restart_ms: 2000.0,
+            memory_mb: device.as_ref().map_or(CPU_MEMORY_MB, |d| d.memory_mb()),
+            min_depth: device.as_ref().map_or(1, |d| d.min_depth()),
+        }
+    }
+
     /// This shape with the batch sizes of the cluster's job where it names them: the leader
     /// plans the job the cluster trains, not its own file's (a node that adopted the job has
     /// defaults there).
     pub fn for_job(self, job: Option<&parcae_consensus::state::Job>) -> JobShape {
-        let setting = |name: &str| {
-            job.and_then(|j| j.settings.get(name))
-                .and_then(|v| v.parse::<u32>().ok())
-                .filter(|v| *v > 0)
+        let spec = job.and_then(|j| JobSpec::of(j).ok());
+        let theirs = |size: fn(&JobSpec) -> u32, own: u32| {
+            spec.as_ref().map(size).filter(|v| *v > 0).unwrap_or(own)
         };
         JobShape {
-            global_batch: setting("batch.global").unwrap_or(self.global_batch),
-            micro_batch: setting("batch.micro").unwrap_or(self.micro_batch),
+            global_batch: theirs(|s| s.global_batch, self.global_batch),
+            micro_batch: theirs(|s| s.micro_batch, self.micro_batch),
             ..self
         }
     }
@@ -140,7 +155,8 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use parcae_consensus::state::{Job, PeerInfo};
+    use crate::job::Identity;
+    use parcae_consensus::state::PeerInfo;
     use parcae_consensus::{Command, NodeId};
 
     #[test]
@@ -207,9 +223,12 @@ mod tests {
             memory_mb: CPU_MEMORY_MB,
             min_depth: 1,
         };
-        let mut job = Job::default();
-        job.settings.insert("batch.global".into(), "64".into());
-        job.settings.insert("batch.micro".into(), "0".into());
+        let spec = JobSpec {
+            global_batch: 64,
+            micro_batch: 0,
+            ..JobSpec::default()
+        };
+        let job = spec.job(&Identity::default(), &[]).unwrap();
         let shape = own.for_job(Some(&job));
         assert_eq!((shape.global_batch, shape.micro_batch), (64, 2));
         assert_eq!(shape.max_nodes, 32);

@@ -1,21 +1,23 @@
-//! The `NoticeWatcher` actor: turns "this machine is going away" into one [`LeaveRequested`].
+//! The `NoticeWatcher` actor: turns "this machine is going away" into one [`LeaveRequested`]
+//! for the control driver.
 //!
 //! Sources: SIGTERM and SIGINT (deadline = now + grace), always, and the metadata poller of
 //! the cloud `[notices] provider` names, or of the one [`detect`] finds (`auto`; deadline from
-//! the provider). Only the first notice counts; a second SIGTERM or SIGINT while leaving means
-//! the operator wants out now, and the process exits at once.
+//! the provider), on a thread of its own that hands its notice to the driver itself (one hop,
+//! not two). Only the first notice counts; a second SIGTERM or SIGINT while leaving means the
+//! operator wants out now, and the process exits at once.
 
-pub mod cloud;
-pub mod detect;
-
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 
+use super::cloud::MetadataPoller;
+use super::detect;
+use super::notice::NoticeSource;
 use crate::config::{NodeConfig, NoticeConfig};
-use crate::notice::NoticeSource;
 use crate::status::NoticeWatch;
-use cloud::MetadataPoller;
 
 /// Default interval between metadata polls.
 const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -39,7 +41,8 @@ pub struct NoticeWatcher {
     notices: NoticeConfig,
     target: Recipient<LeaveRequested>,
     shown: Recipient<NoticeWatch>,
-    notified: bool,
+    /// Whether a notice went to the driver already: shared with the metadata poller's thread.
+    notified: Arc<AtomicBool>,
 }
 
 impl NoticeWatcher {
@@ -59,18 +62,24 @@ impl NoticeWatcher {
             notices: n.clone(),
             target,
             shown,
-            notified: false,
+            notified: Arc::new(AtomicBool::new(false)),
         }
     }
 }
 
+/// Where the metadata poller's notice goes: the driver, unless a notice went there already.
+struct PollerTarget {
+    target: Recipient<LeaveRequested>,
+    notified: Arc<AtomicBool>,
+}
+
 /// Finds the provider to poll (probing them for `auto`), says so, then polls it until it
-/// announces a notice or the watcher is gone. Runs on a thread of its own: metadata requests
-/// block.
+/// announces a notice (handed to the driver) or the driver is gone. Runs on a thread of its
+/// own: metadata requests block.
 fn watch_cloud(
     notices: &NoticeConfig,
     interval: Duration,
-    me: &Addr<NoticeWatcher>,
+    to: &PollerTarget,
     shown: &Recipient<NoticeWatch>,
 ) {
     let Some(cloud) = detect::provider(notices, POLL_TIMEOUT) else {
@@ -89,13 +98,18 @@ fn watch_cloud(
         match poller.check() {
             Ok(Some(notice)) => {
                 tracing::warn!(provider = cloud.name(), "cloud preemption notice");
-                me.do_send(notice);
+                if !to.notified.swap(true, Ordering::SeqCst) {
+                    to.target.do_send(LeaveRequested {
+                        source: notice.source,
+                        deadline: notice.deadline,
+                    });
+                }
                 return;
             }
             Ok(None) => {}
             Err(e) => tracing::debug!(provider = cloud.name(), "poll failed: {e}"),
         }
-        if !me.connected() {
+        if !to.target.connected() {
             return;
         }
         std::thread::sleep(interval);
@@ -130,26 +144,16 @@ impl Actor for NoticeWatcher {
         }
         let (notices, interval, shown) =
             (self.notices.clone(), self.poll_interval, self.shown.clone());
+        let to = PollerTarget {
+            target: self.target.clone(),
+            notified: self.notified.clone(),
+        };
         let spawned = std::thread::Builder::new()
             .name("notice-watch".into())
-            .spawn(move || watch_cloud(&notices, interval, &me, &shown));
+            .spawn(move || watch_cloud(&notices, interval, &to, &shown));
         if let Err(e) = spawned {
             tracing::error!("cannot start the metadata poller thread: {e}");
         }
-    }
-}
-
-impl Message for cloud::CloudNotice {
-    type Result = ();
-}
-
-impl NoticeWatcher {
-    fn request_leave(&mut self, source: NoticeSource, deadline: SystemTime) {
-        if self.notified {
-            return;
-        }
-        self.notified = true;
-        self.target.do_send(LeaveRequested { source, deadline });
     }
 }
 
@@ -157,20 +161,15 @@ impl Handler<Signalled> for NoticeWatcher {
     type Result = ();
 
     fn handle(&mut self, msg: Signalled, _: &mut Context<Self>) {
-        if self.notified {
+        if self.notified.swap(true, Ordering::SeqCst) {
             tracing::warn!("second {}: exiting now", msg.0);
             System::current().stop_with_code(1);
             return;
         }
         tracing::info!(grace = ?self.grace, "{} received: leaving gracefully", msg.0);
-        self.request_leave(NoticeSource::Signal, SystemTime::now() + self.grace);
-    }
-}
-
-impl Handler<cloud::CloudNotice> for NoticeWatcher {
-    type Result = ();
-
-    fn handle(&mut self, msg: cloud::CloudNotice, _: &mut Context<Self>) {
-        self.request_leave(msg.source, msg.deadline);
+        self.target.do_send(LeaveRequested {
+            source: NoticeSource::Signal,
+            deadline: SystemTime::now() + self.grace,
+        });
     }
 }

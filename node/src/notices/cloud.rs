@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::notice::NoticeSource;
+use super::notice::NoticeSource;
 
 /// Largest metadata response body read.
 const MAX_BODY: u64 = 64 * 1024;
@@ -63,8 +63,6 @@ pub trait MetadataPoller: Send {
     fn answers(&mut self) -> bool;
     /// Checks once; `Ok(None)` means no preemption is scheduled.
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError>;
-    /// Provider name for logs.
-    fn name(&self) -> &'static str;
 }
 
 /// A metadata service endpoint: base URL and an HTTP agent with a global timeout.
@@ -191,10 +189,6 @@ impl MetadataPoller for AwsPoller {
             status => Err(PollError::Status { url, status }),
         }
     }
-
-    fn name(&self) -> &'static str {
-        "aws"
-    }
 }
 
 /// GCE: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` answers
@@ -252,10 +246,6 @@ impl MetadataPoller for GcePoller {
                 reason: format!("expected TRUE or FALSE, got {:?}", truncate(other)),
             }),
         }
-    }
-
-    fn name(&self) -> &'static str {
-        "gce"
     }
 }
 
@@ -340,10 +330,6 @@ impl MetadataPoller for AzurePoller {
             source: NoticeSource::Azure,
             deadline,
         }))
-    }
-
-    fn name(&self) -> &'static str {
-        "azure"
     }
 }
 

@@ -1,0 +1,139 @@
+//! The sections of the node's configuration besides `[train]` and `[device]`: raft timing,
+//! planning, notices and network bounds.
+
+use serde::Deserialize;
+
+use crate::net::swarm::NetLimits;
+
+/// Raft timing.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Milliseconds per raft tick.
+    pub tick_ms: u64,
+    /// Election timeout in ticks (randomised by raft between this and twice this).
+    pub election_ticks: usize,
+    /// Leader heartbeat interval in ticks.
+    pub heartbeat_ticks: usize,
+    /// Milliseconds a member may stay unreachable before the leader proposes `Lost`.
+    pub lost_timeout_ms: u64,
+}
+
+/// Leader-side planning.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlannerConfig {
+    /// Seconds between availability ticks (one planning interval).
+    pub interval_secs: f64,
+    /// How configurations are chosen: `liveput` (Parcae's look-ahead optimizer on the measured
+    /// cost model, moving state peer to peer), `liveput-predict` (the same optimizer on
+    /// Parcae's published ARIMA predictor) or `reactive` (the throughput-optimal
+    /// configuration for the nodes present, restarting from checkpoints on every change, like
+    /// Parcae's throughput-optimised baseline).
+    pub strategy: PlanStrategy,
+    /// Planning intervals the liveput optimizer looks ahead.
+    pub lookahead: u16,
+    /// The cluster size the job asked for (Parcae's 32): the most nodes planned for, and the
+    /// upper bound of `liveput-predict`'s forecasts.
+    pub max_nodes: u32,
+    /// A fixed `[D, P]` (experiments, reproducible runs): used whenever enough nodes are
+    /// present; the first plan waits for them.
+    pub pin: Option<[u32; 2]>,
+}
+
+/// See [`PlannerConfig::strategy`].
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlanStrategy {
+    /// Look-ahead liveput optimization with live migration, on the zone model's forecast
+    /// with the notices the cluster holds (the simulator's `liveput-zone`).
+    Liveput,
+    /// Parcae as published: the look-ahead optimizer on its ARIMA predictor of the recorded
+    /// availability, nothing valued past the horizon (the simulator's `liveput-predict`).
+    LiveputPredict,
+    /// Throughput-optimal configuration, restart on every change.
+    Reactive,
+}
+
+/// Where preemption notices come from besides SIGTERM and SIGINT (which always count).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticeProvider {
+    /// Probe the AWS, GCE and Azure metadata services at start and poll the one that answers.
+    #[default]
+    Auto,
+    /// AWS IMDSv2 spot instance-action.
+    Aws,
+    /// GCE `instance/preempted`.
+    Gce,
+    /// Azure Scheduled Events.
+    Azure,
+    /// Signals only.
+    None,
+}
+
+/// Cloud metadata polling: which provider, and where each one's metadata service is (the
+/// well-known addresses unless set; tests point them at local fakes).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct NoticeConfig {
+    /// Which provider to poll (`auto`: the one that answers at start).
+    pub provider: NoticeProvider,
+    /// Milliseconds between metadata polls.
+    pub poll_interval_ms: Option<u64>,
+    /// AWS IMDS base URL (default `http://169.254.169.254`).
+    pub aws_base_url: Option<String>,
+    /// GCE metadata base URL (default `http://metadata.google.internal`).
+    pub gce_base_url: Option<String>,
+    /// Azure IMDS base URL (default `http://169.254.169.254`).
+    pub azure_base_url: Option<String>,
+}
+
+/// Network bounds (see [`NetLimits`]).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetConfig {
+    /// Largest control frame in bytes.
+    pub max_control_frame: u32,
+    /// Most established connections.
+    pub max_connections: u32,
+    /// Milliseconds allowed for a connection handshake.
+    pub handshake_timeout_ms: u64,
+    /// Milliseconds allowed for one control request.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        Self {
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            lost_timeout_ms: 3000,
+        }
+    }
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            interval_secs: 60.0,
+            strategy: PlanStrategy::Liveput,
+            lookahead: 8,
+            max_nodes: 64,
+            pin: None,
+        }
+    }
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        let d = NetLimits::default();
+        Self {
+            max_control_frame: d.max_control_frame,
+            max_connections: d.max_connections,
+            handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
+            request_timeout_ms: d.request_timeout.as_millis() as u64,
+        }
+    }
+}

@@ -1,0 +1,179 @@
+use super::*;
+
+#[test]
+fn defaults_and_overrides() {
+    let c = NodeConfig::parse("", "x").unwrap();
+    assert_eq!(c, NodeConfig::default());
+    assert_eq!(c.grace(), Duration::from_secs(30));
+    let c = NodeConfig::parse(
+        "grace_secs = 2.5\n[raft]\ntick_ms = 50\n[notices]\naws_base_url = \"http://127.0.0.1:1\"\n",
+        "x",
+    )
+    .unwrap();
+    assert_eq!(c.grace(), Duration::from_millis(2500));
+    assert_eq!(c.raft.tick_ms, 50);
+    assert_eq!(c.raft.election_ticks, 10);
+    assert_eq!(
+        c.notices.aws_base_url.as_deref(),
+        Some("http://127.0.0.1:1")
+    );
+}
+
+#[test]
+fn rejects_typos_and_bad_ranges() {
+    assert!(matches!(
+        NodeConfig::parse("grace_sec = 1", "x"),
+        Err(ConfigError::Parse { .. })
+    ));
+    assert!(matches!(
+        NodeConfig::parse("[raft]\nelection_ticks = 1", "x"),
+        Err(ConfigError::Invalid(_))
+    ));
+    assert!(matches!(
+        NodeConfig::parse("grace_secs = -1.0", "x"),
+        Err(ConfigError::Invalid(_))
+    ));
+    let e = NodeConfig::parse(
+        "[planner]
+max_nodes = 0",
+        "x",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("planner.max_nodes"), "{e}");
+    assert!(
+        NodeConfig::parse(
+            "[planner]
+strategy = \"liveput_predict\"",
+            "x"
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn the_planner_runs_any_of_the_three_strategies() {
+    for (name, strategy) in [
+        ("liveput", PlanStrategy::Liveput),
+        ("liveput-predict", PlanStrategy::LiveputPredict),
+        ("reactive", PlanStrategy::Reactive),
+    ] {
+        let text = format!("[planner]\nstrategy = {name:?}\nmax_nodes = 32\n");
+        let c = NodeConfig::parse(&text, "x").unwrap();
+        assert_eq!((c.planner.strategy, c.planner.max_nodes), (strategy, 32));
+    }
+    assert_eq!(NodeConfig::default().planner.max_nodes, 64);
+}
+
+#[test]
+fn an_emulated_device_trains_the_profile_s_layer_list() {
+    let c = NodeConfig::parse(
+        "[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\ntime_scale = 4.0\n",
+        "x",
+    )
+    .unwrap();
+    let e = c.device.emulation().unwrap().expect("emulated");
+    assert_eq!(e.time_scale(), 4.0);
+    assert_eq!(c.model().n_blocks, 48);
+    assert_eq!(c.model().d_model, crate::emulate::STAND_IN.d_model);
+    assert_eq!(c.model().kernel, parcae_model::BlockKernel::Fused);
+    assert_eq!(
+        NodeConfig::default().model().kernel,
+        parcae_model::BlockKernel::Composed
+    );
+    let wider = NodeConfig::parse(
+        "[train]\nd_model = 64\n[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\n",
+        "x",
+    )
+    .unwrap();
+    assert_eq!((wider.model().d_model, wider.model().n_blocks), (64, 48));
+    assert_eq!(
+        NodeConfig::default().model(),
+        parcae_model::GptConfig::tiny()
+    );
+    for (bad, named) in [
+        ("profile = \"gpt-9b\"", "gpt-9b"),
+        ("time_scale = 0.0", "time_scale"),
+    ] {
+        let text = format!("[device]\nkind = \"emulated\"\n{bad}\n");
+        let e = NodeConfig::parse(&text, "x").unwrap_err().to_string();
+        assert!(e.contains(named), "{e}");
+    }
+    assert!(NodeConfig::parse("[device]\nkind = \"tpu\"\n", "x").is_err());
+    let timeout = |device: &str| {
+        let text = format!("[train]\npeer_timeout_secs = 6.0\n[device]\n{device}\n");
+        NodeConfig::parse(&text, "x").unwrap().peer_timeout()
+    };
+    assert_eq!(timeout(""), Duration::from_secs(6));
+    assert_eq!(
+        timeout("kind = \"emulated\"\ntime_scale = 4.0"),
+        Duration::from_secs(6)
+    );
+    assert_eq!(
+        timeout("kind = \"emulated\"\ntime_scale = 0.5"),
+        Duration::from_secs(12)
+    );
+}
+
+#[test]
+fn the_lost_member_timeout_runs_on_emulated_time_above_three_heartbeats() {
+    let lost = |device: &str| {
+        let text = format!(
+            "[raft]\ntick_ms = 100\nheartbeat_ticks = 2\nlost_timeout_ms = 2000\n[device]\n{device}\n"
+        );
+        NodeConfig::parse(&text, "x").unwrap().lost_timeout()
+    };
+    let ms = Duration::from_millis;
+    assert_eq!(lost(""), ms(2000));
+    assert_eq!(lost("kind = \"emulated\"\ntime_scale = 2.0"), ms(1000));
+    // Three heartbeats of 200 ms at the least.
+    assert_eq!(lost("kind = \"emulated\"\ntime_scale = 12.0"), ms(600));
+    // A slower emulated device does not wait longer: heartbeats are not paced.
+    assert_eq!(lost("kind = \"emulated\"\ntime_scale = 0.5"), ms(2000));
+}
+
+#[test]
+fn the_model_is_one_of_the_presets() {
+    let c = NodeConfig::parse(
+        "[train]\ndata = \"t.bin\"\ntokens = \"u16\"\nvocab_size = 50257",
+        "x",
+    )
+    .unwrap();
+    assert_eq!(c.train.tokens, Some(TokenDtypeName::U16));
+    assert_eq!(c.model().vocab_size, 50_257);
+    for bad in ["tokens = \"u16\"", "tokens = \"u8\"", "vocab_size = 1"] {
+        assert!(
+            NodeConfig::parse(&format!("[train]\n{bad}"), "x").is_err(),
+            "{bad}"
+        );
+    }
+    let c = NodeConfig::parse("[train]\nmodel = \"small\"", "x").unwrap();
+    assert_eq!(c.train.model, ModelPreset::Small);
+    assert_eq!(c.train.model.gpt(), parcae_model::GptConfig::small());
+    let c = NodeConfig::parse(
+        "[train]\nmodel = \"gpt2-124m\"\nd_model = 64\nn_heads = 4\nd_ff = 256",
+        "x",
+    )
+    .unwrap();
+    let gpt = c.model();
+    assert_eq!(
+        (
+            gpt.d_model,
+            gpt.n_heads,
+            gpt.d_ff,
+            gpt.n_blocks,
+            gpt.vocab_size
+        ),
+        (64, 4, 256, 12, 50_257)
+    );
+    assert_eq!(gpt.gelu, parcae_model::Gelu::Tanh);
+    let e = NodeConfig::parse("[train]\nmodel = \"gpt2-124m\"\nd_model = 100", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("n_heads 12 does not divide d_model 100"), "{e}");
+    let e = NodeConfig::parse("[train]\nmodel = \"huge\"", "x").unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("huge") && text.contains("tiny") && text.contains("small"),
+        "{text}"
+    );
+}

@@ -1,0 +1,117 @@
+//! The one pacing interface the trainer calls. A real device takes what it takes
+//! ([`RealTime`]: every call a no-op, every measurement what was measured); an emulated one
+//! ([`super::Accelerator`]) waits out the profile's remainder of each piece of work. The
+//! trainer is given one at launch and reads the same either way.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use parcae_consensus::state::Plan;
+use parcae_model::LayerCost;
+
+use super::costs::{EmulatedStage, EmulationError};
+use super::pacer::Pacer;
+use crate::metrics::Metrics;
+use crate::status::{EmulatedView, MigrationKind};
+
+/// A reconfiguration this node just made, as the pacing of its device needs it.
+pub struct Change<'a> {
+    /// The plan this node was in before (the one it entered last, if any).
+    pub previous: Option<&'a Plan>,
+    /// The plan it entered.
+    pub plan: &'a Plan,
+    /// The step it enters the plan at.
+    pub next: u64,
+    /// What kind of reconfiguration it was.
+    pub kind: MigrationKind,
+    /// The reactive strategy's restart (every change rebuilds from checkpoints).
+    pub reactive: bool,
+    /// Layers fetched from live holders, one range per fetch.
+    pub fetched: Vec<Range<usize>>,
+    /// Layers restored from checkpoints, one range per part.
+    pub restored: Vec<Range<usize>>,
+}
+
+/// How the stage's work is timed.
+pub trait Pacing: Send + Sync {
+    /// The pacing of one step of the stage holding `layers`, with micro-batches of
+    /// `micro_batch` samples and `replicas` replicas of the stage.
+    fn step(
+        &self,
+        layers: Range<usize>,
+        micro_batch: u32,
+        replicas: u32,
+    ) -> Result<StepPacing<'_>, EmulationError>;
+
+    /// After the optimizer update of `layers`, which took `real`.
+    fn optimizer(
+        &self,
+        layers: Range<usize>,
+        micro_batch: u32,
+        real: Duration,
+    ) -> Result<(), EmulationError>;
+
+    /// After a reconfiguration, which took `real`.
+    fn reconfiguration(&self, change: &Change<'_>, real: Duration) -> Result<(), EmulationError>;
+
+    /// What measuring a layer on this device finds, given what it took on the host (`real`).
+    fn measured_layer(
+        &self,
+        real: LayerCost,
+        micro_batch: u32,
+    ) -> Result<LayerCost, EmulationError>;
+
+    /// What timing a state fetch of the layers `fetched` on this device's link finds, given
+    /// what the real one moved (`received_bytes`) and took (`real_secs`): (bytes, seconds).
+    fn measured_fetch(
+        &self,
+        fetched: &[Range<usize>],
+        received_bytes: u64,
+        real_secs: f64,
+    ) -> Result<(f64, f64), EmulationError>;
+
+    /// The pacing so far, into `metrics` and for `/status` (`None` on a real device).
+    fn report(&self, metrics: &Metrics) -> Option<EmulatedView>;
+}
+
+/// A real device: nothing is paced, every measurement is what was measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealTime;
+
+impl Pacing for RealTime {
+    fn step(&self, _: Range<usize>, _: u32, _: u32) -> Result<StepPacing<'_>, EmulationError> {
+        Ok(StepPacing::default())
+    }
+
+    fn optimizer(&self, _: Range<usize>, _: u32, _: Duration) -> Result<(), EmulationError> {
+        Ok(())
+    }
+
+    fn reconfiguration(&self, _: &Change<'_>, _: Duration) -> Result<(), EmulationError> {
+        Ok(())
+    }
+
+    fn measured_layer(&self, real: LayerCost, _: u32) -> Result<LayerCost, EmulationError> {
+        Ok(real)
+    }
+
+    fn measured_fetch(
+        &self,
+        _: &[Range<usize>],
+        received_bytes: u64,
+        real_secs: f64,
+    ) -> Result<(f64, f64), EmulationError> {
+        Ok((received_bytes as f64, real_secs))
+    }
+
+    fn report(&self, _: &Metrics) -> Option<EmulatedView> {
+        None
+    }
+}
+
+/// The pacing of one step: what the emulated stage takes and the pacer that waits it out, or
+/// nothing on a real device (the decorators of [`super::paced`] then pass straight through).
+#[derive(Default, Clone, Copy)]
+pub struct StepPacing<'a> {
+    pub(crate) clock: Option<(EmulatedStage, &'a Pacer)>,
+}

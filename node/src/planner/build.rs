@@ -1,0 +1,172 @@
+//! Building what the leader proposes: the plan that runs a chosen configuration (slots matched
+//! to the layers each node holds, so survivors keep their stage when they can), and the
+//! availability tick of the next interval.
+
+use parcae_consensus::state::{Plan, StageSlot};
+use parcae_consensus::{Command, ControlState, NodeId};
+use parcae_strategies::ParallelConfig;
+use parcae_strategies::assign::{Holding, Slot, assign};
+use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::spec::partition;
+
+/// Members that can take a slot: healthy, with a data plane, training the cluster's job, most
+/// stable first (by join sequence).
+pub fn workers(state: &ControlState) -> Vec<NodeId> {
+    let mut w: Vec<(NodeId, u64)> = state
+        .members
+        .iter()
+        .filter(|(_, m)| {
+            m.status.is_healthy() && m.peer.data_addr.is_some() && state.trains_the_job(&m.peer)
+        })
+        .map(|(id, m)| (*id, m.join_seq))
+        .collect();
+    w.sort_by_key(|(_, seq)| *seq);
+    w.into_iter().map(|(id, _)| id).collect()
+}
+
+/// What `node` holds under `current`: its slot and that slot's layers.
+fn holding(current: Option<&Plan>, node: NodeId) -> Holding<NodeId> {
+    let slot = current.and_then(|p| p.assignment.get(&node).map(|s| (p, *s)));
+    match slot.and_then(|(p, s)| Some((s, p.stage_layers(s.stage)?))) {
+        Some((s, r)) => Holding {
+            node,
+            slot: Some(Slot {
+                pipeline: s.pipeline,
+                stage: s.stage,
+            }),
+            layers: r.start as usize..r.end as usize,
+        },
+        None => Holding {
+            node,
+            slot: None,
+            layers: 0..0,
+        },
+    }
+}
+
+/// The plan running `target` from the next step, slots matched to what nodes hold; `None`
+/// (logged) when the workers cannot be assigned to it.
+pub fn build_plan(
+    state: &ControlState,
+    workers: &[NodeId],
+    target: ParallelConfig,
+    cost: &CostModel,
+) -> Option<Plan> {
+    let current = state.plan.as_ref();
+    let bounds = partition(cost.spec.layers.len(), target.p as usize);
+    let holdings: Vec<Holding<NodeId>> = workers.iter().map(|id| holding(current, *id)).collect();
+    let layer_bytes: Vec<f64> = cost
+        .spec
+        .layers
+        .iter()
+        .map(|l| cost.spec.state_bytes(l.params))
+        .collect();
+    let a = match assign(&holdings, target, &bounds, &layer_bytes) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!("no assignment for {target}: {e}");
+            return None;
+        }
+    };
+    Some(Plan {
+        epoch: state.latest_epoch() + 1,
+        data_parallel: target.d,
+        pipeline_stages: target.p,
+        partition: bounds.iter().map(|b| *b as u32).collect(),
+        assignment: a
+            .slots
+            .into_iter()
+            .map(|(id, s)| {
+                let slot = StageSlot {
+                    pipeline: s.pipeline,
+                    stage: s.stage,
+                };
+                (id, slot)
+            })
+            .collect(),
+        at_step: state.progress.next_step(),
+    })
+}
+
+/// The number of the next availability interval.
+pub fn next_interval(state: &ControlState) -> u64 {
+    state.availability.back().map_or(0, |s| s.interval + 1)
+}
+
+/// The availability command for the next interval: the count of healthy members, continuing
+/// the replicated sequence (so a new leader goes on where the old one stopped).
+pub fn availability_tick(state: &ControlState) -> Command {
+    Command::AvailabilityTick {
+        interval: next_interval(state),
+        count: state
+            .members
+            .values()
+            .filter(|m| m.status.is_healthy())
+            .count() as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parcae_consensus::state::{MemberStatus, PeerInfo};
+
+    #[test]
+    fn only_members_that_train_the_cluster_s_job_are_workers() {
+        use parcae_consensus::state::Job;
+        let job = |seed: &str| Job {
+            settings: [("seed".to_string(), seed.to_string())].into(),
+        };
+        let mut state = ControlState::default();
+        for (n, seed) in [(1u8, Some("3")), (2, Some("4")), (3, None)] {
+            let peer = PeerInfo {
+                peer_id: vec![n],
+                data_addr: Some(format!("127.0.0.1:700{n}")),
+                job: seed.map(|s| job(s).digest()),
+                ..PeerInfo::default()
+            };
+            let node = NodeId::from_peer_bytes(&[n]);
+            state.apply(&Command::Join { node, peer }).unwrap();
+        }
+        assert!(workers(&state).is_empty(), "no job defined yet");
+        state.apply(&Command::DefineJob { job: job("3") }).unwrap();
+        let ids: Vec<NodeId> = workers(&state);
+        assert_eq!(ids, vec![NodeId::from_peer_bytes(&[1])]);
+    }
+
+    #[test]
+    fn next_interval_continues_the_replicated_sequence() {
+        let mut state = ControlState::default();
+        for n in 1..=4u8 {
+            let join = Command::Join {
+                node: NodeId::from_peer_bytes(&[n]),
+                peer: PeerInfo {
+                    peer_id: vec![n],
+                    ..PeerInfo::default()
+                },
+            };
+            state.apply(&join).unwrap();
+        }
+        let first = availability_tick(&state);
+        assert_eq!(
+            first,
+            Command::AvailabilityTick {
+                interval: 0,
+                count: 4
+            }
+        );
+        state.apply(&first).unwrap();
+        state
+            .members
+            .get_mut(&NodeId::from_peer_bytes(&[2]))
+            .unwrap()
+            .status = MemberStatus::Lost;
+        assert_eq!(
+            availability_tick(&state),
+            Command::AvailabilityTick {
+                interval: 1,
+                count: 3
+            }
+        );
+    }
+}

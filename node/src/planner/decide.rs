@@ -1,0 +1,97 @@
+//! The leader's decision, a function of the replicated state and the costs measured in it:
+//! whether the plan must change and, if so, the plan that runs the strategy's choice.
+
+use std::sync::Arc;
+
+use parcae_consensus::ControlState;
+use parcae_consensus::state::Plan;
+use parcae_strategies::ParallelConfig;
+use parcae_strategies::cost::CostModel;
+
+use super::build::{build_plan, workers};
+use super::costs::{JobShape, measured};
+use super::settle::departing_from_plan;
+use super::strategy::{Situation, Strategy};
+use crate::status::EstimateView;
+
+/// What a planning round decided.
+#[derive(Debug, Default)]
+pub struct Decision {
+    /// The throughput of the best configurations for the workers present, when the costs
+    /// were looked at (for `/status`).
+    pub estimates: Option<Vec<EstimateView>>,
+    /// The plan to propose, if the plan must change.
+    pub plan: Option<Plan>,
+}
+
+/// Decides at an interval boundary (`interval_boundary`) or on a change of the state: no new
+/// plan while one is pending, none while the plan in force is whole between boundaries, none
+/// before some node measured every layer; otherwise the plan that runs `strategy`'s choice,
+/// unless that is what runs already and nothing is broken.
+pub fn decide(
+    state: &ControlState,
+    strategy: &mut dyn Strategy,
+    shape: JobShape,
+    interval_boundary: bool,
+) -> Decision {
+    if state.pending_plan.is_some() {
+        return Decision::default();
+    }
+    let workers = workers(state);
+    let n = workers.len() as u32;
+    let current = state.plan.as_ref();
+    let broken = !departing_from_plan(state, strategy.acts_on_notices()).is_empty();
+    if current.is_some() && !broken && !interval_boundary {
+        return Decision::default();
+    }
+    let Some(cost) = measured(state, shape.for_job(state.job.as_ref())) else {
+        return Decision::default();
+    };
+    let cost = Arc::new(cost);
+    let running = current.map_or(ParallelConfig::IDLE, |p| {
+        ParallelConfig::new(p.data_parallel, p.pipeline_stages)
+    });
+    let situation = Situation {
+        state,
+        cost: &cost,
+        workers: n,
+        running,
+        planned: current.is_some(),
+        broken,
+    };
+    let plan = strategy
+        .choose(&situation)
+        .filter(|target| target.nodes() > 0 && (*target != running || broken))
+        .and_then(|target| {
+            let plan = build_plan(state, &workers, target, &cost)?;
+            tracing::info!(
+                epoch = plan.epoch,
+                d = target.d,
+                p = target.p,
+                at_step = plan.at_step,
+                nodes = n,
+                "proposing a new plan"
+            );
+            Some(plan)
+        });
+    Decision {
+        estimates: Some(estimates(&cost, n)),
+        plan,
+    }
+}
+
+/// The eight fastest configurations for `n` workers.
+fn estimates(cost: &CostModel, n: u32) -> Vec<EstimateView> {
+    let mut v: Vec<EstimateView> = cost
+        .candidates()
+        .iter()
+        .filter(|c| c.nodes() <= n.max(1))
+        .map(|c| EstimateView {
+            config: [c.d, c.p],
+            samples_per_sec: cost.samples_per_sec(*c),
+        })
+        .collect();
+    v.sort_by(|a, b| b.samples_per_sec.total_cmp(&a.samples_per_sec));
+    v.truncate(8);
+    v
+}

@@ -1,0 +1,183 @@
+//! What the strategies forecast from: the availability the replicated state records, the
+//! upcoming interval as the cluster observes it, and the two predictors' forecasts after it.
+
+use parcae_consensus::ControlState;
+use parcae_strategies::liveput::Terminal;
+use parcae_strategies::predict::{ForecastInput, NoticeAware, Predictor, ZoneModel, observed};
+use parcae_strategies::trace::Interval;
+
+use super::settle::departing_members;
+
+/// A forecast: the count before the upcoming event, the next intervals, and the value of the
+/// cluster past them.
+pub struct Forecast {
+    /// Nodes before the upcoming interval's departures.
+    pub before: u32,
+    /// The upcoming interval and those after it.
+    pub future: Vec<Interval>,
+    /// What the cluster is worth past the last forecast interval.
+    pub terminal: Terminal,
+}
+
+/// The count before the upcoming event, and the next `lookahead` intervals as the
+/// simulator's `liveput-zone` sees them at an interval's start: the upcoming interval
+/// observed (the `n` workers present, the members leaving or lost as its removals) and the
+/// zone model's forecast of the recorded availability after it; with the zone's terminal
+/// value as the forecast ends. Observing the first step, not forecasting it, makes the
+/// choice at a notice the one the next boundary makes when nothing else happened: a
+/// forecast first step of more nodes than are here sent the planner to the throughput-
+/// optimal configuration at a notice and the optimizer's own at the next boundary (six of
+/// the 23 re-plans of the 32-node hh replay were such a pair).
+pub fn zone_forecast(
+    zone: &mut NoticeAware<ZoneModel>,
+    state: &ControlState,
+    n: u32,
+    lookahead: usize,
+    interval_secs: f64,
+) -> Forecast {
+    let history = availability_history(state);
+    let first = first_recorded(state);
+    let departing = departing_members(state, |_| true);
+    let event = Interval {
+        nodes: n,
+        added: 0,
+        removed: departing,
+    };
+    let future = observed(zone, &history, first, event, lookahead);
+    let end = future.last().map_or(n, |s| s.nodes);
+    let terminal = zone.inner().terminal(
+        first + history.len() + future.len(),
+        end,
+        interval_secs * 1000.0,
+    );
+    Forecast {
+        before: n + departing,
+        future,
+        terminal,
+    }
+}
+
+/// Parcae's forecast of the next `horizon` intervals from the recorded availability alone:
+/// the count of the upcoming interval is told only before any was recorded (the job's
+/// initial allocation), and notices are not folded in (the simulator's `liveput-predict`).
+pub fn parcae_forecast(
+    predictor: &mut impl Predictor,
+    state: &ControlState,
+    n: u32,
+    horizon: usize,
+) -> Vec<Interval> {
+    let history = availability_history(state);
+    predictor.forecast(&ForecastInput {
+        history: &history,
+        first: first_recorded(state),
+        known_next: history.is_empty().then_some(n),
+        notices: &[],
+        horizon,
+    })
+}
+
+/// The recorded availability as intervals (each one's arrivals and departures against the
+/// previous count).
+pub fn availability_history(state: &ControlState) -> Vec<Interval> {
+    let mut history: Vec<Interval> = Vec::with_capacity(state.availability.len());
+    let mut prev: Option<u32> = None;
+    for s in &state.availability {
+        let p = prev.unwrap_or(s.count);
+        history.push(Interval {
+            nodes: s.count,
+            added: s.count.saturating_sub(p),
+            removed: p.saturating_sub(s.count),
+        });
+        prev = Some(s.count);
+    }
+    history
+}
+
+/// The number of the oldest availability interval the replicated state still records (it
+/// keeps the latest `limits::MAX_AVAILABILITY`; the leader numbers them one by one from 0).
+pub fn first_recorded(state: &ControlState) -> usize {
+    state
+        .availability
+        .front()
+        .map_or(0, |s| s.interval as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parcae_consensus::Command;
+    use parcae_strategies::predict::{RulePredictor, SeriesModel};
+
+    #[test]
+    fn the_forecast_counts_intervals_past_the_record_s_bound() {
+        use parcae_consensus::state::limits::MAX_AVAILABILITY;
+        let mut state = ControlState::default();
+        assert_eq!(first_recorded(&state), 0);
+        let mut zone = NoticeAware::new(ZoneModel::new(60.0));
+        let total = MAX_AVAILABILITY + 100;
+        for interval in 0..total as u64 {
+            let count = 8 + u32::from(interval >= 3000 && interval % 2 == 1);
+            state
+                .apply(&Command::AvailabilityTick { interval, count })
+                .unwrap();
+            if interval % 1000 == 0 {
+                zone_forecast(&mut zone, &state, count, 4, 60.0);
+            }
+        }
+        assert_eq!(first_recorded(&state), 100);
+        let stay = |zone: &mut NoticeAware<ZoneModel>, state: &ControlState| {
+            zone_forecast(zone, state, 9, 4, 60.0).terminal.stay_ms
+        };
+        let kept = stay(&mut zone, &state);
+        let new_leader = stay(&mut NoticeAware::new(ZoneModel::new(60.0)), &state);
+        // A new leader learns from the record alone, the old one also from what it dropped.
+        assert!(
+            (kept - new_leader).abs() <= 0.05 * kept,
+            "a new leader values about as the old one: {kept} vs {new_leader}"
+        );
+        for interval in total as u64..total as u64 + 30 {
+            state
+                .apply(&Command::AvailabilityTick { interval, count: 9 })
+                .unwrap();
+        }
+        assert!(
+            stay(&mut zone, &state) > kept,
+            "the calm intervals after the record was full were consumed"
+        );
+    }
+
+    #[test]
+    fn parcae_forecasts_from_the_recorded_availability_alone() {
+        let bounds = parcae_strategies::predict::Bounds {
+            min_nodes: 2,
+            max_nodes: 32,
+        };
+        let mut arima = RulePredictor::new(SeriesModel::Arima, bounds, 7);
+        let mut state = ControlState::default();
+        // Before any interval was recorded, the nodes present are the job's allocation.
+        let first = parcae_forecast(&mut arima, &state, 12, 4);
+        assert_eq!(first.len(), 4);
+        assert_eq!(first[0].nodes, 12);
+        for (interval, count) in [(0, 20), (1, 18), (2, 16), (3, 14)] {
+            state
+                .apply(&Command::AvailabilityTick { interval, count })
+                .unwrap();
+        }
+        assert_eq!(
+            availability_history(&state)
+                .iter()
+                .map(|i| (i.nodes, i.added, i.removed))
+                .collect::<Vec<_>>(),
+            vec![(20, 0, 0), (18, 0, 2), (16, 0, 2), (14, 0, 2)]
+        );
+        // Afterwards the present count is not told (30 here): the forecast continues the
+        // recorded series from its last count, within the job's bounds.
+        let later = parcae_forecast(&mut arima, &state, 30, 4);
+        assert_eq!(later.len(), 4);
+        assert!(
+            later.iter().all(|i| (2..=32).contains(&i.nodes)),
+            "{later:?}"
+        );
+        assert!(later[0].nodes <= 16, "{later:?}");
+    }
+}
