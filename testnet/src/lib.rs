@@ -13,3 +13,4 @@ pub mod local_cluster;
 pub mod node_process;
 pub mod ports;
 pub mod supervise;
+pub mod time_factor;

@@ -273,7 +273,8 @@ impl LocalCluster {
     /// Waits until every node of `idx` serves `/status` with its p2p address (recorded in
     /// [`NodeProcess::p2p`]); a node that exits meanwhile is a crash at start.
     pub fn wait_serving(&mut self, idx: &[usize]) -> Result<(), TestnetError> {
-        let end = Instant::now() + START_TIMEOUT;
+        let limit = crate::time_factor::scaled(START_TIMEOUT);
+        let end = Instant::now() + limit;
         let mut pending: Vec<usize> = idx.to_vec();
         while !pending.is_empty() {
             self.setup.interrupt.check()?;
@@ -295,7 +296,7 @@ impl LocalCluster {
                 return Err(TestnetError::NodeSilent {
                     node: n.name.clone(),
                     addr: n.status_addr.to_string(),
-                    secs: START_TIMEOUT.as_secs(),
+                    secs: limit.as_secs(),
                     log: n.log.clone(),
                     tail: log_tail(&n.log, TAIL_LINES),
                 });

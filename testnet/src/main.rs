@@ -71,6 +71,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = parcae_testnet::time_factor::read() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Run(args) => with_interrupt(|i| run::run(args, i)),

@@ -165,9 +165,10 @@ impl NodeProcess {
     }
 }
 
-/// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
+/// Polls `f` every 50 ms until it returns `Some` or `timeout` (stretched by the time factor,
+/// [`crate::time_factor`]) passes.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let end = std::time::Instant::now() + timeout;
+    let end = std::time::Instant::now() + crate::time_factor::scaled(timeout);
     loop {
         if let Some(v) = f() {
             return Some(v);

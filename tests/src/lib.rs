@@ -10,13 +10,20 @@
 //! node process is killed (SIGKILL) and reaped when the cluster is dropped, and killed by the
 //! kernel if the test process dies, so a failing assertion never leaves nodes behind. Tests
 //! that start clusters take [`serial`] so that at most one cluster runs at a time on a small
-//! machine.
+//! machine, whichever test binary they are in and however the runner schedules them.
+//!
+//! Every wait is stretched by one factor, `PARCAE_TEST_TIME_FACTOR` (the harness's [`wait_for`]
+//! and cluster waits apply it; a test's own deadlines take [`secs`]), for machines slower than
+//! the two shared cores the waits were set on.
 
+use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
+
+pub mod training;
 
 use parcae_api::client::Client;
 use parcae_testnet::interrupt::Interrupt;
@@ -24,10 +31,37 @@ pub use parcae_testnet::local_cluster::LocalCluster;
 use parcae_testnet::local_cluster::{ClusterSetup, Ports};
 pub use parcae_testnet::node_process::wait_for;
 
-/// Serialises cluster tests within one test binary.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// Held while a test runs its cluster: one cluster at a time on the machine.
+pub struct ClusterLock {
+    /// The locked file; closing it releases the lock.
+    _file: File,
+}
+
+/// Serialises the tests that start clusters across every test binary of the workspace: an
+/// exclusive lock on a file in the target directory, held until the guard is dropped (and
+/// released by the kernel if the test process dies). `cargo test` runs the binaries one after
+/// another, but a runner that runs them at once (nextest) would put several clusters on two
+/// cores, where their nodes time each other out.
+pub fn serial() -> ClusterLock {
+    let path = profile_dir()
+        .parent()
+        .expect("target directory")
+        .join("parcae-cluster-tests.lock");
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("cluster test lock {}: {e}", path.display()));
+    file.lock()
+        .unwrap_or_else(|e| panic!("locking {}: {e}", path.display()));
+    ClusterLock { _file: file }
+}
+
+/// `n` seconds stretched by the time factor (`PARCAE_TEST_TIME_FACTOR`), for a test's own
+/// deadlines; the harness's waits stretch theirs themselves.
+pub fn secs(n: u64) -> Duration {
+    parcae_testnet::time_factor::scaled(Duration::from_secs(n))
 }
 
 /// Whether this executable is a test (`target/<profile>/deps/<test>`) rather than a bench
@@ -252,7 +286,8 @@ impl Drop for S3Server {
 
 /// Checkpoint files `(steps, layers, path)` under a node's data directory.
 pub fn checkpoint_files(data_dir: &Path) -> Vec<(u64, std::ops::Range<usize>, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(data_dir.join("checkpoints")) else {
+    let checkpoints = parcae_node::data_dir::DataDir::new(data_dir).checkpoints();
+    let Ok(entries) = std::fs::read_dir(checkpoints) else {
         return Vec::new();
     };
     entries

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use parcae_api::MemberState;
-use parcae_tests::{TEST_CONFIG, node_binary, serial, start_cluster, wait_for};
+use parcae_tests::{TEST_CONFIG, node_binary, secs, serial, start_cluster, wait_for};
 
 #[test]
 fn five_nodes_form_a_cluster_and_survive_leader_kill() {
@@ -15,11 +15,7 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     let mut c = start_cluster(TEST_CONFIG, 5);
     let all: Vec<usize> = (0..5).collect();
     let leader = c
-        .wait_converged(
-            &all,
-            5,
-            Duration::from_secs(10).saturating_sub(started.elapsed()),
-        )
+        .wait_converged(&all, 5, secs(10).saturating_sub(started.elapsed()))
         .unwrap_or_else(|| panic!("no single leader with 5 members within 10 s\n{}", c.logs()));
     // Every node lists the same 5 members (checked by wait_converged) and they are ours.
     let mut ids: Vec<String> = c.nodes.iter().filter_map(|n| n.peer_id()).collect();

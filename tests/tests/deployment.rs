@@ -10,10 +10,11 @@ use std::time::{Duration, SystemTime};
 
 use parcae_api::client::Client;
 use parcae_api::{MemberState, StatusSnapshot};
+use parcae_node::data_dir::DataDir;
 use parcae_testnet::imds::{FakeCloud, FakeMetadata};
 use parcae_testnet::supervise::{ChildId, Spawn, Supervisor};
 use parcae_tests::{
-    TEST_CONFIG, free_port, new_cluster, node_binary, serial, start_cluster, wait_for,
+    TEST_CONFIG, free_port, new_cluster, node_binary, secs, serial, start_cluster, wait_for,
 };
 
 /// The TCP port of a `/ip4/127.0.0.1/tcp/P` listen address.
@@ -82,7 +83,7 @@ fn seeds_without_peer_ids_find_the_cluster_and_restarted_nodes_rejoin_from_memor
         .expect("spawn");
     c.wait_converged(&[by_ip, by_name, late], 3, Duration::from_secs(20))
         .unwrap_or_else(|| panic!("the node with a seeds file did not join\n{}", c.logs()));
-    let remembered = std::fs::read_to_string(c.nodes[late].data_dir.join("known-peers"))
+    let remembered = std::fs::read_to_string(DataDir::new(&c.nodes[late].data_dir).known_peers())
         .expect("the late node remembers the members");
     let member = c.nodes[by_ip].peer_id().expect("peer id");
     assert!(
@@ -146,7 +147,7 @@ fn notice_auto_polls_the_cloud_that_answers_and_its_notice_drains_the_node() {
     }
 
     // AWS and Azure state the deadline; GCE does not (the node takes its documented 30 s).
-    let deadline = SystemTime::now() + Duration::from_secs(10);
+    let deadline = SystemTime::now() + secs(10);
     for (_, _, fake) in &spot {
         fake.arm(deadline);
     }

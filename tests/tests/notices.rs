@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parcae_api::MemberState;
 use parcae_testnet::imds::FakeMetadata;
-use parcae_tests::{TEST_CONFIG, serial, start_cluster, wait_for};
+use parcae_tests::{TEST_CONFIG, secs, serial, start_cluster, wait_for};
 
 #[test]
 fn fake_aws_spot_notice_triggers_the_notice_flow() {
@@ -33,7 +33,7 @@ fn fake_aws_spot_notice_triggers_the_notice_flow() {
         "404 from the metadata service means no notice"
     );
 
-    let deadline = SystemTime::now() + Duration::from_secs(20);
+    let deadline = SystemTime::now() + secs(20);
     imds.arm(deadline);
     let deadline_ms = deadline
         .duration_since(UNIX_EPOCH)

@@ -11,7 +11,7 @@ use libp2p::PeerId;
 use libp2p::identity::Keypair;
 use parcae_consensus::ControlState;
 use parcae_consensus::NodeId;
-use parcae_consensus::state::StageSlot;
+use parcae_consensus::state::{Digest32, StageSlot};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore, watch};
@@ -286,26 +286,8 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
     let first = tokio::time::timeout(ep.timeout, stream.recv(MAX_CONTROL as u64))
         .await
         .map_err(|_| DataplaneError::Timeout("the first request after the handshake".into()))??;
-    let request: Request = protocol::decode(&first)?;
-    match request {
-        Request::Link { epoch, kind, from } => {
-            if let Err(why) = ep.check_link(epoch, from, &peer) {
-                tracing::error!(%peer, epoch, ?from, "link refused: {why}");
-                return Err(DataplaneError::Peer(why));
-            }
-            let current = ep.view.borrow().plan.as_ref().map_or(0, |p| p.epoch);
-            let mut inbox = ep.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            expire_parked(&mut inbox, |k| k.0, current, Instant::now());
-            if inbox.len() >= MAX_PARKED {
-                return Err(DataplaneError::Peer(format!(
-                    "{MAX_PARKED} links parked already"
-                )));
-            }
-            inbox.insert((epoch, kind, from), (Instant::now(), (peer, stream)));
-            drop(inbox);
-            ep.arrived.notify_waiters();
-            Ok(())
-        }
+    match protocol::decode(&first)? {
+        Request::Link { epoch, kind, from } => park_link(ep, peer, stream, (epoch, kind, from)),
         Request::Query { awaiting } => {
             if let Some((history, step)) = awaiting {
                 ep.held_from(history, step).await;
@@ -317,38 +299,7 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
             step,
             start,
             end,
-        } => {
-            let Some(held) = ep.held_at(history, step).await else {
-                return reply(
-                    &mut stream,
-                    &Reply::Refused(format!("no state of step {step} in history {history}")),
-                )
-                .await;
-            };
-            let info = held.info();
-            if start >= end || start < info.start || end > info.end {
-                return reply(
-                    &mut stream,
-                    &Reply::Refused(format!(
-                        "layers {start}..{end} not held (holding {}..{})",
-                        info.start, info.end
-                    )),
-                )
-                .await;
-            }
-            reply(
-                &mut stream,
-                &Reply::Sending {
-                    layers: end - start,
-                },
-            )
-            .await?;
-            let from = (start - info.start) as usize;
-            for layer in &held.layers[from..from + (end - start) as usize] {
-                stream.send(layer).await?;
-            }
-            Ok(())
-        }
+        } => send_held(ep, &mut stream, (history, step), start..end).await,
         Request::FetchCheckpoint { steps, start, end } => {
             let store = ep.checkpoints.clone();
             let layers = start as usize..end as usize;
@@ -366,34 +317,105 @@ async fn handle(socket: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), Data
             start,
             end,
             digest,
-        } => {
-            let sender = NodeId::from_peer_bytes(&peer.to_bytes());
-            let layers = start as usize..end as usize;
-            let admissible =
-                crate::checkpoint::may_store(&ep.view.borrow(), sender, steps, &layers);
-            if let Err(why) = admissible {
-                tracing::warn!(%peer, steps, "checkpoint refused: {why}");
-                return reply(&mut stream, &Reply::Refused(why)).await;
-            }
-            let registered = crate::checkpoint::registered_steps(&ep.view.borrow(), &layers);
-            let bytes = stream.recv(ep.max_state_bytes).await?;
-            let store = ep.checkpoints.clone();
-            let stored = on_blocking_pool(move || {
-                let got: [u8; 32] = Sha256::digest(&bytes).into();
-                if got != digest || start >= end {
-                    return Ok(false);
-                }
-                store.save(steps, &layers, &bytes, &registered)?;
-                Ok(true)
-            })
-            .await?;
-            if !stored {
-                tracing::error!(%peer, steps, "checkpoint with a bad digest or range refused");
-                return reply(&mut stream, &Reply::Refused("bad digest or range".into())).await;
-            }
-            reply(&mut stream, &Reply::Stored).await
-        }
+        } => store_checkpoint(ep, peer, &mut stream, (steps, start..end), digest).await,
     }
+}
+
+/// Parks a link `key` opened by `peer` for the trainer, if the plan lets `peer` open it.
+fn park_link(
+    ep: &Endpoint,
+    peer: PeerId,
+    stream: SecureStream,
+    key: LinkKey,
+) -> Result<(), DataplaneError> {
+    let (epoch, _, from) = key;
+    if let Err(why) = ep.check_link(epoch, from, &peer) {
+        tracing::error!(%peer, epoch, ?from, "link refused: {why}");
+        return Err(DataplaneError::Peer(why));
+    }
+    let current = ep.view.borrow().plan.as_ref().map_or(0, |p| p.epoch);
+    let mut inbox = ep.inbox.lock().unwrap_or_else(|p| p.into_inner());
+    expire_parked(&mut inbox, |k| k.0, current, Instant::now());
+    if inbox.len() >= MAX_PARKED {
+        return Err(DataplaneError::Peer(format!(
+            "{MAX_PARKED} links parked already"
+        )));
+    }
+    inbox.insert(key, (Instant::now(), (peer, stream)));
+    drop(inbox);
+    ep.arrived.notify_waiters();
+    Ok(())
+}
+
+/// Sends the held state of `layers` at `(history, step)`, one layer per message, waiting for
+/// it as [`Endpoint::held_at`] does; refuses what is not held.
+async fn send_held(
+    ep: &Endpoint,
+    stream: &mut SecureStream,
+    (history, step): (u64, u64),
+    layers: Range<u32>,
+) -> Result<(), DataplaneError> {
+    let (start, end) = (layers.start, layers.end);
+    let Some(held) = ep.held_at(history, step).await else {
+        let why = format!("no state of step {step} in history {history}");
+        return reply(stream, &Reply::Refused(why)).await;
+    };
+    let info = held.info();
+    if start >= end || start < info.start || end > info.end {
+        let why = format!(
+            "layers {start}..{end} not held (holding {}..{})",
+            info.start, info.end
+        );
+        return reply(stream, &Reply::Refused(why)).await;
+    }
+    reply(
+        stream,
+        &Reply::Sending {
+            layers: end - start,
+        },
+    )
+    .await?;
+    let from = (start - info.start) as usize;
+    for layer in &held.layers[from..from + (end - start) as usize] {
+        stream.send(layer).await?;
+    }
+    Ok(())
+}
+
+/// Stores the checkpoint `peer` sends of `layers` after `steps` steps, if the plan makes it
+/// that stage's first replica and the bytes are what `digest` says.
+async fn store_checkpoint(
+    ep: &Endpoint,
+    peer: PeerId,
+    stream: &mut SecureStream,
+    (steps, layers): (u64, Range<u32>),
+    digest: Digest32,
+) -> Result<(), DataplaneError> {
+    let sender = NodeId::from_peer_bytes(&peer.to_bytes());
+    let (start, end) = (layers.start, layers.end);
+    let layers = start as usize..end as usize;
+    let admissible = crate::checkpoint::may_store(&ep.view.borrow(), sender, steps, &layers);
+    if let Err(why) = admissible {
+        tracing::warn!(%peer, steps, "checkpoint refused: {why}");
+        return reply(stream, &Reply::Refused(why)).await;
+    }
+    let registered = crate::checkpoint::registered_steps(&ep.view.borrow(), &layers);
+    let bytes = stream.recv(ep.max_state_bytes).await?;
+    let store = ep.checkpoints.clone();
+    let stored = on_blocking_pool(move || {
+        let got: [u8; 32] = Sha256::digest(&bytes).into();
+        if got != digest || start >= end {
+            return Ok(false);
+        }
+        store.save(steps, &layers, &bytes, &registered)?;
+        Ok(true)
+    })
+    .await?;
+    if !stored {
+        tracing::error!(%peer, steps, "checkpoint with a bad digest or range refused");
+        return reply(stream, &Reply::Refused("bad digest or range".into())).await;
+    }
+    reply(stream, &Reply::Stored).await
 }
 
 /// Runs disk work and whole-state hashing off the data plane's one worker thread, so that a

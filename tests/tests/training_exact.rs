@@ -1,0 +1,107 @@
+//! The model a cluster trains is the one a single process trains: a 2 x 2 run over four
+//! processes, and a run that loses a whole stage and rolls back, end within 1e-4 of the same
+//! steps in one process.
+
+use std::time::Duration;
+
+use parcae_tests::training::*;
+use parcae_tests::{serial, start_cluster, wait_for};
+
+#[test]
+fn two_by_two_across_processes_matches_one_process() {
+    let _serial = serial();
+    let steps_total = 30u64;
+    let config = train_config(
+        "pin = [2, 2]",
+        &format!("max_steps = {steps_total}\ncheckpoint_every = {steps_total}"),
+    );
+    let c = start_cluster(&config, 4);
+    let done = wait_for(Duration::from_secs(240), || {
+        (0..4).find(|&i| steps(&c, i).len() as u64 == steps_total)
+    });
+    let Some(i) = done else {
+        panic!("30 steps did not commit\n{}", c.logs());
+    };
+    let record = steps(&c, i);
+    for (k, s) in record.iter().enumerate() {
+        assert_eq!(s.step, k as u64);
+        assert_eq!(s.sample_start, k as u64 * BATCH, "exactly-once cursor");
+    }
+    let first = record[0].loss;
+    let last = record[record.len() - 1].loss;
+    assert!(last < 0.8 * first, "loss fell: {first} -> {last}");
+    let status = c.nodes[i].status().unwrap();
+    assert_eq!(status.config, Some((2, 2)));
+    assert_model_equals_one_process(&c, steps_total);
+}
+
+/// Both replicas of a stage are SIGKILLed at once in a 2 x 2 run: the cluster rolls back to
+/// its newest complete checkpoint cut (no layer is restored from an older step than the live
+/// ones), trains the rolled-back samples again, and ends with the model one process trains.
+#[test]
+fn losing_a_whole_stage_rolls_back_and_the_model_still_equals_one_process() {
+    let _serial = serial();
+    let steps_total = 30u64;
+    let config = train_config(
+        "pin = [2, 2]",
+        &format!("max_steps = {steps_total}\ncheckpoint_every = 10"),
+    );
+    let mut c = training_cluster(&config, 6, 1);
+    let stage_nodes = |stage: u64| -> Vec<usize> {
+        workers(&c)
+            .into_iter()
+            .filter(|(_, slot)| slot[1] == stage)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let victims = [stage_nodes(0), stage_nodes(1)]
+        .into_iter()
+        .find(|v| v.len() == 2)
+        .unwrap_or_else(|| panic!("a stage without the leader\n{}", c.logs()));
+    // The stage dies between two checkpoints: its step is past the newest complete cut (which
+    // ends at `cut` and so restores the state entering step `cut + 1`), so no cut holds the
+    // step and the cluster must roll back.
+    let cut = wait_for(Duration::from_secs(120), || {
+        let cut = c
+            .statuses()
+            .into_iter()
+            .filter_map(|(_, s)| s.checkpoint_step)
+            .max()?;
+        last_step(&c).filter(|s| *s > cut).map(|_| cut)
+    })
+    .unwrap_or_else(|| panic!("no checkpoint\n{}", c.logs()));
+    for &v in &victims {
+        c.nodes[v].kill();
+    }
+    eprintln!("killed nodes {victims:?} past the checkpoint of step {cut}");
+    let rolled_back = wait_for(Duration::from_secs(90), || {
+        c.statuses()
+            .into_iter()
+            .map(|(_, s)| s.rolled_back_steps)
+            .find(|r| *r > 0)
+    })
+    .unwrap_or_else(|| panic!("no rollback\n{}", c.logs()));
+    eprintln!("rolled back {rolled_back} steps");
+    let done = wait_for(Duration::from_secs(240), || {
+        (0..c.nodes.len())
+            .filter(|i| !victims.contains(i))
+            .find(|&i| steps(&c, i).len() as u64 == steps_total)
+    })
+    .unwrap_or_else(|| panic!("{steps_total} steps did not commit\n{}", c.logs()));
+    let status = c.nodes[done].status().unwrap();
+    assert_eq!(status.rolled_back_steps, rolled_back);
+    assert_eq!(status.history, 1);
+    let record = steps(&c, done);
+    for (k, s) in record.iter().enumerate() {
+        assert_eq!(s.step, k as u64);
+        assert_eq!(s.sample_start, k as u64 * BATCH, "exactly-once cursor");
+    }
+    assert!(
+        record.iter().any(|r| r.history == 1),
+        "steps after the cut are committed in the new history"
+    );
+    let logs = c.logs();
+    assert!(logs.contains("rolled back to the newest complete checkpoint"));
+    assert!(!logs.contains("start afresh"));
+    assert_model_equals_one_process(&c, steps_total);
+}
