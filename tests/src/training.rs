@@ -22,6 +22,7 @@ pub const BATCH: u64 = 16;
 /// Samples per micro-batch.
 pub const MICRO: u64 = 2;
 
+/// A node configuration of the training job, with planner and `[train]` lines added.
 pub fn train_config(extra_planner: &str, extra_train: &str) -> String {
     format!(
         "{TRAIN_BASE_CONFIG}[planner]\ninterval_secs = 2.0\n{extra_planner}\n[train]\nseed = {SEED}\n\
@@ -30,6 +31,7 @@ pub fn train_config(extra_planner: &str, extra_train: &str) -> String {
     )
 }
 
+/// The optimizer `train_config`'s `[train]` describes, as the single-process run needs it.
 pub fn optimizer() -> OptimizerConfig {
     OptimizerConfig {
         peak_lr: 0.01,
@@ -131,6 +133,8 @@ pub fn assert_model_equals_one_process(c: &LocalCluster, steps_total: u64) {
     }
 }
 
+/// The longest committed step sequence any running node shows, checked for exactly-once data:
+/// steps `0..n` in order, each starting where the previous ended.
 pub fn committed_sequence(c: &LocalCluster) -> Vec<StepRecord> {
     committed_sequence_of(c, BATCH)
 }
@@ -152,6 +156,7 @@ pub fn committed_sequence_of(c: &LocalCluster, batch: u64) -> Vec<StepRecord> {
     best
 }
 
+/// The newest step any running node applied.
 pub fn last_step(c: &LocalCluster) -> Option<u64> {
     (0..c.nodes.len())
         .filter_map(|i| c.nodes[i].status())
@@ -190,6 +195,7 @@ pub fn trains_on(c: &LocalCluster, before: u64, more: u64, timeout: Duration) ->
     t.elapsed()
 }
 
+/// Every reconfiguration the running nodes show.
 pub fn migrations(c: &LocalCluster) -> Vec<MigrationView> {
     c.statuses()
         .into_iter()

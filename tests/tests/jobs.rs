@@ -7,8 +7,6 @@ use parcae_api::TrainingPhase;
 use parcae_tests::training::*;
 use parcae_tests::{LocalCluster, TRAIN_BASE_CONFIG, serial, start_cluster, wait_for};
 
-/// The longest committed step sequence any running node shows, checked for exactly-once data:
-/// steps `0..n` in order, each starting where the previous ended.
 /// The error of node `i` once it refuses the cluster's job (`what` names it in the panic).
 fn refusal(c: &LocalCluster, i: usize, what: &str) -> String {
     wait_for(Duration::from_secs(60), || {
@@ -29,7 +27,7 @@ fn a_joiner_that_adopts_the_job_trains_it_and_one_whose_own_key_differs_is_refus
     let job = wait_for(Duration::from_secs(30), || c.nodes[0].status()?.job)
         .unwrap_or_else(|| panic!("no job defined\n{}", c.logs()));
     assert_eq!(
-        job.get("train.seed").map(String::as_str),
+        job.get("seed").map(String::as_str),
         Some(SEED.to_string().as_str())
     );
     let founder = c.nodes[0].p2p_addr().expect("addr");

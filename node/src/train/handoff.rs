@@ -20,7 +20,7 @@ use crate::dataplane::DataplaneError;
 use crate::dataplane::client::{self, PeerAddr};
 use crate::dataplane::protocol::HeldInfo;
 use crate::dataplane::server::{Endpoint, Piece};
-use crate::store::StoreError;
+use crate::store::{JobStore, StoreError};
 
 /// Layers to take from one holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -330,8 +330,6 @@ async fn fetch_verified(
     steps: u64,
     part: &CutPart,
 ) -> CheckpointCopy {
-    let range = part.layers.start as usize..part.layers.end as usize;
-    let mut unreachable = false;
     let present = |holder: &NodeId| {
         *holder == me
             || state
@@ -339,71 +337,100 @@ async fn fetch_verified(
                 .get(holder)
                 .is_some_and(|m| m.status != MemberStatus::Lost)
     };
+    let mut unreachable = false;
     for holder in part.holders.iter().filter(|h| present(h)) {
-        for attempt in 0..CHECKPOINT_ATTEMPTS {
-            let got = if *holder == me {
-                ep.checkpoints
-                    .load(steps, &range)
-                    .map_err(DataplaneError::from)
-            } else {
-                match client::peer_addr(state, *holder) {
-                    Ok(peer) => client::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
-                    Err(e) => {
-                        tracing::warn!(%holder, layers = ?range, steps, "checkpoint holder not reachable: {e}");
-                        unreachable = true;
-                        break;
-                    }
-                }
-            };
-            match got {
-                Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
-                    return CheckpointCopy::Verified(bytes);
-                }
-                Ok(_) => {
-                    tracing::error!(%holder, layers = ?range, steps, "a checkpoint copy does not match the digest committed in raft");
-                    break;
-                }
-                // The holder answered, or this node looked: the copy is not there (its disk
-                // was wiped, or the file damaged beyond reading). Asking again changes nothing.
-                Err(e @ (DataplaneError::Peer(_) | DataplaneError::Checkpoint(_))) => {
-                    tracing::error!(%holder, layers = ?range, steps, "the holder has no readable copy of the checkpoint: {e}");
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(%holder, layers = ?range, steps, attempt, "checkpoint fetch failed: {e}");
-                    if attempt + 1 == CHECKPOINT_ATTEMPTS {
-                        unreachable = true;
-                    } else {
-                        tokio::time::sleep(CHECKPOINT_RETRY).await;
-                    }
-                }
-            }
+        match from_holder(ep, state, me, *holder, steps, part).await {
+            CheckpointCopy::Verified(bytes) => return CheckpointCopy::Verified(bytes),
+            CheckpointCopy::Unreachable => unreachable = true,
+            CheckpointCopy::Corrupt => {}
         }
     }
     if let (true, Some(store)) = (part.stored, &ep.store) {
-        match store.get_part(steps, part, ep.max_state_bytes).await {
-            Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
-                return CheckpointCopy::Verified(bytes);
-            }
-            Ok(_) => {
-                tracing::error!(layers = ?range, steps, "the stored checkpoint does not match the digest committed in raft");
-            }
-            Err(StoreError::Store {
-                source: object_store::Error::NotFound { .. },
-                ..
-            }) => {
-                tracing::error!(layers = ?range, steps, "the stored checkpoint is missing from the store")
-            }
-            Err(e) => {
-                tracing::warn!(layers = ?range, steps, "checkpoint store read failed: {e}");
-                unreachable = true;
-            }
+        match from_store(ep, store, steps, part).await {
+            CheckpointCopy::Verified(bytes) => return CheckpointCopy::Verified(bytes),
+            CheckpointCopy::Unreachable => unreachable = true,
+            CheckpointCopy::Corrupt => {}
         }
     }
     if unreachable {
         CheckpointCopy::Unreachable
     } else {
         CheckpointCopy::Corrupt
+    }
+}
+
+/// `holder`'s copy of `part` (this node's own disk when it is the holder), asked again once
+/// when the holder does not answer.
+async fn from_holder(
+    ep: &Endpoint,
+    state: &ControlState,
+    me: NodeId,
+    holder: NodeId,
+    steps: u64,
+    part: &CutPart,
+) -> CheckpointCopy {
+    let range = part.layers.start as usize..part.layers.end as usize;
+    for attempt in 0..CHECKPOINT_ATTEMPTS {
+        let got = if holder == me {
+            ep.checkpoints
+                .load(steps, &range)
+                .map_err(DataplaneError::from)
+        } else {
+            match client::peer_addr(state, holder) {
+                Ok(peer) => client::fetch_checkpoint(ep, &peer, steps, range.clone()).await,
+                Err(e) => {
+                    tracing::warn!(%holder, layers = ?range, steps, "checkpoint holder not reachable: {e}");
+                    return CheckpointCopy::Unreachable;
+                }
+            }
+        };
+        match got {
+            Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
+                return CheckpointCopy::Verified(bytes);
+            }
+            Ok(_) => {
+                tracing::error!(%holder, layers = ?range, steps, "a checkpoint copy does not match the digest committed in raft");
+                return CheckpointCopy::Corrupt;
+            }
+            // The holder answered, or this node looked: the copy is not there (its disk was
+            // wiped, or the file damaged beyond reading). Asking again changes nothing.
+            Err(e @ (DataplaneError::Peer(_) | DataplaneError::Checkpoint(_))) => {
+                tracing::error!(%holder, layers = ?range, steps, "the holder has no readable copy of the checkpoint: {e}");
+                return CheckpointCopy::Corrupt;
+            }
+            Err(e) => {
+                tracing::warn!(%holder, layers = ?range, steps, attempt, "checkpoint fetch failed: {e}");
+                if attempt + 1 < CHECKPOINT_ATTEMPTS {
+                    tokio::time::sleep(CHECKPOINT_RETRY).await;
+                }
+            }
+        }
+    }
+    CheckpointCopy::Unreachable
+}
+
+/// The job's durable store's copy of `part`.
+async fn from_store(ep: &Endpoint, store: &JobStore, steps: u64, part: &CutPart) -> CheckpointCopy {
+    let range = part.layers.start..part.layers.end;
+    match store.get_part(steps, part, ep.max_state_bytes).await {
+        Ok(bytes) if Sha256::digest(&bytes).as_slice() == part.digest => {
+            CheckpointCopy::Verified(bytes)
+        }
+        Ok(_) => {
+            tracing::error!(layers = ?range, steps, "the stored checkpoint does not match the digest committed in raft");
+            CheckpointCopy::Corrupt
+        }
+        Err(StoreError::Store {
+            source: object_store::Error::NotFound { .. },
+            ..
+        }) => {
+            tracing::error!(layers = ?range, steps, "the stored checkpoint is missing from the store");
+            CheckpointCopy::Corrupt
+        }
+        Err(e) => {
+            tracing::warn!(layers = ?range, steps, "checkpoint store read failed: {e}");
+            CheckpointCopy::Unreachable
+        }
     }
 }
 
