@@ -5,6 +5,7 @@
 //! preemptions.
 
 pub mod background_http;
+pub mod cargo;
 pub mod error;
 pub mod imds;
 pub mod interrupt;

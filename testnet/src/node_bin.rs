@@ -7,9 +7,8 @@
 //! the node is built with the same profile first. Anything else is a [`TestnetError::NodeBinary`]
 //! naming the path and how to fix it.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use parcae_testnet::error::TestnetError;
 
@@ -34,7 +33,7 @@ pub fn locate(explicit: Option<&Path>) -> Result<PathBuf, TestnetError> {
         return Ok(sibling);
     }
     match std::env::var_os("CARGO") {
-        Some(cargo) => build(&cargo, dir, &sibling),
+        Some(_) => build(dir, &sibling),
         None => Err(TestnetError::NodeBinary {
             path: sibling,
             reason:
@@ -62,12 +61,12 @@ fn check(path: &Path, origin: &str) -> Result<PathBuf, TestnetError> {
 }
 
 /// Builds the node with the profile of `profile_dir` (`target/release` -> `--release`).
-fn build(cargo: &OsString, profile_dir: &Path, expected: &Path) -> Result<PathBuf, TestnetError> {
+fn build(profile_dir: &Path, expected: &Path) -> Result<PathBuf, TestnetError> {
     let profile = profile_dir
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("debug");
-    let mut cmd = Command::new(cargo);
+    let mut cmd = parcae_testnet::cargo::command();
     // `cargo run` sets the manifest directory of this crate: building from there finds the
     // workspace whatever the user's working directory is.
     if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {

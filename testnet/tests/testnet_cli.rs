@@ -30,8 +30,7 @@ fn ensure_node_built() {
         }
         let exe = PathBuf::from(env!("CARGO_BIN_EXE_parcae-testnet"));
         let profile_dir = exe.parent().expect("profile dir");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
+        let mut build = parcae_testnet::cargo::command();
         build.args(["test", "--workspace", "--no-run", "--test", "cli"]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             build.arg("--release");

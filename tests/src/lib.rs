@@ -87,8 +87,7 @@ fn profile_dir() -> PathBuf {
 /// and returns `target/<profile>/<relative>`.
 fn build(args: &[&str], relative: &str) -> PathBuf {
     let dir = profile_dir();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
+    let mut build = parcae_testnet::cargo::command();
     build.args(args);
     if dir.file_name().is_some_and(|n| n == "release") {
         build.arg("--release");
