@@ -169,6 +169,7 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
             .checkpoint_store(t.checkpoint_store.clone())
             .restore_from(t.restore.clone())
             .emulate(emulation.clone())
+            .device(config.device.burn_device()?)
             .launcher())
     };
     if t.data == "synthetic" {

@@ -98,3 +98,42 @@ fn status_of_a_node_that_is_not_there_is_an_error() {
         &format!("127.0.0.1:{port}"),
     );
 }
+
+#[test]
+fn run_names_a_device_it_cannot_train_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, "").unwrap();
+    let run_on = |device: &str| {
+        node(&[
+            "run",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--status-addr",
+            "127.0.0.1:0",
+            "--cluster-key",
+            dir.path().join("no-such.key").to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--device",
+            device,
+        ])
+    };
+    failed_with(&run_on("tpu:0"), "expected cpu, cuda or cuda:N");
+    if !cfg!(feature = "cuda") {
+        // Refused before anything else is read (the key file is missing too).
+        let out = run_on("cuda:1");
+        failed_with(&out, "--features cuda");
+        failed_with(&out, "`cuda` feature");
+        std::fs::write(&config, "[device]\nkind = \"cuda\"\n").unwrap();
+        failed_with(
+            &run_with(dir.path(), "no-such.key", config.to_str().unwrap()),
+            "--features cuda",
+        );
+    }
+    // The CPU is always there: the run goes on to the missing key.
+    std::fs::write(&config, "").unwrap();
+    failed_with(&run_on("cpu"), "no-such.key");
+}

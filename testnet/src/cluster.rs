@@ -97,7 +97,7 @@ impl Cluster {
         let local = LocalCluster::create(ClusterSetup {
             program: opts.bin,
             dir: Some(opts.dir),
-            config: node_config::render(&opts.settings, dialect, None),
+            config: node_config::render(&opts.settings, dialect, 0, None),
             ports: opts.ports,
             env,
             client: Client::default(),
@@ -170,8 +170,8 @@ impl Cluster {
                     })?)
                 }
             };
-            let config =
-                node_config::render(settings, *dialect, imds.as_ref().map(FakeMetadata::url));
+            let url = imds.as_ref().map(FakeMetadata::url);
+            let config = node_config::render(settings, *dialect, k, url);
             members.push(Member {
                 phase: Phase::Up,
                 imds,

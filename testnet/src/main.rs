@@ -27,6 +27,7 @@ mod cluster;
 mod compare;
 mod engine;
 mod failover;
+mod gpus;
 mod ledger;
 mod monitor;
 mod node_bin;

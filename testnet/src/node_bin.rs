@@ -73,6 +73,9 @@ fn build(profile_dir: &Path, expected: &Path) -> Result<PathBuf, TestnetError> {
         cmd.current_dir(dir);
     }
     cmd.args(["build", "-p", "parcae-node", "--bin", NODE_BIN]);
+    if cfg!(feature = "cuda") {
+        cmd.args(["--features", "parcae-node/cuda"]);
+    }
     match profile {
         "debug" => {}
         "release" => {

@@ -11,6 +11,8 @@ use std::process::{Command, Stdio};
 
 use parcae_testnet::error::TestnetError;
 
+use crate::gpus::Devices;
+
 /// What the nodes of one run share (per-node differences are the metadata URL).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSettings {
@@ -36,6 +38,8 @@ pub struct NodeSettings {
     pub threads: u32,
     /// The emulated accelerator of every node, if any.
     pub emulate: Option<Emulate>,
+    /// CPU, or the CUDA GPU each node trains on.
+    pub devices: Devices,
     /// The job's durable checkpoint store shared by every node (a directory of the run), so
     /// that nodes started after a whole-cluster outage resume from it.
     pub checkpoint_store: Option<PathBuf>,
@@ -89,8 +93,9 @@ pub struct Dialect {
 /// Metadata poll period when notices come from the fake metadata server, ms.
 const METADATA_POLL_MS: u64 = 200;
 
-/// Renders a node's configuration; `aws_base_url` points its metadata poller at a fake server.
-pub fn render(s: &NodeSettings, dialect: Dialect, aws_base_url: Option<&str>) -> String {
+/// Renders the configuration of node `k`; `aws_base_url` points its metadata poller at a fake
+/// server.
+pub fn render(s: &NodeSettings, dialect: Dialect, k: usize, aws_base_url: Option<&str>) -> String {
     let mut out = format!(
         "grace_secs = {grace:?}\n\
          [raft]\n\
@@ -106,6 +111,9 @@ pub fn render(s: &NodeSettings, dialect: Dialect, aws_base_url: Option<&str>) ->
     );
     if dialect.training {
         out.push_str(&training_keys(s));
+    }
+    if let Some(index) = s.devices.gpu_of(k) {
+        out.push_str(&format!("[device]\nkind = \"cuda\"\nindex = {index}\n"));
     }
     if let Some(url) = aws_base_url {
         out.push_str(&format!(
@@ -163,11 +171,42 @@ fn training_keys(s: &NodeSettings) -> String {
     out
 }
 
+/// What the node said of a configuration it parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    /// It parsed and checked it (and stopped at the missing key file).
+    Accepted,
+    /// It predates a key: the line that says which.
+    UnknownField(String),
+    /// It refused a value (a device this build lacks, a bound): the line that says why.
+    Refused(String),
+}
+
+/// Reads the node's error output: the parse error `unknown field` first, then the checks'
+/// `config: ...` refusals (the node's checks of its configuration say so).
+fn verdict(message: &str) -> Verdict {
+    let line = |needle: &str| {
+        message
+            .lines()
+            .find(|l| l.contains(needle))
+            .map(|l| l.trim().to_string())
+    };
+    if let Some(l) = line("unknown field") {
+        Verdict::UnknownField(l)
+    } else if let Some(l) = line("config: ") {
+        Verdict::Refused(l)
+    } else {
+        Verdict::Accepted
+    }
+}
+
 /// Finds out which keys `bin` accepts by letting it parse the configuration in `dir`.
 ///
 /// `parcae-node run` loads its config before its cluster key; the probe names a key file that
 /// does not exist, so the node stops right after parsing. "unknown field" in its error output
-/// means the binary predates the training keys; the returned note then quotes that line.
+/// means the binary predates the training keys; the returned note then quotes that line. A
+/// value the node refuses (a CUDA device in a build without it) stops the run with the node's
+/// own message.
 pub fn probe(
     bin: &Path,
     dir: &Path,
@@ -175,15 +214,18 @@ pub fn probe(
 ) -> Result<(Dialect, Option<String>), TestnetError> {
     let path = dir.join("probe.toml");
     let attempt = |dialect: Dialect| -> Result<Option<String>, TestnetError> {
-        std::fs::write(&path, render(s, dialect, None)).map_err(|source| TestnetError::Io {
+        std::fs::write(&path, render(s, dialect, 0, None)).map_err(|source| TestnetError::Io {
             what: format!("writing {}", path.display()),
             source,
         })?;
-        let message = run_probe(bin, dir, &path)?;
-        Ok(message
-            .lines()
-            .find(|l| l.contains("unknown field"))
-            .map(|l| l.trim().to_string()))
+        match verdict(&run_probe(bin, dir, &path)?) {
+            Verdict::Accepted => Ok(None),
+            Verdict::UnknownField(line) => Ok(Some(line)),
+            Verdict::Refused(message) => Err(TestnetError::ConfigRejected {
+                path: path.clone(),
+                message,
+            }),
+        }
     };
     let full = Dialect { training: true };
     let basic = Dialect { training: false };
@@ -243,6 +285,7 @@ mod tests {
             max_steps: 0,
             threads: 1,
             emulate: None,
+            devices: Devices::Cpu,
             checkpoint_store: None,
             pin: None,
         }
@@ -254,7 +297,7 @@ mod tests {
             emulate: Some(Emulate::new("gpt-1.5b", 2.0).unwrap()),
             ..settings()
         };
-        let text = render(&s, Dialect { training: true }, None);
+        let text = render(&s, Dialect { training: true }, 0, None);
         assert!(
             text.ends_with(
                 "max_steps = 0\nglobal_batch = 128\nmicro_batch = 1\n\
@@ -271,8 +314,41 @@ mod tests {
     }
 
     #[test]
+    fn each_node_gets_its_gpu_and_a_refused_value_stops_the_probe() {
+        let s = NodeSettings {
+            devices: Devices::Cuda(vec![0, 1]),
+            ..settings()
+        };
+        let third = render(&s, Dialect { training: true }, 2, None);
+        assert!(
+            third.contains("[device]\nkind = \"cuda\"\nindex = 0\n"),
+            "{third}"
+        );
+        let second = render(&s, Dialect { training: false }, 1, None);
+        assert!(
+            second.ends_with("[device]\nkind = \"cuda\"\nindex = 1\n"),
+            "{second}"
+        );
+        assert!(!render(&settings(), Dialect { training: true }, 1, None).contains("[device]"));
+        let refusal =
+            "Error: config: device kind \"cuda\" needs parcae-node built with the `cuda` feature";
+        assert_eq!(
+            verdict(&format!("{refusal}\n")),
+            Verdict::Refused(refusal.into())
+        );
+        assert!(matches!(
+            verdict("Error: config file x: unknown field `strategy`"),
+            Verdict::UnknownField(_)
+        ));
+        assert_eq!(
+            verdict("Error: cluster key x: No such file or directory"),
+            Verdict::Accepted
+        );
+    }
+
+    #[test]
     fn basic_dialect_has_only_todays_keys() {
-        let text = render(&settings(), Dialect { training: false }, None);
+        let text = render(&settings(), Dialect { training: false }, 0, None);
         assert!(text.contains("grace_secs = 3.0\n"));
         assert!(text.contains("[planner]\ninterval_secs = 10.0\n"));
         assert!(text.contains("lost_timeout_ms = 2000\n"));
@@ -286,6 +362,7 @@ mod tests {
         let text = render(
             &settings(),
             Dialect { training: true },
+            0,
             Some("http://127.0.0.1:4000"),
         );
         let planner = text.find("[planner]").unwrap();

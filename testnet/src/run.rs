@@ -12,6 +12,7 @@ use parcae_strategies::trace;
 
 use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
 use crate::engine::{self, Observed, Scenario};
+use crate::gpus::{self, DeviceArg};
 use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
 use crate::predicted;
@@ -73,6 +74,11 @@ pub struct NodeArgs {
     /// Emulated durations are divided by this (with --emulate).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+    /// What the nodes train on: `cpu`, `cuda` (the visible GPUs, node k on GPU k mod their
+    /// number) or `cuda:N` (every node on GPU N). CUDA needs a node built with the `cuda`
+    /// feature (`cargo build --release -p parcae-node --features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
     /// Pin every plan to `D`x`P` (data-parallel pipelines x stages, e.g. `1x3`) instead of
     /// the strategy's choice: with `D` = 1 every node is the only holder of its stage, so a
     /// kill takes a whole stage (and the cluster rolls back to a checkpoint).
@@ -240,6 +246,11 @@ impl NodeArgs {
         if self.data != "synthetic" && !Path::new(&self.data).is_file() {
             bail!("--data {}: no such file", self.data);
         }
+        if self.emulate.is_some() && self.device != DeviceArg::Cpu {
+            bail!(
+                "--emulate paces CPU work to a profiled GPU; it cannot be combined with --device cuda"
+            );
+        }
         Ok(())
     }
 
@@ -269,6 +280,7 @@ impl NodeArgs {
                 .map(|p| Emulate::new(p, self.time_scale))
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
+            devices: self.device.devices(gpus::visible),
             checkpoint_store: None,
             pin: self.pin,
         })

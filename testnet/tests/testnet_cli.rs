@@ -130,6 +130,28 @@ fn missing_and_malformed_trace_files_are_named() {
 }
 
 #[test]
+fn a_device_the_nodes_cannot_train_on_is_named_before_any_node_starts() {
+    let dir = scratch("device");
+    let out = testnet(&["run", "--device", "tpu"], dir.path());
+    assert_error(&out, &["cpu, cuda or cuda:N"]);
+    let out = testnet(
+        &["run", "--device", "cuda", "--emulate", "gpt-1.5b"],
+        dir.path(),
+    );
+    assert_error(&out, &["--emulate", "--device cuda"]);
+    if !cfg!(feature = "cuda") {
+        // The node built for these tests has no CUDA backend: its own refusal, naming the
+        // feature and the build command, stops the run.
+        ensure_node_built();
+        let out = testnet(
+            &["run", "--device", "cuda:1", "--intervals", "2"],
+            dir.path(),
+        );
+        assert_error(&out, &["`cuda` feature", "--features cuda"]);
+    }
+}
+
+#[test]
 fn a_node_binary_that_does_not_exist_is_named() {
     let dir = scratch("nobin");
     let out = testnet(

@@ -89,6 +89,9 @@ fn build(args: &[&str], relative: &str) -> PathBuf {
     let dir = profile_dir();
     let mut build = parcae_testnet::cargo::command();
     build.args(args);
+    if cfg!(feature = "cuda") {
+        build.args(["--features", "parcae-node/cuda"]);
+    }
     if dir.file_name().is_some_and(|n| n == "release") {
         build.arg("--release");
     }

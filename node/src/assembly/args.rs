@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use libp2p::Multiaddr;
 
 use super::options::RunOptions;
-use crate::config::{ConfigError, NodeConfig, NoticeProvider};
+use crate::config::{ConfigError, DeviceChoice, NodeConfig, NoticeProvider};
 use crate::key::KeyError;
 use crate::keyring::KeyRing;
 
@@ -58,6 +58,10 @@ pub struct RunArgs {
     /// resumes from it (overrides `[train] restore`).
     #[arg(long, env = "PARCAE_RESTORE")]
     pub restore: Option<String>,
+    /// What the stage trains on: `cpu`, `cuda` or `cuda:N` (overrides the config file's
+    /// `[device] kind` and `index`; `cuda` needs a build with the `cuda` feature).
+    #[arg(long, env = "PARCAE_DEVICE")]
+    pub device: Option<DeviceChoice>,
 }
 
 /// A file the command line names could not be loaded.
@@ -84,6 +88,10 @@ impl RunArgs {
         }
         if self.restore.is_some() {
             config.train.restore = self.restore;
+        }
+        if let Some(device) = self.device {
+            config.device.choose(device);
+            config.device.validate()?;
         }
         let keys = KeyRing::load(&self.cluster_key)?;
         Ok(

@@ -15,14 +15,18 @@ pub enum DeviceKind {
     /// An emulated GPU ([`crate::emulate`]): the model's layer structure is the profile's, the
     /// work runs on the CPU at a small width and is paced to the profiled GPU's times.
     Emulated,
+    /// Burn's CUDA backend on GPU `index` (a build with the `cuda` feature).
+    Cuda,
 }
 
 /// The `[device]` section.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeviceConfig {
-    /// CPU or an emulated accelerator.
+    /// CPU, an emulated accelerator or a CUDA GPU.
     pub kind: DeviceKind,
+    /// Which CUDA GPU (`cuda:index`), counted as the driver lists the visible ones.
+    pub index: usize,
     /// The profiled model an emulated accelerator runs (a built-in of `parcae-strategies`).
     pub profile: String,
     /// Emulated durations are divided by this (2: the emulated cluster runs twice as fast).
@@ -33,29 +37,93 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
             kind: DeviceKind::Cpu,
+            index: 0,
             profile: "gpt-1.5b".into(),
             time_scale: 1.0,
         }
     }
 }
 
+/// Whether this build has Burn's CUDA backend.
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// The one refusal of a CUDA device by a build without it.
+pub const CUDA_NOT_BUILT: &str = "device kind \"cuda\" needs parcae-node built with the `cuda` \
+     feature: `cargo build --release -p parcae-node --features cuda` (it links LLVM for cubecl; \
+     see the README's GPUs section)";
+
+/// A device named on the command line (`--device`, `PARCAE_DEVICE`): `cpu`, `cuda` or
+/// `cuda:N`; it replaces the configuration file's kind and index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceChoice {
+    /// CPU or CUDA.
+    pub kind: DeviceKind,
+    /// The CUDA GPU (0 on the CPU).
+    pub index: usize,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let choice = |kind, index| Ok(Self { kind, index });
+        match s.trim() {
+            "cpu" => choice(DeviceKind::Cpu, 0),
+            "cuda" => choice(DeviceKind::Cuda, 0),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(index)) => choice(DeviceKind::Cuda, index),
+                _ => Err(format!(
+                    "unknown device {other:?} (expected cpu, cuda or cuda:N with N a GPU index)"
+                )),
+            },
+        }
+    }
+}
+
 impl DeviceConfig {
+    /// The command line's device in place of the file's.
+    pub fn choose(&mut self, choice: DeviceChoice) {
+        self.kind = choice.kind;
+        self.index = choice.index;
+    }
+
     /// How much faster than real time the device runs: the time scale of an emulated device
     /// (validated with the rest of the configuration), 1 on a real one.
     pub fn emulated_time_scale(&self) -> f64 {
         match self.kind {
             DeviceKind::Emulated => self.time_scale,
-            DeviceKind::Cpu => 1.0,
+            DeviceKind::Cpu | DeviceKind::Cuda => 1.0,
         }
     }
 
-    /// The emulation this section asks for (`None` on the CPU).
+    /// The emulation this section asks for (`None` on a real device).
     pub fn emulation(&self) -> Result<Option<Emulation>, ConfigError> {
         match self.kind {
-            DeviceKind::Cpu => Ok(None),
+            DeviceKind::Cpu | DeviceKind::Cuda => Ok(None),
             DeviceKind::Emulated => Emulation::new(&self.profile, self.time_scale)
                 .map(Some)
                 .map_err(|e| ConfigError::Invalid(format!("device: {e}"))),
         }
+    }
+
+    /// Whether this build can run the section's device.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kind == DeviceKind::Cuda && !CUDA_BUILT {
+            return Err(ConfigError::Invalid(CUDA_NOT_BUILT.into()));
+        }
+        self.emulation().map(|_| ())
+    }
+
+    /// The Burn device the stage trains on (with autodiff): Flex on the CPU (an emulated
+    /// accelerator's work runs there too), CUDA GPU `index` otherwise.
+    pub fn burn_device(&self) -> Result<burn::tensor::Device, ConfigError> {
+        self.validate()?;
+        let backend = match self.kind {
+            DeviceKind::Cpu | DeviceKind::Emulated => parcae_model::Backend::Flex,
+            DeviceKind::Cuda => parcae_model::Backend::Cuda(self.index),
+        };
+        backend
+            .device()
+            .map_err(|e| ConfigError::Invalid(format!("device: {e}")))
     }
 }

@@ -9,7 +9,7 @@ mod error;
 mod sections;
 mod train;
 
-pub use device::{DeviceConfig, DeviceKind};
+pub use device::{CUDA_BUILT, CUDA_NOT_BUILT, DeviceChoice, DeviceConfig, DeviceKind};
 pub use error::ConfigError;
 pub use sections::{
     NetConfig, NoticeConfig, NoticeProvider, PlanStrategy, PlannerConfig, RaftConfig,
@@ -178,8 +178,7 @@ impl NodeConfig {
                 "notices.poll_interval_ms must be > 0".into(),
             ));
         }
-        self.device.emulation()?;
-        Ok(())
+        self.device.validate()
     }
 
     /// The GPT the node trains: the `[train]` preset with the sizes `[train]` sets, a

@@ -177,3 +177,51 @@ fn the_model_is_one_of_the_presets() {
         "{text}"
     );
 }
+
+#[test]
+fn a_cuda_device_is_refused_by_a_build_without_it_and_names_the_command() {
+    let text = "[device]\nkind = \"cuda\"\nindex = 1\n";
+    let parsed = NodeConfig::parse(text, "x");
+    if CUDA_BUILT {
+        let c = parsed.unwrap();
+        assert_eq!((c.device.kind, c.device.index), (DeviceKind::Cuda, 1));
+        assert!(c.device.emulation().unwrap().is_none());
+    } else {
+        let e = parsed.unwrap_err().to_string();
+        assert!(e.contains("`cuda` feature"), "{e}");
+        assert!(e.contains("--features cuda"), "{e}");
+        let mut device = DeviceConfig::default();
+        device.choose("cuda:1".parse().unwrap());
+        let e = device.burn_device().unwrap_err().to_string();
+        assert!(e.contains("--features cuda"), "{e}");
+    }
+    assert!(
+        NodeConfig::default()
+            .device
+            .burn_device()
+            .unwrap()
+            .is_autodiff()
+    );
+}
+
+#[test]
+fn the_command_line_names_cpu_or_a_cuda_gpu() {
+    let parse = |s: &str| s.parse::<DeviceChoice>();
+    let choice = |kind, index| Ok(DeviceChoice { kind, index });
+    assert_eq!(parse("cpu"), choice(DeviceKind::Cpu, 0));
+    assert_eq!(parse("cuda"), choice(DeviceKind::Cuda, 0));
+    assert_eq!(parse("cuda:3"), choice(DeviceKind::Cuda, 3));
+    for bad in ["gpu", "cuda:", "cuda:-1", "cuda:x", "emulated", ""] {
+        let e = parse(bad).unwrap_err();
+        assert!(e.contains("cpu, cuda or cuda:N"), "{bad}: {e}");
+    }
+    let mut device = DeviceConfig {
+        kind: DeviceKind::Emulated,
+        ..DeviceConfig::default()
+    };
+    device.choose(DeviceChoice {
+        kind: DeviceKind::Cuda,
+        index: 2,
+    });
+    assert_eq!((device.kind, device.index), (DeviceKind::Cuda, 2));
+}
