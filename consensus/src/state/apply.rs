@@ -1,15 +1,17 @@
-//! Validation and effects of each command. Every check runs before the first mutation, so a
-//! rejected command never leaves a partial change behind.
+//! Validation and effects of each command (those of training's progress in `training`). Every
+//! check runs before the first mutation, so a rejected command never leaves a partial change behind.
 
 use std::collections::BTreeSet;
 
 use super::ControlState;
 use super::command::{Command, Rejection, StateEvent};
 use super::limits;
+use super::training::{
+    StepReport, activate_due_plan, adopt_cut, checkpointed, restore_cut, roll_back, step_committed,
+};
 use super::types::{
-    AvailabilitySample, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LossRecord, Member,
-    MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, RaftRole, Retired, StageSlot,
-    StepEnd,
+    AvailabilitySample, CutPart, Job, KeyId, LayerCost, Member, MemberStatus, NodeCosts, PeerInfo,
+    Plan, RaftRole, Retired, StageSlot,
 };
 use crate::ids::NodeId;
 
@@ -108,7 +110,7 @@ fn rotate_key(state: &mut ControlState, key: KeyId) -> Result<Vec<StateEvent>, R
 
 fn define_job(state: &mut ControlState, job: &Job) -> Result<Vec<StateEvent>, Rejection> {
     if job.settings.is_empty() || job.settings.len() > limits::MAX_JOB_SETTINGS {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "job",
             format!(
                 "{} settings (1 to {})",
@@ -122,7 +124,7 @@ fn define_job(state: &mut ControlState, job: &Job) -> Result<Vec<StateEvent>, Re
             || n.len() > limits::MAX_JOB_NAME_BYTES
             || v.len() > limits::MAX_JOB_VALUE_BYTES
     }) {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "job",
             format!(
                 "setting of {} name bytes and {} value bytes (1 to {}, at most {})",
@@ -145,37 +147,39 @@ fn define_job(state: &mut ControlState, job: &Job) -> Result<Vec<StateEvent>, Re
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> Rejection {
-    Rejection::Invalid {
-        field,
-        reason: reason.into(),
-    }
-}
-
 fn validate_peer(node: NodeId, peer: &PeerInfo) -> Result<(), Rejection> {
     if peer.peer_id.is_empty() || peer.peer_id.len() > limits::MAX_PEER_ID_BYTES {
-        return Err(invalid("peer_id", format!("{} bytes", peer.peer_id.len())));
+        return Err(Rejection::invalid(
+            "peer_id",
+            format!("{} bytes", peer.peer_id.len()),
+        ));
     }
     if NodeId::from_peer_bytes(&peer.peer_id) != node {
-        return Err(invalid("node", "does not match the peer id"));
+        return Err(Rejection::invalid("node", "does not match the peer id"));
     }
     if peer.addrs.len() > limits::MAX_ADDRS {
-        return Err(invalid("addrs", format!("{} addresses", peer.addrs.len())));
+        return Err(Rejection::invalid(
+            "addrs",
+            format!("{} addresses", peer.addrs.len()),
+        ));
     }
     if let Some(a) = peer.addrs.iter().find(|a| a.len() > limits::MAX_ADDR_BYTES) {
-        return Err(invalid("addrs", format!("address of {} bytes", a.len())));
+        return Err(Rejection::invalid(
+            "addrs",
+            format!("address of {} bytes", a.len()),
+        ));
     }
     if let Some(a) = peer.data_addr.as_ref()
         && a.len() > limits::MAX_ADDR_BYTES
     {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "data_addr",
             format!("address of {} bytes", a.len()),
         ));
     }
     let repeated = (1..peer.keys.len()).any(|i| peer.keys[..i].contains(&peer.keys[i]));
     if peer.keys.len() > limits::MAX_KEYS || repeated {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "keys",
             format!(
                 "{} keys (at most {}, distinct)",
@@ -185,7 +189,7 @@ fn validate_peer(node: NodeId, peer: &PeerInfo) -> Result<(), Rejection> {
         ));
     }
     if peer.caps.label.len() > limits::MAX_ADDR_BYTES {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "caps.label",
             format!("{} bytes", peer.caps.label.len()),
         ));
@@ -319,19 +323,19 @@ fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {
     }
     let (d, p) = (plan.data_parallel, plan.pipeline_stages);
     if d == 0 || p == 0 || d > limits::MAX_PLAN_DIM || p > limits::MAX_PLAN_DIM {
-        return Err(invalid("config", format!("D={d} x P={p}")));
+        return Err(Rejection::invalid("config", format!("D={d} x P={p}")));
     }
     if plan.partition.len() != p as usize + 1
         || plan.partition[0] != 0
         || plan.partition.windows(2).any(|w| w[0] >= w[1])
     {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "partition",
             format!("{:?} for P={p}", plan.partition),
         ));
     }
     if plan.assignment.len() as u64 != u64::from(d) * u64::from(p) {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "assignment",
             format!(
                 "{} nodes for {} slots",
@@ -347,10 +351,13 @@ fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {
             .get(node)
             .ok_or(Rejection::UnknownNode(*node))?;
         if !member.status.is_healthy() {
-            return Err(invalid("assignment", format!("node {node} is not healthy")));
+            return Err(Rejection::invalid(
+                "assignment",
+                format!("node {node} is not healthy"),
+            ));
         }
         if slot.pipeline >= d || slot.stage >= p || !slots.insert(*slot) {
-            return Err(invalid(
+            return Err(Rejection::invalid(
                 "assignment",
                 format!("bad or duplicate slot {slot:?}"),
             ));
@@ -377,450 +384,6 @@ fn reconfigure(state: &mut ControlState, plan: &Plan) -> Result<Vec<StateEvent>,
     Ok(events)
 }
 
-/// Makes the pending plan current once training reached its effective step, and marks assigned
-/// healthy members active and the other healthy members spare.
-fn activate_due_plan(state: &mut ControlState) -> Option<StateEvent> {
-    let due = state
-        .pending_plan
-        .as_ref()
-        .is_some_and(|p| p.at_step <= state.progress.next_step());
-    if !due {
-        return None;
-    }
-    let plan = state.pending_plan.take()?;
-    for (id, member) in state.members.iter_mut() {
-        if member.status.is_healthy() {
-            member.status = if plan.assignment.contains_key(id) {
-                MemberStatus::Active
-            } else {
-                MemberStatus::Spare
-            };
-        }
-    }
-    let epoch = plan.epoch;
-    state.plan = Some(plan);
-    Some(StateEvent::PlanActivated { epoch })
-}
-
-struct StepReport<'a> {
-    step: u64,
-    epoch: u64,
-    sample_start: u64,
-    samples: u64,
-    loss: f64,
-    validation_loss: Option<f64>,
-    stage_digests: &'a [Digest32],
-    optimizer: OptimizerScalars,
-}
-
-fn step_committed(
-    state: &mut ControlState,
-    r: StepReport<'_>,
-) -> Result<Vec<StateEvent>, Rejection> {
-    let plan = state.plan.as_ref().ok_or(Rejection::NoPlan)?;
-    let expected = state.progress.next_step();
-    if r.step < expected {
-        return Err(Rejection::AlreadyCommitted(r.step));
-    }
-    if r.step > expected {
-        return Err(Rejection::StepGap {
-            expected,
-            got: r.step,
-        });
-    }
-    if r.epoch != plan.epoch {
-        return Err(Rejection::StaleEpoch {
-            current: plan.epoch,
-            got: r.epoch,
-        });
-    }
-    if r.sample_start != state.progress.sample_cursor {
-        return Err(Rejection::CursorMismatch {
-            cursor: state.progress.sample_cursor,
-            got: r.sample_start,
-        });
-    }
-    let cursor = r
-        .sample_start
-        .checked_add(r.samples)
-        .filter(|_| r.samples > 0)
-        .ok_or_else(|| invalid("samples", r.samples.to_string()))?;
-    if !r.loss.is_finite() {
-        return Err(invalid("loss", r.loss.to_string()));
-    }
-    if let Some(v) = r.validation_loss.filter(|v| !v.is_finite()) {
-        return Err(invalid("validation_loss", v.to_string()));
-    }
-    if !r.stage_digests.is_empty() && r.stage_digests.len() != plan.pipeline_stages as usize {
-        return Err(invalid(
-            "stage_digests",
-            format!(
-                "{} digests for P={} (none, or one per stage)",
-                r.stage_digests.len(),
-                plan.pipeline_stages
-            ),
-        ));
-    }
-    let progress = &mut state.progress;
-    progress.last_committed_step = Some(r.step);
-    progress.sample_cursor = cursor;
-    progress.optimizer = r.optimizer;
-    if !r.stage_digests.is_empty() {
-        progress.stage_digests = r.stage_digests.to_vec();
-        progress.audited_step = Some(r.step);
-    }
-    if progress.recent_losses.len() >= limits::MAX_RECENT_LOSSES {
-        progress.recent_losses.pop_front();
-    }
-    progress.recent_losses.push_back(LossRecord {
-        step: r.step,
-        loss: r.loss,
-    });
-    if let Some(loss) = r.validation_loss {
-        progress.last_validation = Some(LossRecord { step: r.step, loss });
-    }
-    if progress.step_ends.len() >= limits::MAX_STEP_ENDS {
-        progress.step_ends.pop_front();
-    }
-    progress.step_ends.push_back(StepEnd {
-        step: r.step,
-        epoch: r.epoch,
-        sample_cursor: cursor,
-        optimizer: r.optimizer,
-    });
-    let mut events = vec![StateEvent::StepCommitted { step: r.step }];
-    events.extend(activate_due_plan(state));
-    Ok(events)
-}
-
-fn checkpointed(
-    state: &mut ControlState,
-    step: u64,
-    epoch: u64,
-    mut part: CutPart,
-) -> Result<Vec<StateEvent>, Rejection> {
-    if state
-        .progress
-        .last_committed_step
-        .is_none_or(|last| step > last)
-    {
-        return Err(Rejection::FutureStep(step));
-    }
-    let end = *state
-        .progress
-        .step_ends
-        .iter()
-        .find(|e| e.step == step)
-        .ok_or_else(|| {
-            invalid(
-                "step",
-                format!("step {step} is not among the last committed steps of this history"),
-            )
-        })?;
-    if end.epoch != epoch {
-        return Err(Rejection::StaleEpoch {
-            current: end.epoch,
-            got: epoch,
-        });
-    }
-    let layers = state
-        .plan
-        .as_ref()
-        .and_then(|p| p.partition.last().copied())
-        .ok_or(Rejection::NoPlan)?;
-    let range = part.layers;
-    if range.start >= range.end || range.end > layers {
-        return Err(invalid(
-            "layers",
-            format!("{}..{} of {layers} layers", range.start, range.end),
-        ));
-    }
-    if (part.holders.is_empty() && !part.stored) || part.holders.len() > limits::MAX_HOLDERS {
-        return Err(invalid(
-            "holders",
-            format!("{} holders, stored: {}", part.holders.len(), part.stored),
-        ));
-    }
-    if let Some(h) = part.holders.iter().find(|h| !state.members.contains_key(h)) {
-        return Err(Rejection::UnknownNode(*h));
-    }
-    if state
-        .newest_complete_cut()
-        .is_some_and(|c| c.end.step >= step && !state.checkpoints.contains_key(&step))
-    {
-        return Err(invalid(
-            "step",
-            format!("step {step} is not after the newest complete checkpoint"),
-        ));
-    }
-    if let Some(cut) = state.checkpoints.get(&step)
-        && let Some(other) = cut.parts.iter().find(|p| {
-            p.layers.start < range.end
-                && range.start < p.layers.end
-                && (p.layers != range || p.digest != part.digest)
-        })
-    {
-        return Err(invalid(
-            "layers",
-            format!(
-                "{}..{} conflicts with the registered part {}..{} of step {step}",
-                range.start, range.end, other.layers.start, other.layers.end
-            ),
-        ));
-    }
-    part.holders.sort_unstable();
-    part.holders.dedup();
-    let history = state.progress.history;
-    let cut = state.checkpoints.entry(step).or_insert_with(|| Cut {
-        end,
-        history,
-        layers,
-        parts: Vec::new(),
-    });
-    match cut.parts.iter_mut().find(|p| p.layers == range) {
-        Some(same) => {
-            same.holders.extend_from_slice(&part.holders);
-            same.holders.sort_unstable();
-            same.holders.dedup();
-            same.holders.truncate(limits::MAX_HOLDERS);
-            same.stored |= part.stored;
-        }
-        None => {
-            cut.parts.push(part);
-            cut.parts.sort_by_key(|p| p.layers.start);
-        }
-    }
-    let complete = cut.is_complete();
-    prune_cuts(state);
-    Ok(vec![StateEvent::CheckpointRegistered {
-        layers: range,
-        step,
-        complete,
-    }])
-}
-
-/// Keeps the newest complete cuts and at most a few incomplete ones after them.
-fn prune_cuts(state: &mut ControlState) {
-    let complete: Vec<u64> = state
-        .checkpoints
-        .values()
-        .rev()
-        .filter(|c| c.is_complete())
-        .map(|c| c.end.step)
-        .collect();
-    let oldest_kept = complete
-        .get(limits::MAX_COMPLETE_CUTS - 1)
-        .or(complete.last())
-        .copied();
-    let newest_complete = complete.first().copied();
-    state.checkpoints.retain(|step, cut| {
-        oldest_kept.is_none_or(|o| *step >= o)
-            && (cut.is_complete() || newest_complete.is_none_or(|n| *step > n))
-    });
-    let open: Vec<u64> = state
-        .checkpoints
-        .values()
-        .filter(|c| !c.is_complete())
-        .map(|c| c.end.step)
-        .collect();
-    for step in open
-        .iter()
-        .take(open.len().saturating_sub(limits::MAX_OPEN_CUTS))
-    {
-        state.checkpoints.remove(step);
-    }
-}
-
-/// Rewinds progress to a complete cut and starts a new history there: the steps after
-/// it are dropped from the progress (counted in `rolled_back_steps`) and will be trained again
-/// on the same samples. The plan in force (or the pending one) continues under a new epoch, so
-/// every step in flight is superseded and every node restores its stage from the cut.
-/// The next step, when `node` has a slot in the current plan of `epoch` and `at_step` is the
-/// next step: what a member must show to turn the cluster back.
-fn stuck_member(
-    state: &ControlState,
-    node: NodeId,
-    epoch: u64,
-    at_step: u64,
-) -> Result<u64, Rejection> {
-    let plan = state.plan.as_ref().ok_or(Rejection::NoPlan)?;
-    if plan.epoch != epoch {
-        return Err(Rejection::StaleEpoch {
-            current: plan.epoch,
-            got: epoch,
-        });
-    }
-    if !plan.assignment.contains_key(&node) {
-        return Err(invalid("node", format!("{node} has no slot in the plan")));
-    }
-    let next = state.progress.next_step();
-    if at_step != next {
-        return Err(not_the_next_step(at_step, next));
-    }
-    Ok(next)
-}
-
-fn roll_back(
-    state: &mut ControlState,
-    node: NodeId,
-    epoch: u64,
-    at_step: u64,
-    to_step: u64,
-) -> Result<Vec<StateEvent>, Rejection> {
-    let next = stuck_member(state, node, epoch, at_step)?;
-    let end = state
-        .checkpoints
-        .get(&to_step)
-        .filter(|c| c.is_complete())
-        .map(|c| c.end)
-        .ok_or(Rejection::NoCheckpoint)?;
-    if end.step + 1 >= next {
-        return Err(invalid(
-            "to_step",
-            format!(
-                "the checkpoint of step {} holds the state entering step {next}: nothing to roll back",
-                end.step
-            ),
-        ));
-    }
-    state.checkpoints.retain(|step, _| *step <= end.step);
-    Ok(resume_after(state, next, end))
-}
-
-/// Goes back from step `next` to the state after `end` in a new history; the plan continues
-/// under a new epoch, so every step in flight is superseded.
-fn resume_after(state: &mut ControlState, next: u64, end: StepEnd) -> Vec<StateEvent> {
-    let latest_epoch = state.latest_epoch();
-    let resumed = state
-        .pending_plan
-        .take()
-        .or(state.plan.clone())
-        .map(|mut p| {
-            p.epoch = latest_epoch + 1;
-            p.at_step = end.step + 1;
-            p
-        });
-    let progress = &mut state.progress;
-    progress.rolled_back_steps += next.saturating_sub(end.step + 1);
-    progress.history += 1;
-    rewind(progress, end);
-    state.pending_plan = resumed;
-    let mut events = vec![StateEvent::RolledBack {
-        from_step: next,
-        to_step: end.step + 1,
-    }];
-    events.extend(activate_due_plan(state));
-    events
-}
-
-/// A stopped cluster resumes from a complete stored cut it does not hold.
-fn restore_cut(
-    state: &mut ControlState,
-    node: NodeId,
-    epoch: u64,
-    at_step: u64,
-    cut: &Cut,
-) -> Result<Vec<StateEvent>, Rejection> {
-    let next = stuck_member(state, node, epoch, at_step)?;
-    stored_cut_shape(cut)?;
-    if cut.end.step + 1 > next {
-        return Err(invalid(
-            "cut",
-            format!(
-                "the cut of step {} is ahead of the cluster (at step {next})",
-                cut.end.step
-            ),
-        ));
-    }
-    if state
-        .checkpoints
-        .get(&cut.end.step)
-        .is_some_and(|held| held.history == cut.history)
-    {
-        return Err(invalid(
-            "cut",
-            format!(
-                "the cluster holds the cut of step {} already: it rolls back to it itself",
-                cut.end.step
-            ),
-        ));
-    }
-    let restored = cleared(cut);
-    state.checkpoints = [(cut.end.step, restored)].into_iter().collect();
-    // The new history is newer than the cut's too, so the store orders its cuts after it.
-    state.progress.history = state.progress.history.max(cut.history);
-    Ok(resume_after(state, next, cut.end))
-}
-
-/// A cut to take from the store must name every part stored, and not too many.
-fn stored_cut_shape(cut: &Cut) -> Result<(), Rejection> {
-    if cut.parts.len() > limits::MAX_PLAN_DIM as usize || !cut.is_stored() {
-        return Err(invalid(
-            "cut",
-            format!(
-                "{} parts over {} layers: not a complete stored cut",
-                cut.parts.len(),
-                cut.layers
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// A stored cut as the registry holds it once taken: its copies are in the store, on no
-/// member's disk.
-fn cleared(cut: &Cut) -> Cut {
-    let mut taken = cut.clone();
-    for part in &mut taken.parts {
-        part.holders.clear();
-    }
-    taken
-}
-
-fn not_the_next_step(at_step: u64, next: u64) -> Rejection {
-    if at_step < next {
-        Rejection::AlreadyCommitted(at_step)
-    } else {
-        Rejection::StepGap {
-            expected: next,
-            got: at_step,
-        }
-    }
-}
-
-/// Sets the progress to the end of step `end.step`, forgetting what came after it.
-fn rewind(progress: &mut super::Progress, end: StepEnd) {
-    progress.last_committed_step = Some(end.step);
-    progress.sample_cursor = end.sample_cursor;
-    progress.optimizer = end.optimizer;
-    progress.recent_losses.retain(|l| l.step <= end.step);
-    progress.step_ends.retain(|e| e.step <= end.step);
-    if progress.step_ends.back() != Some(&end) {
-        progress.step_ends.push_back(end);
-    }
-    if progress.last_validation.is_some_and(|v| v.step > end.step) {
-        progress.last_validation = None;
-    }
-    if progress.audited_step.is_some_and(|s| s > end.step) {
-        progress.audited_step = None;
-        progress.stage_digests.clear();
-    }
-}
-
-/// A new cluster takes up a job where a stored complete cut left it.
-fn adopt_cut(state: &mut ControlState, cut: &Cut) -> Result<Vec<StateEvent>, Rejection> {
-    if let Some(last) = state.progress.last_committed_step {
-        return Err(Rejection::AlreadyCommitted(last));
-    }
-    stored_cut_shape(cut)?;
-    let adopted = cleared(cut);
-    let progress = &mut state.progress;
-    progress.history = cut.history + 1;
-    rewind(progress, cut.end);
-    state.checkpoints = [(cut.end.step, adopted)].into_iter().collect();
-    Ok(vec![StateEvent::CutAdopted { step: cut.end.step }])
-}
-
 fn cost_report(
     state: &mut ControlState,
     node: NodeId,
@@ -833,7 +396,7 @@ fn cost_report(
         return Err(Rejection::UnknownNode(node));
     }
     if layers.len() > limits::MAX_COST_LAYERS || bandwidth.len() > limits::MAX_COST_PEERS {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "costs",
             format!("{} layers, {} peers", layers.len(), bandwidth.len()),
         ));
@@ -843,19 +406,19 @@ fn cost_report(
         .iter()
         .find(|(_, c)| !(valid(c.forward_s) && valid(c.backward_s) && valid(c.optimizer_s)))
     {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "layers",
             format!("layer {layer} has a negative or non-finite cost"),
         ));
     }
     if let Some((peer, _)) = bandwidth.iter().find(|(_, r)| !valid(*r)) {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "bandwidth",
             format!("rate to {peer} is negative or non-finite"),
         ));
     }
     if reconfiguration_s.is_some_and(|s| !valid(s)) {
-        return Err(invalid(
+        return Err(Rejection::invalid(
             "reconfiguration_s",
             "negative or non-finite".to_string(),
         ));

@@ -375,3 +375,13 @@ pub enum Rejection {
     #[error("no complete checkpoint to roll back to")]
     NoCheckpoint,
 }
+
+impl Rejection {
+    /// A field of the command that no state accepts.
+    pub(super) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field,
+            reason: reason.into(),
+        }
+    }
+}

@@ -10,6 +10,7 @@ mod apply;
 mod command;
 #[cfg(test)]
 mod tests;
+mod training;
 mod types;
 
 use std::collections::{BTreeMap, VecDeque};
