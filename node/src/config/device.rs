@@ -44,11 +44,8 @@ impl Default for DeviceConfig {
     }
 }
 
-/// Whether this build has Burn's CUDA backend.
-pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
-
 /// The one refusal of a CUDA device by a build without it.
-pub const CUDA_NOT_BUILT: &str = "device kind \"cuda\" needs parcae-node built with the `cuda` \
+const CUDA_NOT_BUILT: &str = "device kind \"cuda\" needs parcae-node built with the `cuda` \
      feature: `cargo build --release -p parcae-node --features cuda` (it links LLVM for cubecl; \
      see the README's GPUs section)";
 
@@ -108,7 +105,7 @@ impl DeviceConfig {
 
     /// Whether this build can run the section's device.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kind == DeviceKind::Cuda && !CUDA_BUILT {
+        if self.kind == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(ConfigError::Invalid(CUDA_NOT_BUILT.into()));
         }
         self.emulation().map(|_| ())

@@ -9,7 +9,7 @@ mod error;
 mod sections;
 mod train;
 
-pub use device::{CUDA_BUILT, CUDA_NOT_BUILT, DeviceChoice, DeviceConfig, DeviceKind};
+pub use device::{DeviceChoice, DeviceConfig, DeviceKind};
 pub use error::ConfigError;
 pub use sections::{
     NetConfig, NoticeConfig, NoticeProvider, PlanStrategy, PlannerConfig, RaftConfig,

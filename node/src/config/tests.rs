@@ -182,7 +182,7 @@ fn the_model_is_one_of_the_presets() {
 fn a_cuda_device_is_refused_by_a_build_without_it_and_names_the_command() {
     let text = "[device]\nkind = \"cuda\"\nindex = 1\n";
     let parsed = NodeConfig::parse(text, "x");
-    if CUDA_BUILT {
+    if cfg!(feature = "cuda") {
         let c = parsed.unwrap();
         assert_eq!((c.device.kind, c.device.index), (DeviceKind::Cuda, 1));
         assert!(c.device.emulation().unwrap().is_none());
