@@ -222,7 +222,14 @@ fn layer_costs(model: &Arc<Gpt>) {
     .expect("stage");
     let b = batches(model, 0, 1).remove(0);
     let costs = stage
-        .measure_layer_costs(b.inputs, Some(&b.targets), 2)
+        .measure_layer_costs(
+            b.inputs,
+            Some(&b.targets),
+            parcae_model::Runs {
+                warmup: 0,
+                repeats: 2,
+            },
+        )
         .expect("costs");
     println!("\n| layer | forward ms | backward ms | AdamW ms | params | output bytes |");
     println!("|---|---|---|---|---|---|");

@@ -39,22 +39,54 @@ pub struct LayerCost {
     pub optimizer_state_bytes: usize,
     /// Bytes of the layer's output activation for this micro-batch (f32).
     pub output_bytes: usize,
+    /// Device bytes the layer's forward kept for its backward (its graph and output), where the
+    /// device's allocator reports them ([`device_memory`]; `None` on Flex).
+    pub activation_bytes: Option<usize>,
+}
+
+/// How many runs a measurement makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Runs {
+    /// Runs discarded first: kernel compilation and autotuning happen at a shape's first use.
+    pub warmup: usize,
+    /// Runs measured (at least 1); each time is their median.
+    pub repeats: usize,
+}
+
+/// Bytes in use and reserved by the device's allocator, where it reports them (CUDA; Flex does
+/// not). Reserved pages are kept for reuse, so after a measurement the reserved bytes are the
+/// most it held.
+pub fn device_memory(device: &burn::tensor::Device) -> Option<(u64, u64)> {
+    device
+        .memory_pool_usage()
+        .map(|u| (u.bytes_in_use, u.bytes_reserved))
+}
+
+/// The middle of `v` (the mean of the two middle values for an even count), 0 for none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 impl<M: PipelineModel> Stage<M> {
     /// Measures every layer of the stage on a probe micro-batch: `input` is what the stage would
-    /// receive, `targets` are needed at the last stage. `repeats` >= 1 runs are averaged.
+    /// receive, `targets` are needed at the last stage. Each time is the median of the measured
+    /// runs, after the warm-up runs.
     pub fn measure_layer_costs(
         &self,
         input: Activation,
         targets: Option<&Activation>,
-        repeats: usize,
+        runs: Runs,
     ) -> Result<Vec<LayerCost>> {
         self.ensure_idle()?;
         if self.is_last() && targets.is_none() {
             return Err(ModelError::MissingTargets);
         }
-        let repeats = repeats.max(1);
+        let repeats = runs.repeats.max(1);
         let n = self.layers.len();
         let device = self.device().clone();
         let sync = || {
@@ -67,10 +99,12 @@ impl<M: PipelineModel> Stage<M> {
         let adamw = opt.adamw();
         let mut rngs = self.rngs.clone();
         let mut states = self.states.clone();
-        let (mut fwd, mut bwd, mut upd) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let (mut fwd, mut bwd, mut upd) = (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
         let mut output_bytes = vec![0usize; n];
+        let mut kept = vec![None; n];
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        for _ in 0..repeats {
+        for run in 0..runs.warmup + repeats {
+            let measured = run >= runs.warmup;
             let mut x = input.clone().into_device(&device);
             let mut graphs = Vec::with_capacity(n);
             for k in 0..n {
@@ -80,6 +114,7 @@ impl<M: PipelineModel> Stage<M> {
                 } else {
                     x.detached().into_leaf()
                 };
+                let before = device_memory(&device);
                 let t = Instant::now();
                 let y = model.forward(index, &self.layers[k], leaf.clone(), &mut rngs[k])?;
                 let loss = match targets {
@@ -89,7 +124,12 @@ impl<M: PipelineModel> Stage<M> {
                     _ => None,
                 };
                 sync()?;
-                fwd[k] += ms(t);
+                if measured {
+                    fwd[k].push(ms(t));
+                    kept[k] = before
+                        .zip(device_memory(&device))
+                        .map(|((a, _), (b, _))| b.saturating_sub(a) as usize);
+                }
                 output_bytes[k] = y.dims().iter().product::<usize>() * 4;
                 x = y.detached();
                 graphs.push((leaf, y, loss));
@@ -107,7 +147,9 @@ impl<M: PipelineModel> Stage<M> {
                 upstream = leaf.grad_remove(&mut grads);
                 let param_grads = take_grads(&self.layers[k], &mut grads);
                 sync()?;
-                bwd[k] += ms(t);
+                if measured {
+                    bwd[k].push(ms(t));
+                }
                 let t = Instant::now();
                 let lr = opt.lr_at(self.step());
                 let updated = step_layer(
@@ -121,10 +163,11 @@ impl<M: PipelineModel> Stage<M> {
                 // Force the lazy update to run before the clock stops; the result is discarded.
                 crate::params::param_infos(&updated);
                 sync()?;
-                upd[k] += ms(t);
+                if measured {
+                    upd[k].push(ms(t));
+                }
             }
         }
-        let r = repeats as f64;
         Ok((0..n)
             .map(|k| {
                 let layer = self.layer_range().start + k;
@@ -132,13 +175,14 @@ impl<M: PipelineModel> Stage<M> {
                 LayerCost {
                     layer,
                     name: model.layer_name(layer),
-                    forward_ms: fwd[k] / r,
-                    backward_ms: bwd[k] / r,
-                    optimizer_ms: upd[k] / r,
+                    forward_ms: median(std::mem::take(&mut fwd[k])),
+                    backward_ms: median(std::mem::take(&mut bwd[k])),
+                    optimizer_ms: median(std::mem::take(&mut upd[k])),
                     param_count,
                     param_bytes: param_count * 4,
                     optimizer_state_bytes: param_count * 8,
                     output_bytes: output_bytes[k],
+                    activation_bytes: kept[k],
                 }
             })
             .collect())
@@ -150,5 +194,17 @@ fn ones_like(a: &Activation) -> Activation {
         Activation::Hidden(t) => Activation::Hidden(t.ones_like()),
         Activation::Features(t) => Activation::Features(t.ones_like()),
         Activation::Tokens(t) => Activation::Tokens(t.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_the_middle_run() {
+        assert_eq!(median(vec![5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 100.0]), 3.0);
+        assert_eq!(median(vec![]), 0.0);
     }
 }

@@ -75,7 +75,7 @@ mod wire;
 
 pub use activation::Activation;
 pub use block_kernel::Gelu;
-pub use costs::LayerCost;
+pub use costs::{LayerCost, Runs, device_memory, median};
 pub use data::{
     ByteTextDataset, Dataset, Sampler, Subset, SyntheticTask, split_validation, token_batch,
 };

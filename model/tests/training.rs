@@ -410,7 +410,14 @@ fn layer_costs_cover_every_layer_without_changing_the_stage() {
     let before = stage.state_digest().unwrap();
     let b = whole_batch(0);
     let costs = stage
-        .measure_layer_costs(b.inputs.clone(), Some(&b.targets), 2)
+        .measure_layer_costs(
+            b.inputs.clone(),
+            Some(&b.targets),
+            parcae_model::Runs {
+                warmup: 1,
+                repeats: 3,
+            },
+        )
         .unwrap();
     assert_eq!(costs.len(), model.num_layers());
     assert_eq!(

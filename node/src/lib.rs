@@ -76,6 +76,7 @@ mod trainer;
 pub mod adopt;
 pub mod export;
 pub mod prepare;
+pub mod profile;
 
 // The control plane: raft, planning, notices, `/status`.
 pub mod control;

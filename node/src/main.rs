@@ -1,5 +1,5 @@
 //! `parcae-node`: run a node, make a cluster key, tokenize a corpus, export the trained model,
-//! or query a node's status.
+//! profile a model on this machine's device, or query a node's status.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,6 +20,7 @@ use parcae_node::config::{JobSource, NodeConfig};
 use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
+use parcae_node::profile::{ProfileOptions, profile};
 use parcae_node::train::TrainerLauncher;
 
 /// Burn allocates a fresh buffer for every tensor operation; glibc's allocator hands large ones
@@ -69,6 +70,9 @@ enum Command {
     /// Write the model the checkpoints of a step describe as one safetensors file with
     /// Hugging Face GPT-2 tensor names.
     Export(ExportOptions),
+    /// Measure a model on this machine's device (per-layer forward, backward and optimizer
+    /// times, bytes, peak memory) into a profile file the planner and the emulator read.
+    Profile(ProfileOptions),
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
@@ -138,6 +142,26 @@ vocab_size = {}",
                 done.parts,
                 opts.out.display(),
                 done.sha256
+            );
+            Ok(())
+        }
+        Command::Profile(opts) => {
+            let p = profile(&opts)?;
+            let step_ms: f64 = p
+                .layers
+                .iter()
+                .map(|l| l.forward_ms + l.backward_ms + l.optimizer_ms)
+                .sum();
+            println!(
+                "wrote {} ({} on {}: {} layers, micro-batch {} x {} tokens, {step_ms:.1} ms \
+                 forward+backward+optimizer per micro-batch, peak memory {:.0} MiB)",
+                opts.out.display(),
+                p.model,
+                p.device,
+                p.layers.len(),
+                p.micro_batch,
+                p.seq_len,
+                p.peak_memory_bytes as f64 / (1024.0 * 1024.0)
             );
             Ok(())
         }

@@ -51,7 +51,7 @@ pub struct NodeSettings {
 /// emulated job's batch shape, so that its steps are the profiled ones.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Emulate {
-    /// The profiled model (`gpt-1.5b`).
+    /// The profiled model (`gpt-1.5b`), or the absolute path of a profile file.
     pub profile: String,
     /// Emulated durations are divided by this.
     pub time_scale: f64,
@@ -62,23 +62,27 @@ pub struct Emulate {
 }
 
 impl Emulate {
-    /// The built-in profile `profile` at `time_scale`; an unknown name is an error naming the
-    /// known ones.
+    /// The built-in profile or the profile file `profile` at `time_scale`; an unknown name is
+    /// an error naming the known ones, a bad file one naming the file and the field. A file is
+    /// named to the nodes by its absolute path (they run in directories of their own).
     pub fn new(profile: &str, time_scale: f64) -> Result<Self, String> {
-        let (spec, _) = parcae_strategies::cost::builtin::builtin(profile).ok_or_else(|| {
-            format!(
-                "unknown profile {profile:?} (known: {})",
-                parcae_strategies::cost::builtin::MODELS.join(", ")
-            )
-        })?;
+        let emulated =
+            parcae_strategies::cost::profile::emulated(profile).map_err(|e| e.to_string())?;
         if !(time_scale.is_finite() && time_scale > 0.0) {
             return Err(format!("--time-scale must be > 0, got {time_scale}"));
         }
+        let profile = match std::path::Path::new(profile) {
+            file if profile.ends_with(".json") => std::fs::canonicalize(file)
+                .map_err(|e| format!("{profile}: {e}"))?
+                .display()
+                .to_string(),
+            _ => profile.to_string(),
+        };
         Ok(Self {
-            profile: profile.to_string(),
+            profile,
             time_scale,
-            global_batch: spec.global_batch,
-            micro_batch: spec.micro_batch,
+            global_batch: emulated.spec.global_batch,
+            micro_batch: emulated.spec.micro_batch,
         })
     }
 }

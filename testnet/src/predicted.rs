@@ -36,8 +36,7 @@ use parcae_api::MigrationKind;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::baselines::CHECKPOINT_MS;
 use parcae_strategies::cost::CostModel;
-use parcae_strategies::cost::analytic::{Hardware, throughput_table};
-use parcae_strategies::cost::builtin::builtin;
+use parcae_strategies::cost::analytic::throughput_table;
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::cost::transfer::TransferModel;
@@ -207,12 +206,13 @@ pub fn simulated_strategy(node_strategy: &str) -> &str {
     }
 }
 
-/// The cost model an emulated cluster of `profile` runs under, for up to `nodes_max` nodes.
+/// The cost model an emulated cluster of `profile` (a built-in model or a profile file) runs
+/// under, for up to `nodes_max` nodes.
 pub fn emulated_model(profile: &str, nodes_max: u32) -> Option<CostModel> {
-    let (spec, _) = builtin(profile)?;
+    let emulated = parcae_strategies::cost::profile::emulated(profile).ok()?;
     let link = TransferModel::Profiled10Gbps;
-    let table = throughput_table(&spec, Hardware::default(), &link, nodes_max);
-    Some(CostModel::new(spec, table, link))
+    let table = throughput_table(&emulated.spec, emulated.hardware, &link, nodes_max);
+    Some(CostModel::new(emulated.spec, table, link))
 }
 
 /// `node_strategy` simulated on the whole of `trace` with `model` (`None` for a strategy the

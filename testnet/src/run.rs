@@ -67,8 +67,10 @@ pub struct NodeArgs {
     /// six nodes on two.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: u32,
-    /// Emulate a GPU of this profiled model on every node (e.g. `gpt-1.5b`): the nodes train
-    /// its layer list at a small width and pace the work to the profiled times.
+    /// Emulate a GPU of this profiled model on every node: a built-in of Parcae's (e.g.
+    /// `gpt-1.5b` on its V100s) or a profile file (`PROFILE.json`, `parcae-node profile` on a
+    /// real card). The nodes train its layer list at a small width and pace the work to the
+    /// profiled times.
     #[arg(long)]
     pub emulate: Option<String>,
     /// Emulated durations are divided by this (with --emulate).

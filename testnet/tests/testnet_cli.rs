@@ -411,6 +411,59 @@ fn a_short_real_run_writes_the_run_json() {
     assert!(v["wall_secs"].as_f64().unwrap() >= 12.0);
 }
 
+/// The node binary the testnet starts.
+fn node_bin() -> PathBuf {
+    std::env::var_os("PARCAE_NODE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_parcae-testnet")).with_file_name("parcae-node"),
+        PathBuf::from,
+    )
+}
+
+#[test]
+fn a_profile_measured_by_the_node_paces_an_emulated_cluster() {
+    let _serial = serial();
+    ensure_node_built();
+    let dir = scratch("profiled");
+    let profile = dir.path().join("this-cpu.json");
+    let out = Command::new(node_bin())
+        .args(["profile", "--device", "cpu", "--model", "small"])
+        .args(["--micro-batch", "1", "--global-batch", "8"])
+        .args(["--warmup", "1", "--repeats", "3", "--out"])
+        .arg(&profile)
+        .output()
+        .expect("run parcae-node profile");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let measured: Value =
+        serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    assert_eq!(measured["layers"].as_array().unwrap().len(), 8);
+    let v = real_run(
+        &[
+            "run",
+            "--emulate",
+            profile.to_str().unwrap(),
+            "--time-scale",
+            "4",
+            "--intervals",
+            "2",
+            "--interval-secs",
+            "5",
+            "--nodes-max",
+            "2",
+        ],
+        "profiled",
+    );
+    let e = &v["emulated"];
+    assert_eq!(e["profile"], profile.to_str().unwrap(), "{v}");
+    assert_eq!(e["time_scale"], 4.0);
+    assert!(e["busy_secs"].as_f64().unwrap() > 0.0, "{v}");
+    // The job is the profile's: 8 samples a step.
+    let steps = v["committed_steps"].as_u64().unwrap();
+    assert!(steps > 0, "{v}");
+    assert_eq!(v["samples"].as_u64().unwrap(), 8 * steps, "{v}");
+    // The simulator ran the same profile's cost model.
+    assert!(v["simulated_samples"].as_f64().unwrap() > 0.0, "{v}");
+}
+
 #[test]
 fn a_killed_leader_is_replaced_and_timed() {
     let _serial = serial();

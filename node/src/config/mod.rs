@@ -16,6 +16,7 @@ pub use sections::{
 };
 pub use train::{JobSource, ModelPreset, TokenDtypeName, TrainConfig};
 
+use parcae_strategies::cost::profile::DeviceProfile;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
@@ -173,12 +174,32 @@ impl NodeConfig {
                 "planner.max_nodes must be in 1..=1024".into(),
             ));
         }
+        if let Some(path) = &self.planner.profile {
+            self.check_profile(path)?;
+        }
         if self.notices.poll_interval_ms == Some(0) {
             return Err(ConfigError::Invalid(
                 "notices.poll_interval_ms must be > 0".into(),
             ));
         }
         self.device.validate()
+    }
+
+    /// `[planner] profile` reads as a profile of a model with this node's layer count.
+    fn check_profile(&self, path: &Path) -> Result<(), ConfigError> {
+        let profile = DeviceProfile::load(path)
+            .map_err(|e| ConfigError::Invalid(format!("planner.profile: {e}")))?;
+        let layers = self.model().n_blocks + 2;
+        if profile.layers.len() != layers {
+            return Err(ConfigError::Invalid(format!(
+                "planner.profile: {} measured {} ({} layers), and the model trained here has \
+                 {layers} layers",
+                path.display(),
+                profile.model,
+                profile.layers.len()
+            )));
+        }
+        Ok(())
     }
 
     /// The GPT the node trains: the `[train]` preset with the sizes `[train]` sets, a

@@ -1,6 +1,8 @@
 //! The sections of the node's configuration besides `[train]` and `[device]`: raft timing,
 //! planning, notices and network bounds.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 
 use crate::net::swarm::NetLimits;
@@ -39,6 +41,10 @@ pub struct PlannerConfig {
     /// A fixed `[D, P]` (experiments, reproducible runs): used whenever enough nodes are
     /// present; the first plan waits for them.
     pub pin: Option<[u32; 2]>,
+    /// A profile of the model on the cluster's card (`parcae-node profile`): layers are priced
+    /// from it instead of the nodes' own two-run measurements, so the first plan needs no
+    /// report and uses warmed-up medians.
+    pub profile: Option<PathBuf>,
 }
 
 /// See [`PlannerConfig::strategy`].
@@ -122,6 +128,7 @@ impl Default for PlannerConfig {
             lookahead: 8,
             max_nodes: 64,
             pin: None,
+            profile: None,
         }
     }
 }

@@ -225,3 +225,32 @@ fn the_command_line_names_cpu_or_a_cuda_gpu() {
     });
     assert_eq!((device.kind, device.index), (DeviceKind::Cuda, 2));
 }
+
+#[test]
+fn a_planner_profile_must_read_and_match_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny.json");
+    crate::profile::profile(&crate::profile::tests::tiny(&out)).unwrap();
+    let with = |train: &str, path: &Path| {
+        NodeConfig::parse(
+            &format!(
+                "[train]\n{train}[planner]\nprofile = {:?}\n",
+                path.display()
+            ),
+            "x",
+        )
+    };
+    let c = with("model = \"tiny\"\n", &out).unwrap();
+    assert_eq!(c.planner.profile.as_deref(), Some(out.as_path()));
+    let e = with("model = \"small\"\n", &out).unwrap_err().to_string();
+    assert!(
+        e.contains("planner.profile") && e.contains("(4 layers)") && e.contains("has 8 layers"),
+        "{e}"
+    );
+    let missing = dir.path().join("missing.json");
+    let e = with("", &missing).unwrap_err().to_string();
+    assert!(e.contains("missing.json"), "{e}");
+    std::fs::write(&missing, "{\"format\": \"parcae-profile/1\"}").unwrap();
+    let e = with("", &missing).unwrap_err().to_string();
+    assert!(e.contains("missing field"), "{e}");
+}

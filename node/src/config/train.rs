@@ -42,6 +42,18 @@ impl ModelPreset {
     }
 }
 
+impl std::str::FromStr for ModelPreset {
+    type Err = String;
+
+    /// The preset a command line names, spelt as in `[train] model`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        use serde::de::IntoDeserializer;
+        let name: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+            s.into_deserializer();
+        ModelPreset::deserialize(name).map_err(|e| format!("model: {e}"))
+    }
+}
+
 /// The width of a token file's ids, as the config names it.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]

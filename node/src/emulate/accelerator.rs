@@ -215,6 +215,7 @@ mod tests {
             param_bytes: 4 * 12_704,
             optimizer_state_bytes: 8 * 12_704,
             output_bytes: 256,
+            activation_bytes: None,
         }
     }
 

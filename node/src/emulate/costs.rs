@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::analytic::Hardware;
-use parcae_strategies::cost::builtin::{MODELS, builtin};
+use parcae_strategies::cost::profile::{ProfileError, emulated};
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
 use parcae_strategies::cost::transfer::TransferModel;
 
 /// Why an emulation cannot be set up; each names the bad value.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EmulationError {
-    /// No profiled model of that name.
-    #[error("unknown emulation profile {0:?} (known: {known})", known = MODELS.join(", "))]
-    UnknownProfile(String),
+    /// Neither a built-in profiled model nor a usable profile file.
+    #[error("emulation: {0}")]
+    Profile(#[from] ProfileError),
     /// The time scale is not a positive finite number.
     #[error("emulation time_scale must be a positive finite number, got {0}")]
     TimeScale(f64),
@@ -40,7 +40,10 @@ const GRAD_BYTES_PER_PARAM: f64 = 2.0;
 /// The emulated model on the emulated hardware, at a time scale.
 #[derive(Debug, Clone)]
 pub struct Emulation {
+    /// The built-in model or the profile file, as named.
+    name: String,
     spec: ModelSpec,
+    hardware: Hardware,
     link: TransferModel,
     time_scale: f64,
 }
@@ -101,24 +104,26 @@ impl StandInWidth {
 }
 
 impl Emulation {
-    /// The built-in profiled model `profile` (e.g. `gpt-1.5b`) on Parcae's 10 Gb/s cluster,
-    /// every duration divided by `time_scale`.
+    /// The built-in profiled model `profile` (e.g. `gpt-1.5b`) on Parcae's 10 Gb/s cluster of
+    /// V100s, or the card of the profile file at `profile` (`*.json`, `parcae-node profile`) on
+    /// the same links; every duration divided by `time_scale`.
     pub fn new(profile: &str, time_scale: f64) -> Result<Self, EmulationError> {
         if !(time_scale.is_finite() && time_scale > 0.0) {
             return Err(EmulationError::TimeScale(time_scale));
         }
-        let (spec, _) =
-            builtin(profile).ok_or_else(|| EmulationError::UnknownProfile(profile.into()))?;
+        let emulated = emulated(profile)?;
         Ok(Self {
-            spec,
+            name: profile.to_string(),
+            spec: emulated.spec,
+            hardware: emulated.hardware,
             link: TransferModel::Profiled10Gbps,
             time_scale,
         })
     }
 
-    /// The emulated model's name.
+    /// The emulated model as named: a built-in model's name or the profile file's path.
     pub fn profile(&self) -> &str {
-        &self.spec.name
+        &self.name
     }
 
     /// Every emulated duration is divided by this.
@@ -131,13 +136,15 @@ impl Emulation {
         self.spec.layers.len()
     }
 
-    /// Usable memory of the emulated device, MiB (Parcae's p3.2xlarge: a 16 GB V100).
+    /// Usable memory of the emulated device, MiB (Parcae's p3.2xlarge: a 16 GB V100; a profile's
+    /// card: what it measured).
     pub fn memory_mb(&self) -> f64 {
-        Hardware::default().memory_mb
+        self.hardware.memory_mb
     }
 
     /// The shallowest pipeline whose stages fit the emulated device: the smallest depth Parcae
-    /// profiled the model at (gpt-1.5b: 6). A memory limit of the device, as
+    /// profiled the model at (gpt-1.5b: 6), or for a profile file the smallest whose stages hold
+    /// their training state and activations in flight. A memory limit of the device, as
     /// [`Self::memory_mb`] is, not a cost: the planner's own memory estimate leaves out the
     /// gradients and the framework's overhead and would plan stages that do not fit.
     pub fn min_depth(&self) -> u32 {
@@ -407,7 +414,7 @@ mod tests {
     fn bad_settings_are_named() {
         assert_eq!(
             Emulation::new("gpt-9b", 1.0).unwrap_err(),
-            EmulationError::UnknownProfile("gpt-9b".into())
+            EmulationError::Profile(ProfileError::Unknown("gpt-9b".into()))
         );
         for scale in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             assert!(matches!(

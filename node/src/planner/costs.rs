@@ -6,12 +6,18 @@
 //! what the nodes' latest priced reconfigurations took beyond moving state (links, groups,
 //! building the stage, waiting for the slowest peer) is the model's restart cost, so the
 //! look-ahead weighs a change of configuration at what changes cost on this cluster.
+//!
+//! With `[planner] profile`, the layers are the profile's (`parcae-node profile` on the card the
+//! cluster runs on), scaled to the job's micro-batch, and the device's memory is the profile's:
+//! the planner plans before any node reported, and from medians of warmed-up runs.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use parcae_consensus::ControlState;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
+use parcae_strategies::cost::profile::DeviceProfile;
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::transfer::TransferModel;
 
@@ -24,8 +30,8 @@ pub const DEFAULT_BYTES_PER_SEC: f64 = 1.25e9;
 /// Memory planned for on CPU hosts, MiB.
 pub const CPU_MEMORY_MB: f64 = 64.0 * 1024.0;
 
-/// What the job looks like beyond its layers.
-#[derive(Debug, Clone, Copy)]
+/// What the job looks like beyond its layers, and where its layers' costs come from.
+#[derive(Debug, Clone)]
 pub struct JobShape {
     /// Samples per step.
     pub global_batch: u32,
@@ -40,27 +46,42 @@ pub struct JobShape {
     pub memory_mb: f64,
     /// The shallowest pipeline whose stages fit the device (1 on CPUs).
     pub min_depth: u32,
+    /// The profile the layers are priced from (`[planner] profile`), instead of the nodes'
+    /// reports.
+    pub profile: Option<Arc<DeviceProfile>>,
 }
 
 impl JobShape {
-    /// The shape `config` describes: its batch sizes and cluster size, and on an emulated
-    /// device that device's memory and shallowest pipeline.
+    /// The shape `config` describes: its batch sizes and cluster size, and the memory and
+    /// shallowest pipeline of its device: the profile's (`[planner] profile`), else an emulated
+    /// device's, else a CPU's.
     pub fn of(config: &crate::config::NodeConfig) -> JobShape {
         let device = config.device.emulation().ok().flatten();
+        let profile = config.planner.profile.as_deref().and_then(|path| {
+            DeviceProfile::load(path)
+                .inspect_err(|e| tracing::error!("planning from the nodes' reports: {e}"))
+                .ok()
+        });
+        let (memory_mb, min_depth) = match (&profile, &device) {
+            (Some(p), _) => (p.memory_mb, p.min_depth().unwrap_or(1)),
+            (None, Some(d)) => (d.memory_mb(), d.min_depth()),
+            (None, None) => (CPU_MEMORY_MB, 1),
+        };
         JobShape {
             global_batch: config.train.global_batch,
             micro_batch: config.train.micro_batch,
             max_nodes: config.planner.max_nodes,
             restart_ms: 2000.0,
-            memory_mb: device.as_ref().map_or(CPU_MEMORY_MB, |d| d.memory_mb()),
-            min_depth: device.as_ref().map_or(1, |d| d.min_depth()),
+            memory_mb,
+            min_depth,
+            profile: profile.map(Arc::new),
         }
     }
 
     /// This shape with the batch sizes of the cluster's job where it names them: the leader
     /// plans the job the cluster trains, not its own file's (a node that adopted the job has
     /// defaults there).
-    pub fn for_job(self, job: Option<&parcae_consensus::state::Job>) -> JobShape {
+    pub fn for_job(&self, job: Option<&parcae_consensus::state::Job>) -> JobShape {
         let spec = job.and_then(|j| JobSpec::of(j).ok());
         let theirs = |size: fn(&JobSpec) -> u32, own: u32| {
             spec.as_ref().map(size).filter(|v| *v > 0).unwrap_or(own)
@@ -68,7 +89,7 @@ impl JobShape {
         JobShape {
             global_batch: theirs(|s| s.global_batch, self.global_batch),
             micro_batch: theirs(|s| s.micro_batch, self.micro_batch),
-            ..self
+            ..self.clone()
         }
     }
 }
@@ -78,8 +99,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// The cost model, or `None` until some node reported every layer.
-pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
+/// Every layer's costs at the job's micro-batch: the profile's, else the medians of what the
+/// nodes reported (`None` until some node reported every layer).
+fn layer_costs(state: &ControlState, shape: &JobShape) -> Option<Vec<LayerCost>> {
+    if let Some(p) = &shape.profile {
+        let per_sample = f64::from(shape.micro_batch) / f64::from(p.micro_batch.max(1));
+        return Some(
+            p.layers
+                .iter()
+                .map(|l| {
+                    let c = l.cost();
+                    LayerCost {
+                        forward_ms: c.forward_ms * per_sample,
+                        backward_ms: c.backward_ms * per_sample,
+                        activation_mb: c.activation_mb * per_sample,
+                        ..c
+                    }
+                })
+                .collect(),
+        );
+    }
     let mut per_layer: BTreeMap<u32, Vec<parcae_consensus::state::LayerCost>> = BTreeMap::new();
     for costs in state.costs.values() {
         for (layer, c) in &costs.layers {
@@ -90,7 +129,7 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
     if n == 0 || per_layer.keys().copied().ne(0..n as u32) {
         return None;
     }
-    let layers: Vec<LayerCost> = per_layer
+    let layers = per_layer
         .values()
         .map(|cs| LayerCost {
             forward_ms: median(cs.iter().map(|c| c.forward_s * 1e3).collect()),
@@ -101,7 +140,16 @@ pub fn measured(state: &ControlState, shape: JobShape) -> Option<CostModel> {
             params: median(cs.iter().map(|c| c.params as f64).collect()),
         })
         .collect();
-    let boundary_bytes = layers
+    Some(layers)
+}
+
+/// The cost model, or `None` until the layers' costs are known ([`layer_costs`]).
+pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
+    let layers = layer_costs(state, shape)?;
+    let n = layers.len();
+    // What crosses a stage boundary: the largest output of a layer before the last (the last
+    // one's logits stay on its node).
+    let boundary_bytes = layers[..n.saturating_sub(1)]
         .iter()
         .map(|l| l.activation_mb * 1024.0 * 1024.0)
         .fold(0.0, f64::max);
@@ -168,6 +216,7 @@ mod tests {
             restart_ms: 2000.0,
             memory_mb: CPU_MEMORY_MB,
             min_depth: 1,
+            profile: None,
         };
         let cost = parcae_consensus::state::LayerCost {
             forward_s: 0.01,
@@ -177,7 +226,7 @@ mod tests {
             output_bytes: 4096,
         };
         let mut state = ControlState::default();
-        let restart = |state: &ControlState| match measured(state, shape).unwrap().spec.restart {
+        let restart = |state: &ControlState| match measured(state, &shape).unwrap().spec.restart {
             RestartCost::Fixed { ms } => ms,
             other => panic!("{other:?}"),
         };
@@ -204,9 +253,9 @@ mod tests {
         assert_eq!(restart(&state), 20_000.0);
         let deep = JobShape {
             min_depth: 2,
-            ..shape
+            ..shape.clone()
         };
-        let model = measured(&state, deep).unwrap();
+        let model = measured(&state, &deep).unwrap();
         assert!(
             model.candidates().iter().all(|c| c.p == 2),
             "only depth 2 fits"
@@ -222,6 +271,7 @@ mod tests {
             restart_ms: 2000.0,
             memory_mb: CPU_MEMORY_MB,
             min_depth: 1,
+            profile: None,
         };
         let spec = JobSpec {
             global_batch: 64,
@@ -234,5 +284,38 @@ mod tests {
         assert_eq!(shape.max_nodes, 32);
         let shape = own.for_job(None);
         assert_eq!((shape.global_batch, shape.micro_batch), (16, 2));
+    }
+
+    #[test]
+    fn a_profile_prices_the_layers_before_any_node_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("tiny.json");
+        let profile = crate::profile::profile(&crate::profile::tests::tiny(&out)).unwrap();
+        let shape = JobShape {
+            global_batch: 16,
+            micro_batch: 4,
+            max_nodes: 4,
+            restart_ms: 2000.0,
+            memory_mb: CPU_MEMORY_MB,
+            min_depth: 1,
+            profile: None,
+        };
+        let state = ControlState::default();
+        assert!(measured(&state, &shape).is_none(), "nothing reported");
+        let shape = JobShape {
+            profile: Some(Arc::new(profile.clone())),
+            ..shape
+        };
+        let model = measured(&state, &shape).unwrap();
+        assert_eq!(model.spec.layers.len(), 4);
+        let block = &model.spec.layers[1];
+        assert_eq!(block.forward_ms, 2.0 * profile.layers[1].forward_ms);
+        assert_eq!(block.optimizer_ms, profile.layers[1].optimizer_ms);
+        assert_eq!(
+            model.spec.boundary_bytes,
+            2.0 * profile.layers[1].output_bytes as f64,
+            "the hidden state at the job's micro-batch of 4, not the head's logits"
+        );
+        assert!(!model.candidates().is_empty());
     }
 }

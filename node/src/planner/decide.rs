@@ -31,7 +31,7 @@ pub struct Decision {
 pub fn decide(
     state: &ControlState,
     strategy: &mut dyn Strategy,
-    shape: JobShape,
+    shape: &JobShape,
     interval_boundary: bool,
 ) -> Decision {
     if state.pending_plan.is_some() {
@@ -44,7 +44,7 @@ pub fn decide(
     if current.is_some() && !broken && !interval_boundary {
         return Decision::default();
     }
-    let Some(cost) = measured(state, shape.for_job(state.job.as_ref())) else {
+    let Some(cost) = measured(state, &shape.for_job(state.job.as_ref())) else {
         return Decision::default();
     };
     let cost = Arc::new(cost);

@@ -124,7 +124,7 @@ impl Planner {
         self.arm_timer(ctx, now, settling.into_iter().chain(batching).min());
         if settling.is_none() && batching.is_none() && !plan_on_its_way(&state, self.proposed, now)
         {
-            let decision = decide(&state, self.strategy.as_mut(), self.shape, tick);
+            let decision = decide(&state, self.strategy.as_mut(), &self.shape, tick);
             if let Some(estimates) = decision.estimates {
                 self.status.do_send(Estimates(estimates));
             }

@@ -268,6 +268,13 @@ fn spawn_worker<M: PipelineModel>(
         .map_err(|e| TrainError::Resources(format!("trainer thread: {e}")))
 }
 
+/// The runs of a node's own measurement: two, no warm-up (it delays the node's first step;
+/// the planner takes the median over every node's report).
+const PROBE_RUNS: parcae_model::Runs = parcae_model::Runs {
+    warmup: 0,
+    repeats: 2,
+};
+
 /// Forward, backward and optimizer time of every layer on one micro-batch, measured on this
 /// node: the planner's cost model is built from these reports, not from an offline profile.
 fn measure_costs<M: PipelineModel>(
@@ -287,7 +294,7 @@ fn measure_costs<M: PipelineModel>(
         s.spec.micro_batch as usize,
         &s.device,
     )?;
-    let costs = stage.measure_layer_costs(probe.inputs, Some(&probe.targets), 2)?;
+    let costs = stage.measure_layer_costs(probe.inputs, Some(&probe.targets), PROBE_RUNS)?;
     costs
         .into_iter()
         .map(|real| {

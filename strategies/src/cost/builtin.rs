@@ -62,11 +62,22 @@ fn cnn_layer(params: f64) -> LayerCost {
     layer(140.248, 272.695, 8.359, 10940.249, params)
 }
 
-/// The spec of a built-in model and its profiled throughput table, or `None` if unknown.
-pub fn builtin(name: &str) -> Option<(ModelSpec, Profile)> {
-    let text = profile_text(name)?;
-    let profile = Profile::parse(text, name).ok()?;
-    let gpt_restart = |proc_ms, add_extra_ms, other_ms, build| RestartCost::Profiled {
+/// Process start of a GPT job's restart on Parcae's cluster (gpt-1.5b), ms.
+pub const GPT_PROC_MS: f64 = 240.0;
+
+/// Rebuilding one communication group of a GPT job when no node joined (gpt-1.5b), ms.
+pub const GPT_GROUP_MS: f64 = 39.3;
+
+/// A GPT job's restart as Parcae profiled them: process start, rendezvous, extra start-up work
+/// when nodes join, `other_ms` per communication group (500 ms each when nodes join) and the
+/// stage `build`.
+pub fn gpt_restart(
+    proc_ms: f64,
+    add_extra_ms: f64,
+    other_ms: f64,
+    build: BuildCost,
+) -> RestartCost {
+    RestartCost::Profiled {
         proc_ms,
         rendezvous_ms: RENDEZVOUS_MS,
         add_extra_ms,
@@ -75,7 +86,29 @@ pub fn builtin(name: &str) -> Option<(ModelSpec, Profile)> {
             other_ms,
         },
         build,
-    };
+    }
+}
+
+/// A restart priced as Parcae's gpt-1.5b's (240 ms process start, rendezvous, 39.3 ms per
+/// communication group) with a stage build of `base_ms` plus `per_block_ms` for each of the
+/// stage's share of `blocks`.
+pub fn per_block_restart(base_ms: f64, per_block_ms: f64, blocks: u32) -> RestartCost {
+    gpt_restart(
+        240.0,
+        0.0,
+        39.3,
+        BuildCost::PerBlock {
+            base_ms,
+            per_block_ms,
+            blocks,
+        },
+    )
+}
+
+/// The spec of a built-in model and its profiled throughput table, or `None` if unknown.
+pub fn builtin(name: &str) -> Option<(ModelSpec, Profile)> {
+    let text = profile_text(name)?;
+    let profile = Profile::parse(text, name).ok()?;
     let spec = match name {
         "gpt-1.5b" => ModelSpec {
             name: name.into(),
@@ -92,15 +125,10 @@ pub fn builtin(name: &str) -> Option<(ModelSpec, Profile)> {
             boundary_bytes: 1024.0 * 1600.0 * 4.0,
             depths: (6..=32).collect(),
             min_d: 1,
-            restart: gpt_restart(
-                240.0,
-                0.0,
-                39.3,
-                BuildCost::PerBlock {
-                    base_ms: TransferModel::Profiled10Gbps.cost_ms(50257.0 * 1024.0 * 4.0),
-                    per_block_ms: 430.0,
-                    blocks: 48,
-                },
+            restart: per_block_restart(
+                TransferModel::Profiled10Gbps.cost_ms(50257.0 * 1024.0 * 4.0),
+                430.0,
+                48,
             ),
         },
         "gpt-6.7b" => ModelSpec {

@@ -6,12 +6,14 @@
 //! * [`migration`]: intra-stage, inter-stage, repartition and restart costs, in expectation
 //!   over which nodes a preemption hits;
 //! * [`builtin`]: the paper's five profiled models;
+//! * [`profile`]: a model measured on one card by `parcae-node profile`, read from a file;
 //! * [`money`]: what a run costs at spot prices and saves against on-demand machines.
 
 pub mod analytic;
 pub mod builtin;
 pub mod migration;
 pub mod money;
+pub mod profile;
 pub mod restart;
 pub mod spec;
 pub mod throughput;
