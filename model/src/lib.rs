@@ -67,6 +67,7 @@ mod pipeline;
 mod pipeline_model;
 mod rng;
 mod schedule;
+mod smoke;
 mod stage;
 mod state;
 mod token_file;
@@ -93,6 +94,7 @@ pub use schedule::{
     Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, StepLosses, one_f_one_b,
     run_one_f_one_b,
 };
+pub use smoke::{Comparison, SmokeReport, smoke, smoke_model};
 pub use stage::{
     LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, Upstream, WireOutput,
     init_layers, layer_seed,

@@ -74,9 +74,12 @@ mod trainer;
 
 // The tools of the `parcae-node` binary besides `run`.
 pub mod adopt;
+pub mod device_info;
 pub mod export;
 pub mod prepare;
 pub mod profile;
+pub mod smoke;
+pub mod train_bench;
 
 // The control plane: raft, planning, notices, `/status`.
 pub mod control;

@@ -1,5 +1,6 @@
 //! `parcae-node`: run a node, make a cluster key, tokenize a corpus, export the trained model,
-//! profile a model on this machine's device, or query a node's status.
+//! profile a model on this machine's device, check and benchmark the device, or query a node's
+//! status.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +22,9 @@ use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
 use parcae_node::profile::{ProfileOptions, profile};
+use parcae_node::smoke::{SmokeOptions, smoke};
 use parcae_node::train::TrainerLauncher;
+use parcae_node::train_bench::{TrainBenchOptions, train_bench};
 
 /// Burn allocates a fresh buffer for every tensor operation; glibc's allocator hands large ones
 /// back to the kernel and faults them in again (page faults, zeroing and TLB shootdowns took
@@ -73,6 +76,12 @@ enum Command {
     /// Measure a model on this machine's device (per-layer forward, backward and optimizer
     /// times, bytes, peak memory) into a profile file the planner and the emulator read.
     Profile(ProfileOptions),
+    /// Compare a device with the CPU: a few tensor operations and one training step of a small
+    /// GPT from the same weights (the first command on a new GPU).
+    Smoke(SmokeOptions),
+    /// Train the whole model in this process for some steps at a fixed batch: tokens/s, MFU,
+    /// peak memory, the cold start apart from the warm steps.
+    TrainBench(TrainBenchOptions),
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
@@ -162,6 +171,41 @@ vocab_size = {}",
                 p.micro_batch,
                 p.seq_len,
                 p.peak_memory_bytes as f64 / (1024.0 * 1024.0)
+            );
+            Ok(())
+        }
+        Command::Smoke(opts) => {
+            let s = smoke(&opts)?;
+            for c in &s.report.checks {
+                println!(
+                    "{:<28} max |diff| {:.3e} (reference max {:.3e}) {}",
+                    c.name,
+                    c.max_abs_diff,
+                    c.reference_max_abs,
+                    if c.passed { "ok" } else { "FAILED" }
+                );
+            }
+            println!("wrote {}", opts.out.display());
+            if !s.report.passed {
+                anyhow::bail!(
+                    "{} differs from Flex beyond the tolerance {}",
+                    s.device,
+                    s.report.tolerance
+                );
+            }
+            Ok(())
+        }
+        Command::TrainBench(opts) => {
+            let r = train_bench(&opts)?;
+            println!(
+                "wrote {} ({} on {}: {:.0} tokens/s warm, cold start {:.1} s, loss {:.3} -> {:.3})",
+                opts.out.display(),
+                r.model,
+                r.device,
+                r.tokens_per_s,
+                r.cold_start_s,
+                r.losses.first().copied().unwrap_or(f32::NAN),
+                r.losses.last().copied().unwrap_or(f32::NAN)
             );
             Ok(())
         }

@@ -7,20 +7,19 @@
 //! (`parcae-testnet --emulate PROFILE.json`).
 
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use parcae_model::{
     Dataset, Gpt, LayerCost, PipelineModel, Runs, Sampler, Stage, StageConfig, SyntheticTask,
-    device_memory, median, token_batch,
+    median, token_batch,
 };
-use parcae_strategies::cost::profile::{
-    DeviceProfile, FORMAT, MemorySource, ProfiledLayer, StageBuild,
-};
+use parcae_strategies::cost::profile::{DeviceProfile, FORMAT, ProfiledLayer, StageBuild};
 
-use crate::config::{DeviceChoice, DeviceConfig, DeviceKind, ModelPreset};
+use crate::config::{DeviceChoice, ModelPreset};
+use crate::device_info::{Card, burn_device, peak_memory};
 
 /// Most samples a profiled micro-batch may hold.
 const MAX_MICRO_BATCH: u32 = 4096;
@@ -101,12 +100,7 @@ impl ProfileOptions {
 /// Measures the model on the device and writes the profile to `opts.out`.
 pub fn profile(opts: &ProfileOptions) -> anyhow::Result<DeviceProfile> {
     opts.check()?;
-    let device_config = DeviceConfig {
-        kind: opts.device.kind,
-        index: opts.device.index,
-        ..DeviceConfig::default()
-    };
-    let device = device_config.burn_device()?;
+    let device = burn_device(opts.device)?;
     let card = Card::of(opts.device)?;
     let mut gpt = opts.model.gpt();
     if let Some(seq_len) = opts.seq_len {
@@ -150,10 +144,7 @@ pub fn profile(opts: &ProfileOptions) -> anyhow::Result<DeviceProfile> {
     let costs = stage
         .measure_layer_costs(probe.inputs, Some(&probe.targets), runs)
         .context("measuring the layers")?;
-    let (peak_memory_bytes, peak_memory_source) = match device_memory(&device) {
-        Some((_, reserved)) => (reserved, MemorySource::DevicePool),
-        None => (process_peak_rss()?, MemorySource::ProcessRss),
-    };
+    let (peak_memory_bytes, peak_memory_source) = peak_memory(&device)?;
     let profile = DeviceProfile {
         format: FORMAT.into(),
         model: model_name(opts.model),
@@ -179,7 +170,7 @@ pub fn profile(opts: &ProfileOptions) -> anyhow::Result<DeviceProfile> {
 }
 
 /// The preset as `[train] model` spells it.
-fn model_name(preset: ModelPreset) -> String {
+pub(crate) fn model_name(preset: ModelPreset) -> String {
     serde_json::to_value(preset)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
@@ -201,72 +192,10 @@ fn profiled(c: &LayerCost) -> ProfiledLayer {
     }
 }
 
-/// The device's name and memory as the machine reports them.
-struct Card {
-    name: String,
-    memory_mb: f64,
-}
-
-impl Card {
-    fn of(device: DeviceChoice) -> anyhow::Result<Card> {
-        match device.kind {
-            DeviceKind::Cuda => Self::gpu(device.index),
-            DeviceKind::Cpu | DeviceKind::Emulated => {
-                let meminfo = std::fs::read_to_string("/proc/meminfo")
-                    .context("reading /proc/meminfo (or pass --memory-mb)")?;
-                let kib = meminfo_kib(&meminfo, "MemTotal")
-                    .context("no MemTotal in /proc/meminfo (pass --memory-mb)")?;
-                Ok(Card {
-                    name: "cpu".into(),
-                    memory_mb: kib as f64 / 1024.0,
-                })
-            }
-        }
-    }
-
-    /// GPU `index`'s name and total memory from nvidia-smi.
-    fn gpu(index: usize) -> anyhow::Result<Card> {
-        let out = std::process::Command::new("nvidia-smi")
-            .args([
-                "--query-gpu=name,memory.total",
-                "--format=csv,noheader,nounits",
-                &format!("--id={index}"),
-            ])
-            .output()
-            .context("running nvidia-smi (or pass --memory-mb)")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let (name, mb) = text
-            .trim()
-            .rsplit_once(',')
-            .filter(|_| out.status.success())
-            .with_context(|| format!("nvidia-smi knows no GPU {index}: {}", text.trim()))?;
-        Ok(Card {
-            name: format!("cuda:{index} {}", name.trim()),
-            memory_mb: mb
-                .trim()
-                .parse()
-                .with_context(|| format!("nvidia-smi's memory.total {mb:?}"))?,
-        })
-    }
-}
-
-/// A `KEY: N kB` line of /proc/meminfo or /proc/self/status.
-fn meminfo_kib(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// The most memory this process has held, bytes (`VmHWM`).
-fn process_peak_rss() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(Path::new("/proc/self/status"))
-        .context("reading /proc/self/status")?;
-    let kib = meminfo_kib(&status, "VmHWM").context("no VmHWM in /proc/self/status")?;
-    Ok(kib * 1024)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::path::Path;
+
     use super::*;
     use crate::emulate::Emulation;
 
@@ -313,7 +242,10 @@ pub(crate) mod tests {
             assert_eq!(l.optimizer_state_bytes, 2 * l.param_bytes);
             assert_eq!(l.activation_bytes, None, "Flex reports no allocations");
         }
-        assert_eq!(p.peak_memory_source, MemorySource::ProcessRss);
+        assert_eq!(
+            p.peak_memory_source,
+            parcae_strategies::cost::profile::MemorySource::ProcessRss
+        );
         assert!(p.peak_memory_bytes > 1 << 20);
         assert!(p.memory_mb > 256.0, "{}", p.memory_mb);
         assert!(p.build.per_block_ms > 0.0);
@@ -344,15 +276,6 @@ pub(crate) mod tests {
         assert!(refused(&|o| o.memory_mb = Some(f64::NAN)).contains("--memory-mb"));
         assert!(refused(&|o| o.out = dir.path().join("no/such/dir/p.json")).contains("writing"));
         assert!(!out.exists());
-    }
-
-    #[test]
-    fn memory_lines_are_read_in_kib() {
-        let text = "MemTotal:       24568000 kB\nMemFree:  10 kB\n";
-        assert_eq!(meminfo_kib(text, "MemTotal"), Some(24_568_000));
-        assert_eq!(meminfo_kib(text, "MemFree"), Some(10));
-        assert_eq!(meminfo_kib(text, "VmHWM"), None);
-        assert_eq!(meminfo_kib("VmHWM:\tnope kB", "VmHWM"), None);
     }
 
     #[test]

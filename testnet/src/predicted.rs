@@ -119,6 +119,8 @@ fn preset_layers(model: &str) -> Vec<f64> {
     // (vocab, d_model, blocks, seq_len, d_ff) of parcae-model's presets.
     let (vocab, d, blocks, seq, ff) = match model {
         "small" => (4096.0, 512.0, 6, 128.0, 2048.0),
+        "gpt2-124m" => (50257.0, 768.0, 12, 1024.0, 3072.0),
+        "gpt2-355m" => (50257.0, 1024.0, 24, 1024.0, 4096.0),
         _ => (64.0, 32.0, 2, 16.0, 128.0),
     };
     let embed = vocab * d + seq * d;
@@ -306,6 +308,13 @@ mod tests {
         // parcae-model reports 30,080 for tiny; GPT-2 arithmetic with biases is within 1 %.
         assert!((tiny - 30_080.0).abs() / 30_080.0 < 0.01, "{tiny}");
         assert_eq!(preset_layers("small").len(), 8);
+        // GPT-2 124M with its untied head: 124,439,808 + 38,597,376 in parcae-model.
+        let gpt2: f64 = preset_layers("gpt2-124m").iter().sum();
+        assert!(
+            (gpt2 - 163_037_184.0).abs() / 163_037_184.0 < 0.01,
+            "{gpt2}"
+        );
+        assert_eq!(preset_layers("gpt2-355m").len(), 26);
     }
 
     #[test]

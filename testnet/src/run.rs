@@ -51,7 +51,7 @@ pub struct NodeArgs {
     #[arg(long, value_enum, default_value = "sigterm")]
     pub notice: NoticeMode,
     /// Model the nodes train.
-    #[arg(long, default_value = "tiny", value_parser = ["tiny", "small"])]
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "small", "gpt2-124m", "gpt2-355m"])]
     pub model: String,
     /// Training data: `synthetic` or a text file.
     #[arg(long, default_value = "synthetic")]

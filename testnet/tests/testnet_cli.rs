@@ -465,6 +465,65 @@ fn a_profile_measured_by_the_node_paces_an_emulated_cluster() {
 }
 
 #[test]
+fn the_gpu_check_dry_run_writes_the_summary_the_issue_names() {
+    ensure_node_built();
+    let dir = scratch("gpu-check");
+    let bin = node_bin();
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/gpu-check.sh"
+        ))
+        .args(["--device", "cpu", "--parts", "smoke", "--bin"])
+        .arg(bin.parent().unwrap())
+        .arg("--out")
+        .arg(dir.path())
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run scripts/gpu-check.sh");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("gpu-check.json")).unwrap())
+            .unwrap();
+    assert_eq!(v["parts"], serde_json::json!({"smoke": "ok"}), "{v}");
+    assert_eq!(v["smoke"]["passed"], true, "{v}");
+    assert_eq!(v["smoke"]["checks"].as_array().unwrap().len(), 7);
+    for key in [
+        "burn_tokens_per_s",
+        "torch_tokens_per_s",
+        "mfu",
+        "cold_start_s",
+    ] {
+        assert!(v["train"][key].is_null(), "{key}: not run, {v}");
+    }
+    for key in [
+        "loss_max_abs_diff",
+        "lost_committed_steps",
+        "duplicate_samples",
+    ] {
+        assert!(v["pipeline"].get(key).is_some(), "{key}: {v}");
+    }
+    assert!(v["export"].get("hf_logits_max_abs_diff").is_some(), "{v}");
+    let log = std::fs::read_to_string(dir.path().join("log.txt")).unwrap();
+    assert!(log.contains("== smoke: ok"), "{log}");
+    // A bad argument is named, with exit code 2.
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/gpu-check.sh"
+        ))
+        .args(["--bin", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("/nonexistent/parcae-node"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn a_killed_leader_is_replaced_and_timed() {
     let _serial = serial();
     let v = real_run(

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# The GPU check of issue 34, for one short run on a machine with a GPU and no network: run it from
+# the repository root with binaries built elsewhere (a host that can build: README, GPUs).
+#
+#   scripts/gpu-check.sh --device cuda --bin DIR --out DIR [--parts smoke,profile,train,torch,pipeline]
+#   scripts/gpu-check.sh --device cpu  --bin target/debug --out /tmp/check   # the dry run, small models
+#
+# DIR holds parcae-node (built with `--features cuda` for a GPU) and parcae-testnet. The parts run
+# in this order, each on its own, so that a failure early still leaves what ran:
+#   smoke     a few tensor operations and one training step of a small GPT on the device against
+#             Flex (the first command that loads the PTX the linked LLVM generated);
+#   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU);
+#   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file;
+#   torch     scripts/torch_bench.py: the same model, batch and optimizer in PyTorch, eager TF32,
+#             eager strict f32 and (with --compile) torch.compile (skipped without torch);
+#   pipeline  four parcae-node processes sharing the device as 2x2, a churning trace with SIGTERM
+#             notices, checked: no committed step lost, no sample trained twice.
+# PYTHON names the interpreter with torch and transformers (python3 by default).
+# Every part's output is a JSON file in --out and its log in --out/log.txt; the summary
+# (--out/gpu-check.json) has the issue's keys, null where a part did not run or has no such value.
+set -uo pipefail
+
+device=cuda
+bin=target/release
+out=gpu-check
+parts=smoke,profile,train,torch,pipeline
+compile=0
+while (($#)); do
+    case $1 in
+        --device) device=$2; shift 2 ;;
+        --bin) bin=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --parts) parts=$2; shift 2 ;;
+        --compile) compile=1; shift ;;
+        *) echo "gpu-check: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+python=${PYTHON:-python3}
+node=$bin/parcae-node
+testnet=$bin/parcae-testnet
+for b in "$node" "$testnet"; do
+    [[ -x $b ]] || { echo "gpu-check: no executable $b (--bin)" >&2; exit 2; }
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+exec > >(tee -a "$out/log.txt") 2>&1
+
+# A GPU runs GPT-2; the CPU dry run the same commands on models it finishes in seconds.
+if [[ $device == cpu ]]; then
+    models=(tiny small); train_model=small; mb=2; gb=8; steps=5; pipeline_model=tiny
+    peak_tflops=""
+else
+    models=(gpt2-124m gpt2-355m); train_model=gpt2-124m; mb=8; gb=32; steps=30
+    pipeline_model=gpt2-124m
+    # An H100 SXM's dense TF32 (the precision of f32 matmuls on tensor cores).
+    peak_tflops="--peak-tflops 494.7"
+fi
+
+wants() { [[ ,$parts, == *,$1,* ]]; }
+status=()
+part() {
+    local name=$1; shift
+    echo "== $name: $* ($(date -u +%H:%M:%S))"
+    local t0=$SECONDS
+    if "$@"; then status+=("$name=ok"); else status+=("$name=failed"); fi
+    echo "== $name: ${status[-1]#*=} in $((SECONDS - t0)) s"
+}
+
+wants smoke && part smoke "$node" smoke --device "$device" --out "$out/smoke.json"
+
+if wants profile; then
+    for m in "${models[@]}"; do
+        part "profile-$m" "$node" profile --device "$device" --model "$m" --micro-batch "$mb" \
+            --global-batch "$gb" --out "$out/profile-$m.json"
+    done
+fi
+
+# Random ids below GPT-2's vocabulary (and tiny's 64 on the CPU), little-endian u16.
+tokens=$out/tokens.u16
+vocab=$([[ $device == cpu ]] && echo 4096 || echo 50257)
+python3 - "$tokens" "$vocab" <<'PY'
+import array, random, sys
+rng = random.Random(0)
+ids = array.array("H", (rng.randrange(int(sys.argv[2])) for _ in range(2_000_000)))
+if sys.byteorder != "little":
+    ids.byteswap()
+open(sys.argv[1], "wb").write(ids.tobytes())
+PY
+
+if wants train; then
+    # shellcheck disable=SC2086 # peak_tflops is a flag and its value, or nothing
+    part train "$node" train-bench --device "$device" --model "$train_model" --micro-batch "$mb" \
+        --global-batch "$gb" --steps "$steps" --tokens "$tokens" $peak_tflops --out "$out/train.json"
+fi
+
+if wants torch; then
+    if "$python" -c "import torch, transformers" 2>/dev/null; then
+        for precision in tf32 f32; do
+            part "torch-$precision" "$python" scripts/torch_bench.py --device "$device" \
+                --model "$train_model" --micro-batch "$mb" --global-batch "$gb" --steps "$steps" \
+                --tokens "$tokens" --precision "$precision" --out "$out/torch-$precision.json"
+        done
+        if ((compile)); then
+            part torch-compiled "$python" scripts/torch_bench.py --device "$device" \
+                --model "$train_model" --micro-batch "$mb" --global-batch "$gb" --steps "$steps" \
+                --tokens "$tokens" --compile --out "$out/torch-compiled.json"
+        fi
+    else
+        echo "== torch: skipped ($python has no torch and transformers here)"
+        status+=("torch=skipped")
+    fi
+fi
+
+if wants pipeline; then
+    part pipeline env PARCAE_NODE_BIN="$node" "$testnet" run --device "$device" \
+        --model "$pipeline_model" --nodes-max 4 --pin 2x2 --trace synthetic:hh:15 --intervals 4 \
+        --interval-secs 20 --check --work-dir "$out/pipeline" --json "$out/pipeline.json" \
+        --out "$out/plots"
+fi
+
+python3 - "$out" "$device" "${status[@]}" <<'PY'
+import json, os, sys, time
+out, device, statuses = sys.argv[1], sys.argv[2], sys.argv[3:]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+smoke, train = load("smoke.json"), load("train.json")
+torch_tf32, pipe = load("torch-tf32.json"), load("pipeline.json")
+get = lambda d, k: d.get(k) if d else None
+burn, torch = get(train, "tokens_per_s"), get(torch_tf32, "tokens_per_s")
+summary = {
+    "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    "device": get(smoke, "device") or get(train, "device") or device,
+    "parts": dict(s.split("=", 1) for s in statuses),
+    "smoke": {"passed": get(smoke, "passed"), "checks": get(smoke, "checks")},
+    "profiles": {f[8:-5]: load(f) is not None for f in sorted(os.listdir(out))
+                 if f.startswith("profile-") and f.endswith(".json")},
+    "train": {
+        "burn_tokens_per_s": burn,
+        "torch_tokens_per_s": torch,
+        "torch_f32_tokens_per_s": get(load("torch-f32.json"), "tokens_per_s"),
+        "torch_compiled_tokens_per_s": get(load("torch-compiled.json"), "tokens_per_s"),
+        "burn_vs_torch": burn / torch if burn and torch else None,
+        "mfu": get(train, "mfu"),
+        "cold_start_s": get(train, "cold_start_s"),
+        "torch_cold_start_s": get(torch_tf32, "cold_start_s"),
+        "peak_memory_bytes": get(train, "peak_memory_bytes"),
+        "torch_peak_memory_bytes": get(torch_tf32, "peak_memory_bytes"),
+    },
+    "pipeline": {
+        # No single-process reference runs beside the pipeline yet (issue 34's note).
+        "loss_max_abs_diff": None,
+        "committed_steps": get(pipe, "committed_steps"),
+        "lost_committed_steps": get(pipe, "lost_committed_steps"),
+        "duplicate_samples": get(pipe, "duplicate_samples"),
+        "loss_first": get(pipe, "loss_first"),
+        "loss_last": get(pipe, "loss_last"),
+    },
+    "export": {"hf_logits_max_abs_diff": None},
+}
+with open(os.path.join(out, "gpu-check.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+print(json.dumps(summary["parts"]), "->", os.path.join(out, "gpu-check.json"))
+PY
