@@ -12,7 +12,8 @@
 #   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU);
 #   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file;
 #   torch     scripts/torch_bench.py: the same model, batch and optimizer in PyTorch, eager TF32,
-#             eager strict f32 and (with --compile) torch.compile (skipped without torch);
+#             eager strict f32, eager bf16 autocast and (with --compile) torch.compile (skipped
+#             without torch);
 #   pipeline  four parcae-node processes sharing the device as 2x2, a churning trace with SIGTERM
 #             notices, checked: no committed step lost, no sample trained twice.
 # PYTHON names the interpreter with torch and transformers (python3 by default).
@@ -95,7 +96,7 @@ fi
 
 if wants torch; then
     if "$python" -c "import torch, transformers" 2>/dev/null; then
-        for precision in tf32 f32; do
+        for precision in tf32 f32 bf16; do
             part "torch-$precision" "$python" scripts/torch_bench.py --device "$device" \
                 --model "$train_model" --micro-batch "$mb" --global-batch "$gb" --steps "$steps" \
                 --tokens "$tokens" --precision "$precision" --out "$out/torch-$precision.json"
@@ -134,7 +135,9 @@ burn, torch = get(train, "tokens_per_s"), get(torch_tf32, "tokens_per_s")
 summary = {
     "date": time.strftime("%Y-%m-%d", time.gmtime()),
     "device": get(smoke, "device") or get(train, "device") or device,
-    "parts": dict(s.split("=", 1) for s in statuses),
+    # This call's parts over those of an earlier call with the same --out.
+    "parts": {**(get(load("gpu-check.json"), "parts") or {}),
+              **dict(s.split("=", 1) for s in statuses)},
     "smoke": {"passed": get(smoke, "passed"), "checks": get(smoke, "checks")},
     "profiles": {f[8:-5]: load(f) is not None for f in sorted(os.listdir(out))
                  if f.startswith("profile-") and f.endswith(".json")},
@@ -142,6 +145,7 @@ summary = {
         "burn_tokens_per_s": burn,
         "torch_tokens_per_s": torch,
         "torch_f32_tokens_per_s": get(load("torch-f32.json"), "tokens_per_s"),
+        "torch_bf16_tokens_per_s": get(load("torch-bf16.json"), "tokens_per_s"),
         "torch_compiled_tokens_per_s": get(load("torch-compiled.json"), "tokens_per_s"),
         "burn_vs_torch": burn / torch if burn and torch else None,
         "mfu": get(train, "mfu"),

@@ -7,8 +7,9 @@ learned positions, an untied head, no dropout; tanh GELU for the GPT-2 presets, 
 tiny and small, as parcae-model's presets have them). The optimizer is AdamW with GPT-2's
 settings (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.01) and gradients clipped to a
 global norm of 1, the loss the mean cross-entropy over the step's micro-batches. Each step's
-clock stops after the loss is read back (a device sync). Precision: f32 weights; `tf32` lets
-matmuls run in TF32 as cuBLAS may, `f32` forbids it.
+clock stops after the loss is read back (a device sync). Precision: f32 weights and optimizer;
+`tf32` lets matmuls run in TF32 as cuBLAS may, `f32` forbids it, `bf16` runs the forward under
+bf16 autocast (mixed precision with f32 master weights: what a bf16 stage would gain).
 
 Writes one JSON object: tokens/s at the warm median, the first step, peak memory.
 """
@@ -38,7 +39,7 @@ def parse_args():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--tokens", help="little-endian u16 token file (random ids without it)")
-    p.add_argument("--precision", choices=["tf32", "f32"], default="tf32")
+    p.add_argument("--precision", choices=["tf32", "f32", "bf16"], default="tf32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -77,7 +78,7 @@ def main():
 
     vocab, d, heads, blocks, seq, ff, act = PRESETS[args.model]
     seq = args.seq_len or seq
-    allow = args.precision == "tf32"
+    allow = args.precision != "f32"
     torch.backends.cuda.matmul.allow_tf32 = allow
     torch.backends.cudnn.allow_tf32 = allow
     torch.manual_seed(0)
@@ -118,7 +119,8 @@ def main():
         t = time.perf_counter()
         total = 0.0
         for x, y in batches:
-            logits = step_fn(input_ids=x).logits
+            with torch.autocast(device.type, torch.bfloat16, enabled=args.precision == "bf16"):
+                logits = step_fn(input_ids=x).logits
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
             (loss / per_step).backward()
             total += loss.detach()
