@@ -5,7 +5,8 @@
 #   scripts/gpu-check.sh --device cuda --bin DIR --out DIR [--parts smoke,profile,train,torch,pipeline]
 #   scripts/gpu-check.sh --device cpu  --bin target/debug --out /tmp/check   # the dry run, small models
 #
-# DIR holds parcae-node (built with `--features cuda` for a GPU) and parcae-testnet. The parts run
+# DIR holds parcae-node (built with `--features cuda` for a GPU) and parcae-testnet, each plain or
+# xz-compressed (NAME.xz). The parts run
 # in this order, each on its own, so that a failure early still leaves what ran:
 #   smoke     a few tensor operations and one training step of a small GPT on the device against
 #             Flex (the first command that loads the PTX the linked LLVM generated);
@@ -37,13 +38,29 @@ while (($#)); do
     esac
 done
 python=${PYTHON:-python3}
-node=$bin/parcae-node
-testnet=$bin/parcae-testnet
-for b in "$node" "$testnet"; do
-    [[ -x $b ]] || { echo "gpu-check: no executable $b (--bin)" >&2; exit 2; }
+for name in parcae-node parcae-testnet; do
+    [[ -x $bin/$name || -f $bin/$name.xz ]] || {
+        echo "gpu-check: no executable $bin/$name (nor $bin/$name.xz) (--bin)" >&2
+        exit 2
+    }
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# A binary may come xz-compressed (NAME.xz: the CUDA build of parcae-node carries LLVM and is
+# ~170 MiB stripped, ~33 MiB compressed): unpacked into --out/bin with python's lzma.
+unpacked() {
+    if [[ -x $bin/$1 ]]; then
+        echo "$bin/$1"
+    else
+        mkdir -p "$out/bin"
+        "$python" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+            "$bin/$1.xz" "$out/bin/$1" && chmod +x "$out/bin/$1" && echo "$out/bin/$1"
+    fi
+}
+node=$(unpacked parcae-node) && testnet=$(unpacked parcae-testnet) || {
+    echo "gpu-check: cannot unpack the binaries of $bin" >&2
+    exit 2
+}
 exec > >(tee -a "$out/log.txt") 2>&1
 
 # A GPU runs GPT-2; the CPU dry run the same commands on models it finishes in seconds.

@@ -40,13 +40,52 @@ impl Backend {
         match self {
             Self::Flex => Ok(Device::flex().autodiff()),
             #[cfg(feature = "cuda")]
-            Self::Cuda(i) => Ok(Device::cuda(i).autodiff()),
+            Self::Cuda(i) => usable_cuda(i),
             #[cfg(not(feature = "cuda"))]
             Self::Cuda(_) => Err(ModelError::InvalidConfig(
                 "this build has no CUDA backend (enable the `cuda` feature)".into(),
             )),
         }
     }
+}
+
+/// CUDA GPU `index` with autodiff, checked by one allocation read back: cubecl starts the
+/// driver on a runner thread at a device's first use and panics there where it cannot (no
+/// driver library, no such GPU, a PTX the driver refuses), which the reading thread only sees as
+/// a lost tensor. The first panic of the probe, on any thread, is kept (and not printed) to name
+/// the cause in one error, before any training starts.
+#[cfg(feature = "cuda")]
+fn usable_cuda(index: usize) -> Result<Device> {
+    use std::sync::Mutex;
+    static FIRST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+    fn text(payload: &(dyn std::any::Any + Send)) -> String {
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "the CUDA runtime panicked".into())
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let mut first = FIRST_PANIC.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert_with(|| text(info.payload()));
+    }));
+    let probe = std::panic::catch_unwind(move || {
+        let device = Device::cuda(index).autodiff();
+        burn::tensor::Tensor::<1>::zeros([1], &device)
+            .try_into_data()
+            .map(|_| device)
+    });
+    std::panic::set_hook(previous);
+    let first = FIRST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let why = match probe {
+        Ok(Ok(device)) => return Ok(device),
+        Ok(Err(e)) => first.unwrap_or_else(|| format!("{e:?}")),
+        Err(payload) => first.unwrap_or_else(|| text(payload.as_ref())),
+    };
+    Err(ModelError::InvalidConfig(format!(
+        "CUDA GPU {index} cannot be used: {why}"
+    )))
 }
 
 /// The default training device: Flex with autodiff.

@@ -512,7 +512,8 @@ fn the_gpu_check_dry_run_writes_the_summary_the_issue_names() {
             env!("CARGO_MANIFEST_DIR"),
             "/../scripts/gpu-check.sh"
         ))
-        .args(["--bin", "/nonexistent"])
+        .args(["--bin", "/nonexistent", "--out"])
+        .arg(dir.path().join("not-made"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
