@@ -6,8 +6,8 @@
 #   scripts/gpu-check.sh --device cpu  --bin target/debug --out /tmp/check   # the dry run, small models
 #
 # DIR holds parcae-node (built with `--features cuda` for a GPU) and parcae-testnet, each plain or
-# xz-compressed (NAME.xz). The parts run
-# in this order, each on its own, so that a failure early still leaves what ran:
+# xz-compressed (NAME.xz). The parts run in this order, each on its own, so that a failure early
+# still leaves what ran:
 #   smoke     a few tensor operations and one training step of a small GPT on the device against
 #             Flex (the first command that loads the PTX the linked LLVM generated);
 #   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU);
@@ -44,6 +44,7 @@ for name in parcae-node parcae-testnet; do
         exit 2
     }
 done
+bin=$(cd "$bin" && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # A binary may come xz-compressed (NAME.xz: the CUDA build of parcae-node carries LLVM and is
