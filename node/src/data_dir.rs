@@ -108,6 +108,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// Writes `report` as pretty JSON to `path`, whole or not at all (the reports of the node's
+/// measuring tools: profile, smoke, train-bench).
+pub fn write_report(path: &Path, report: &impl serde::Serialize) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
+    write_atomic(path, json.as_bytes())
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -164,8 +164,7 @@ pub fn profile(opts: &ProfileOptions) -> anyhow::Result<DeviceProfile> {
         build,
         layers: costs.iter().map(profiled).collect(),
     };
-    crate::data_dir::write_atomic(&opts.out, profile.to_json().as_bytes())
-        .with_context(|| format!("writing {}", opts.out.display()))?;
+    crate::data_dir::write_report(&opts.out, &profile)?;
     Ok(profile)
 }
 

@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use parcae_model::SmokeReport;
 use serde::Serialize;
 
@@ -44,8 +43,6 @@ pub fn smoke(opts: &SmokeOptions) -> anyhow::Result<Smoke> {
         device: Card::of(opts.device)?.name,
         report: parcae_model::smoke(&device, opts.tolerance)?,
     };
-    let json = serde_json::to_string_pretty(&smoke)?;
-    crate::data_dir::write_atomic(&opts.out, json.as_bytes())
-        .with_context(|| format!("writing {}", opts.out.display()))?;
+    crate::data_dir::write_report(&opts.out, &smoke)?;
     Ok(smoke)
 }

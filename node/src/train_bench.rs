@@ -231,9 +231,7 @@ pub fn train_bench(opts: &TrainBenchOptions) -> anyhow::Result<TrainBench> {
         losses,
         step_s,
     };
-    let json = serde_json::to_string_pretty(&report)?;
-    crate::data_dir::write_atomic(&opts.out, json.as_bytes())
-        .with_context(|| format!("writing {}", opts.out.display()))?;
+    crate::data_dir::write_report(&opts.out, &report)?;
     Ok(report)
 }
 

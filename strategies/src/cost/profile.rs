@@ -204,11 +204,6 @@ impl DeviceProfile {
         Ok(p)
     }
 
-    /// The profile as pretty JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
     fn check(&self) -> Result<(), String> {
         if self.format != FORMAT {
             return Err(format!(

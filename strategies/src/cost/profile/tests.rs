@@ -64,7 +64,7 @@ fn problem(text: &str) -> String {
 #[test]
 fn a_profile_reads_back_as_it_was_written_and_prices_its_layers() {
     let p = profile(12, 80.0 * 1024.0);
-    let back = DeviceProfile::parse(&p.to_json(), "p.json").unwrap();
+    let back = DeviceProfile::parse(&serde_json::to_string(&p).unwrap(), "p.json").unwrap();
     assert_eq!(back, p);
     let spec = back.spec();
     assert_eq!(spec.layers.len(), 14);
@@ -176,7 +176,7 @@ fn a_name_is_a_built_in_model_or_a_profile_file() {
     );
     let file = dir.join("h100.json");
     let p = profile(12, 80.0 * 1024.0);
-    std::fs::write(&file, p.to_json()).unwrap();
+    std::fs::write(&file, serde_json::to_string(&p).unwrap()).unwrap();
     let measured = emulated(file.to_str().unwrap()).unwrap();
     assert_eq!(measured.spec, p.spec());
     assert_eq!(measured.hardware.memory_mb, 80.0 * 1024.0);
