@@ -115,6 +115,9 @@ pub struct StrategyRun {
     pub configs: Vec<ParallelConfig>,
     /// Cumulative samples at the end of every interval.
     pub cumulative: Vec<f64>,
+    /// Seconds of every interval charged to migration instead of training.
+    #[serde(default)]
+    pub charged_secs: Vec<f64>,
 }
 
 /// Simulation parameters shared by all strategies of a run.
@@ -145,6 +148,7 @@ impl Ledger {
                 migration_secs: 0.0,
                 configs: Vec::new(),
                 cumulative: Vec::new(),
+                charged_secs: Vec::new(),
             },
             interval_ms,
         }
@@ -154,7 +158,9 @@ impl Ledger {
     fn book(&mut self, config: ParallelConfig, samples_per_sec: f64, busy_ms: f64) {
         let work_ms = (self.interval_ms - busy_ms).max(0.0);
         self.run.samples += samples_per_sec * work_ms / 1000.0;
-        self.run.migration_secs += busy_ms.min(self.interval_ms) / 1000.0;
+        let charged_secs = busy_ms.min(self.interval_ms) / 1000.0;
+        self.run.migration_secs += charged_secs;
+        self.run.charged_secs.push(charged_secs);
         self.run.configs.push(config);
         self.run.cumulative.push(self.run.samples);
     }

@@ -148,7 +148,7 @@ impl Scenario for Chaos {
                 });
             } else {
                 self.restarted = true;
-                ctx.cluster.start_nodes(self.nodes as usize)?;
+                ctx.start_nodes(self.nodes as usize)?;
             }
             return Ok(());
         }
@@ -161,7 +161,7 @@ impl Scenario for Chaos {
             ctx.kill(victim);
         }
         let missing = (self.nodes as usize).saturating_sub(ctx.cluster.up().len());
-        ctx.cluster.start_nodes(missing)?;
+        ctx.start_nodes(missing)?;
         Ok(())
     }
 
@@ -217,6 +217,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     };
     let spec = SessionSpec {
         strategy: &args.strategy,
+        label: args.strategy.clone(),
         trace: name.clone(),
         intervals: scenario.interval_at(f64::INFINITY).1,
         nodes_max: args.nodes,

@@ -3,7 +3,9 @@
 //! throughput-optimised baseline, which has no notice handler, so its nodes are killed at
 //! their deadlines unannounced), every run's report beside the simulator's account of the
 //! same strategy on the same trace and cost model (see [`crate::predicted`]), and the
-//! measured and simulated ratio of liveput's committed samples over reactive's.
+//! measured and simulated ratio of liveput's committed samples over reactive's. With
+//! `--repeat N` every strategy runs N times, round by round with node seeds `--seed`,
+//! `--seed + 1`, ..., and each figure is reported as its mean and range ([`crate::repeats`]).
 
 use anyhow::Result;
 use serde::Serialize;
@@ -11,9 +13,12 @@ use serde::Serialize;
 use crate::cluster::NoticeMode;
 use crate::predicted;
 use crate::prices::PriceArgs;
+use crate::repeats::{self, Repeats, Round};
 use crate::replay::Replay;
 use crate::report::{self, RunReport};
-use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec, TraceArgs};
+use crate::run::{
+    self, NodeArgs, OutputArgs, Planned, REACTIVE, STRATEGIES, SessionSpec, TraceArgs,
+};
 use parcae_testnet::interrupt::Interrupt;
 
 /// The proactive strategy the ratio is taken of.
@@ -27,6 +32,9 @@ pub struct Args {
     /// Strategies to run, in this order, each on the same trace and seed.
     #[arg(long, value_delimiter = ',', default_value = "liveput,reactive", value_parser = STRATEGIES)]
     strategies: Vec<String>,
+    /// Runs of each strategy, round by round, the node seed one higher each round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    repeat: u32,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -38,17 +46,20 @@ pub struct Args {
 /// The JSON `--json` writes.
 #[derive(Debug, Serialize)]
 pub struct CompareReport {
-    /// One run per strategy, in the order of `--strategies`.
+    /// One run per strategy, in the order of `--strategies`, round after round.
     pub runs: Vec<RunReport>,
     /// Committed samples of liveput over reactive (null unless both ran and reactive
-    /// committed some).
+    /// committed some); the mean over the rounds.
     pub ratio: Option<f64>,
-    /// The simulator's ratio for the same trace and cost model (null without both).
+    /// The simulator's ratio for the same trace and cost model (null without both); the mean
+    /// over the rounds.
     pub simulated_ratio: Option<f64>,
+    /// Each figure over the rounds (one round without `--repeat`).
+    pub repeats: Repeats,
 }
 
 /// `a / b` of two strategies' values, when both ran and `b` is positive.
-fn ratio_of(runs: &[RunReport], value: impl Fn(&RunReport) -> Option<f64>) -> Option<f64> {
+pub fn ratio_of(runs: &[RunReport], value: impl Fn(&RunReport) -> Option<f64>) -> Option<f64> {
     let of = |name: &str| runs.iter().find(|r| r.strategy == name).and_then(&value);
     let (a, b) = (of(LIVEPUT)?, of(REACTIVE)?);
     (b > 0.0).then(|| a / b)
@@ -65,67 +76,110 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
             strategies.push(s);
         }
     }
+    let mut rounds = Vec::new();
+    let mut outcomes = Vec::new();
+    for k in 0..u64::from(args.repeat) {
+        let node = NodeArgs {
+            seed: args.node.seed.wrapping_add(k),
+            ..args.node.clone()
+        };
+        let round = one_round(&args, &node, &planned, &strategies, interrupt)?;
+        let refs: Vec<&run::Outcome> = round.iter().collect();
+        run::finish(&refs, &args.output, &planned.source)?;
+        print_ratio(&node, &round);
+        rounds.push(Round {
+            seed: node.seed,
+            runs: round.iter().map(|o| o.report.clone()).collect(),
+        });
+        outcomes.extend(round);
+    }
+    let repeats = repeats::summarize(&rounds);
+    if args.repeat > 1 {
+        repeats::print(&repeats);
+    }
+    if let Some(path) = &args.output.json {
+        let doc = CompareReport {
+            runs: outcomes.iter().map(|o| o.report.clone()).collect(),
+            ratio: repeats.ratio.map(|s| s.mean),
+            simulated_ratio: repeats.simulated_ratio.map(|s| s.mean),
+            repeats,
+        };
+        report::write_json(path, &doc)?;
+    }
+    let refs: Vec<&run::Outcome> = outcomes.iter().collect();
+    run::check(&refs, &args.output)
+}
+
+/// Every strategy once with `node`'s seed, each beside the simulator's account of it. With
+/// several rounds a run is labelled with its seed (its directory and its plot).
+fn one_round(
+    args: &Args,
+    node: &NodeArgs,
+    planned: &Planned,
+    strategies: &[&str],
+    interrupt: &Interrupt,
+) -> Result<Vec<run::Outcome>> {
     let mut outcomes = Vec::with_capacity(strategies.len());
-    for strategy in strategies {
+    for &strategy in strategies {
         let mut scenario = Replay::new(
             planned.counts.clone(),
-            args.node.interval_secs as f64,
-            args.node.grace_secs,
-            args.node.seed,
+            node.interval_secs as f64,
+            node.grace_secs,
+            node.seed,
         );
         // The baseline has no notice handler: a preemption is a kill at the deadline.
         let notice = if strategy == REACTIVE {
             NoticeMode::None
         } else {
-            args.node.notice
+            node.notice
         };
-        let node = NodeArgs {
-            notice,
-            ..args.node.clone()
+        let label = if args.repeat > 1 {
+            format!("{strategy}-seed{}", node.seed)
+        } else {
+            strategy.to_string()
         };
         let spec = SessionSpec {
             strategy,
+            label,
             trace: planned.source.clone(),
             intervals: planned.counts.len() as u64,
             nodes_max: args.trace.nodes_max,
         };
-        outcomes.push(run::session(&node, spec, &mut scenario, interrupt)?);
+        let with_notice = NodeArgs {
+            notice,
+            ..node.clone()
+        };
+        outcomes.push(run::session(&with_notice, spec, &mut scenario, interrupt)?);
     }
     run::simulate_sessions(
         &mut outcomes,
-        &args.node,
-        &planned,
+        node,
+        planned,
         args.trace.nodes_max,
         args.prices.prices()?,
     );
-    let refs: Vec<&run::Outcome> = outcomes.iter().collect();
-    run::finish(&refs, &args.output, &planned.source)?;
-    let runs: Vec<RunReport> = outcomes.iter().map(|o| o.report.clone()).collect();
+    Ok(outcomes)
+}
+
+/// Prints one round's measured and simulated ratio (and on CPUs, what bounds the simulation).
+fn print_ratio(node: &NodeArgs, round: &[run::Outcome]) {
+    let runs: Vec<RunReport> = round.iter().map(|o| o.report.clone()).collect();
     let ratio = ratio_of(&runs, |r| Some(r.samples as f64));
     let simulated_ratio = ratio_of(&runs, |r| r.simulated_samples);
-    if args.node.emulate.is_none() && simulated_ratio.is_some() {
-        let observed: Vec<&crate::engine::Observed> =
-            outcomes.iter().map(|o| &o.observed).collect();
+    if node.emulate.is_none() && simulated_ratio.is_some() {
+        let observed: Vec<&crate::engine::Observed> = round.iter().map(|o| &o.observed).collect();
         if let Some(note) = predicted::restart_floor_note(&observed) {
             println!("{note}");
         }
     }
     let show = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
     println!(
-        "liveput / reactive samples: measured {}, simulated ({}) {}",
+        "liveput / reactive samples (seed {}): measured {}, simulated ({}) {}",
+        node.seed,
         show(ratio),
         predicted::LIVEPUT,
         show(simulated_ratio)
     );
-    if let Some(path) = &args.output.json {
-        let doc = CompareReport {
-            runs,
-            ratio,
-            simulated_ratio,
-        };
-        report::write_json(path, &doc)?;
-    }
-    run::check(&refs, &args.output)
 }
 
 #[cfg(test)]

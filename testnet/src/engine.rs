@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cluster::{Cluster, Phase};
-use crate::monitor::Monitor;
+use crate::monitor::{Event, EventKind, Monitor};
 use crate::progress::Progress;
 use parcae_api::StepRecord;
 use parcae_testnet::error::TestnetError;
@@ -53,6 +53,7 @@ impl Ctx<'_> {
 
     /// Tells node `i` that it is preempted at `deadline` seconds since the start.
     pub fn notify(&mut self, i: usize, deadline: f64) {
+        self.record(EventKind::Notice);
         let offset = Duration::from_secs_f64(deadline.max(0.0));
         self.cluster
             .notify(i, self.start + offset, self.start_wall + offset);
@@ -60,8 +61,23 @@ impl Ctx<'_> {
 
     /// SIGKILLs node `i` without notice, after reading its committed steps.
     pub fn kill(&mut self, i: usize) {
+        self.record(EventKind::Kill);
         self.monitor.observe_steps_of(self.cluster, i);
         self.cluster.kill(i);
+    }
+
+    /// Starts `count` new nodes (none when 0).
+    pub fn start_nodes(&mut self, count: usize) -> Result<(), TestnetError> {
+        if count > 0 {
+            self.record(EventKind::Arrival);
+            self.cluster.start_nodes(count)?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, kind: EventKind) {
+        let t = self.now();
+        self.monitor.events.push(Event { t, kind });
     }
 
     /// SIGKILLs the cluster's leader without notice and times the failover (`false` when no

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::cluster::Cluster;
 use crate::failover::{self, LeaderFailover};
 use crate::ledger::{MigrationLedger, StepLedger};
@@ -39,6 +41,27 @@ pub struct Sample {
     pub loss: Option<f64>,
 }
 
+/// What a scenario did to the cluster (the causes a reconfiguration answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// A preemption notice reached a node.
+    Notice,
+    /// A node was SIGKILLed (at its notice's deadline, or without notice).
+    Kill,
+    /// New nodes were started.
+    Arrival,
+}
+
+/// One scenario action, `t` seconds into the replay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Event {
+    /// Seconds since the replay started.
+    pub t: f64,
+    /// What happened.
+    pub kind: EventKind,
+}
+
 /// Accumulates everything seen during a run.
 #[derive(Default)]
 pub struct Monitor {
@@ -56,6 +79,8 @@ pub struct Monitor {
     pub resources: ResourceLedger,
     /// The leader killed on purpose, if any, and the failover that followed.
     pub failover: Option<LeaderFailover>,
+    /// The scenario's actions, in time order.
+    pub events: Vec<Event>,
     polls: u64,
 }
 
@@ -177,6 +202,10 @@ impl Monitor {
             return false;
         };
         self.failover = Some(LeaderFailover::new(t, s.peer_id.clone()));
+        self.events.push(Event {
+            t,
+            kind: EventKind::Kill,
+        });
         self.observe_steps_of(cluster, *i);
         cluster.kill(*i);
         true

@@ -44,6 +44,7 @@ use parcae_strategies::sim::{self, SimSetup, StrategyRun};
 use parcae_strategies::trace::{Interval, Trace};
 
 use crate::engine::Observed;
+use crate::monitor::Sample;
 
 /// Restart cost assumed when no restart was measured, ms.
 pub const DEFAULT_RESTART_MS: f64 = 5000.0;
@@ -65,15 +66,8 @@ const MIN_SECS: f64 = 2.0;
 pub fn measured_throughput(runs: &[&Observed]) -> ThroughputTable {
     let mut acc: BTreeMap<ParallelConfig, (f64, f64)> = BTreeMap::new();
     for run in runs {
-        for w in run.monitor.timeline.windows(2) {
-            let (a, b) = (&w[0], &w[1]);
-            let (Some(ca), Some(cb)) = (a.config, b.config) else {
-                continue;
-            };
-            if ca != cb || a.epoch != b.epoch || b.t <= a.t || b.samples < a.samples {
-                continue;
-            }
-            let e = acc.entry(ParallelConfig::new(ca.0, ca.1)).or_default();
+        for (c, a, b) in training_pairs(&run.monitor.timeline) {
+            let e = acc.entry(c).or_default();
             e.0 += (b.samples - a.samples) as f64;
             e.1 += b.t - a.t;
         }
@@ -97,6 +91,19 @@ pub fn measured_throughput(runs: &[&Observed]) -> ThroughputTable {
         rows.entry(c).or_insert(sum / n);
     }
     ThroughputTable::from_rows(rows)
+}
+
+/// Consecutive samples of a timeline spent in one configuration of one plan epoch (the
+/// cursor not moving back), with that configuration: the spans a throughput is measured on.
+pub fn training_pairs(
+    timeline: &[Sample],
+) -> impl Iterator<Item = (ParallelConfig, &Sample, &Sample)> {
+    timeline.windows(2).filter_map(|w| {
+        let (a, b) = (&w[0], &w[1]);
+        let (ca, cb) = (a.config?, b.config?);
+        (ca == cb && a.epoch == b.epoch && b.t > a.t && b.samples >= a.samples)
+            .then(|| (ParallelConfig::new(ca.0, ca.1), a, b))
+    })
 }
 
 /// Mean measured restart duration, ms.
@@ -239,7 +246,7 @@ pub fn simulate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::{Monitor, Sample};
+    use crate::monitor::Monitor;
     use parcae_api::EstimateView;
 
     fn sample(t: f64, epoch: u64, config: Option<(u32, u32)>, samples: u64) -> Sample {

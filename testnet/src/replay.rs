@@ -135,9 +135,7 @@ impl Scenario for Replay {
             }
             Step::Arrive(k) => {
                 let want = self.counts[k] as usize;
-                if up.len() < want {
-                    ctx.cluster.start_nodes(want - up.len())?;
-                }
+                ctx.start_nodes(want.saturating_sub(up.len()))?;
             }
             Step::KillLeader => {
                 if !ctx.kill_leader() {

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
 use crate::failover::LeaderFailover;
+use crate::fidelity::Fidelity;
 use crate::ledger::{MigrationCounts, sample_overlap};
 use crate::resources::ResourceReport;
 
@@ -73,6 +74,9 @@ pub struct RunReport {
     pub simulated_samples: Option<f64>,
     /// `samples / simulated_samples`.
     pub vs_simulated: Option<f64>,
+    /// Where the samples differ from the simulator's and why (absent without a simulation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<Fidelity>,
     /// `samples` as a percentage of the simulator's ideal on the same trace and model (every
     /// interval at the best configuration for its nodes, reconfigurations free).
     pub percent_of_ideal: Option<f64>,
@@ -253,6 +257,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         outage: None,
         simulated_samples: None,
         vs_simulated: None,
+        fidelity: None,
         percent_of_ideal: None,
         cost: None,
     };

@@ -12,6 +12,7 @@ use parcae_strategies::trace;
 
 use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
 use crate::engine::{self, Observed, Scenario};
+use crate::fidelity;
 use crate::gpus::{self, DeviceArg};
 use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
@@ -291,6 +292,8 @@ impl NodeArgs {
 
 /// A finished session.
 pub struct Outcome {
+    /// Name of the run ([`SessionSpec::label`]).
+    pub label: String,
     /// The JSON report.
     pub report: RunReport,
     /// What the table shows besides the JSON.
@@ -306,8 +309,10 @@ pub struct Outcome {
 
 /// What a session replays and how it is named in the report.
 pub struct SessionSpec<'a> {
-    /// Strategy given to the nodes (and the progress label).
+    /// Strategy given to the nodes.
     pub strategy: &'a str,
+    /// Name of the run: its directory, its progress line and its plot.
+    pub label: String,
     /// Trace name in the report.
     pub trace: String,
     /// Planning intervals in the report.
@@ -327,7 +332,7 @@ pub fn session(
     let bin = node_bin::locate(node.node_bin.as_deref())?;
     // The wall clock starts after a possible build of the node.
     let started = Instant::now();
-    let dir = process::run_dir(node.work_dir.as_deref(), spec.strategy)
+    let dir = process::run_dir(node.work_dir.as_deref(), &spec.label)
         .context("creating the run directory")?;
     let settings = NodeSettings {
         checkpoint_store: Some(dir.join("store")),
@@ -342,7 +347,7 @@ pub fn session(
     };
     let result = (|| -> Result<Observed> {
         let mut cluster = Cluster::create(opts, interrupt.clone())?;
-        let mut progress = Progress::new(spec.strategy);
+        let mut progress = Progress::new(&spec.label);
         let observed = engine::execute(&mut cluster, scenario, interrupt, &mut progress)?;
         cluster.shutdown();
         Ok(observed)
@@ -360,6 +365,7 @@ pub fn session(
     };
     let (report, details) = report::build(meta, &observed);
     Ok(Outcome {
+        label: spec.label,
         report,
         details,
         observed,
@@ -382,19 +388,17 @@ pub fn simulate_sessions(
     nodes_max: u32,
     prices: Option<Prices>,
 ) {
-    let (model, interval_secs) = match &node.emulate {
+    let (model, time_scale) = match &node.emulate {
         Some(profile) => (
             predicted::emulated_model(profile, nodes_max),
-            node.interval_secs as f64 * node.time_scale,
+            node.time_scale,
         ),
         None => {
             let observed: Vec<&Observed> = outcomes.iter().map(|o| &o.observed).collect();
-            (
-                predicted::measured_model(&node.model, &observed),
-                node.interval_secs as f64,
-            )
+            (predicted::measured_model(&node.model, &observed), 1.0)
         }
     };
+    let interval_secs = node.interval_secs as f64 * time_scale;
     let held = money::machine_hours(planned.counts.iter().copied(), interval_secs);
     let on_demand = model.as_ref().map(|m| OnDemand::of(m, nodes_max));
     for o in outcomes.iter_mut() {
@@ -414,6 +418,16 @@ pub fn simulate_sessions(
     for o in outcomes {
         if let Some(run) = simulate(&o.report.strategy) {
             o.report.compare_with_simulator(run.samples, ideal);
+            o.report.fidelity = Some(fidelity::ledger(&fidelity::Inputs {
+                timeline: &o.observed.monitor.timeline,
+                events: &o.observed.monitor.events,
+                reconfigurations: &o.report.reconfigurations,
+                simulated: &run,
+                model: &model,
+                interval_secs: node.interval_secs as f64,
+                time_scale,
+                samples: o.report.samples,
+            }));
             o.simulated = Some(run);
         }
     }
@@ -452,6 +466,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     }
     let spec = SessionSpec {
         strategy: &args.strategy,
+        label: args.strategy.clone(),
         trace: planned.source.clone(),
         intervals: planned.counts.len() as u64,
         nodes_max: args.trace.nodes_max,
@@ -498,6 +513,9 @@ pub fn finish(outcomes: &[&Outcome], output: &OutputArgs, title: &str) -> Result
     report::print_table(&rows);
     for o in outcomes {
         println!("{}", report::summary(&o.report));
+        if let Some(f) = &o.report.fidelity {
+            println!("{}", fidelity::summary(&o.report.strategy, f));
+        }
     }
     for o in outcomes {
         if !o.report.reconfigurations.is_empty() {
@@ -518,7 +536,7 @@ pub fn finish(outcomes: &[&Outcome], output: &OutputArgs, title: &str) -> Result
     }
     if let Some(dir) = &output.out {
         for o in outcomes {
-            let path = write_plots(dir, &o.report.strategy, o, title)?;
+            let path = write_plots(dir, &o.label, o, title)?;
             println!("plot: {}", path.display());
         }
     }

@@ -311,6 +311,37 @@ fn real_run(args: &[&str], name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
 }
 
+/// The fidelity ledger of a run held to the simulator (issue 38): an entry per interval whose
+/// simulated samples add up to the simulator's, and a gap whose terms add up to it.
+fn assert_fidelity(f: &Value, intervals: u64, samples: f64, simulated: f64) {
+    let rows = f["intervals"].as_array().unwrap();
+    assert_eq!(rows.len() as u64, intervals, "{f}");
+    let per_interval: f64 = rows
+        .iter()
+        .map(|i| i["simulated_samples"].as_f64().unwrap())
+        .sum();
+    assert!((per_interval - simulated).abs() < 1e-6 * simulated, "{f}");
+    let g = &f["gap"];
+    let term = |k: &str| g[k].as_f64().unwrap();
+    assert_eq!(term("measured"), samples);
+    assert!((term("gap") - (samples - simulated)).abs() < 1e-6, "{f}");
+    let sum: f64 = [
+        "configuration",
+        "stalls",
+        "throughput",
+        "outside_intervals",
+        "unexplained",
+    ]
+    .iter()
+    .map(|k| term(k))
+    .sum();
+    assert!((sum - term("gap")).abs() < 1e-6, "{f}");
+    assert!(
+        f["reconfigurations"].is_array() && f["throughput"].is_array(),
+        "{f}"
+    );
+}
+
 /// Every field of the issue's run JSON, with its type.
 fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     assert_eq!(v["strategy"], strategy);
@@ -364,15 +395,17 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
         let ratio = v["vs_simulated"].as_f64().unwrap();
         assert!((ratio - samples / simulated).abs() < 1e-9, "{v}");
         assert!(v["percent_of_ideal"].as_f64().unwrap() >= 0.0, "{v}");
+        assert_fidelity(&v["fidelity"], intervals, samples, simulated);
     } else {
         assert!(
             v["simulated_samples"].is_null() && v["vs_simulated"].is_null(),
             "{v}"
         );
+        assert!(v.get("fidelity").is_none(), "{v}");
     }
     assert_eq!(
         v.as_object().unwrap().len(),
-        21 + usize::from(v.get("outage").is_some()),
+        21 + usize::from(v.get("outage").is_some()) + usize::from(v.get("fidelity").is_some()),
         "exactly the issues' fields (no emulated device here): {v}"
     );
     assert_eq!(v["lost_committed_steps"], 0);
@@ -636,7 +669,7 @@ fn chaos_survives_a_whole_cluster_outage() {
 }
 
 #[test]
-fn compare_reports_both_strategies() {
+fn compare_reports_both_strategies_over_repeated_rounds() {
     let _serial = serial();
     let v = real_run(
         &[
@@ -647,16 +680,38 @@ fn compare_reports_both_strategies() {
             "3",
             "--nodes-max",
             "2",
+            "--repeat",
+            "2",
+            "--seed",
+            "5",
         ],
         "compare",
     );
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2);
-    assert_run_json(&runs[0], "liveput", 2, 2);
-    assert_run_json(&runs[1], "reactive", 2, 2);
-    assert!(v["ratio"].is_f64() || v["ratio"].is_null());
+    assert_eq!(runs.len(), 4, "two strategies, two rounds");
+    for (run, strategy) in runs
+        .iter()
+        .zip(["liveput", "reactive", "liveput", "reactive"])
+    {
+        assert_run_json(run, strategy, 2, 2);
+    }
+    let repeats = &v["repeats"];
+    assert_eq!(repeats["seeds"], serde_json::json!([5, 6]));
+    let samples = |k: usize| runs[k]["samples"].as_f64().unwrap();
+    let live = &repeats["strategies"][0];
+    assert_eq!(live["strategy"], "liveput");
+    assert_eq!(live["runs"], 2);
+    assert_eq!(live["samples"]["min"], samples(0).min(samples(2)));
+    assert_eq!(live["samples"]["max"], samples(0).max(samples(2)));
+    assert_eq!(live["lost_committed_steps"], 0);
+    assert_eq!(repeats["strategies"][1]["strategy"], "reactive");
+    // The top-level ratio is the mean of the rounds' ratios (null when reactive trained none).
+    match repeats["ratio"]["mean"].as_f64() {
+        Some(mean) => assert_eq!(v["ratio"].as_f64(), Some(mean)),
+        None => assert!(v["ratio"].is_null()),
+    }
     assert!(v["simulated_ratio"].is_f64() || v["simulated_ratio"].is_null());
-    assert_eq!(v.as_object().unwrap().len(), 3);
+    assert_eq!(v.as_object().unwrap().len(), 4);
 }
 
 #[test]

@@ -167,6 +167,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         reconfigurations: Vec::new(),
         simulated_samples: None,
         vs_simulated: None,
+        fidelity: None,
         percent_of_ideal: None,
         cost: None,
     };
