@@ -4,7 +4,8 @@
 //! * Per interval: the configuration the cluster ran (the one it held longest) and the one the
 //!   simulator chose, the samples each trained (the leader's sample cursor at the interval's
 //!   ends), the seconds the cluster stalled and the seconds the simulator charged.
-//! * Per reconfiguration: what caused it (the last scenario action since the previous plan), and
+//! * Per reconfiguration: what caused it (the last scenario action since the previous plan, at
+//!   most one interval before it), and
 //!   its stall split into detection (a kill to the plan committed; notices and arrivals stall
 //!   nothing before the plan, the old configuration keeps training), the nodes' restart (the
 //!   plan to ready, as the slowest node measured it) and the refill (ready to the first step of
@@ -305,7 +306,8 @@ impl StallSpan<'_> {
 }
 
 /// Every reconfiguration's place on the timeline: its cause (the last scenario action since
-/// the previous plan), its plan (the first poll in its epoch), its first committed step, and
+/// the previous plan and within one interval before it: an action further back was answered
+/// or outlived, and a plan after it is the planner's own move at a boundary), its plan (the first poll in its epoch), its first committed step, and
 /// the interval it is booked to (the boundary nearest its plan: notices come a grace period
 /// before a boundary, kills and arrivals at it).
 fn stall_spans<'a>(inputs: &Inputs<'a>, intervals: usize) -> Vec<StallSpan<'a>> {
@@ -317,11 +319,12 @@ fn stall_spans<'a>(inputs: &Inputs<'a>, intervals: usize) -> Vec<StallSpan<'a>> 
         .map(|r| {
             let first_view = inputs.timeline.iter().find(|s| s.epoch >= r.epoch);
             let plan_at = first_view.map_or(r.seen_at_secs - r.secs, |s| s.t);
+            let since = previous_plan.max(plan_at - inputs.interval_secs);
             let cause = inputs
                 .events
                 .iter()
                 .rev()
-                .find(|e| e.t > previous_plan && e.t <= plan_at)
+                .find(|e| e.t > since && e.t <= plan_at)
                 .copied();
             previous_plan = plan_at;
             let first_step_at = inputs

@@ -189,6 +189,33 @@ fn a_notice_stalls_nothing_before_its_plan_and_other_configurations_are_named() 
 }
 
 #[test]
+fn an_action_more_than_an_interval_before_a_plan_is_not_its_cause() {
+    let timeline = timeline();
+    // The kill at 1 s is the deadline of a notice answered before the replay; the plan at 12 s
+    // is the planner's own.
+    let events = [Event {
+        t: 1.0,
+        kind: EventKind::Kill,
+    }];
+    let reconfigurations = [restart(2, 11, 14.0, 1.0)];
+    let simulated = simulated();
+    let model = model();
+    let f = ledger(&Inputs {
+        timeline: &timeline,
+        events: &events,
+        reconfigurations: &reconfigurations,
+        simulated: &simulated,
+        model: &model,
+        interval_secs: 10.0,
+        time_scale: 1.0,
+        samples: 112,
+    });
+    let stall = &f.reconfigurations[0];
+    assert_eq!((stall.cause, stall.detection_secs), (None, 0.0));
+    assert_eq!(stall.stalled_secs, 1.0, "the restart alone");
+}
+
+#[test]
 fn the_longest_held_configuration_names_an_interval() {
     let timeline = timeline();
     assert_eq!(held_longest(&timeline, 10.0, 20.0), Some(NARROW));
