@@ -71,26 +71,28 @@ fn restart(epoch: u64, at_step: u64, seen_at_secs: f64, secs: f64) -> Reconfigur
     }
 }
 
+/// The ledger of [`timeline`] with one restart to epoch 2 (first step 11, ready after 1 s).
+fn ledger_of(events: &[Event], simulated: &StrategyRun, time_scale: f64, samples: u64) -> Fidelity {
+    ledger(&Inputs {
+        timeline: &timeline(),
+        events,
+        reconfigurations: &[restart(2, 11, 14.0, 1.0)],
+        simulated,
+        model: &model(),
+        interval_secs: 10.0,
+        time_scale,
+        samples,
+    })
+}
+
 #[test]
 fn a_kill_is_detected_restarted_and_refilled_and_the_terms_add_up_to_the_gap() {
-    let timeline = timeline();
     let events = [Event {
         t: 10.0,
         kind: EventKind::Kill,
     }];
-    let reconfigurations = [restart(2, 11, 14.0, 1.0)];
     let simulated = simulated();
-    let model = model();
-    let f = ledger(&Inputs {
-        timeline: &timeline,
-        events: &events,
-        reconfigurations: &reconfigurations,
-        simulated: &simulated,
-        model: &model,
-        interval_secs: 10.0,
-        time_scale: 1.0,
-        samples: 112,
-    });
+    let f = ledger_of(&events, &simulated, 1.0, 112);
     let [stall] = f.reconfigurations.as_slice() else {
         panic!("{:?}", f.reconfigurations)
     };
@@ -141,7 +143,6 @@ fn a_kill_is_detected_restarted_and_refilled_and_the_terms_add_up_to_the_gap() {
 
 #[test]
 fn a_notice_stalls_nothing_before_its_plan_and_other_configurations_are_named() {
-    let timeline = timeline();
     // The kill at an earlier notice's deadline came before the notice that caused the plan.
     let events = [
         Event {
@@ -153,22 +154,11 @@ fn a_notice_stalls_nothing_before_its_plan_and_other_configurations_are_named() 
             kind: EventKind::Notice,
         },
     ];
-    let reconfigurations = [restart(2, 11, 14.0, 1.0)];
     let mut simulated = simulated();
     simulated.configs = vec![WIDE, WIDE];
     simulated.cumulative = vec![100.0, 180.0];
     simulated.samples = 180.0;
-    let model = model();
-    let f = ledger(&Inputs {
-        timeline: &timeline,
-        events: &events,
-        reconfigurations: &reconfigurations,
-        simulated: &simulated,
-        model: &model,
-        interval_secs: 10.0,
-        time_scale: 2.0,
-        samples: 104,
-    });
+    let f = ledger_of(&events, &simulated, 2.0, 104);
     let stall = &f.reconfigurations[0];
     assert_eq!(
         (stall.cause, stall.cause_at_secs),
@@ -190,26 +180,14 @@ fn a_notice_stalls_nothing_before_its_plan_and_other_configurations_are_named() 
 
 #[test]
 fn an_action_more_than_an_interval_before_a_plan_is_not_its_cause() {
-    let timeline = timeline();
     // The kill at 1 s is the deadline of a notice answered before the replay; the plan at 12 s
     // is the planner's own.
     let events = [Event {
         t: 1.0,
         kind: EventKind::Kill,
     }];
-    let reconfigurations = [restart(2, 11, 14.0, 1.0)];
     let simulated = simulated();
-    let model = model();
-    let f = ledger(&Inputs {
-        timeline: &timeline,
-        events: &events,
-        reconfigurations: &reconfigurations,
-        simulated: &simulated,
-        model: &model,
-        interval_secs: 10.0,
-        time_scale: 1.0,
-        samples: 112,
-    });
+    let f = ledger_of(&events, &simulated, 1.0, 112);
     let stall = &f.reconfigurations[0];
     assert_eq!((stall.cause, stall.detection_secs), (None, 0.0));
     assert_eq!(stall.stalled_secs, 1.0, "the restart alone");
