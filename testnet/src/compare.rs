@@ -13,16 +13,13 @@ use serde::Serialize;
 use crate::cluster::NoticeMode;
 use crate::predicted;
 use crate::prices::PriceArgs;
-use crate::repeats::{self, Repeats, Round};
+use crate::repeats::{self, Repeats, Round, ratio_of};
 use crate::replay::Replay;
 use crate::report::{self, RunReport};
 use crate::run::{
     self, NodeArgs, OutputArgs, Planned, REACTIVE, STRATEGIES, SessionSpec, TraceArgs,
 };
 use parcae_testnet::interrupt::Interrupt;
-
-/// The proactive strategy the ratio is taken of.
-const LIVEPUT: &str = "liveput";
 
 /// Options of `compare`.
 #[derive(clap::Args, Debug)]
@@ -56,13 +53,6 @@ pub struct CompareReport {
     pub simulated_ratio: Option<f64>,
     /// Each figure over the rounds (one round without `--repeat`).
     pub repeats: Repeats,
-}
-
-/// `a / b` of two strategies' values, when both ran and `b` is positive.
-pub fn ratio_of(runs: &[RunReport], value: impl Fn(&RunReport) -> Option<f64>) -> Option<f64> {
-    let of = |name: &str| runs.iter().find(|r| r.strategy == name).and_then(&value);
-    let (a, b) = (of(LIVEPUT)?, of(REACTIVE)?);
-    (b > 0.0).then(|| a / b)
 }
 
 /// `parcae-testnet compare`.
@@ -180,38 +170,4 @@ fn print_ratio(node: &NodeArgs, round: &[run::Outcome]) {
         predicted::LIVEPUT,
         show(simulated_ratio)
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ratio_needs_both_strategies_and_reactive_samples() {
-        let json = |strategy: &str, samples: u64| {
-            serde_json::json!({
-                "strategy": strategy, "trace": "t", "intervals": 1, "nodes_max": 4,
-                "committed_steps": 1, "samples": samples, "loss_first": null,
-                "loss_last": null,
-                "migrations": {"intra": 0, "inter": 0, "repartition": 0, "restart": 0},
-                "migration_secs": 0.0, "reconfigurations": [], "lost_committed_steps": 0, "duplicate_samples": 0,
-                "wall_secs": 1.0, "simulated_samples": null, "vs_simulated": null,
-                "percent_of_ideal": null
-            })
-        };
-        let run = |s, n| serde_json::from_value::<RunReport>(json(s, n)).unwrap();
-        let samples = |r: &RunReport| Some(r.samples as f64);
-        let both = [
-            run("reactive", 100),
-            run("liveput-predict", 90),
-            run("liveput", 130),
-        ];
-        assert_eq!(ratio_of(&both, samples), Some(1.3));
-        assert_eq!(ratio_of(&both[..2], samples), None, "no liveput");
-        assert_eq!(
-            ratio_of(&[run("liveput", 5), run("reactive", 0)], samples),
-            None
-        );
-        assert_eq!(ratio_of(&both, |r| r.simulated_samples), None);
-    }
 }

@@ -32,9 +32,9 @@ use parcae_strategies::cost::CostModel;
 use parcae_strategies::sim::StrategyRun;
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::Reconfiguration;
 use crate::monitor::{Event, EventKind, Sample};
 use crate::predicted::training_pairs;
-use crate::report::Reconfiguration;
 
 /// Everything the ledger is computed from.
 pub struct Inputs<'a> {

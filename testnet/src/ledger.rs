@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use parcae_api::{MigrationKind, MigrationView, StepRecord};
+use serde::{Deserialize, Serialize};
 
 /// A committed step as first seen, and the first later sighting that differed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -224,6 +225,21 @@ pub struct EpochMigration {
 #[derive(Debug, Default)]
 pub struct MigrationLedger {
     epochs: BTreeMap<u64, EpochMigration>,
+}
+
+/// One re-plan of a run (an epoch that moved the running job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reconfiguration {
+    /// The plan's epoch.
+    pub epoch: u64,
+    /// How the nodes moved (the first node to report it).
+    pub kind: MigrationKind,
+    /// The step the plan took over at.
+    pub at_step: u64,
+    /// Seconds into the replay when a node first reported it.
+    pub seen_at_secs: f64,
+    /// The longest time any node spent in it, seconds.
+    pub secs: f64,
 }
 
 impl MigrationLedger {

@@ -5,8 +5,18 @@
 
 use serde::Serialize;
 
-use crate::compare::ratio_of as ratio;
 use crate::report::RunReport;
+use crate::run::REACTIVE;
+
+/// The proactive strategy the ratio is taken of.
+const LIVEPUT: &str = "liveput";
+
+/// `a / b` of two strategies' values, when both ran and `b` is positive.
+pub fn ratio_of(runs: &[RunReport], value: impl Fn(&RunReport) -> Option<f64>) -> Option<f64> {
+    let of = |name: &str| runs.iter().find(|r| r.strategy == name).and_then(&value);
+    let (a, b) = (of(LIVEPUT)?, of(REACTIVE)?);
+    (b > 0.0).then(|| a / b)
+}
 
 /// The mean and the range of one figure over the repeats.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -135,10 +145,10 @@ pub fn summarize(rounds: &[Round]) -> Repeats {
     Repeats {
         seeds: rounds.iter().map(|r| r.seed).collect(),
         strategies,
-        ratio: per_round(&|runs| ratio(runs, measured)),
-        simulated_ratio: per_round(&|runs| ratio(runs, simulated)),
+        ratio: per_round(&|runs| ratio_of(runs, measured)),
+        simulated_ratio: per_round(&|runs| ratio_of(runs, simulated)),
         ratio_vs_simulated: per_round(&|runs| {
-            let (a, b) = (ratio(runs, measured)?, ratio(runs, simulated)?);
+            let (a, b) = (ratio_of(runs, measured)?, ratio_of(runs, simulated)?);
             (b > 0.0).then(|| a / b)
         }),
     }
@@ -216,6 +226,26 @@ mod tests {
             "percent_of_ideal": null
         });
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_ratio_needs_both_strategies_and_reactive_samples() {
+        let samples = |r: &RunReport| Some(r.samples as f64);
+        let both = [
+            run("reactive", 100, None),
+            run("liveput-predict", 90, None),
+            run("liveput", 130, None),
+        ];
+        assert_eq!(ratio_of(&both, samples), Some(1.3));
+        assert_eq!(ratio_of(&both[..2], samples), None, "no liveput");
+        assert_eq!(
+            ratio_of(
+                &[run("liveput", 5, None), run("reactive", 0, None)],
+                samples
+            ),
+            None
+        );
+        assert_eq!(ratio_of(&both, |r| r.simulated_samples), None);
     }
 
     #[test]

@@ -4,14 +4,14 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use parcae_api::{EmulatedView, MigrationKind, StepRecord};
+use parcae_api::{EmulatedView, StepRecord};
 use parcae_strategies::cost::money::Bill;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
 use crate::failover::LeaderFailover;
 use crate::fidelity::Fidelity;
-use crate::ledger::{MigrationCounts, sample_overlap};
+use crate::ledger::{MigrationCounts, Reconfiguration, sample_overlap};
 use crate::resources::ResourceReport;
 
 /// One run, as `--json` writes it.
@@ -95,21 +95,6 @@ impl RunReport {
         self.vs_simulated = (simulated > 0.0).then(|| measured / simulated);
         self.percent_of_ideal = (ideal > 0.0).then(|| 100.0 * measured / ideal);
     }
-}
-
-/// One re-plan of a run (an epoch that moved the running job).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Reconfiguration {
-    /// The plan's epoch.
-    pub epoch: u64,
-    /// How the nodes moved (the first node to report it).
-    pub kind: MigrationKind,
-    /// The step the plan took over at.
-    pub at_step: u64,
-    /// Seconds into the replay when a node first reported it.
-    pub seen_at_secs: f64,
-    /// The longest time any node spent in it, seconds.
-    pub secs: f64,
 }
 
 /// Pacing of the emulated accelerators over every node of a run. Every wait of an emulated
