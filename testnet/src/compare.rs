@@ -16,9 +16,8 @@ use crate::prices::PriceArgs;
 use crate::repeats::{self, Repeats, Round, ratio_of};
 use crate::replay::Replay;
 use crate::report::{self, RunReport};
-use crate::run::{
-    self, NodeArgs, OutputArgs, Planned, REACTIVE, STRATEGIES, SessionSpec, TraceArgs,
-};
+use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec};
+use crate::trace_plan::{self, Planned, TraceArgs};
 use parcae_testnet::interrupt::Interrupt;
 
 /// Options of `compare`.
@@ -59,7 +58,7 @@ pub struct CompareReport {
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.node.validate()?;
     args.prices.prices()?;
-    let planned = run::plan_trace(&args.trace)?;
+    let planned = trace_plan::plan_trace(&args.trace)?;
     let mut strategies: Vec<&str> = Vec::new();
     for s in &args.strategies {
         if !strategies.contains(&s.as_str()) {

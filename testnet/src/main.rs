@@ -44,6 +44,7 @@ mod report;
 mod resources;
 mod run;
 mod simulate;
+mod trace_plan;
 
 use std::process::ExitCode;
 
