@@ -373,17 +373,28 @@ fn open_location(location: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreEr
         reason,
     };
     if location.contains("://") {
-        let url = url::Url::parse(location).map_err(|e| bad(e.to_string()))?;
         let env = std::env::vars().map(|(k, v)| (k.to_ascii_lowercase(), v));
-        let (store, prefix) =
-            object_store::parse_url_opts(&url, env).map_err(|e| bad(e.to_string()))?;
-        Ok((Arc::from(store), prefix))
+        open_url(location, env).map_err(bad)
     } else {
         std::fs::create_dir_all(location).map_err(|e| bad(e.to_string()))?;
         let local = object_store::local::LocalFileSystem::new_with_prefix(location)
             .map_err(|e| bad(e.to_string()))?;
         Ok((Arc::new(local), Path::default()))
     }
+}
+
+/// A cloud store (`s3://`, `gs://`, `az://`, `http(s)://`) configured by `options` (the cloud
+/// SDKs' environment names, lower case).
+fn open_url(
+    location: &str,
+    options: impl IntoIterator<Item = (String, String)>,
+) -> Result<(Arc<dyn ObjectStore>, Path), String> {
+    // reqwest is built without a crypto provider of its own (that would be aws-lc, a C library
+    // CI would compile for minutes): TLS runs on ring, installed once for the process.
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    let url = url::Url::parse(location).map_err(|e| e.to_string())?;
+    let (store, prefix) = object_store::parse_url_opts(&url, options).map_err(|e| e.to_string())?;
+    Ok((Arc::from(store), prefix))
 }
 
 fn parse_cut_name(name: &str) -> Option<(u64, u64)> {
@@ -420,6 +431,23 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[tokio::test]
+    async fn an_s3_store_over_https_answers_with_an_error_not_a_panic() {
+        // Nothing listens on port 9: the request must fail in the TLS client's connect, which
+        // needs a crypto provider to exist at all.
+        let options = [
+            ("aws_endpoint", "https://127.0.0.1:9"),
+            ("aws_access_key_id", "test"),
+            ("aws_secret_access_key", "test"),
+            ("aws_region", "us-east-1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let (store, prefix) = open_url("s3://bucket/jobs", options).unwrap();
+        assert_eq!(prefix.as_ref(), "jobs");
+        let listed = store.list_with_delimiter(Some(&prefix)).await;
+        assert!(listed.is_err(), "a closed port answered: {listed:?}");
     }
 
     async fn put(store: &JobStore, c: &Cut) {
