@@ -321,15 +321,19 @@ impl StatusSnapshot {
             .count()
     }
 
-    /// The loopback listen address ending in `/p2p/<id>`, for `--bootstrap`.
+    /// The listen address to dial the node at, ending in `/p2p/<id>`, for `--bootstrap`: the
+    /// loopback one where it listens there (a local cluster), else its first IPv4 TCP address
+    /// (a node in a network namespace of its own).
     pub fn p2p_addr(&self) -> Option<String> {
         if self.peer_id.is_empty() {
             return None;
         }
+        let ipv4_tcp = |a: &&String| a.starts_with("/ip4/") && a.contains("/tcp/");
         let addr = self
             .listen_addrs
             .iter()
-            .find(|a| a.starts_with("/ip4/127.0.0.1/tcp/"))?;
+            .find(|a| a.starts_with("/ip4/127.0.0.1/tcp/"))
+            .or_else(|| self.listen_addrs.iter().find(ipv4_tcp))?;
         Some(if addr.contains("/p2p/") {
             addr.clone()
         } else {
@@ -422,6 +426,14 @@ mod tests {
         assert_eq!(
             with_id.p2p_addr().as_deref(),
             Some("/ip4/127.0.0.1/tcp/8/p2p/12D3")
+        );
+        let in_a_namespace = StatusSnapshot {
+            listen_addrs: vec!["/ip6/::1/tcp/9".into(), "/ip4/10.1.0.3/tcp/7001".into()],
+            ..with_id
+        };
+        assert_eq!(
+            in_a_namespace.p2p_addr().as_deref(),
+            Some("/ip4/10.1.0.3/tcp/7001/p2p/12D3")
         );
     }
 

@@ -2,9 +2,14 @@
 //! node other than the founder is SIGKILLed without notice and a new node is started in its
 //! place; with `--outage-at`, every node is SIGKILLed at once and, `--outage-secs` later, as
 //! many new nodes on fresh data directories found a new cluster that resumes from the job's
-//! store (a directory of the run). The report is the same as `run`'s, so
+//! store (a directory of the run); with `--pause-every`, a node (the leader the first time) is
+//! frozen with SIGSTOP for `--pause-secs` and woken with SIGCONT, as a VM stalled by its host
+//! that wakes up believing it still holds its stage; with `--partition-every` (and `--netns`),
+//! the network splits for `--partition-secs` ([`crate::partition`]), and what the minority
+//! applied meanwhile must be in the final history as it was. The report is the same as `run`'s, so
 //! `lost_committed_steps`, `rolled_back_steps` and `duplicate_samples` show whether training
-//! survived without losing or repeating work, and its `outage` whether it resumed.
+//! survived without losing or repeating work, its `outage` whether it resumed, and its
+//! `faults` list what was done to which node and when.
 
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -12,8 +17,12 @@ use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{Ctx, Scenario};
+use crate::faults::{self, Fault, FaultKind};
+use crate::ledger::StepLedger;
+use crate::partition::{self, Split};
 use crate::report::{self, OutageReport};
 use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec};
+use parcae_api::StepRecord;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::interrupt::Interrupt;
 
@@ -38,6 +47,19 @@ pub struct Args {
     /// Seconds the cluster stays down before new nodes start.
     #[arg(long, default_value_t = 20, requires = "outage_at", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     outage_secs: u64,
+    /// Seconds between two pauses: a node (the leader the first time) is frozen with SIGSTOP.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pause_every: Option<u64>,
+    /// Seconds a paused node stays frozen before SIGCONT wakes it.
+    #[arg(long, default_value_t = 15, requires = "pause_every", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pause_secs: u64,
+    /// Seconds between two network splits (majority/minority, one node isolated, a bridge
+    /// node; needs --netns).
+    #[arg(long, requires = "netns", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    partition_every: Option<u64>,
+    /// Seconds a split lasts before the network heals.
+    #[arg(long, default_value_t = 20, requires = "partition_every", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    partition_secs: u64,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -53,6 +75,34 @@ pub struct Outage {
     pub secs: f64,
 }
 
+/// A fault on a fixed period: every `every` s, for `secs` s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recurring {
+    /// Seconds between two.
+    pub every: f64,
+    /// Seconds each lasts.
+    pub secs: f64,
+}
+
+/// What a chaos run does, and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    /// Nodes kept running.
+    pub nodes: u32,
+    /// Seconds of chaos.
+    pub duration: f64,
+    /// Seconds between two kills.
+    pub kill_every: f64,
+    /// Seconds of a planning interval (for the progress bar).
+    pub interval_secs: f64,
+    /// The whole-cluster outage, if any.
+    pub outage: Option<Outage>,
+    /// The pauses, if any.
+    pub pauses: Option<Recurring>,
+    /// The network splits, if any (nodes in namespaces).
+    pub partitions: Option<Recurring>,
+}
+
 /// What the outage cut off: the last step committed before it, in which history.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct CutOff {
@@ -60,50 +110,79 @@ struct CutOff {
     history: u64,
 }
 
-/// Kill-and-replace on a fixed period, and at most one whole-cluster outage.
+/// The split in force, until when, and its entry in the fault list.
+#[derive(Debug, Clone, PartialEq)]
+struct ActiveSplit {
+    split: Split,
+    until: f64,
+    fault: usize,
+}
+
+/// The node frozen now, until when, and its entry in the fault list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Frozen {
+    node: usize,
+    until: f64,
+    fault: usize,
+}
+
+/// Kill-and-replace on a fixed period, pauses on another, and at most one whole-cluster
+/// outage.
 pub struct Chaos {
-    nodes: u32,
-    duration: f64,
-    kill_every: f64,
-    interval_secs: f64,
+    schedule: Schedule,
     next_kill: f64,
+    next_pause: f64,
     rng: ChaCha8Rng,
-    outage: Option<Outage>,
     /// Set when the outage began; the restart is due once this is set and the outage ended.
     cut_off: Option<CutOff>,
     restarted: bool,
+    frozen: Option<Frozen>,
+    leader_paused: bool,
+    next_split: f64,
+    splits: u32,
+    split: Option<ActiveSplit>,
+    /// What the minority nodes had applied when each split healed.
+    minority_seen: Vec<StepRecord>,
+    faults: Vec<Fault>,
+}
+
+/// The node to freeze: the leader while it was never frozen (`leader` is then `Some`) and is
+/// up, otherwise a random node that is up.
+fn pause_victim(leader: Option<usize>, up: &[usize], rng: &mut ChaCha8Rng) -> Option<usize> {
+    leader
+        .filter(|l| up.contains(l))
+        .or_else(|| up.choose(rng).copied())
 }
 
 impl Chaos {
-    /// `nodes` kept alive for `duration` s, one killed every `kill_every` s, and the outage.
-    pub fn new(
-        nodes: u32,
-        duration: f64,
-        kill_every: f64,
-        interval_secs: f64,
-        seed: u64,
-        outage: Option<Outage>,
-    ) -> Self {
+    /// The run `schedule` describes, its random choices drawn from `seed`.
+    pub fn new(schedule: Schedule, seed: u64) -> Self {
         Self {
-            nodes,
-            duration,
-            kill_every,
-            interval_secs,
-            next_kill: kill_every,
+            schedule,
+            next_kill: schedule.kill_every,
+            next_pause: schedule.pauses.map_or(f64::INFINITY, |p| p.every),
             rng: ChaCha8Rng::seed_from_u64(seed),
-            outage,
             cut_off: None,
             restarted: false,
+            frozen: None,
+            leader_paused: false,
+            next_split: schedule.partitions.map_or(f64::INFINITY, |p| p.every),
+            splits: 0,
+            split: None,
+            minority_seen: Vec::new(),
+            faults: Vec::new(),
         }
     }
 
     fn in_outage(&self, t: f64) -> bool {
-        self.outage.is_some_and(|o| o.at <= t && t < o.at + o.secs)
+        self.schedule
+            .outage
+            .is_some_and(|o| o.at <= t && t < o.at + o.secs)
     }
 
     /// When the outage's next edge is due: its start, then the new nodes' start.
     fn next_outage_edge(&self) -> Option<f64> {
-        let o = self.outage?;
+        let o = self.schedule.outage?;
         match (self.cut_off, self.restarted) {
             (None, _) => Some(o.at),
             (Some(_), false) => Some(o.at + o.secs),
@@ -111,73 +190,238 @@ impl Chaos {
         }
     }
 
+    /// When the pauses' next edge is due: the frozen node's wake-up, or the next pause.
+    fn next_pause_edge(&self) -> Option<f64> {
+        match self.frozen {
+            Some(f) => Some(f.until),
+            None => self.schedule.pauses.map(|_| self.next_pause),
+        }
+    }
+
+    /// When the splits' next edge is due: the heal, or the next split.
+    fn next_split_edge(&self) -> Option<f64> {
+        match &self.split {
+            Some(s) => Some(s.until),
+            None => self.schedule.partitions.map(|_| self.next_split),
+        }
+    }
+
+    /// Whether a fault from `t` for `secs` s ends before the run does and stays clear of the
+    /// outage (whose kills would take its nodes with them).
+    fn fits(&self, t: f64, secs: f64) -> bool {
+        t + secs < self.schedule.duration
+            && self
+                .schedule
+                .outage
+                .is_none_or(|o| t + secs <= o.at || t >= o.at + o.secs)
+    }
+
     /// The outage's part of the report, once it happened.
-    pub fn outage_report(&self, final_seq: &[parcae_api::StepRecord]) -> Option<OutageReport> {
+    pub fn outage_report(&self, final_seq: &[StepRecord]) -> Option<OutageReport> {
         let c = self.cut_off?;
         Some(OutageReport::of(c.last_step, c.history, final_seq))
     }
+
+    /// Every fault injected, in order.
+    pub fn faults(&self) -> &[Fault] {
+        &self.faults
+    }
+
+    fn record(&mut self, kind: FaultKind, start_secs: f64, end_secs: f64, nodes: Vec<String>) {
+        self.faults.push(Fault {
+            kind,
+            start_secs,
+            end_secs,
+            nodes,
+        });
+    }
+
+    /// The outage's start (every node killed) or its end (as many new nodes started).
+    fn outage_edge(&mut self, ctx: &mut Ctx<'_>, t: f64) -> Result<(), TestnetError> {
+        if self.cut_off.is_none() {
+            let victims = ctx.cluster.running();
+            let names = victims.iter().map(|&i| name_of(ctx, i)).collect();
+            for victim in victims {
+                ctx.kill(victim);
+            }
+            self.cut_off = Some(CutOff {
+                last_step: ctx.monitor.steps.last_step(),
+                history: ctx.monitor.steps.latest_history().unwrap_or(0),
+            });
+            let planned_end = self.schedule.outage.map_or(t, |o| o.at + o.secs);
+            self.record(FaultKind::Outage, t, planned_end, names);
+        } else {
+            self.restarted = true;
+            if let Some(f) = self
+                .faults
+                .iter_mut()
+                .rfind(|f| f.kind == FaultKind::Outage)
+            {
+                f.end_secs = t;
+            }
+            ctx.start_nodes(self.schedule.nodes as usize)?;
+        }
+        Ok(())
+    }
+
+    /// Wakes the frozen node, or freezes the next one.
+    fn pause_edge(&mut self, ctx: &mut Ctx<'_>, t: f64) {
+        if let Some(f) = self.frozen.take() {
+            ctx.resume(f.node);
+            self.faults[f.fault].end_secs = t;
+            return;
+        }
+        let Some(p) = self.schedule.pauses else {
+            return;
+        };
+        self.next_pause += p.every;
+        if !self.fits(t, p.secs) {
+            return;
+        }
+        let leader = if self.leader_paused {
+            None
+        } else {
+            ctx.cluster.leader().map(|(i, _)| i)
+        };
+        let Some(victim) = pause_victim(leader, &ctx.cluster.up(), &mut self.rng) else {
+            return;
+        };
+        self.leader_paused |= leader == Some(victim);
+        ctx.pause(victim);
+        let names = vec![name_of(ctx, victim)];
+        self.record(FaultKind::Pause, t, t + p.secs, names);
+        self.frozen = Some(Frozen {
+            node: victim,
+            until: t + p.secs,
+            fault: self.faults.len() - 1,
+        });
+    }
+}
+
+impl Chaos {
+    /// Heals the split in force, or makes the next one.
+    fn split_edge(&mut self, ctx: &mut Ctx<'_>, t: f64) -> Result<(), TestnetError> {
+        if let Some(active) = self.split.take() {
+            // What the minority applied while cut off, read before it hears the others again.
+            for &i in &active.split.minority {
+                if let Ok(records) = ctx.cluster.client().steps(ctx.cluster.node(i).status_addr) {
+                    self.minority_seen.extend(records);
+                }
+            }
+            for &(a, b) in &active.split.cuts {
+                ctx.cluster.set_link(a, b, false)?;
+            }
+            self.faults[active.fault].end_secs = t;
+            return Ok(());
+        }
+        let Some(p) = self.schedule.partitions else {
+            return Ok(());
+        };
+        self.next_split += p.every;
+        if !self.fits(t, p.secs) {
+            return Ok(());
+        }
+        let Some(split) = partition::plan(self.splits, &ctx.cluster.running(), &mut self.rng)
+        else {
+            return Ok(());
+        };
+        self.splits += 1;
+        for &(a, b) in &split.cuts {
+            ctx.cluster.set_link(a, b, true)?;
+        }
+        let mut cut_off: Vec<usize> = split.cuts.iter().map(|&(a, _)| a).collect();
+        cut_off.sort_unstable();
+        cut_off.dedup();
+        let names = cut_off.iter().map(|&i| name_of(ctx, i)).collect();
+        self.record(FaultKind::Partition, t, t + p.secs, names);
+        self.split = Some(ActiveSplit {
+            split,
+            until: t + p.secs,
+            fault: self.faults.len() - 1,
+        });
+        Ok(())
+    }
+
+    /// Steps the minority sides applied while cut off that the final history does not hold as
+    /// they were: commits a minority must never make (`None` without splits).
+    pub fn minority_commits(&self, final_seq: &[StepRecord]) -> Option<u64> {
+        self.schedule.partitions?;
+        let mut seen = StepLedger::default();
+        seen.observe(&self.minority_seen);
+        Some(seen.lost(final_seq).len() as u64)
+    }
+}
+
+fn name_of(ctx: &Ctx<'_>, i: usize) -> String {
+    ctx.cluster.node(i).name.clone()
 }
 
 impl Scenario for Chaos {
     fn initial_nodes(&self) -> usize {
-        self.nodes as usize
+        self.schedule.nodes as usize
     }
 
     fn duration_secs(&self) -> f64 {
-        self.duration
+        self.schedule.duration
     }
 
     fn next_action(&self) -> Option<f64> {
-        [Some(self.next_kill), self.next_outage_edge()]
-            .into_iter()
-            .flatten()
-            .filter(|t| *t < self.duration)
-            .min_by(f64::total_cmp)
+        [
+            Some(self.next_kill),
+            self.next_outage_edge(),
+            self.next_pause_edge(),
+            self.next_split_edge(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|t| *t < self.schedule.duration)
+        .min_by(f64::total_cmp)
     }
 
     fn act(&mut self, ctx: &mut Ctx<'_>) -> Result<(), TestnetError> {
         let t = ctx.now();
         if self.next_outage_edge().is_some_and(|edge| edge <= t) {
-            if self.cut_off.is_none() {
-                for victim in ctx.cluster.running() {
-                    ctx.kill(victim);
-                }
-                self.cut_off = Some(CutOff {
-                    last_step: ctx.monitor.steps.last_step(),
-                    history: ctx.monitor.steps.latest_history().unwrap_or(0),
-                });
-            } else {
-                self.restarted = true;
-                ctx.start_nodes(self.nodes as usize)?;
-            }
+            return self.outage_edge(ctx, t);
+        }
+        if self.next_pause_edge().is_some_and(|edge| edge <= t) {
+            self.pause_edge(ctx, t);
             return Ok(());
         }
-        self.next_kill += self.kill_every;
+        if self.next_split_edge().is_some_and(|edge| edge <= t) {
+            return self.split_edge(ctx, t);
+        }
+        self.next_kill += self.schedule.kill_every;
         if self.in_outage(t) {
             return Ok(());
         }
         let candidates: Vec<usize> = ctx.cluster.up().into_iter().filter(|&i| i != 0).collect();
         if let Some(&victim) = candidates.choose(&mut self.rng) {
+            let names = vec![name_of(ctx, victim)];
             ctx.kill(victim);
+            self.record(FaultKind::Kill, t, t, names);
         }
-        let missing = (self.nodes as usize).saturating_sub(ctx.cluster.up().len());
+        // A frozen node is still running: it is not replaced.
+        let missing = (self.schedule.nodes as usize).saturating_sub(ctx.cluster.running().len());
         ctx.start_nodes(missing)?;
         Ok(())
     }
 
     fn target(&self, t: f64) -> u32 {
-        if self.in_outage(t) { 0 } else { self.nodes }
+        if self.in_outage(t) {
+            0
+        } else {
+            self.schedule.nodes
+        }
     }
 
     fn interval_at(&self, t: f64) -> (u64, u64) {
-        let len = (self.duration / self.interval_secs).ceil() as u64;
-        (((t / self.interval_secs) as u64).min(len), len)
+        let len = (self.schedule.duration / self.schedule.interval_secs).ceil() as u64;
+        (((t / self.schedule.interval_secs) as u64).min(len), len)
     }
 }
 
-/// `parcae-testnet chaos`.
-pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
-    args.node.validate()?;
+/// The schedule the options ask for, or why they are inconsistent.
+fn schedule_of(args: &Args) -> Result<Schedule> {
     if args.kill_every >= args.duration {
         bail!(
             "--kill-every {} must be shorter than --duration {}",
@@ -185,13 +429,13 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
             args.duration
         );
     }
-    let interval = args.node.interval_secs as f64;
+    let duration = args.duration as f64;
     let outage = args.outage_at.map(|at| Outage {
         at: at as f64,
         secs: args.outage_secs as f64,
     });
     if let Some(o) = outage
-        && o.at + o.secs >= args.duration as f64
+        && o.at + o.secs >= duration
     {
         bail!(
             "the outage (--outage-at {} --outage-secs {}) must end before --duration {}",
@@ -200,21 +444,68 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
             args.duration
         );
     }
-    let mut scenario = Chaos::new(
-        args.nodes,
-        args.duration as f64,
-        args.kill_every as f64,
-        interval,
-        args.node.seed,
+    let pauses = args.pause_every.map(|every| Recurring {
+        every: every as f64,
+        secs: args.pause_secs as f64,
+    });
+    if let Some(p) = pauses
+        && (p.secs >= p.every || p.every + p.secs >= duration)
+    {
+        bail!(
+            "--pause-secs {} must be shorter than --pause-every {}, and the first pause must end \
+             before --duration {}",
+            p.secs,
+            p.every,
+            args.duration
+        );
+    }
+    let partitions = args.partition_every.map(|every| Recurring {
+        every: every as f64,
+        secs: args.partition_secs as f64,
+    });
+    if let Some(p) = partitions
+        && (p.secs >= p.every || p.every + p.secs >= duration)
+    {
+        bail!(
+            "--partition-secs {} must be shorter than --partition-every {}, and the first split \
+             must heal before --duration {}",
+            p.secs,
+            p.every,
+            args.duration
+        );
+    }
+    Ok(Schedule {
+        nodes: args.nodes,
+        duration,
+        kill_every: args.kill_every as f64,
+        interval_secs: args.node.interval_secs as f64,
         outage,
-    );
-    let name = match outage {
-        Some(o) => format!(
-            "chaos:kill-every={}s:outage={}s+{}s",
-            args.kill_every, o.at, o.secs
-        ),
-        None => format!("chaos:kill-every={}s", args.kill_every),
-    };
+        pauses,
+        partitions,
+    })
+}
+
+/// The run's name in reports: `chaos:kill-every=20s`, then the outage, pauses and splits.
+fn trace_name(s: &Schedule) -> String {
+    let mut name = format!("chaos:kill-every={}s", s.kill_every);
+    if let Some(o) = s.outage {
+        name += &format!(":outage={}s+{}s", o.at, o.secs);
+    }
+    if let Some(p) = s.pauses {
+        name += &format!(":pause-every={}s+{}s", p.every, p.secs);
+    }
+    if let Some(p) = s.partitions {
+        name += &format!(":partition-every={}s+{}s", p.every, p.secs);
+    }
+    name
+}
+
+/// `parcae-testnet chaos`.
+pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
+    args.node.validate()?;
+    let schedule = schedule_of(&args)?;
+    let mut scenario = Chaos::new(schedule, args.node.seed);
+    let name = trace_name(&schedule);
     let spec = SessionSpec {
         strategy: &args.strategy,
         label: args.strategy.clone(),
@@ -224,6 +515,9 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     };
     let mut outcome = run::session(&args.node, spec, &mut scenario, interrupt)?;
     outcome.report.outage = scenario.outage_report(&outcome.observed.final_seq);
+    outcome.report.faults = scenario.faults().to_vec();
+    outcome.report.minority_commits = scenario.minority_commits(&outcome.observed.final_seq);
+    println!("{}", faults::summary(scenario.faults()));
     run::finish(&[&outcome], &args.output, &name)?;
     if let Some(path) = &args.output.json {
         report::write_json(path, &outcome.report)?;
@@ -232,70 +526,4 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kills_on_the_period_until_the_end() {
-        let mut c = Chaos::new(6, 60.0, 20.0, 10.0, 1, None);
-        assert_eq!(c.initial_nodes(), 6);
-        assert_eq!(c.next_action(), Some(20.0));
-        c.next_kill += c.kill_every;
-        assert_eq!(c.next_action(), Some(40.0));
-        c.next_kill += c.kill_every;
-        assert_eq!(c.next_action(), None, "no kill at the very end");
-        assert_eq!(c.interval_at(35.0), (3, 6));
-        assert_eq!(c.target(1.0), 6);
-    }
-
-    #[test]
-    fn an_outage_stops_every_node_then_starts_new_ones() {
-        let outage = Outage {
-            at: 30.0,
-            secs: 15.0,
-        };
-        let mut c = Chaos::new(4, 90.0, 20.0, 10.0, 1, Some(outage));
-        assert_eq!(c.next_action(), Some(20.0), "the first kill");
-        c.next_kill += c.kill_every;
-        assert_eq!(
-            c.next_action(),
-            Some(30.0),
-            "the outage before the kill at 40"
-        );
-        c.cut_off = Some(CutOff {
-            last_step: Some(12),
-            history: 0,
-        });
-        assert_eq!(c.next_action(), Some(40.0));
-        assert!(c.in_outage(40.0) && c.in_outage(44.9) && !c.in_outage(45.0));
-        assert_eq!(c.target(35.0), 0);
-        assert_eq!(c.next_outage_edge(), Some(45.0), "the restart");
-        c.restarted = true;
-        assert_eq!(c.next_outage_edge(), None);
-        let rec = |step, history| parcae_api::StepRecord {
-            step,
-            history,
-            samples: 8,
-            sample_start: step * 8,
-            ..parcae_api::StepRecord::default()
-        };
-        let seq: Vec<_> = (0..=9)
-            .map(|s| rec(s, 0))
-            .chain((10..15).map(|s| rec(s, 1)))
-            .collect();
-        assert_eq!(
-            c.outage_report(&seq),
-            Some(OutageReport {
-                last_step_before: Some(12),
-                resumed_from_step: Some(9),
-                steps_after: 5
-            })
-        );
-        let fresh: Vec<_> = (0..3).map(|s| rec(s, 0)).collect();
-        assert_eq!(
-            c.outage_report(&fresh).and_then(|o| o.resumed_from_step),
-            None,
-            "a new cluster that started over did not resume"
-        );
-    }
-}
+mod tests;

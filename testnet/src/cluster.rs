@@ -14,6 +14,7 @@ use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::{ClusterSetup, LocalCluster, Ports};
 use parcae_testnet::node_process::NodeProcess;
 
+use crate::failover;
 use crate::node_config::{self, Dialect, NodeSettings};
 
 /// An exit this soon after the start is a crash at start, not a preemption.
@@ -41,6 +42,8 @@ pub enum Phase {
         /// When the testnet SIGKILLs it if it is still there.
         deadline: Instant,
     },
+    /// Frozen (SIGSTOP) by the scenario: still a member as far as it knows, answering nothing.
+    Paused,
     /// Exited or killed.
     Gone,
 }
@@ -147,6 +150,23 @@ impl Cluster {
             .collect()
     }
 
+    /// Indices of the running nodes that can answer (not paused).
+    pub fn answering(&self) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|&i| !matches!(self.members[i].phase, Phase::Gone | Phase::Paused))
+            .collect()
+    }
+
+    /// The node that says it leads, among the nodes that are up, and its status.
+    pub fn leader(&self) -> Option<(usize, StatusSnapshot)> {
+        let statuses: Vec<(usize, StatusSnapshot)> = self
+            .up()
+            .into_iter()
+            .filter_map(|i| Some((i, self.status(i)?)))
+            .collect();
+        failover::leader(&statuses).cloned()
+    }
+
     /// Starts `count` nodes (the very first node founds the cluster, the others bootstrap
     /// through the oldest node that is up), each with its own metadata server when notices
     /// come that way, and waits until each serves `/status`.
@@ -229,6 +249,34 @@ impl Cluster {
             (None, _) => self.local.nodes[i].signal(nix::sys::signal::Signal::SIGTERM),
         }
         member.phase = Phase::Leaving { deadline };
+    }
+
+    /// Freezes node `i` (SIGSTOP to its process group) if it is up: a VM stalled by its host.
+    pub fn pause(&mut self, i: usize) {
+        if self.members[i].phase == Phase::Up {
+            self.local.nodes[i].signal(nix::sys::signal::Signal::SIGSTOP);
+            self.members[i].phase = Phase::Paused;
+        }
+    }
+
+    /// Wakes paused node `i` (SIGCONT): it carries on from where it was frozen.
+    pub fn resume(&mut self, i: usize) {
+        if self.members[i].phase == Phase::Paused {
+            self.local.nodes[i].signal(nix::sys::signal::Signal::SIGCONT);
+            self.members[i].phase = Phase::Up;
+        }
+    }
+
+    /// Cuts (`cut`) or heals the network between nodes `a` and `b` (a run with `--netns`).
+    pub fn set_link(&self, a: usize, b: usize, cut: bool) -> Result<(), TestnetError> {
+        self.local.set_link(a, b, cut)
+    }
+
+    /// Wakes every paused node (a run's end reads every node).
+    pub fn resume_all(&mut self) {
+        for i in 0..self.members.len() {
+            self.resume(i);
+        }
     }
 
     /// SIGKILLs node `i` (no notice) and reaps it.

@@ -80,6 +80,16 @@ impl Ctx<'_> {
         self.monitor.events.push(Event { t, kind });
     }
 
+    /// Freezes node `i` (SIGSTOP) if it is up.
+    pub fn pause(&mut self, i: usize) {
+        self.cluster.pause(i);
+    }
+
+    /// Wakes paused node `i` (SIGCONT).
+    pub fn resume(&mut self, i: usize) {
+        self.cluster.resume(i);
+    }
+
     /// SIGKILLs the cluster's leader without notice and times the failover (`false` when no
     /// node leads right now).
     pub fn kill_leader(&mut self) -> bool {
@@ -167,6 +177,8 @@ pub fn execute(
         .fold(f64::INFINITY, f64::min);
         interrupt.sleep_until(start + Duration::from_secs_f64(wake.max(0.0)))?;
     }
+    // A node the scenario froze would answer none of the final reads.
+    cluster.resume_all();
     let t = start.elapsed().as_secs_f64();
     progress.message("collecting the committed steps");
     let final_seq = monitor.finish(cluster, t);

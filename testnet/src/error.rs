@@ -86,6 +86,14 @@ pub enum TestnetError {
     /// Every node of the cluster is gone, so a new one has nothing to join.
     #[error("no node of the cluster is running any more; cannot start new nodes")]
     NoLiveNode,
+    /// The network namespaces of `--netns` could not be made or changed.
+    #[error("--netns: {step}: {reason}")]
+    Netns {
+        /// What was being done (the `ip` command line).
+        step: String,
+        /// Why it failed.
+        reason: String,
+    },
     /// SIGINT, SIGTERM or SIGHUP reached the testnet.
     #[error("interrupted; every node was stopped")]
     Interrupted,

@@ -11,6 +11,7 @@ pub mod imds;
 pub mod interrupt;
 pub mod launch;
 pub mod local_cluster;
+pub mod netns;
 pub mod node_process;
 pub mod ports;
 pub mod supervise;

@@ -18,6 +18,7 @@ use parcae_api::{RoleView, StatusSnapshot};
 use crate::error::TestnetError;
 use crate::interrupt::Interrupt;
 use crate::launch::NodeLaunch;
+use crate::netns::{self, Network};
 use crate::node_process::{NodeProcess, wait_for};
 use crate::supervise::log_tail;
 
@@ -33,6 +34,9 @@ pub enum Ports {
     Ephemeral,
     /// Node `k`: status on `base + 2k`, p2p on `base + 2k + 1`.
     Base(u16),
+    /// Every node in a network namespace of its own ([`crate::netns`]): the same ports on an
+    /// address of its own. Needs root.
+    Namespaces,
 }
 
 /// Everything the cluster starts its nodes with.
@@ -58,6 +62,8 @@ pub struct ClusterSetup {
 pub struct LocalCluster {
     /// Every node started, in start order (index = `k` of `node<k>`).
     pub nodes: Vec<NodeProcess>,
+    /// The nodes' namespaces with [`Ports::Namespaces`] (dropped after the nodes are killed).
+    network: Option<Network>,
     setup: ClusterSetup,
     dir: PathBuf,
     key: PathBuf,
@@ -100,8 +106,13 @@ impl LocalCluster {
                 ),
             });
         }
+        let network = match setup.ports {
+            Ports::Namespaces => Some(Network::create()?),
+            Ports::Ephemeral | Ports::Base(_) => None,
+        };
         Ok(Self {
             nodes: Vec::new(),
+            network,
             setup,
             dir,
             key,
@@ -167,6 +178,11 @@ impl LocalCluster {
             what: format!("{name}: writing its config"),
             source,
         })?;
+        let netns = self
+            .network
+            .as_ref()
+            .and_then(|n| n.namespace(k))
+            .map(str::to_string);
         let launch = NodeLaunch {
             data_dir: &self.dir.join(&name),
             listen: &listen,
@@ -180,6 +196,7 @@ impl LocalCluster {
             name.clone(),
             &self.setup.program,
             &launch,
+            netns,
             self.setup.env.clone(),
             self.setup.client.clone(),
         )
@@ -191,9 +208,20 @@ impl LocalCluster {
         Ok(k)
     }
 
-    fn ports_for(&self, k: usize) -> Result<(SocketAddr, String), TestnetError> {
+    fn ports_for(&mut self, k: usize) -> Result<(SocketAddr, String), TestnetError> {
         let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         match self.setup.ports {
+            Ports::Namespaces => {
+                let network = self.network.as_mut().ok_or(TestnetError::Netns {
+                    step: format!("node{k}"),
+                    reason: "the cluster was made without its network".into(),
+                })?;
+                let ip = network.node(k)?;
+                Ok((
+                    SocketAddr::from((ip, netns::STATUS_PORT)),
+                    format!("/ip4/{ip}/tcp/{}", netns::P2P_PORT),
+                ))
+            }
             Ports::Ephemeral => {
                 let reserve = |what: &str| {
                     crate::ports::reserve_loopback_port().map_err(|source| TestnetError::Io {
@@ -223,6 +251,15 @@ impl LocalCluster {
                 Ok((loopback(status), format!("/ip4/127.0.0.1/tcp/{p2p}")))
             }
         }
+    }
+
+    /// Cuts (`cut`) or heals the network between nodes `a` and `b` ([`Ports::Namespaces`]).
+    pub fn set_link(&self, a: usize, b: usize, cut: bool) -> Result<(), TestnetError> {
+        let network = self.network.as_ref().ok_or(TestnetError::Netns {
+            step: format!("cutting node{a} from node{b}"),
+            reason: "the nodes share the host's network (start the run with --netns)".into(),
+        })?;
+        network.set_link(a, b, cut)
     }
 
     /// Starts `count` nodes with the cluster's configuration (see

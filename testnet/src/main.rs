@@ -8,7 +8,8 @@
 //!   progress bar, report table, `--json`, `--out` plots, `--check` as a CI gate;
 //! * `compare`: the same trace with `liveput` and `reactive`, their ratio of committed samples
 //!   and the simulator's ratio with the cost model measured on the two runs;
-//! * `chaos`: SIGKILL without notice every `--kill-every` seconds, replaced by new nodes;
+//! * `chaos`: SIGKILL without notice every `--kill-every` seconds, replaced by new nodes, a
+//!   whole-cluster outage, and nodes frozen with SIGSTOP (`--pause-every`);
 //! * `simulate`: every planning strategy on a trace, without processes.
 //!
 //! Design: [`cluster`] gives the nodes of a
@@ -27,12 +28,14 @@ mod cluster;
 mod compare;
 mod engine;
 mod failover;
+mod faults;
 mod fidelity;
 mod gpus;
 mod ledger;
 mod monitor;
 mod node_bin;
 mod node_config;
+mod partition;
 mod plot;
 mod predicted;
 mod prices;

@@ -94,7 +94,8 @@ impl Monitor {
             .filter_map(|&i| cluster.node(i).pid())
             .collect();
         self.resources.observe(&pids);
-        let statuses: Vec<(usize, StatusSnapshot)> = running
+        let statuses: Vec<(usize, StatusSnapshot)> = cluster
+            .answering()
             .iter()
             .filter_map(|&i| Some((i, cluster.status(i)?)))
             .collect();
@@ -193,21 +194,16 @@ impl Monitor {
     /// SIGKILLs the node of `cluster` that says it leads, `t` seconds into the replay (after
     /// reading its committed steps), and times the failover; `false` when no node leads.
     pub fn kill_leader(&mut self, cluster: &mut Cluster, t: f64) -> bool {
-        let statuses: Vec<(usize, StatusSnapshot)> = cluster
-            .up()
-            .into_iter()
-            .filter_map(|i| Some((i, cluster.status(i)?)))
-            .collect();
-        let Some((i, s)) = failover::leader(&statuses) else {
+        let Some((i, status)) = cluster.leader() else {
             return false;
         };
-        self.failover = Some(LeaderFailover::new(t, s.peer_id.clone()));
+        self.failover = Some(LeaderFailover::new(t, status.peer_id));
         self.events.push(Event {
             t,
             kind: EventKind::Kill,
         });
-        self.observe_steps_of(cluster, *i);
-        cluster.kill(*i);
+        self.observe_steps_of(cluster, i);
+        cluster.kill(i);
         true
     }
 }

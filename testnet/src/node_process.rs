@@ -32,6 +32,8 @@ pub struct NodeProcess {
     pub p2p: Option<String>,
     program: PathBuf,
     args: Vec<String>,
+    /// The network namespace it runs in (`ip netns exec`), if not the host's.
+    netns: Option<String>,
     env: Vec<(&'static str, String)>,
     client: Client,
     supervisor: Supervisor,
@@ -39,12 +41,13 @@ pub struct NodeProcess {
 }
 
 impl NodeProcess {
-    /// Starts `program` (a `parcae-node`) as `launch` says, with `env` added to its
-    /// environment; `client` reads its API.
+    /// Starts `program` (a `parcae-node`) as `launch` says, in network namespace `netns` (the
+    /// host's: `None`), with `env` added to its environment; `client` reads its API.
     pub fn spawn(
         name: String,
         program: &Path,
         launch: &NodeLaunch<'_>,
+        netns: Option<String>,
         env: Vec<(&'static str, String)>,
         client: Client,
     ) -> std::io::Result<Self> {
@@ -58,6 +61,7 @@ impl NodeProcess {
             p2p: None,
             program: program.to_path_buf(),
             args: launch.args(),
+            netns,
             env,
             client,
             supervisor: Supervisor::default(),
@@ -68,9 +72,19 @@ impl NodeProcess {
     }
 
     fn start(&mut self) -> std::io::Result<()> {
+        // `ip netns exec` execs the node in place: the child (and its process group) is it.
+        let (program, args) = match &self.netns {
+            Some(ns) => {
+                let mut args = vec!["netns".into(), "exec".into(), ns.clone()];
+                args.push(self.program.display().to_string());
+                args.extend(self.args.iter().cloned());
+                (PathBuf::from("ip"), args)
+            }
+            None => (self.program.clone(), self.args.clone()),
+        };
         let child = self.supervisor.spawn(&Spawn {
-            program: &self.program,
-            args: &self.args,
+            program: &program,
+            args: &args,
             env: &self.env,
             log: &self.log,
         })?;
@@ -111,7 +125,7 @@ impl NodeProcess {
         Some(self.status()?.peer_id).filter(|p| !p.is_empty())
     }
 
-    /// Its loopback p2p address with `/p2p/<id>` (from `/status`), for `--bootstrap`.
+    /// Its p2p address with `/p2p/<id>` (from `/status`), for `--bootstrap`.
     pub fn p2p_addr(&self) -> Option<String> {
         self.status()?.p2p_addr()
     }

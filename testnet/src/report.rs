@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Observed;
 use crate::failover::LeaderFailover;
+use crate::faults::Fault;
 use crate::fidelity::Fidelity;
 use crate::ledger::{MigrationCounts, Reconfiguration, sample_overlap};
 use crate::resources::ResourceReport;
@@ -69,6 +70,13 @@ pub struct RunReport {
     /// otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outage: Option<OutageReport>,
+    /// The faults a `chaos` run injected, in order (absent from other runs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+    /// Steps a node applied while its side of a network split was a minority that the final
+    /// history does not hold as they were (`chaos --partition-every`; must be 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minority_commits: Option<u64>,
     /// Samples the simulator trains with the same strategy on the replayed trace and the cost
     /// model the cluster ran under (`crate::predicted`; null without a trace or a cost model).
     pub simulated_samples: Option<f64>,
@@ -240,6 +248,8 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         resources: obs.monitor.resources.report(),
         leader_failover: obs.monitor.failover.clone(),
         outage: None,
+        faults: Vec::new(),
+        minority_commits: None,
         simulated_samples: None,
         vs_simulated: None,
         fidelity: None,
@@ -476,6 +486,12 @@ pub fn check(r: &RunReport) -> Result<(), String> {
         failed.push(format!(
             "{} samples were trained twice",
             r.duplicate_samples
+        ));
+    }
+    if let Some(n) = r.minority_commits.filter(|n| *n > 0) {
+        failed.push(format!(
+            "{n} steps were applied by nodes cut off in a minority and are not in the final \
+             history as they were"
         ));
     }
     if let Some(e) = &r.emulated

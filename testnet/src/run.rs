@@ -85,6 +85,10 @@ pub struct NodeArgs {
     /// First port: node k serves /status on BASE+2k and p2p on BASE+2k+1 (default: ephemeral).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
     pub base_port: Option<u16>,
+    /// Every node in a network namespace of its own, joined to the others through a bridge, so
+    /// that `chaos --partition-every` cuts the network itself (needs root).
+    #[arg(long, conflicts_with = "base_port")]
+    pub netns: bool,
     /// Directory for the run directories (default: a fresh temporary directory, removed
     /// after a successful run).
     #[arg(long)]
@@ -152,6 +156,12 @@ impl NodeArgs {
         if self.emulate.is_some() && self.device != DeviceArg::Cpu {
             bail!(
                 "--emulate paces CPU work to a profiled GPU; it cannot be combined with --device cuda"
+            );
+        }
+        if self.netns && self.notice == NoticeMode::Metadata {
+            bail!(
+                "--notice metadata cannot reach nodes in namespaces (the fake metadata servers \
+                 listen on the host's loopback); use --notice sigterm or none with --netns"
             );
         }
         Ok(())
@@ -243,7 +253,11 @@ pub fn session(
         dir: dir.clone(),
         settings,
         notice: node.notice,
-        ports: node.base_port.map_or(Ports::Ephemeral, Ports::Base),
+        ports: match (node.netns, node.base_port) {
+            (true, _) => Ports::Namespaces,
+            (false, Some(base)) => Ports::Base(base),
+            (false, None) => Ports::Ephemeral,
+        },
     };
     let result = (|| -> Result<Observed> {
         let mut cluster = Cluster::create(opts, interrupt.clone())?;

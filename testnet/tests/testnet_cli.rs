@@ -405,7 +405,10 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     }
     assert_eq!(
         v.as_object().unwrap().len(),
-        21 + usize::from(v.get("outage").is_some()) + usize::from(v.get("fidelity").is_some()),
+        21 + ["outage", "fidelity", "faults", "minority_commits"]
+            .iter()
+            .filter(|k| v.get(**k).is_some())
+            .count(),
         "exactly the issues' fields (no emulated device here): {v}"
     );
     assert_eq!(v["lost_committed_steps"], 0);
@@ -626,6 +629,108 @@ fn chaos_kills_and_replaces_nodes() {
     );
     assert_run_json(&v, "liveput", 2, 3);
     assert_eq!(v["trace"], "chaos:kill-every=4s");
+}
+
+/// Kills at 12 and 24 s, nodes frozen for 4 s at 10 and 20 s (the leader first): training goes
+/// on without losing or repeating a step, and the report lists every fault.
+#[test]
+fn chaos_freezes_nodes_and_lists_every_fault() {
+    let _serial = serial();
+    let v = real_run(
+        &[
+            "chaos",
+            "--duration",
+            "30",
+            "--kill-every",
+            "12",
+            "--pause-every",
+            "10",
+            "--pause-secs",
+            "4",
+            "--nodes",
+            "3",
+            "--interval-secs",
+            "5",
+            "--check",
+        ],
+        "pauses",
+    );
+    assert_run_json(&v, "liveput", 6, 3);
+    assert_eq!(v["trace"], "chaos:kill-every=12s:pause-every=10s+4s");
+    let faults = v["faults"].as_array().unwrap();
+    let of = |kind: &str| -> Vec<&Value> { faults.iter().filter(|f| f["kind"] == kind).collect() };
+    let (kills, pauses) = (of("kill"), of("pause"));
+    assert_eq!((kills.len(), pauses.len()), (2, 2), "{faults:?}");
+    for (pause, at) in pauses.iter().zip([10.0, 20.0]) {
+        let (start, end) = (
+            pause["start_secs"].as_f64().unwrap(),
+            pause["end_secs"].as_f64().unwrap(),
+        );
+        assert!((start - at).abs() < 1.5, "{pause}");
+        assert!((end - start - 4.0).abs() < 1.5, "{pause}");
+        assert_eq!(pause["nodes"].as_array().unwrap().len(), 1, "{pause}");
+    }
+    for kill in kills {
+        assert_eq!(kill["start_secs"], kill["end_secs"], "{kill}");
+        assert!(
+            kill["nodes"][0].as_str().unwrap().starts_with("node"),
+            "{kill}"
+        );
+    }
+    assert!(v["committed_steps"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// Every nemesis at once on nodes in network namespaces: two splits of the network (a
+/// majority/minority split, then one node isolated), two nodes frozen, a kill. The minority
+/// must not commit, and nothing committed may be lost or repeated. Namespaces need root: as
+/// another user the test says so and checks only that `--netns` is refused with the reason.
+#[test]
+fn chaos_splits_the_network_of_nodes_in_namespaces() {
+    let _serial = serial();
+    let args = [
+        "chaos",
+        "--netns",
+        "--duration",
+        "40",
+        "--kill-every",
+        "30",
+        "--partition-every",
+        "12",
+        "--partition-secs",
+        "6",
+        "--pause-every",
+        "15",
+        "--pause-secs",
+        "4",
+        "--nodes",
+        "4",
+        "--interval-secs",
+        "5",
+        "--check",
+    ];
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root; checking that --netns says so");
+        let dir = scratch("netns-refused");
+        let out = testnet(&args, dir.path());
+        assert_error(&out, &["--netns", "needs root"]);
+        return;
+    }
+    let v = real_run(&args, "netns");
+    assert_run_json(&v, "liveput", 8, 4);
+    let faults = v["faults"].as_array().unwrap();
+    let of = |kind: &str| faults.iter().filter(|f| f["kind"] == kind).count();
+    assert_eq!(
+        (of("partition"), of("pause"), of("kill")),
+        (2, 2, 1),
+        "{faults:?}"
+    );
+    let isolated = faults
+        .iter()
+        .filter(|f| f["kind"] == "partition")
+        .nth(1)
+        .unwrap();
+    assert_eq!(isolated["nodes"].as_array().unwrap().len(), 1, "{isolated}");
+    assert_eq!(v["minority_commits"], 0, "{v}");
 }
 
 /// Every node SIGKILLed 8 s in, new ones started 5 s later on fresh data directories: they

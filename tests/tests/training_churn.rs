@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use parcae_api::{MigrationKind, TrainingPhase};
+use parcae_api::{MigrationKind, RoleView, TrainingPhase};
 use parcae_tests::training::*;
 use parcae_tests::{serial, wait_for};
 
@@ -101,10 +101,42 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
     let _serial = serial();
     let c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
+    freeze_then_wake(&c, victim);
+}
+
+/// A frozen leader (a VM stalled by its host): the others elect another, replan without it and
+/// go on; woken, it steps down, rejoins and follows the log, and no step it had prepared under
+/// its old term is committed beside theirs.
+#[test]
+fn a_frozen_leader_is_replaced_and_rejoins_as_a_follower() {
+    let _serial = serial();
+    let c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
+    let leader = c
+        .statuses()
+        .into_iter()
+        .find(|(_, s)| s.role == RoleView::Leader)
+        .map(|(i, _)| i)
+        .expect("a leader");
+    let term = c.nodes[leader].status().unwrap().term;
+    freeze_then_wake(&c, leader);
+    let now = c.nodes[leader].status().unwrap();
+    assert_ne!(now.role, RoleView::Leader, "the woken leader stepped down");
+    assert!(
+        now.term > term,
+        "it learnt the new term: {} -> {}",
+        term,
+        now.term
+    );
+}
+
+/// SIGSTOPs node `victim` until the others trained 3 steps without it, SIGCONTs it, waits until
+/// it is a healthy member again that follows the log, and checks that every node's record of
+/// every committed step agrees.
+fn freeze_then_wake(c: &parcae_testnet::local_cluster::LocalCluster, victim: usize) {
     let peer = c.nodes[victim].peer_id().unwrap();
     // SIGSTOP cuts the node off: its peers see no traffic from it, it sends nothing.
     c.nodes[victim].signal(nix::sys::signal::Signal::SIGSTOP);
-    let before = last_step(&c).unwrap();
+    let before = last_step(c).unwrap();
     let others: Vec<usize> = (0..c.nodes.len()).filter(|i| *i != victim).collect();
     wait_for(Duration::from_secs(60), || {
         others
@@ -125,9 +157,9 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
     })
     .unwrap_or_else(|| panic!("the node did not rejoin\n{}", c.logs()));
     // No two configurations committed the same step: every node's record agrees.
-    let reference = committed_sequence(&c);
+    let reference = committed_sequence(c);
     for i in 0..c.nodes.len() {
-        for r in steps(&c, i) {
+        for r in steps(c, i) {
             let k = r.step as usize;
             if let Some(same) = reference.get(k) {
                 assert_eq!(&r, same, "step {k} on node {i}");

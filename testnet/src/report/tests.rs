@@ -164,6 +164,8 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         resources: None,
         leader_failover: None,
         outage: None,
+        faults: Vec::new(),
+        minority_commits: None,
         reconfigurations: Vec::new(),
         simulated_samples: None,
         vs_simulated: None,
@@ -183,7 +185,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
     assert!(check(&base).is_ok(), "5 % is within the bound");
     let slow = RunReport {
         emulated: EmulatedReport::of(&[view(4.0, 30.0), view(2.0, 30.0)]),
-        ..base
+        ..base.clone()
     };
     let err = check(&slow).unwrap_err();
     assert!(
@@ -192,4 +194,18 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
     );
     let json = serde_json::to_value(&slow).unwrap();
     assert_eq!(json["emulated"]["overrun_fraction"], 0.1);
+    let split_brain = RunReport {
+        minority_commits: Some(2),
+        ..base.clone()
+    };
+    let err = check(&split_brain).unwrap_err();
+    assert!(
+        err.contains("2 steps were applied by nodes cut off"),
+        "{err}"
+    );
+    let healed = RunReport {
+        minority_commits: Some(0),
+        ..base
+    };
+    assert!(check(&healed).is_ok());
 }

@@ -1,0 +1,136 @@
+//! The chaos schedule: kills, the outage, pauses and splits on their periods.
+
+use super::*;
+
+fn schedule(nodes: u32, duration: f64, outage: Option<Outage>) -> Schedule {
+    Schedule {
+        nodes,
+        duration,
+        kill_every: 20.0,
+        interval_secs: 10.0,
+        outage,
+        pauses: None,
+        partitions: None,
+    }
+}
+
+#[test]
+fn kills_on_the_period_until_the_end() {
+    let mut c = Chaos::new(schedule(6, 60.0, None), 1);
+    assert_eq!(c.initial_nodes(), 6);
+    assert_eq!(c.next_action(), Some(20.0));
+    c.next_kill += c.schedule.kill_every;
+    assert_eq!(c.next_action(), Some(40.0));
+    c.next_kill += c.schedule.kill_every;
+    assert_eq!(c.next_action(), None, "no kill at the very end");
+    assert_eq!(c.interval_at(35.0), (3, 6));
+    assert_eq!(c.target(1.0), 6);
+}
+
+#[test]
+fn an_outage_stops_every_node_then_starts_new_ones() {
+    let outage = Outage {
+        at: 30.0,
+        secs: 15.0,
+    };
+    let mut c = Chaos::new(schedule(4, 90.0, Some(outage)), 1);
+    assert_eq!(c.next_action(), Some(20.0), "the first kill");
+    c.next_kill += c.schedule.kill_every;
+    assert_eq!(
+        c.next_action(),
+        Some(30.0),
+        "the outage before the kill at 40"
+    );
+    c.cut_off = Some(CutOff {
+        last_step: Some(12),
+        history: 0,
+    });
+    assert_eq!(c.next_action(), Some(40.0));
+    assert!(c.in_outage(40.0) && c.in_outage(44.9) && !c.in_outage(45.0));
+    assert_eq!(c.target(35.0), 0);
+    assert_eq!(c.next_outage_edge(), Some(45.0), "the restart");
+    c.restarted = true;
+    assert_eq!(c.next_outage_edge(), None);
+    let rec = |step, history| parcae_api::StepRecord {
+        step,
+        history,
+        samples: 8,
+        sample_start: step * 8,
+        ..parcae_api::StepRecord::default()
+    };
+    let seq: Vec<_> = (0..=9)
+        .map(|s| rec(s, 0))
+        .chain((10..15).map(|s| rec(s, 1)))
+        .collect();
+    assert_eq!(
+        c.outage_report(&seq),
+        Some(OutageReport {
+            last_step_before: Some(12),
+            resumed_from_step: Some(9),
+            steps_after: 5
+        })
+    );
+    let fresh: Vec<_> = (0..3).map(|s| rec(s, 0)).collect();
+    assert_eq!(
+        c.outage_report(&fresh).and_then(|o| o.resumed_from_step),
+        None,
+        "a new cluster that started over did not resume"
+    );
+}
+
+#[test]
+fn pauses_alternate_with_wake_ups_and_stay_clear_of_the_outage_and_the_end() {
+    let outage = Outage {
+        at: 50.0,
+        secs: 10.0,
+    };
+    let mut s = schedule(4, 100.0, Some(outage));
+    s.kill_every = 1000.0;
+    s.pauses = Some(Recurring {
+        every: 30.0,
+        secs: 8.0,
+    });
+    let mut c = Chaos::new(s, 1);
+    assert_eq!(c.next_pause_edge(), Some(30.0));
+    c.frozen = Some(Frozen {
+        node: 2,
+        until: 38.0,
+        fault: 0,
+    });
+    assert_eq!(c.next_action(), Some(38.0), "the wake-up comes first");
+    c.frozen = None;
+    c.next_pause = 60.0;
+    assert!(c.fits(30.0, 8.0));
+    assert!(!c.fits(45.0, 8.0), "it would last into the outage");
+    assert!(!c.fits(55.0, 8.0), "during the outage");
+    assert!(c.fits(60.0, 8.0), "after it");
+    assert!(!c.fits(95.0, 8.0), "past the end");
+}
+
+#[test]
+fn the_leader_is_frozen_first_then_random_nodes_that_are_up() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    assert_eq!(pause_victim(Some(3), &[0, 1, 3], &mut rng), Some(3));
+    let down_leader = pause_victim(Some(4), &[0, 1, 3], &mut rng);
+    assert!(down_leader.is_some_and(|v| [0, 1, 3].contains(&v)));
+    let picks: std::collections::BTreeSet<usize> = (0..50)
+        .filter_map(|_| pause_victim(None, &[0, 1, 3], &mut rng))
+        .collect();
+    assert_eq!(picks, [0, 1, 3].into(), "every node up may be frozen");
+    assert_eq!(pause_victim(None, &[], &mut rng), None);
+}
+
+#[test]
+fn the_name_says_what_the_chaos_does() {
+    let mut s = schedule(4, 100.0, None);
+    assert_eq!(trace_name(&s), "chaos:kill-every=20s");
+    s.outage = Some(Outage { at: 8.0, secs: 5.0 });
+    s.pauses = Some(Recurring {
+        every: 30.0,
+        secs: 8.0,
+    });
+    assert_eq!(
+        trace_name(&s),
+        "chaos:kill-every=20s:outage=8s+5s:pause-every=30s+8s"
+    );
+}

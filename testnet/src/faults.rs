@@ -1,0 +1,80 @@
+//! The faults a `chaos` run injected, as its report lists them (`"faults"` in the JSON): what,
+//! when (seconds since the replay started) and to which nodes.
+
+use serde::{Deserialize, Serialize};
+
+/// What was done to the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL without notice (a node replaced it).
+    Kill,
+    /// Every node SIGKILLed at once, new ones started when it ended.
+    Outage,
+    /// SIGSTOP, then SIGCONT: a VM frozen by its host.
+    Pause,
+    /// The network split (its `nodes`: those cut off from the others), then healed.
+    Partition,
+}
+
+/// One injected fault.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What.
+    pub kind: FaultKind,
+    /// When it began.
+    pub start_secs: f64,
+    /// When it ended (a kill: when it began).
+    pub end_secs: f64,
+    /// The nodes it hit (`node<k>`).
+    pub nodes: Vec<String>,
+}
+
+/// One line: how many faults of each kind, and the seconds of pauses.
+pub fn summary(faults: &[Fault]) -> String {
+    let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
+    let paused: f64 = faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::Pause)
+        .map(|f| f.end_secs - f.start_secs)
+        .sum();
+    format!(
+        "faults: {} kills, {} outages, {} pauses ({paused:.0} s frozen), {} network splits",
+        count(FaultKind::Kill),
+        count(FaultKind::Outage),
+        count(FaultKind::Pause),
+        count(FaultKind::Partition)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_are_counted_by_kind_and_serialised_in_snake_case() {
+        let fault = |kind, start_secs, end_secs| Fault {
+            kind,
+            start_secs,
+            end_secs,
+            nodes: vec!["node1".into()],
+        };
+        let faults = [
+            fault(FaultKind::Kill, 20.0, 20.0),
+            fault(FaultKind::Pause, 30.0, 38.5),
+            fault(FaultKind::Kill, 40.0, 40.0),
+            fault(FaultKind::Pause, 60.0, 68.5),
+            fault(FaultKind::Partition, 70.0, 90.0),
+        ];
+        assert_eq!(
+            summary(&faults),
+            "faults: 2 kills, 0 outages, 2 pauses (17 s frozen), 1 network splits"
+        );
+        let v = serde_json::to_value(&faults[1]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"kind": "pause", "start_secs": 30.0, "end_secs": 38.5,
+                               "nodes": ["node1"]})
+        );
+    }
+}
