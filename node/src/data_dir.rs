@@ -95,12 +95,15 @@ pub fn write_private_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Writes `path` whole or not at all, owner-only: `bytes` go to a temporary file beside it
 /// (`NAME.tmp`, a leftover of a crash replaced), synced, then renamed over `path`, and the
-/// directory synced. A crash leaves the old file or the new one, never a half-written one.
+/// directory synced. A crash leaves the old file or the new one, never a half-written one; a
+/// write that fails (a full disk) removes its temporary file, whose space the next try needs.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    write_private_new(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)?;
+    if let Err(e) = write_private_new(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -134,6 +137,18 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn a_failed_atomic_write_leaves_the_old_file_and_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should go: the rename over it fails, as the write into a
+        // full disk would, after the temporary file was written.
+        let path = dir.path().join("ckpt-3-0-2.state");
+        std::fs::create_dir(&path).unwrap();
+        assert!(write_atomic(&path, b"checkpoint").is_err());
+        assert!(!path.with_extension("tmp").exists());
+        assert!(path.is_dir(), "what was there is untouched");
     }
 
     #[test]

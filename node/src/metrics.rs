@@ -75,6 +75,7 @@ metrics! {
     checkpoint_snapshot_ms_total: Counter => "Milliseconds the training loop spent taking checkpoint snapshots and their digests.",
     checkpoint_write_ms_total: Counter => "Milliseconds of checkpoint writes off the training loop: the local file with fsync and the copy to a peer.",
     checkpoint_upload_ms_total: Counter => "Milliseconds of checkpoint uploads to the job's store off the training loop.",
+    checkpoint_write_failures_total: Counter => "Checkpoints whose local file could not be written (a full disk, an I/O error): training went on from memory, the next checkpoint tries again.",
 }
 
 impl Metrics {

@@ -211,6 +211,26 @@ impl Handler<StepsRewound> for Status {
     }
 }
 
+/// A snapshot replaced the control state: the steps committed since the last entry this node
+/// applied were never applied here one by one. The records it holds leave `/steps`, which stays
+/// one unbroken run of steps (readers take the longest run for the committed history; one with
+/// a hole would make the steps in it look lost).
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "()")]
+pub struct StepsSkipped;
+
+impl Handler<StepsSkipped> for Status {
+    type Result = ();
+
+    fn handle(&mut self, _: StepsSkipped, _: &mut Context<Self>) {
+        self.cells
+            .steps
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
+    }
+}
+
 impl Handler<StepRecord> for Status {
     type Result = ();
 

@@ -60,11 +60,22 @@ pub struct Args {
     /// Seconds a split lasts before the network heals.
     #[arg(long, default_value_t = 20, requires = "partition_every", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     partition_secs: u64,
+    /// Seconds between two full disks: the checkpoint disk (a tmpfs of 256 MiB, needs root) of
+    /// a node that writes checkpoints is filled with a ballast file.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    disk_full_every: Option<u64>,
+    /// Seconds a disk stays full before the ballast is removed.
+    #[arg(long, default_value_t = 20, requires = "disk_full_every", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    disk_full_secs: u64,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
     output: OutputArgs,
 }
+
+/// Size of each node's checkpoint disk with `--disk-full-every`: room for a few checkpoints of
+/// the models the testnet trains, and little memory for the tmpfs when filled.
+const CHECKPOINT_DISK_MIB: u64 = 256;
 
 /// A whole-cluster outage: from `at` for `secs` seconds no node runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,6 +112,8 @@ pub struct Schedule {
     pub pauses: Option<Recurring>,
     /// The network splits, if any (nodes in namespaces).
     pub partitions: Option<Recurring>,
+    /// The full checkpoint disks, if any.
+    pub disks_full: Option<Recurring>,
 }
 
 /// What the outage cut off: the last step committed before it, in which history.
@@ -118,9 +131,9 @@ struct ActiveSplit {
     fault: usize,
 }
 
-/// The node frozen now, until when, and its entry in the fault list.
+/// The node frozen (or whose disk is full) now, until when, and its entry in the fault list.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Frozen {
+struct Held {
     node: usize,
     until: f64,
     fault: usize,
@@ -136,13 +149,17 @@ pub struct Chaos {
     /// Set when the outage began; the restart is due once this is set and the outage ended.
     cut_off: Option<CutOff>,
     restarted: bool,
-    frozen: Option<Frozen>,
+    frozen: Option<Held>,
     leader_paused: bool,
     next_split: f64,
     splits: u32,
     split: Option<ActiveSplit>,
     /// What the minority nodes had applied when each split healed.
     minority_seen: Vec<StepRecord>,
+    next_fill: f64,
+    filled: Option<Held>,
+    /// Failed checkpoint writes the nodes whose disk was full reported when it was emptied.
+    write_failures: u64,
     faults: Vec<Fault>,
 }
 
@@ -170,6 +187,9 @@ impl Chaos {
             splits: 0,
             split: None,
             minority_seen: Vec::new(),
+            next_fill: schedule.disks_full.map_or(f64::INFINITY, |p| p.every),
+            filled: None,
+            write_failures: 0,
             faults: Vec::new(),
         }
     }
@@ -203,6 +223,14 @@ impl Chaos {
         match &self.split {
             Some(s) => Some(s.until),
             None => self.schedule.partitions.map(|_| self.next_split),
+        }
+    }
+
+    /// When the full disks' next edge is due: the ballast's removal, or the next fill.
+    fn next_fill_edge(&self) -> Option<f64> {
+        match self.filled {
+            Some(h) => Some(h.until),
+            None => self.schedule.disks_full.map(|_| self.next_fill),
         }
     }
 
@@ -290,7 +318,7 @@ impl Chaos {
         ctx.pause(victim);
         let names = vec![name_of(ctx, victim)];
         self.record(FaultKind::Pause, t, t + p.secs, names);
-        self.frozen = Some(Frozen {
+        self.frozen = Some(Held {
             node: victim,
             until: t + p.secs,
             fault: self.faults.len() - 1,
@@ -342,6 +370,56 @@ impl Chaos {
         Ok(())
     }
 
+    /// Empties the full disk (reading how many checkpoint writes its node saw fail), or fills
+    /// the next node's.
+    fn fill_edge(&mut self, ctx: &mut Ctx<'_>, t: f64) -> Result<(), TestnetError> {
+        if let Some(h) = self.filled.take() {
+            let addr = ctx.cluster.node(h.node).status_addr;
+            if let Ok(text) = ctx.cluster.client().metrics(addr) {
+                self.write_failures += counter(&text, "parcae_checkpoint_write_failures_total");
+            }
+            ctx.cluster.free_disk(h.node);
+            self.faults[h.fault].end_secs = t;
+            return Ok(());
+        }
+        let Some(p) = self.schedule.disks_full else {
+            return Ok(());
+        };
+        self.next_fill += p.every;
+        if !self.fits(t, p.secs) {
+            return Ok(());
+        }
+        // Pipeline 0 writes every stage's checkpoints: one of its nodes, where there is one.
+        let up = ctx.cluster.up();
+        let writers: Vec<usize> = up
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let slot = ctx.cluster.status(i).and_then(|s| s.training?.slot);
+                slot.is_some_and(|[pipeline, _]| pipeline == 0)
+            })
+            .collect();
+        let pool = if writers.is_empty() { &up } else { &writers };
+        let Some(&victim) = pool.choose(&mut self.rng) else {
+            return Ok(());
+        };
+        ctx.cluster.fill_disk(victim)?;
+        let names = vec![name_of(ctx, victim)];
+        self.record(FaultKind::DiskFull, t, t + p.secs, names);
+        self.filled = Some(Held {
+            node: victim,
+            until: t + p.secs,
+            fault: self.faults.len() - 1,
+        });
+        Ok(())
+    }
+
+    /// Checkpoint writes that failed on the nodes whose disk was full (`None` without full
+    /// disks; a node counts what it saw until its disk was emptied).
+    pub fn checkpoint_write_failures(&self) -> Option<u64> {
+        self.schedule.disks_full.map(|_| self.write_failures)
+    }
+
     /// Steps the minority sides applied while cut off that the final history does not hold as
     /// they were: commits a minority must never make (`None` without splits).
     pub fn minority_commits(&self, final_seq: &[StepRecord]) -> Option<u64> {
@@ -350,6 +428,13 @@ impl Chaos {
         seen.observe(&self.minority_seen);
         Some(seen.lost(final_seq).len() as u64)
     }
+}
+
+/// The value of counter `name` in OpenMetrics `text` (0 when absent).
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 fn name_of(ctx: &Ctx<'_>, i: usize) -> String {
@@ -371,6 +456,7 @@ impl Scenario for Chaos {
             self.next_outage_edge(),
             self.next_pause_edge(),
             self.next_split_edge(),
+            self.next_fill_edge(),
         ]
         .into_iter()
         .flatten()
@@ -389,6 +475,9 @@ impl Scenario for Chaos {
         }
         if self.next_split_edge().is_some_and(|edge| edge <= t) {
             return self.split_edge(ctx, t);
+        }
+        if self.next_fill_edge().is_some_and(|edge| edge <= t) {
+            return self.fill_edge(ctx, t);
         }
         self.next_kill += self.schedule.kill_every;
         if self.in_outage(t) {
@@ -418,6 +507,10 @@ impl Scenario for Chaos {
         let len = (self.schedule.duration / self.schedule.interval_secs).ceil() as u64;
         (((t / self.schedule.interval_secs) as u64).min(len), len)
     }
+
+    fn checkpoint_disk_mib(&self) -> Option<u64> {
+        self.schedule.disks_full.map(|_| CHECKPOINT_DISK_MIB)
+    }
 }
 
 /// The schedule the options ask for, or why they are inconsistent.
@@ -444,36 +537,19 @@ fn schedule_of(args: &Args) -> Result<Schedule> {
             args.duration
         );
     }
-    let pauses = args.pause_every.map(|every| Recurring {
-        every: every as f64,
-        secs: args.pause_secs as f64,
-    });
-    if let Some(p) = pauses
-        && (p.secs >= p.every || p.every + p.secs >= duration)
-    {
-        bail!(
-            "--pause-secs {} must be shorter than --pause-every {}, and the first pause must end \
-             before --duration {}",
-            p.secs,
-            p.every,
-            args.duration
-        );
-    }
-    let partitions = args.partition_every.map(|every| Recurring {
-        every: every as f64,
-        secs: args.partition_secs as f64,
-    });
-    if let Some(p) = partitions
-        && (p.secs >= p.every || p.every + p.secs >= duration)
-    {
-        bail!(
-            "--partition-secs {} must be shorter than --partition-every {}, and the first split \
-             must heal before --duration {}",
-            p.secs,
-            p.every,
-            args.duration
-        );
-    }
+    let pauses = recurring("pause", args.pause_every, args.pause_secs, args.duration)?;
+    let partitions = recurring(
+        "partition",
+        args.partition_every,
+        args.partition_secs,
+        args.duration,
+    )?;
+    let disks_full = recurring(
+        "disk-full",
+        args.disk_full_every,
+        args.disk_full_secs,
+        args.duration,
+    )?;
     Ok(Schedule {
         nodes: args.nodes,
         duration,
@@ -482,10 +558,35 @@ fn schedule_of(args: &Args) -> Result<Schedule> {
         outage,
         pauses,
         partitions,
+        disks_full,
     })
 }
 
-/// The run's name in reports: `chaos:kill-every=20s`, then the outage, pauses and splits.
+/// The fault of `--NAME-every EVERY --NAME-secs SECS`, if asked for: each must end before the
+/// next begins, and the first before the run ends.
+fn recurring(
+    name: &str,
+    every: Option<u64>,
+    secs: u64,
+    duration: u64,
+) -> Result<Option<Recurring>> {
+    let Some(every) = every else {
+        return Ok(None);
+    };
+    if secs >= every || every + secs >= duration {
+        bail!(
+            "--{name}-secs {secs} must be shorter than --{name}-every {every}, and the first \
+             {name} must end before --duration {duration}"
+        );
+    }
+    Ok(Some(Recurring {
+        every: every as f64,
+        secs: secs as f64,
+    }))
+}
+
+/// The run's name in reports: `chaos:kill-every=20s`, then the outage, pauses, splits and
+/// full disks.
 fn trace_name(s: &Schedule) -> String {
     let mut name = format!("chaos:kill-every={}s", s.kill_every);
     if let Some(o) = s.outage {
@@ -496,6 +597,9 @@ fn trace_name(s: &Schedule) -> String {
     }
     if let Some(p) = s.partitions {
         name += &format!(":partition-every={}s+{}s", p.every, p.secs);
+    }
+    if let Some(p) = s.disks_full {
+        name += &format!(":disk-full-every={}s+{}s", p.every, p.secs);
     }
     name
 }
@@ -517,6 +621,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     outcome.report.outage = scenario.outage_report(&outcome.observed.final_seq);
     outcome.report.faults = scenario.faults().to_vec();
     outcome.report.minority_commits = scenario.minority_commits(&outcome.observed.final_seq);
+    outcome.report.checkpoint_write_failures = scenario.checkpoint_write_failures();
     println!("{}", faults::summary(scenario.faults()));
     run::finish(&[&outcome], &args.output, &name)?;
     if let Some(path) = &args.output.json {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parcae_api::StatusSnapshot;
 use parcae_api::client::Client;
+use parcae_testnet::disks::Disks;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::imds::FakeMetadata;
 use parcae_testnet::interrupt::Interrupt;
@@ -66,6 +67,8 @@ pub struct ClusterOptions {
     pub notice: NoticeMode,
     /// Port plan.
     pub ports: Ports,
+    /// Each node's checkpoints on a disk of this size that the run can fill (none: the host's).
+    pub checkpoint_disk_mib: Option<u64>,
 }
 
 /// The running cluster. Dropping it kills every node.
@@ -76,6 +79,8 @@ pub struct Cluster {
     interrupt: Interrupt,
     local: LocalCluster,
     members: Vec<Member>,
+    /// Declared after `local`: unmounted after the nodes are killed.
+    disks: Option<Disks>,
 }
 
 impl Cluster {
@@ -113,6 +118,7 @@ impl Cluster {
             interrupt,
             local,
             members: Vec::new(),
+            disks: opts.checkpoint_disk_mib.map(Disks::new).transpose()?,
         })
     }
 
@@ -177,10 +183,15 @@ impl Cluster {
             dialect,
             local,
             members,
+            disks,
             ..
         } = self;
         let up: Vec<bool> = members.iter().map(|m| m.phase == Phase::Up).collect();
+        let cluster_dir = local.dir().to_path_buf();
         let mut config_for = |k: usize| -> Result<String, TestnetError> {
+            if let Some(disks) = disks.as_mut() {
+                disks.mount(&LocalCluster::data_dir_in(&cluster_dir, k))?;
+            }
             let imds = match notice {
                 NoticeMode::Sigterm | NoticeMode::None => None,
                 NoticeMode::Metadata => {
@@ -270,6 +281,17 @@ impl Cluster {
     /// Cuts (`cut`) or heals the network between nodes `a` and `b` (a run with `--netns`).
     pub fn set_link(&self, a: usize, b: usize, cut: bool) -> Result<(), TestnetError> {
         self.local.set_link(a, b, cut)
+    }
+
+    /// Fills node `i`'s checkpoint disk (a run with size-limited disks); returns the ballast's
+    /// bytes.
+    pub fn fill_disk(&self, i: usize) -> Result<u64, TestnetError> {
+        Disks::fill(&self.node(i).data_dir)
+    }
+
+    /// Empties node `i`'s checkpoint disk again.
+    pub fn free_disk(&self, i: usize) {
+        Disks::free(&self.node(i).data_dir);
     }
 
     /// Wakes every paused node (a run's end reads every node).

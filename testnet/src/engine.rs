@@ -33,6 +33,11 @@ pub trait Scenario {
     fn target(&self, t: f64) -> u32;
     /// Planning intervals the replay spans, and the one `t` falls in (for the progress bar).
     fn interval_at(&self, t: f64) -> (u64, u64);
+    /// The size of the disk each node's checkpoints must be written to, when the scenario fills
+    /// disks (none: the host's disk).
+    fn checkpoint_disk_mib(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What a scenario acts on.

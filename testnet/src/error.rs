@@ -94,6 +94,14 @@ pub enum TestnetError {
         /// Why it failed.
         reason: String,
     },
+    /// A size-limited checkpoint disk could not be made, filled or emptied.
+    #[error("checkpoint disk {dir}: {reason}")]
+    Disk {
+        /// Its directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// SIGINT, SIGTERM or SIGHUP reached the testnet.
     #[error("interrupted; every node was stopped")]
     Interrupted,

@@ -15,6 +15,8 @@ pub enum FaultKind {
     Pause,
     /// The network split (its `nodes`: those cut off from the others), then healed.
     Partition,
+    /// A node's checkpoint disk filled up, then emptied.
+    DiskFull,
 }
 
 /// One injected fault.
@@ -37,19 +39,29 @@ pub fn summary(faults: &[Fault]) -> String {
         .iter()
         .filter(|f| f.kind == FaultKind::Pause)
         .map(|f| f.end_secs - f.start_secs)
-        .sum();
+        .fold(0.0, |total, secs| total + secs);
     format!(
-        "faults: {} kills, {} outages, {} pauses ({paused:.0} s frozen), {} network splits",
+        "faults: {} kills, {} outages, {} pauses ({paused:.0} s frozen), {} network splits, {} \
+         full disks",
         count(FaultKind::Kill),
         count(FaultKind::Outage),
         count(FaultKind::Pause),
-        count(FaultKind::Partition)
+        count(FaultKind::Partition),
+        count(FaultKind::DiskFull)
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_pauses_are_zero_seconds_frozen() {
+        assert_eq!(
+            summary(&[]),
+            "faults: 0 kills, 0 outages, 0 pauses (0 s frozen), 0 network splits, 0 full disks"
+        );
+    }
 
     #[test]
     fn faults_are_counted_by_kind_and_serialised_in_snake_case() {
@@ -65,11 +77,13 @@ mod tests {
             fault(FaultKind::Kill, 40.0, 40.0),
             fault(FaultKind::Pause, 60.0, 68.5),
             fault(FaultKind::Partition, 70.0, 90.0),
+            fault(FaultKind::DiskFull, 95.0, 99.0),
         ];
         assert_eq!(
             summary(&faults),
-            "faults: 2 kills, 0 outages, 2 pauses (17 s frozen), 1 network splits"
+            "faults: 2 kills, 0 outages, 2 pauses (17 s frozen), 1 network splits, 1 full disks"
         );
+        assert_eq!(serde_json::to_value(faults[5].kind).unwrap(), "disk_full");
         let v = serde_json::to_value(&faults[1]).unwrap();
         assert_eq!(
             v,

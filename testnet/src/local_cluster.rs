@@ -125,6 +125,11 @@ impl LocalCluster {
         &self.dir
     }
 
+    /// Node `k`'s data directory in cluster directory `dir`.
+    pub fn data_dir_in(dir: &Path, k: usize) -> PathBuf {
+        dir.join(format!("node{k}"))
+    }
+
     /// The cluster key file every node is started with unless told otherwise.
     pub fn key(&self) -> &Path {
         &self.key
@@ -184,7 +189,7 @@ impl LocalCluster {
             .and_then(|n| n.namespace(k))
             .map(str::to_string);
         let launch = NodeLaunch {
-            data_dir: &self.dir.join(&name),
+            data_dir: &Self::data_dir_in(&self.dir, k),
             listen: &listen,
             status_addr,
             cluster_key: key.unwrap_or(&self.key),

@@ -77,6 +77,10 @@ pub struct RunReport {
     /// history does not hold as they were (`chaos --partition-every`; must be 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub minority_commits: Option<u64>,
+    /// Checkpoint writes the nodes whose disk was full saw fail (`chaos --disk-full-every`):
+    /// each was logged and counted, and training went on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_write_failures: Option<u64>,
     /// Samples the simulator trains with the same strategy on the replayed trace and the cost
     /// model the cluster ran under (`crate::predicted`; null without a trace or a cost model).
     pub simulated_samples: Option<f64>,
@@ -250,6 +254,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         outage: None,
         faults: Vec::new(),
         minority_commits: None,
+        checkpoint_write_failures: None,
         simulated_samples: None,
         vs_simulated: None,
         fidelity: None,

@@ -258,6 +258,7 @@ pub fn session(
             (false, Some(base)) => Ports::Base(base),
             (false, None) => Ports::Ephemeral,
         },
+        checkpoint_disk_mib: scenario.checkpoint_disk_mib(),
     };
     let result = (|| -> Result<Observed> {
         let mut cluster = Cluster::create(opts, interrupt.clone())?;

@@ -405,10 +405,16 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     }
     assert_eq!(
         v.as_object().unwrap().len(),
-        21 + ["outage", "fidelity", "faults", "minority_commits"]
-            .iter()
-            .filter(|k| v.get(**k).is_some())
-            .count(),
+        21 + [
+            "outage",
+            "fidelity",
+            "faults",
+            "minority_commits",
+            "checkpoint_write_failures",
+        ]
+        .iter()
+        .filter(|k| v.get(**k).is_some())
+        .count(),
         "exactly the issues' fields (no emulated device here): {v}"
     );
     assert_eq!(v["lost_committed_steps"], 0);
@@ -681,9 +687,10 @@ fn chaos_freezes_nodes_and_lists_every_fault() {
 }
 
 /// Every nemesis at once on nodes in network namespaces: two splits of the network (a
-/// majority/minority split, then one node isolated), two nodes frozen, a kill. The minority
-/// must not commit, and nothing committed may be lost or repeated. Namespaces need root: as
-/// another user the test says so and checks only that `--netns` is refused with the reason.
+/// majority/minority split, then one node isolated), two nodes frozen, two full checkpoint
+/// disks, a kill. The minority must not commit, and nothing committed may be lost or
+/// repeated. Namespaces and disks need root: as another user the test says so and checks only
+/// that `--netns` is refused with the reason.
 #[test]
 fn chaos_splits_the_network_of_nodes_in_namespaces() {
     let _serial = serial();
@@ -702,6 +709,10 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
         "15",
         "--pause-secs",
         "4",
+        "--disk-full-every",
+        "16",
+        "--disk-full-secs",
+        "6",
         "--nodes",
         "4",
         "--interval-secs",
@@ -720,10 +731,13 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
     let faults = v["faults"].as_array().unwrap();
     let of = |kind: &str| faults.iter().filter(|f| f["kind"] == kind).count();
     assert_eq!(
-        (of("partition"), of("pause"), of("kill")),
-        (2, 2, 1),
+        (of("partition"), of("pause"), of("kill"), of("disk_full")),
+        (2, 2, 1, 2),
         "{faults:?}"
     );
+    // Every node trains a stage and checkpoints every 20 steps: a full disk fails writes,
+    // which the node counts, and training goes on (the run's check above).
+    assert!(v["checkpoint_write_failures"].as_u64().unwrap() > 0, "{v}");
     let isolated = faults
         .iter()
         .filter(|f| f["kind"] == "partition")

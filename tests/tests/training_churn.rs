@@ -101,16 +101,23 @@ fn a_cut_off_node_stops_committing_and_rejoins_after_the_cut_heals() {
     let _serial = serial();
     let c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
     let (victim, _) = *workers(&c).first().expect("a training non-leader");
-    freeze_then_wake(&c, victim);
+    freeze_then_wake(&c, victim, 3);
 }
 
 /// A frozen leader (a VM stalled by its host): the others elect another, replan without it and
 /// go on; woken, it steps down, rejoins and follows the log, and no step it had prepared under
-/// its old term is committed beside theirs.
+/// its old term is committed beside theirs. It stays frozen long enough for the others to
+/// compact their log past it (a snapshot every 16 entries), so it rejoins through a snapshot:
+/// its `/steps` must still be one unbroken run of steps.
 #[test]
 fn a_frozen_leader_is_replaced_and_rejoins_as_a_follower() {
     let _serial = serial();
-    let c = training_cluster(&train_config("", "checkpoint_every = 0"), 4, 5);
+    let config = train_config("", "checkpoint_every = 0").replacen(
+        "[raft]\n",
+        "[raft]\nsnapshot_interval = 16\n",
+        1,
+    );
+    let c = training_cluster(&config, 4, 5);
     let leader = c
         .statuses()
         .into_iter()
@@ -118,7 +125,7 @@ fn a_frozen_leader_is_replaced_and_rejoins_as_a_follower() {
         .map(|(i, _)| i)
         .expect("a leader");
     let term = c.nodes[leader].status().unwrap().term;
-    freeze_then_wake(&c, leader);
+    freeze_then_wake(&c, leader, 40);
     let now = c.nodes[leader].status().unwrap();
     assert_ne!(now.role, RoleView::Leader, "the woken leader stepped down");
     assert!(
@@ -127,12 +134,25 @@ fn a_frozen_leader_is_replaced_and_rejoins_as_a_follower() {
         term,
         now.term
     );
+    assert!(
+        std::fs::read_to_string(&c.nodes[leader].log)
+            .unwrap()
+            .contains("installed snapshot"),
+        "it caught up through a snapshot\n{}",
+        c.logs()
+    );
+    let mine = steps(&c, leader);
+    assert!(
+        mine.windows(2).all(|w| w[1].step == w[0].step + 1),
+        "its steps are one unbroken run: {:?}",
+        mine.iter().map(|r| r.step).collect::<Vec<_>>()
+    );
 }
 
-/// SIGSTOPs node `victim` until the others trained 3 steps without it, SIGCONTs it, waits until
-/// it is a healthy member again that follows the log, and checks that every node's record of
-/// every committed step agrees.
-fn freeze_then_wake(c: &parcae_testnet::local_cluster::LocalCluster, victim: usize) {
+/// SIGSTOPs node `victim` until the others trained `more` steps without it, SIGCONTs it, waits
+/// until it is a healthy member again that follows the log, and checks that every node's record
+/// of every committed step agrees.
+fn freeze_then_wake(c: &parcae_testnet::local_cluster::LocalCluster, victim: usize, more: u64) {
     let peer = c.nodes[victim].peer_id().unwrap();
     // SIGSTOP cuts the node off: its peers see no traffic from it, it sends nothing.
     c.nodes[victim].signal(nix::sys::signal::Signal::SIGSTOP);
@@ -144,7 +164,7 @@ fn freeze_then_wake(c: &parcae_testnet::local_cluster::LocalCluster, victim: usi
             .filter_map(|i| c.nodes[*i].status())
             .map(|s| s.step)
             .max()
-            .filter(|s| *s >= before + 3)
+            .filter(|s| *s >= before + more)
     })
     .unwrap_or_else(|| panic!("the others did not go on without it\n{}", c.logs()));
     c.nodes[victim].signal(nix::sys::signal::Signal::SIGCONT);

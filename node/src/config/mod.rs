@@ -116,6 +116,11 @@ impl NodeConfig {
                     .into(),
             ));
         }
+        if !(1..=1_000_000).contains(&r.snapshot_interval) {
+            return Err(ConfigError::Invalid(
+                "raft.snapshot_interval must be between 1 and 1000000 entries".into(),
+            ));
+        }
         if self.net.max_control_frame < 1024 {
             return Err(ConfigError::Invalid(
                 "net.max_control_frame must be >= 1024".into(),

@@ -19,6 +19,9 @@ pub struct RaftConfig {
     pub heartbeat_ticks: usize,
     /// Milliseconds a member may stay unreachable before the leader proposes `Lost`.
     pub lost_timeout_ms: u64,
+    /// Applied log entries between two snapshots of the control state (the log before a
+    /// snapshot is compacted; a member that fell further behind is sent the snapshot).
+    pub snapshot_interval: u64,
 }
 
 /// Leader-side planning.
@@ -116,6 +119,7 @@ impl Default for RaftConfig {
             election_ticks: 10,
             heartbeat_ticks: 2,
             lost_timeout_ms: 3000,
+            snapshot_interval: 1024,
         }
     }
 }

@@ -166,17 +166,15 @@ impl Save {
                 .map(|_| bytes)
         })
         .await;
-        match saved {
-            Ok(Ok(bytes)) => Some(bytes),
-            Ok(Err(e)) => {
-                tracing::error!(steps, layers = ?range, "checkpoint not saved: {e}");
-                None
-            }
-            Err(e) => {
-                tracing::error!(steps, layers = ?range, "checkpoint writer failed: {e}");
-                None
-            }
-        }
+        let failure = match saved {
+            Ok(Ok(bytes)) => return Some(bytes),
+            Ok(Err(e)) => format!("checkpoint not saved: {e}"),
+            Err(e) => format!("checkpoint writer failed: {e}"),
+        };
+        // Training goes on from memory; the next checkpoint tries again.
+        self.metrics.checkpoint_write_failures_total.inc();
+        tracing::error!(steps, layers = ?range, "{failure}; training goes on, the next checkpoint retries");
+        None
     }
 
     /// The peer that now holds a copy too, if the copy went through.

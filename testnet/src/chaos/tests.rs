@@ -11,6 +11,7 @@ fn schedule(nodes: u32, duration: f64, outage: Option<Outage>) -> Schedule {
         outage,
         pauses: None,
         partitions: None,
+        disks_full: None,
     }
 }
 
@@ -92,7 +93,7 @@ fn pauses_alternate_with_wake_ups_and_stay_clear_of_the_outage_and_the_end() {
     });
     let mut c = Chaos::new(s, 1);
     assert_eq!(c.next_pause_edge(), Some(30.0));
-    c.frozen = Some(Frozen {
+    c.frozen = Some(Held {
         node: 2,
         until: 38.0,
         fault: 0,
@@ -133,4 +134,36 @@ fn the_name_says_what_the_chaos_does() {
         trace_name(&s),
         "chaos:kill-every=20s:outage=8s+5s:pause-every=30s+8s"
     );
+}
+
+#[test]
+fn a_recurring_fault_ends_before_the_next_and_before_the_run() {
+    assert_eq!(recurring("pause", None, 15, 100).unwrap(), None);
+    assert_eq!(
+        recurring("pause", Some(30), 8, 100).unwrap(),
+        Some(Recurring {
+            every: 30.0,
+            secs: 8.0
+        })
+    );
+    let err = recurring("partition", Some(10), 10, 100).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--partition-secs 10 must be shorter than --partition-every 10"),
+        "{err}"
+    );
+    assert!(
+        recurring("pause", Some(90), 15, 100).is_err(),
+        "ends after the run"
+    );
+}
+
+#[test]
+fn a_counter_is_read_from_the_metrics_text() {
+    let text = "# TYPE parcae_checkpoint_write_failures counter\n\
+                parcae_checkpoint_write_failures_total 3\n\
+                parcae_checkpoints_total 9\n";
+    assert_eq!(counter(text, "parcae_checkpoint_write_failures_total"), 3);
+    assert_eq!(counter(text, "parcae_checkpoints_total"), 9);
+    assert_eq!(counter(text, "parcae_missing_total"), 0);
 }

@@ -166,6 +166,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         outage: None,
         faults: Vec::new(),
         minority_commits: None,
+        checkpoint_write_failures: None,
         reconfigurations: Vec::new(),
         simulated_samples: None,
         vs_simulated: None,

@@ -42,7 +42,7 @@ use crate::net::actor::Network;
 use crate::net::messages::{KeepConnected, RefusePeers, SendControl};
 use crate::notices::unix_ms;
 use crate::retry::Retry;
-use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound};
+use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound, StepsSkipped};
 use crate::wire::ControlMessage;
 
 /// How often this node's membership record is checked against what it should say.
@@ -273,7 +273,10 @@ impl ControlDriver {
                 learners = learners.len(),
                 "raft configuration changed"
             ),
-            NodeEvent::SnapshotInstalled { index } => tracing::info!(index, "installed snapshot"),
+            NodeEvent::SnapshotInstalled { index } => {
+                tracing::info!(index, "installed snapshot");
+                self.out.status.do_send(StepsSkipped);
+            }
         }
     }
 

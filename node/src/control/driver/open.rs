@@ -53,6 +53,7 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
     let mut raft_config = parcae_consensus::RaftConfig::new(my_id);
     raft_config.election_tick = config.raft.election_ticks;
     raft_config.heartbeat_tick = config.raft.heartbeat_ticks;
+    raft_config.snapshot_interval = config.raft.snapshot_interval;
     raft_config.max_voters = config.max_voters;
     raft_config.max_message_bytes = MAX_RAFT_MESSAGE;
     let me = peer_info(
