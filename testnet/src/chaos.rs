@@ -116,6 +116,25 @@ pub struct Schedule {
     pub disks_full: Option<Recurring>,
 }
 
+impl Schedule {
+    /// Whether a fault from `t` for `secs` s ends before the run does and stays clear of the
+    /// outage (whose kills would take its nodes with them).
+    fn fits(&self, t: f64, secs: f64) -> bool {
+        t + secs < self.duration
+            && self
+                .outage
+                .is_none_or(|o| t + secs <= o.at || t >= o.at + o.secs)
+    }
+
+    /// The seconds the recurring `fault` due now (at `t`) lasts, when it fits; its next turn
+    /// (`next`) moves on a period either way.
+    fn turn(&self, fault: Option<Recurring>, next: &mut f64, t: f64) -> Option<f64> {
+        let f = fault?;
+        *next += f.every;
+        self.fits(t, f.secs).then_some(f.secs)
+    }
+}
+
 /// What the outage cut off: the last step committed before it, in which history.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct CutOff {
@@ -234,16 +253,6 @@ impl Chaos {
         }
     }
 
-    /// Whether a fault from `t` for `secs` s ends before the run does and stays clear of the
-    /// outage (whose kills would take its nodes with them).
-    fn fits(&self, t: f64, secs: f64) -> bool {
-        t + secs < self.schedule.duration
-            && self
-                .schedule
-                .outage
-                .is_none_or(|o| t + secs <= o.at || t >= o.at + o.secs)
-    }
-
     /// The outage's part of the report, once it happened.
     pub fn outage_report(&self, final_seq: &[StepRecord]) -> Option<OutageReport> {
         let c = self.cut_off?;
@@ -299,13 +308,10 @@ impl Chaos {
             self.faults[f.fault].end_secs = t;
             return;
         }
-        let Some(p) = self.schedule.pauses else {
+        let schedule = self.schedule;
+        let Some(secs) = schedule.turn(schedule.pauses, &mut self.next_pause, t) else {
             return;
         };
-        self.next_pause += p.every;
-        if !self.fits(t, p.secs) {
-            return;
-        }
         let leader = if self.leader_paused {
             None
         } else {
@@ -317,10 +323,10 @@ impl Chaos {
         self.leader_paused |= leader == Some(victim);
         ctx.pause(victim);
         let names = vec![name_of(ctx, victim)];
-        self.record(FaultKind::Pause, t, t + p.secs, names);
+        self.record(FaultKind::Pause, t, t + secs, names);
         self.frozen = Some(Held {
             node: victim,
-            until: t + p.secs,
+            until: t + secs,
             fault: self.faults.len() - 1,
         });
     }
@@ -342,13 +348,10 @@ impl Chaos {
             self.faults[active.fault].end_secs = t;
             return Ok(());
         }
-        let Some(p) = self.schedule.partitions else {
+        let schedule = self.schedule;
+        let Some(secs) = schedule.turn(schedule.partitions, &mut self.next_split, t) else {
             return Ok(());
         };
-        self.next_split += p.every;
-        if !self.fits(t, p.secs) {
-            return Ok(());
-        }
         let Some(split) = partition::plan(self.splits, &ctx.cluster.running(), &mut self.rng)
         else {
             return Ok(());
@@ -361,10 +364,10 @@ impl Chaos {
         cut_off.sort_unstable();
         cut_off.dedup();
         let names = cut_off.iter().map(|&i| name_of(ctx, i)).collect();
-        self.record(FaultKind::Partition, t, t + p.secs, names);
+        self.record(FaultKind::Partition, t, t + secs, names);
         self.split = Some(ActiveSplit {
             split,
-            until: t + p.secs,
+            until: t + secs,
             fault: self.faults.len() - 1,
         });
         Ok(())
@@ -382,13 +385,10 @@ impl Chaos {
             self.faults[h.fault].end_secs = t;
             return Ok(());
         }
-        let Some(p) = self.schedule.disks_full else {
+        let schedule = self.schedule;
+        let Some(secs) = schedule.turn(schedule.disks_full, &mut self.next_fill, t) else {
             return Ok(());
         };
-        self.next_fill += p.every;
-        if !self.fits(t, p.secs) {
-            return Ok(());
-        }
         // Pipeline 0 writes every stage's checkpoints: one of its nodes, where there is one.
         let up = ctx.cluster.up();
         let writers: Vec<usize> = up
@@ -405,10 +405,10 @@ impl Chaos {
         };
         ctx.cluster.fill_disk(victim)?;
         let names = vec![name_of(ctx, victim)];
-        self.record(FaultKind::DiskFull, t, t + p.secs, names);
+        self.record(FaultKind::DiskFull, t, t + secs, names);
         self.filled = Some(Held {
             node: victim,
-            until: t + p.secs,
+            until: t + secs,
             fault: self.faults.len() - 1,
         });
         Ok(())

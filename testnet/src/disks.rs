@@ -113,7 +113,12 @@ mod tests {
         }
         let data = tempfile::tempdir().unwrap();
         let mut disks = Disks::new(4).unwrap();
-        disks.mount(data.path()).unwrap();
+        if let Err(e) = disks.mount(data.path()) {
+            // A container's root may lack CAP_SYS_ADMIN; any other failure is one.
+            assert!(e.to_string().contains("EPERM"), "{e}");
+            eprintln!("skipped: {e}");
+            return;
+        }
         let written = Disks::fill(data.path()).unwrap();
         assert!(
             (3 << 20..=4 << 20).contains(&written),

@@ -101,11 +101,11 @@ fn pauses_alternate_with_wake_ups_and_stay_clear_of_the_outage_and_the_end() {
     assert_eq!(c.next_action(), Some(38.0), "the wake-up comes first");
     c.frozen = None;
     c.next_pause = 60.0;
-    assert!(c.fits(30.0, 8.0));
-    assert!(!c.fits(45.0, 8.0), "it would last into the outage");
-    assert!(!c.fits(55.0, 8.0), "during the outage");
-    assert!(c.fits(60.0, 8.0), "after it");
-    assert!(!c.fits(95.0, 8.0), "past the end");
+    assert!(c.schedule.fits(30.0, 8.0));
+    assert!(!c.schedule.fits(45.0, 8.0), "it would last into the outage");
+    assert!(!c.schedule.fits(55.0, 8.0), "during the outage");
+    assert!(c.schedule.fits(60.0, 8.0), "after it");
+    assert!(!c.schedule.fits(95.0, 8.0), "past the end");
 }
 
 #[test]
