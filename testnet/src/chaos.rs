@@ -6,10 +6,11 @@
 //! frozen with SIGSTOP for `--pause-secs` and woken with SIGCONT, as a VM stalled by its host
 //! that wakes up believing it still holds its stage; with `--partition-every` (and `--netns`),
 //! the network splits for `--partition-secs` ([`crate::partition`]), and what the minority
-//! applied meanwhile must be in the final history as it was. The report is the same as `run`'s, so
-//! `lost_committed_steps`, `rolled_back_steps` and `duplicate_samples` show whether training
-//! survived without losing or repeating work, its `outage` whether it resumed, and its
-//! `faults` list what was done to which node and when.
+//! applied meanwhile must be in the final history as it was; with `--disk-full-every`, the
+//! checkpoint disk of a node that writes checkpoints fills up for `--disk-full-secs`. The
+//! report is the same as `run`'s, so `lost_committed_steps`, `rolled_back_steps` and
+//! `duplicate_samples` show whether training survived without losing or repeating work, its
+//! `outage` whether it resumed, and its `faults` list what was done to which node and when.
 
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -158,8 +159,8 @@ struct Held {
     fault: usize,
 }
 
-/// Kill-and-replace on a fixed period, pauses on another, and at most one whole-cluster
-/// outage.
+/// Kill-and-replace on a fixed period, pauses, splits and full disks each on its own, and at
+/// most one whole-cluster outage.
 pub struct Chaos {
     schedule: Schedule,
     next_kill: f64,
