@@ -1,0 +1,104 @@
+//! What a chaos run does and when: the outage, and the faults that recur on a period (pauses,
+//! network splits, full disks), read from the options and named in reports.
+
+use anyhow::{Result, bail};
+
+/// A whole-cluster outage: from `at` for `secs` seconds no node runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outage {
+    /// Seconds after the start.
+    pub at: f64,
+    /// Seconds without nodes.
+    pub secs: f64,
+}
+
+/// A fault on a fixed period: every `every` s, for `secs` s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recurring {
+    /// Seconds between two.
+    pub every: f64,
+    /// Seconds each lasts.
+    pub secs: f64,
+}
+
+/// What a chaos run does, and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    /// Nodes kept running.
+    pub nodes: u32,
+    /// Seconds of chaos.
+    pub duration: f64,
+    /// Seconds between two kills.
+    pub kill_every: f64,
+    /// Seconds of a planning interval (for the progress bar).
+    pub interval_secs: f64,
+    /// The whole-cluster outage, if any.
+    pub outage: Option<Outage>,
+    /// The pauses, if any.
+    pub pauses: Option<Recurring>,
+    /// The network splits, if any (nodes in namespaces).
+    pub partitions: Option<Recurring>,
+    /// The full checkpoint disks, if any.
+    pub disks_full: Option<Recurring>,
+}
+
+impl Schedule {
+    /// Whether a fault from `t` for `secs` s ends before the run does and stays clear of the
+    /// outage (whose kills would take its nodes with them).
+    pub(super) fn fits(&self, t: f64, secs: f64) -> bool {
+        t + secs < self.duration
+            && self
+                .outage
+                .is_none_or(|o| t + secs <= o.at || t >= o.at + o.secs)
+    }
+
+    /// The seconds the recurring `fault` due now (at `t`) lasts, when it fits; its next turn
+    /// (`next`) moves on a period either way.
+    pub(super) fn turn(&self, fault: Option<Recurring>, next: &mut f64, t: f64) -> Option<f64> {
+        let f = fault?;
+        *next += f.every;
+        self.fits(t, f.secs).then_some(f.secs)
+    }
+}
+
+/// The fault of `--NAME-every EVERY --NAME-secs SECS`, if asked for: each must end before the
+/// next begins, and the first before the run ends.
+pub(super) fn recurring(
+    name: &str,
+    every: Option<u64>,
+    secs: u64,
+    duration: u64,
+) -> Result<Option<Recurring>> {
+    let Some(every) = every else {
+        return Ok(None);
+    };
+    if secs >= every || every + secs >= duration {
+        bail!(
+            "--{name}-secs {secs} must be shorter than --{name}-every {every}, and the first \
+             {name} must end before --duration {duration}"
+        );
+    }
+    Ok(Some(Recurring {
+        every: every as f64,
+        secs: secs as f64,
+    }))
+}
+
+/// The run's name in reports: `chaos:kill-every=20s`, then the outage, pauses, splits and
+/// full disks.
+pub(super) fn trace_name(s: &Schedule) -> String {
+    let mut name = format!("chaos:kill-every={}s", s.kill_every);
+    if let Some(o) = s.outage {
+        name += &format!(":outage={}s+{}s", o.at, o.secs);
+    }
+    if let Some(p) = s.pauses {
+        name += &format!(":pause-every={}s+{}s", p.every, p.secs);
+    }
+    if let Some(p) = s.partitions {
+        name += &format!(":partition-every={}s+{}s", p.every, p.secs);
+    }
+    if let Some(p) = s.disks_full {
+        name += &format!(":disk-full-every={}s+{}s", p.every, p.secs);
+    }
+    name
+}
