@@ -26,7 +26,7 @@ use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec};
 use parcae_api::StepRecord;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::interrupt::Interrupt;
-use schedule::{Outage, Recurring, Schedule, recurring, trace_name};
+use schedule::{Outage, Schedule, recurring, trace_name};
 
 /// Options of `chaos`.
 #[derive(clap::Args, Debug)]

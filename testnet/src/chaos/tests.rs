@@ -1,5 +1,6 @@
 //! The chaos schedule: kills, the outage, pauses and splits on their periods.
 
+use super::schedule::Recurring;
 use super::*;
 
 fn schedule(nodes: u32, duration: f64, outage: Option<Outage>) -> Schedule {
