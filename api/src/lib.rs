@@ -77,6 +77,19 @@ pub struct NoticeView {
     pub received_unix_ms: u64,
 }
 
+/// A proposal this node refused because it was signed too far from now on its signer's clock,
+/// as far as this node knows that clock (a clock off by more than the 5-minute window, or a
+/// replay).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockRefusalView {
+    /// The signer.
+    pub peer_id: String,
+    /// How far from now it was signed (ms).
+    pub skew_ms: u64,
+    /// When it was refused (unix ms, this node's clock).
+    pub refused_unix_ms: u64,
+}
+
 /// Quantiles of a latency sample, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -281,6 +294,8 @@ pub struct StatusSnapshot {
     pub leaving_deadline_unix_ms: Option<u64>,
     /// Notices received by gossip (or issued locally).
     pub notices: Vec<NoticeView>,
+    /// Proposals refused for the time they were signed at, newest last (at most 16).
+    pub clock_refusals: Vec<ClockRefusalView>,
     /// Latency from proposal to local apply of the commands this node proposed.
     pub commit_latency_us: LatencySummary,
     /// The trainer's side, when the node trains.

@@ -95,6 +95,7 @@ pub mod wire;
 
 // Training: the trainer's rooms, the emulated accelerator, checkpoints and the job's store.
 pub mod checkpoint;
+pub mod clock;
 pub mod emulate;
 pub(crate) mod store;
 pub mod train;

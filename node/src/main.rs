@@ -93,6 +93,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     keep_freed_memory();
     parcae_node::process::init_logging();
+    parcae_node::clock::init_from_env()?;
     match Cli::parse().command {
         Command::Run(args) => {
             let opts = args.load()?;

@@ -9,7 +9,7 @@
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use parcae_model::{
@@ -155,9 +155,7 @@ pub fn profile(opts: &ProfileOptions) -> anyhow::Result<DeviceProfile> {
         global_batch: opts.global_batch,
         warmup: opts.warmup as u32,
         repeats: opts.repeats as u32,
-        measured_unix_s: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        measured_unix_s: crate::clock::now_secs(),
         memory_mb: opts.memory_mb.unwrap_or(card.memory_mb),
         peak_memory_bytes,
         peak_memory_source,

@@ -13,8 +13,9 @@ use std::sync::{Arc, RwLock};
 use actix::prelude::*;
 
 pub use parcae_api::{
-    EmulatedView, EstimateView, LatencySummary, MemberState, MemberView, MigrationKind,
-    MigrationView, NoticeView, RoleView, StatusSnapshot, StepRecord, TrainingPhase, TrainingView,
+    ClockRefusalView, EmulatedView, EstimateView, LatencySummary, MemberState, MemberView,
+    MigrationKind, MigrationView, NoticeView, RoleView, StatusSnapshot, StepRecord, TrainingPhase,
+    TrainingView,
 };
 
 /// Step records kept for `/steps`.

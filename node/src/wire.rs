@@ -34,6 +34,9 @@ pub enum ControlMessage {
     /// A `Propose` relayed unchanged by a member that is not the leader; its origin is the
     /// signer, whoever relays it.
     Forwarded(SignedProposal),
+    /// The sender's wall clock in milliseconds since the Unix epoch, sent once on each new
+    /// connection, so that the receiver reads the sender's signed times on the sender's clock.
+    Clock(u64),
 }
 
 impl ControlMessage {

@@ -7,7 +7,8 @@
 //! that wakes up believing it still holds its stage; with `--partition-every` (and `--netns`),
 //! the network splits for `--partition-secs` ([`crate::partition`]), and what the minority
 //! applied meanwhile must be in the final history as it was; with `--disk-full-every`, the
-//! checkpoint disk of a node that writes checkpoints fills up for `--disk-full-secs`. The
+//! checkpoint disk of a node that writes checkpoints fills up for `--disk-full-secs`; with
+//! `--clock-skew`, every third node runs with its wall clock off ([`ClockSkew`]). The
 //! report is the same as `run`'s, so `lost_committed_steps`, `rolled_back_steps` and
 //! `duplicate_samples` show whether training survived without losing or repeating work, its
 //! `outage` whether it resumed, and its `faults` list what was done to which node and when.
@@ -24,6 +25,7 @@ use crate::partition::{self, Split};
 use crate::report::{self, OutageReport};
 use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec};
 use parcae_api::StepRecord;
+use parcae_testnet::clock_skew::ClockSkew;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::interrupt::Interrupt;
 use schedule::{Outage, Schedule, recurring, trace_name};
@@ -69,6 +71,10 @@ pub struct Args {
     /// Seconds a disk stays full before the ballast is removed.
     #[arg(long, default_value_t = 20, requires = "disk_full_every", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     disk_full_secs: u64,
+    /// Seconds by which every third node's wall clock is off, from the founder on, alternately
+    /// ahead and behind (beyond 300, outside the freshness window of signed proposals).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    clock_skew: Option<u64>,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -124,6 +130,8 @@ pub struct Chaos {
     /// Failed checkpoint writes the nodes whose disk was full reported when it was emptied.
     write_failures: u64,
     faults: Vec<Fault>,
+    /// Nodes started so far (`node<k>` for `k` below it).
+    started: usize,
 }
 
 /// The node to freeze: the leader while it was never frozen (`leader` is then `Some`) and is
@@ -154,6 +162,7 @@ impl Chaos {
             filled: None,
             write_failures: 0,
             faults: Vec::new(),
+            started: schedule.nodes as usize,
         }
     }
 
@@ -203,9 +212,21 @@ impl Chaos {
         Some(OutageReport::of(c.last_step, c.history, final_seq))
     }
 
-    /// Every fault injected, in order.
-    pub fn faults(&self) -> &[Fault] {
-        &self.faults
+    /// Every fault injected, in order, then one entry per node started with a skewed clock
+    /// (for its whole life; the times are the run's).
+    pub fn faults(&self) -> Vec<Fault> {
+        let skewed = self
+            .clock_skew()
+            .into_iter()
+            .flat_map(|skew| (0..self.started).filter_map(move |k| Some((k, skew.of_node(k)?))));
+        let skews = skewed.map(|(k, ms)| Fault {
+            kind: FaultKind::ClockSkew,
+            start_secs: 0.0,
+            end_secs: self.schedule.duration,
+            nodes: vec![format!("node{k}")],
+            skew_secs: Some(ms / 1000),
+        });
+        self.faults.iter().cloned().chain(skews).collect()
     }
 
     fn record(&mut self, kind: FaultKind, start_secs: f64, end_secs: f64, nodes: Vec<String>) {
@@ -214,6 +235,7 @@ impl Chaos {
             start_secs,
             end_secs,
             nodes,
+            skew_secs: None,
         });
     }
 
@@ -241,6 +263,7 @@ impl Chaos {
                 f.end_secs = t;
             }
             ctx.start_nodes(self.schedule.nodes as usize)?;
+            self.started += self.schedule.nodes as usize;
         }
         Ok(())
     }
@@ -436,6 +459,7 @@ impl Scenario for Chaos {
         // A frozen node is still running: it is not replaced.
         let missing = (self.schedule.nodes as usize).saturating_sub(ctx.cluster.running().len());
         ctx.start_nodes(missing)?;
+        self.started += missing;
         Ok(())
     }
 
@@ -454,6 +478,10 @@ impl Scenario for Chaos {
 
     fn checkpoint_disk_mib(&self) -> Option<u64> {
         self.schedule.disks_full.map(|_| CHECKPOINT_DISK_MIB)
+    }
+
+    fn clock_skew(&self) -> Option<ClockSkew> {
+        self.schedule.clock_skew.map(|secs| ClockSkew { secs })
     }
 }
 
@@ -503,6 +531,7 @@ fn schedule_of(args: &Args) -> Result<Schedule> {
         pauses,
         partitions,
         disks_full,
+        clock_skew: args.clock_skew,
     })
 }
 
@@ -521,10 +550,10 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     };
     let mut outcome = run::session(&args.node, spec, &mut scenario, interrupt)?;
     outcome.report.outage = scenario.outage_report(&outcome.observed.final_seq);
-    outcome.report.faults = scenario.faults().to_vec();
+    outcome.report.faults = scenario.faults();
     outcome.report.minority_commits = scenario.minority_commits(&outcome.observed.final_seq);
     outcome.report.checkpoint_write_failures = scenario.checkpoint_write_failures();
-    println!("{}", faults::summary(scenario.faults()));
+    println!("{}", faults::summary(&outcome.report.faults));
     run::finish(&[&outcome], &args.output, &name)?;
     if let Some(path) = &args.output.json {
         report::write_json(path, &outcome.report)?;

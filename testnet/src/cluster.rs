@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parcae_api::StatusSnapshot;
 use parcae_api::client::Client;
+use parcae_testnet::clock_skew::ClockSkew;
 use parcae_testnet::disks::Disks;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::imds::FakeMetadata;
@@ -69,6 +70,8 @@ pub struct ClusterOptions {
     pub ports: Ports,
     /// Each node's checkpoints on a disk of this size that the run can fill (none: the host's).
     pub checkpoint_disk_mib: Option<u64>,
+    /// Skewed wall clocks on some nodes.
+    pub clock_skew: Option<ClockSkew>,
 }
 
 /// The running cluster. Dropping it kills every node.
@@ -108,6 +111,7 @@ impl Cluster {
             config: node_config::render(&opts.settings, dialect, 0, None),
             ports: opts.ports,
             env,
+            clock_skew: opts.clock_skew,
             client: Client::default(),
             interrupt: interrupt.clone(),
         })?;

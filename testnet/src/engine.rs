@@ -8,6 +8,7 @@ use crate::cluster::{Cluster, Phase};
 use crate::monitor::{Event, EventKind, Monitor};
 use crate::progress::Progress;
 use parcae_api::StepRecord;
+use parcae_testnet::clock_skew::ClockSkew;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::interrupt::Interrupt;
 
@@ -36,6 +37,10 @@ pub trait Scenario {
     /// The size of the disk each node's checkpoints must be written to, when the scenario fills
     /// disks (none: the host's disk).
     fn checkpoint_disk_mib(&self) -> Option<u64> {
+        None
+    }
+    /// The skewed wall clocks of some nodes, when the scenario skews clocks.
+    fn clock_skew(&self) -> Option<ClockSkew> {
         None
     }
 }

@@ -17,6 +17,8 @@ pub enum FaultKind {
     Partition,
     /// A node's checkpoint disk filled up, then emptied.
     DiskFull,
+    /// A node ran with its wall clock off by `skew_secs` for all its life.
+    ClockSkew,
 }
 
 /// One injected fault.
@@ -30,6 +32,9 @@ pub struct Fault {
     pub end_secs: f64,
     /// The nodes it hit (`node<k>`).
     pub nodes: Vec<String>,
+    /// How far their clocks were off (a clock skew only; negative: behind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew_secs: Option<i64>,
 }
 
 /// One line: how many faults of each kind, and the seconds of pauses.
@@ -42,12 +47,13 @@ pub fn summary(faults: &[Fault]) -> String {
         .fold(0.0, |total, secs| total + secs);
     format!(
         "faults: {} kills, {} outages, {} pauses ({paused:.0} s frozen), {} network splits, {} \
-         full disks",
+         full disks, {} skewed clocks",
         count(FaultKind::Kill),
         count(FaultKind::Outage),
         count(FaultKind::Pause),
         count(FaultKind::Partition),
-        count(FaultKind::DiskFull)
+        count(FaultKind::DiskFull),
+        count(FaultKind::ClockSkew)
     )
 }
 
@@ -59,7 +65,8 @@ mod tests {
     fn no_pauses_are_zero_seconds_frozen() {
         assert_eq!(
             summary(&[]),
-            "faults: 0 kills, 0 outages, 0 pauses (0 s frozen), 0 network splits, 0 full disks"
+            "faults: 0 kills, 0 outages, 0 pauses (0 s frozen), 0 network splits, 0 full disks, 0 \
+             skewed clocks"
         );
     }
 
@@ -70,6 +77,7 @@ mod tests {
             start_secs,
             end_secs,
             nodes: vec!["node1".into()],
+            skew_secs: None,
         };
         let faults = [
             fault(FaultKind::Kill, 20.0, 20.0),
@@ -78,10 +86,20 @@ mod tests {
             fault(FaultKind::Pause, 60.0, 68.5),
             fault(FaultKind::Partition, 70.0, 90.0),
             fault(FaultKind::DiskFull, 95.0, 99.0),
+            Fault {
+                skew_secs: Some(-600),
+                ..fault(FaultKind::ClockSkew, 0.0, 120.0)
+            },
         ];
         assert_eq!(
             summary(&faults),
-            "faults: 2 kills, 0 outages, 2 pauses (17 s frozen), 1 network splits, 1 full disks"
+            "faults: 2 kills, 0 outages, 2 pauses (17 s frozen), 1 network splits, 1 full disks, \
+             1 skewed clocks"
+        );
+        assert_eq!(
+            serde_json::to_value(&faults[6]).unwrap(),
+            serde_json::json!({"kind": "clock_skew", "start_secs": 0.0, "end_secs": 120.0,
+                               "nodes": ["node1"], "skew_secs": -600})
         );
         assert_eq!(serde_json::to_value(faults[5].kind).unwrap(), "disk_full");
         let v = serde_json::to_value(&faults[1]).unwrap();

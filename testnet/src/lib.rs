@@ -6,6 +6,7 @@
 
 pub mod background_http;
 pub mod cargo;
+pub mod clock_skew;
 pub mod disks;
 pub mod error;
 pub mod imds;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use parcae_api::client::Client;
 use parcae_api::{RoleView, StatusSnapshot};
 
+use crate::clock_skew::ClockSkew;
 use crate::error::TestnetError;
 use crate::interrupt::Interrupt;
 use crate::launch::NodeLaunch;
@@ -52,6 +53,8 @@ pub struct ClusterSetup {
     pub ports: Ports,
     /// Environment added to every node's.
     pub env: Vec<(&'static str, String)>,
+    /// Skewed wall clocks on some nodes (the clock nemesis).
+    pub clock_skew: Option<ClockSkew>,
     /// The client that reads the nodes' API.
     pub client: Client,
     /// Stops every wait of the harness.
@@ -202,7 +205,12 @@ impl LocalCluster {
             &self.setup.program,
             &launch,
             netns,
-            self.setup.env.clone(),
+            self.setup
+                .env
+                .iter()
+                .cloned()
+                .chain(self.setup.clock_skew.and_then(|s| s.env_of(k)))
+                .collect(),
             self.setup.client.clone(),
         )
         .map_err(|e| TestnetError::NodeBinary {

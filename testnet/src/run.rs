@@ -259,6 +259,7 @@ pub fn session(
             (false, None) => Ports::Ephemeral,
         },
         checkpoint_disk_mib: scenario.checkpoint_disk_mib(),
+        clock_skew: scenario.clock_skew(),
     };
     let result = (|| -> Result<Observed> {
         let mut cluster = Cluster::create(opts, interrupt.clone())?;

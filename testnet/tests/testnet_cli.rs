@@ -686,6 +686,51 @@ fn chaos_freezes_nodes_and_lists_every_fault() {
     assert!(v["committed_steps"].as_u64().unwrap() > 0, "{v}");
 }
 
+/// The founder's clock 10 minutes ahead and node3's 10 minutes behind (twice the freshness of a
+/// signed proposal apart from the others, and 20 minutes from each other): the nodes still form
+/// one cluster (the leader reads each member's proposals on the member's own clock), train, and
+/// lose nothing; the report lists the two skewed clocks.
+#[test]
+fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
+    let _serial = serial();
+    let v = real_run(
+        &[
+            "chaos",
+            "--duration",
+            "30",
+            "--kill-every",
+            "20",
+            "--clock-skew",
+            "600",
+            "--nodes",
+            "4",
+            "--interval-secs",
+            "5",
+            "--check",
+        ],
+        "clocks",
+    );
+    assert_run_json(&v, "liveput", 6, 4);
+    assert_eq!(v["trace"], "chaos:kill-every=20s:clock-skew=600s");
+    let skews: Vec<(String, i64)> = v["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "clock_skew")
+        .map(|f| {
+            let node = f["nodes"][0].as_str().unwrap().to_string();
+            (node, f["skew_secs"].as_i64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        skews,
+        [("node0".to_string(), 600), ("node3".to_string(), -600)],
+        "{v}"
+    );
+    assert!(v["committed_steps"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["lost_committed_steps"], 0, "{v}");
+}
+
 /// Whether this process may make network namespaces: root, and a namespace made and removed
 /// (a container's root may lack the capabilities).
 fn namespaces_can_be_made() -> bool {

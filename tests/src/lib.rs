@@ -26,6 +26,7 @@ use std::time::Duration;
 pub mod training;
 
 use parcae_api::client::Client;
+use parcae_testnet::clock_skew::ClockSkew;
 use parcae_testnet::interrupt::Interrupt;
 pub use parcae_testnet::local_cluster::LocalCluster;
 use parcae_testnet::local_cluster::{ClusterSetup, Ports};
@@ -349,6 +350,20 @@ pub fn new_cluster(config: &str) -> LocalCluster {
 
 /// [`new_cluster`] whose nodes get `env` besides `RUST_LOG`.
 pub fn new_cluster_with_env(config: &str, env: Vec<(&'static str, String)>) -> LocalCluster {
+    create_cluster(config, env, None)
+}
+
+/// [`new_cluster`] whose every third node, from the founder, has its wall clock `secs` off
+/// ([`ClockSkew`]).
+pub fn new_cluster_with_clock_skew(config: &str, secs: u64) -> LocalCluster {
+    create_cluster(config, Vec::new(), Some(ClockSkew { secs }))
+}
+
+fn create_cluster(
+    config: &str,
+    env: Vec<(&'static str, String)>,
+    clock_skew: Option<ClockSkew>,
+) -> LocalCluster {
     let log = std::env::var("PARCAE_TEST_LOG").unwrap_or_else(|_| "info".into());
     LocalCluster::create(ClusterSetup {
         program: node_binary(),
@@ -356,6 +371,7 @@ pub fn new_cluster_with_env(config: &str, env: Vec<(&'static str, String)>) -> L
         config: config.to_string(),
         ports: Ports::Ephemeral,
         env: [("RUST_LOG", log)].into_iter().chain(env).collect(),
+        clock_skew,
         client: Client::with_timeout(Duration::from_millis(1000)),
         interrupt: Interrupt::never(),
     })

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use parcae_api::MemberState;
-use parcae_tests::{TEST_CONFIG, node_binary, secs, serial, start_cluster, wait_for};
+use parcae_tests::{
+    TEST_CONFIG, new_cluster_with_clock_skew, node_binary, secs, serial, start_cluster, wait_for,
+};
 
 #[test]
 fn five_nodes_form_a_cluster_and_survive_leader_kill() {
@@ -161,4 +163,40 @@ fn restart_with_same_data_dir_keeps_identity_and_catches_up() {
     .unwrap_or_else(|| panic!("restarted node did not catch up\n{}", c.logs()));
     assert_eq!(s.peer_id, peer, "same data dir, same peer id");
     assert_eq!(s.leader.as_deref(), Some(leader.as_str()));
+}
+
+/// The founder's wall clock 10 minutes ahead of the others'. node1 joins through it directly (the
+/// connection brings node1's clock, and its `Join` is read on it); node2 joins through node1
+/// only, so its relayed `Join` reaches the leader from a node whose clock it never heard, 10
+/// minutes old on the leader's clock: refused, named on the leader's `/status`, and the leader
+/// dials node2 back at the addresses it signed; its next `Join` is read on its own clock and
+/// node2 becomes a member.
+#[test]
+fn a_join_refused_for_its_clock_is_named_and_its_node_dialled_back() {
+    let _serial = serial();
+    let _ = node_binary();
+    let mut c = new_cluster_with_clock_skew(TEST_CONFIG, 600);
+    c.start_nodes(2)
+        .unwrap_or_else(|e| panic!("starting 2 nodes: {e}\n{}", c.logs()));
+    c.wait_converged(&[0, 1], 2, secs(15))
+        .unwrap_or_else(|| panic!("node1 did not join the skewed founder\n{}", c.logs()));
+    let via = c.nodes[1].p2p.clone().expect("node1's p2p address");
+    let joiner = c
+        .spawn(&[via], None)
+        .unwrap_or_else(|e| panic!("starting node2: {e}\n{}", c.logs()));
+    c.wait_serving(&[joiner])
+        .unwrap_or_else(|e| panic!("node2 does not serve: {e}\n{}", c.logs()));
+    c.wait_converged(&[0, 1, joiner], 3, secs(30))
+        .unwrap_or_else(|| panic!("node2 never joined\n{}", c.logs()));
+    let id = c.nodes[joiner].peer_id().expect("node2's peer id");
+    let s0 = c.nodes[0].status().expect("the founder's status");
+    let refusal = s0
+        .clock_refusals
+        .iter()
+        .find(|r| r.peer_id == id)
+        .unwrap_or_else(|| panic!("no clock refusal of node2 on the founder: {s0:?}"));
+    assert!(
+        (590_000..=610_000).contains(&refusal.skew_ms),
+        "{refusal:?}"
+    );
 }

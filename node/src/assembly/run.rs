@@ -146,9 +146,7 @@ fn come_back_as_new_member_if_due(
             "this node left the cluster when it last ran; it comes back under a new identity"
         );
     }
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let stamp = crate::clock::now_secs();
     let aside = resync::set_aside(data_dir, stamp)?;
     tracing::warn!(aside = %aside.display(), "raft state and identity set aside; rejoining as a new member");
     Ok(())

@@ -16,6 +16,7 @@ pub mod handle;
 pub mod known_peers;
 pub mod liveness;
 pub mod membership;
+pub mod peer_clocks;
 pub mod project;
 pub mod proof;
 pub mod proposal;

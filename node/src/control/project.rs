@@ -8,7 +8,7 @@ use parcae_consensus::state::{KeyId, MemberStatus, RaftRole};
 use parcae_consensus::{ControlState, NodeId, NodeStatus, Role};
 
 use crate::status::{
-    LatencySummary, MemberState, MemberView, NoticeView, RoleView, StatusSnapshot,
+    ClockRefusalView, LatencySummary, MemberState, MemberView, NoticeView, RoleView, StatusSnapshot,
 };
 
 /// What only this node knows, as shown on `/status`.
@@ -27,6 +27,8 @@ pub struct LocalView<'a> {
     pub leaving_deadline_unix_ms: Option<u64>,
     /// Notices received or issued, oldest first.
     pub notices: &'a [NoticeView],
+    /// Proposals refused for their signing time, oldest first.
+    pub clock_refusals: &'a [ClockRefusalView],
     /// Proposal-to-apply latencies of its own commands, ascending (µs).
     pub sorted_commit_latency_us: &'a [u64],
     /// Fingerprints of the cluster keys it holds.
@@ -84,6 +86,7 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
         connected_peers: local.connected,
         leaving_deadline_unix_ms: local.leaving_deadline_unix_ms,
         notices: local.notices.to_vec(),
+        clock_refusals: local.clock_refusals.to_vec(),
         commit_latency_us: LatencySummary::of_sorted(local.sorted_commit_latency_us),
         // The trainer's side and the notice watch are the `Status` actor's to add.
         training: None,
@@ -119,6 +122,7 @@ mod tests {
             connected: Vec::new(),
             leaving_deadline_unix_ms: None,
             notices: &[],
+            clock_refusals: &[],
             sorted_commit_latency_us: &[10, 20, 30, 40],
             keys_held: vec![[7; 8]],
         }

@@ -7,7 +7,9 @@
 //! command with its libp2p identity (the key its peer id is made from), over a label, the
 //! time of signing and the encoded command; the leader takes the origin from the verified key,
 //! never from what a relay says, and refuses a proof older or newer than [`FRESHNESS`] (a
-//! relay cannot keep a member's old `Leave` to play it back after the member rejoined).
+//! relay cannot keep a member's old `Leave` to play it back after the member rejoined). The age
+//! is read on the signer's clock where the verifier has heard it, so nodes whose clocks are
+//! minutes apart still trust each other's fresh proofs.
 
 use std::time::Duration;
 
@@ -34,10 +36,12 @@ pub enum ProofError {
     /// The signature does not verify: the command is not what its origin signed.
     #[error("proposal signature does not verify")]
     BadSignature,
-    /// Signed too long ago (or in the future).
-    #[error("proposal signed {skew_ms} ms away from now")]
+    /// Signed too long ago (or in the future), on the signer's clock as the verifier knows it.
+    #[error("proposal of {origin} signed {skew_ms} ms away from now")]
     Stale {
-        /// Distance from the verifier's clock.
+        /// The signer (the signature holds).
+        origin: PeerId,
+        /// Distance from now.
         skew_ms: u64,
     },
     /// The identity could not sign.
@@ -70,17 +74,19 @@ pub fn sign(
     })
 }
 
-/// Checks the proof at `now_ms`; the origin's peer id when it holds.
-pub fn verify(proposal: &SignedProposal, now_ms: u64) -> Result<PeerId, ProofError> {
+/// Checks the proof; the origin's peer id when it holds. `signer_now_ms` reads the time now on
+/// the signer's clock (as far as the verifier knows it, see
+/// [`PeerClocks`](super::peer_clocks::PeerClocks)): the freshness bound is on the proof's age,
+/// not on how far two clocks are apart.
+pub fn verify(
+    proposal: &SignedProposal,
+    signer_now_ms: impl FnOnce(&PeerId) -> u64,
+) -> Result<PeerId, ProofError> {
     if proposal.public_key.len() > MAX_PUBLIC_KEY {
         return Err(ProofError::Malformed("oversized public key"));
     }
     if proposal.signature.len() > MAX_SIGNATURE {
         return Err(ProofError::Malformed("oversized signature"));
-    }
-    let skew_ms = now_ms.abs_diff(proposal.signed_unix_ms);
-    if u128::from(skew_ms) > FRESHNESS.as_millis() {
-        return Err(ProofError::Stale { skew_ms });
     }
     let key = PublicKey::try_decode_protobuf(&proposal.public_key)
         .map_err(|_| ProofError::Malformed("undecodable public key"))?;
@@ -90,7 +96,12 @@ pub fn verify(proposal: &SignedProposal, now_ms: u64) -> Result<PeerId, ProofErr
     ) {
         return Err(ProofError::BadSignature);
     }
-    Ok(key.to_peer_id())
+    let origin = key.to_peer_id();
+    let skew_ms = signer_now_ms(&origin).abs_diff(proposal.signed_unix_ms);
+    if u128::from(skew_ms) > FRESHNESS.as_millis() {
+        return Err(ProofError::Stale { origin, skew_ms });
+    }
+    Ok(origin)
 }
 
 #[cfg(test)]
@@ -103,18 +114,18 @@ mod tests {
     fn a_proof_names_its_signer_and_nothing_else() {
         let me = Keypair::generate_ed25519();
         let p = sign(&me, b"leave".to_vec(), NOW).unwrap();
-        assert_eq!(verify(&p, NOW + 1000), Ok(me.public().to_peer_id()));
+        assert_eq!(verify(&p, |_| NOW + 1000), Ok(me.public().to_peer_id()));
 
         // A relay that changes the command, the time or the key is caught.
         let mut changed = p.clone();
         changed.command = b"join".to_vec();
-        assert_eq!(verify(&changed, NOW), Err(ProofError::BadSignature));
+        assert_eq!(verify(&changed, |_| NOW), Err(ProofError::BadSignature));
         let mut retimed = p.clone();
         retimed.signed_unix_ms += 1;
-        assert_eq!(verify(&retimed, NOW), Err(ProofError::BadSignature));
+        assert_eq!(verify(&retimed, |_| NOW), Err(ProofError::BadSignature));
         let mut rekeyed = p.clone();
         rekeyed.public_key = Keypair::generate_ed25519().public().encode_protobuf();
-        assert_eq!(verify(&rekeyed, NOW), Err(ProofError::BadSignature));
+        assert_eq!(verify(&rekeyed, |_| NOW), Err(ProofError::BadSignature));
     }
 
     #[test]
@@ -122,14 +133,30 @@ mod tests {
         let me = Keypair::generate_ed25519();
         let p = sign(&me, b"notice".to_vec(), NOW).unwrap();
         let late = NOW + FRESHNESS.as_millis() as u64 + 1;
-        assert!(matches!(verify(&p, late), Err(ProofError::Stale { .. })));
+        let origin = me.public().to_peer_id();
+        assert_eq!(
+            verify(&p, |_| late),
+            Err(ProofError::Stale {
+                origin,
+                skew_ms: FRESHNESS.as_millis() as u64 + 1
+            })
+        );
         let early = NOW - FRESHNESS.as_millis() as u64 - 1;
-        assert!(matches!(verify(&p, early), Err(ProofError::Stale { .. })));
+        assert!(matches!(
+            verify(&p, |_| early),
+            Err(ProofError::Stale { .. })
+        ));
         let mut junk = p.clone();
         junk.public_key = vec![1, 2, 3];
-        assert!(matches!(verify(&junk, NOW), Err(ProofError::Malformed(_))));
+        assert!(matches!(
+            verify(&junk, |_| NOW),
+            Err(ProofError::Malformed(_))
+        ));
         let mut huge = p;
         huge.signature = vec![0; MAX_SIGNATURE + 1];
-        assert!(matches!(verify(&huge, NOW), Err(ProofError::Malformed(_))));
+        assert!(matches!(
+            verify(&huge, |_| NOW),
+            Err(ProofError::Malformed(_))
+        ));
     }
 }

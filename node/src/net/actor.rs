@@ -24,7 +24,7 @@ use super::admission::AdmissionError;
 use super::codec::{ControlAck, ControlRequest};
 use super::log_limit::LogLimit;
 use super::messages::{
-    DisconnectPeer, KeepConnected, NetEvent, PublishNotice, RefusePeers, SendControl,
+    DialBack, DisconnectPeer, KeepConnected, NetEvent, PublishNotice, RefusePeers, SendControl,
 };
 use super::seed_dialer::{REDIAL_MAX, REDIAL_MIN, SeedDialer, SeedSource, ip_port};
 use super::seeds::{MAX_RESOLVED, Seed, SeedHost};
@@ -480,6 +480,20 @@ impl Handler<KeepConnected> for Network {
         }
         self.wanted = wanted;
         self.redial(ctx);
+    }
+}
+
+impl Handler<DialBack> for Network {
+    type Result = ();
+
+    fn handle(&mut self, msg: DialBack, _: &mut Context<Self>) {
+        let opts = DialOpts::peer_id(msg.peer)
+            .addresses(msg.addrs)
+            .condition(PeerCondition::DisconnectedAndNotDialing)
+            .build();
+        if let Err(e) = self.swarm.dial(opts) {
+            tracing::debug!(peer = %msg.peer, "dial back not started: {e}");
+        }
     }
 }
 

@@ -55,6 +55,17 @@ pub struct PublishNotice(pub Vec<u8>);
 #[rtype(result = "()")]
 pub struct KeepConnected(pub Vec<(PeerId, Vec<Multiaddr>)>);
 
+/// Dial `peer` at these addresses once, unless connected: the leader reaching a joining node
+/// whose clock it has not heard (its `Join` came through a relay).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct DialBack {
+    /// The node.
+    pub peer: PeerId,
+    /// Where its `Join` says it listens.
+    pub addrs: Vec<Multiaddr>,
+}
+
 /// The peers to refuse at admission: members that left the cluster (replaces the last list).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]

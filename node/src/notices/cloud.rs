@@ -238,7 +238,7 @@ impl MetadataPoller for GcePoller {
         match body.trim() {
             "TRUE" => Ok(Some(CloudNotice {
                 source: NoticeSource::Gce,
-                deadline: SystemTime::now() + DEFAULT_LEAD,
+                deadline: crate::clock::now() + DEFAULT_LEAD,
             })),
             "FALSE" => Ok(None),
             other => Err(PollError::Parse {
@@ -319,7 +319,7 @@ impl MetadataPoller for AzurePoller {
             url: url.clone(),
             reason: e.to_string(),
         })?;
-        let now = SystemTime::now();
+        let now = crate::clock::now();
         let deadline = events
             .events
             .iter()

@@ -7,5 +7,5 @@ pub mod detect;
 pub mod notice;
 pub mod watcher;
 
-pub use notice::{Notice, unix_ms};
+pub use notice::Notice;
 pub use watcher::{LeaveRequested, NoticeWatcher};

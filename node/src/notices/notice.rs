@@ -4,11 +4,13 @@
 //! gossipsub topic, and the network actor only accepts a notice whose gossip signer *is* `node`:
 //! a node can announce its own departure, never someone else's.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use libp2p::PeerId;
 use parcae_consensus::codec::{self, CodecError};
 use serde::{Deserialize, Serialize};
+
+use crate::clock::{self, unix_ms};
 
 /// Largest encoded notice accepted from the wire.
 pub const MAX_NOTICE_BYTES: usize = 512;
@@ -58,7 +60,7 @@ pub enum NoticeError {
 impl Notice {
     /// A notice for `node` leaving `grace` from now.
     pub fn new(node: PeerId, grace: Duration, source: NoticeSource) -> Self {
-        Self::with_deadline(node, SystemTime::now() + grace, source)
+        Self::with_deadline(node, clock::now() + grace, source)
     }
 
     /// A notice for `node` leaving at `deadline` (as the cloud provider announced it).
@@ -66,7 +68,7 @@ impl Notice {
         Self {
             node: node.to_bytes(),
             deadline_unix_ms: unix_ms(deadline),
-            issued_unix_ms: unix_ms(SystemTime::now()),
+            issued_unix_ms: clock::now_ms(),
             source,
         }
     }
@@ -92,13 +94,6 @@ impl Notice {
     pub fn peer(&self) -> Option<PeerId> {
         PeerId::from_bytes(&self.node).ok()
     }
-}
-
-/// Milliseconds since the Unix epoch (0 for clocks before it).
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -169,7 +169,7 @@ impl Handler<Signalled> for NoticeWatcher {
         tracing::info!(grace = ?self.grace, "{} received: leaving gracefully", msg.0);
         self.target.do_send(LeaveRequested {
             source: NoticeSource::Signal,
-            deadline: SystemTime::now() + self.grace,
+            deadline: crate::clock::now() + self.grace,
         });
     }
 }

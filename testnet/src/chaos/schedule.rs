@@ -1,5 +1,6 @@
 //! What a chaos run does and when: the outage, and the faults that recur on a period (pauses,
-//! network splits, full disks), read from the options and named in reports.
+//! network splits, full disks), and the skewed clocks, read from the options and named in
+//! reports.
 
 use anyhow::{Result, bail};
 
@@ -40,6 +41,8 @@ pub struct Schedule {
     pub partitions: Option<Recurring>,
     /// The full checkpoint disks, if any.
     pub disks_full: Option<Recurring>,
+    /// Seconds every third node's wall clock is off, if any.
+    pub clock_skew: Option<u64>,
 }
 
 impl Schedule {
@@ -99,6 +102,9 @@ pub(super) fn trace_name(s: &Schedule) -> String {
     }
     if let Some(p) = s.disks_full {
         name += &format!(":disk-full-every={}s+{}s", p.every, p.secs);
+    }
+    if let Some(secs) = s.clock_skew {
+        name += &format!(":clock-skew={secs}s");
     }
     name
 }

@@ -13,6 +13,7 @@ fn schedule(nodes: u32, duration: f64, outage: Option<Outage>) -> Schedule {
         pauses: None,
         partitions: None,
         disks_full: None,
+        clock_skew: None,
     }
 }
 

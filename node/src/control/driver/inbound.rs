@@ -3,18 +3,22 @@
 //! untrusted: an undecodable frame, or a raft message that is oversized, malformed or forged,
 //! disconnects the sender.
 
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use actix::prelude::*;
 use libp2p::{Multiaddr, PeerId};
 use parcae_consensus::{Command, StepError};
 
-use super::{ControlDriver, MAX_NOTICES_SHOWN, node_id};
+use super::{
+    ControlDriver, MAX_CLOCK_REFUSALS_SHOWN, MAX_DIAL_BACK_ADDRS, MAX_NOTICES_SHOWN, node_id,
+};
+use crate::clock;
 use crate::control::authorize::authorize;
-use crate::control::proof;
-use crate::net::messages::{DisconnectPeer, NetEvent, PublishNotice};
-use crate::notices::LeaveRequested;
-use crate::notices::{Notice, unix_ms};
+use crate::control::peer_clocks::local_deadline;
+use crate::control::proof::{self, ProofError};
+use crate::net::messages::{DialBack, DisconnectPeer, NetEvent, PublishNotice};
+use crate::notices::{LeaveRequested, Notice};
+use crate::status::ClockRefusalView;
 use crate::status::NoticeView;
 use crate::wire::ControlMessage;
 use crate::wire::SignedProposal;
@@ -37,6 +41,9 @@ impl ControlDriver {
                 Err(e) => tracing::debug!(peer = %from, "raft message refused: {e}"),
             },
             ControlMessage::Propose(proposal) => self.on_proposal(from, proposal, true, ctx),
+            ControlMessage::Clock(their_ms) => {
+                self.peer_clocks.heard(from, their_ms, clock::now_ms());
+            }
             ControlMessage::Forwarded(proposal) => {
                 if self.node.state().members.contains_key(&node_id(&from)) {
                     self.on_proposal(from, proposal, false, ctx);
@@ -57,14 +64,24 @@ impl ControlDriver {
         direct: bool,
         ctx: &mut Context<Self>,
     ) {
-        let origin = match proof::verify(&proposal, unix_ms(SystemTime::now())) {
+        let now = clock::now_ms();
+        let origin = match proof::verify(&proposal, |o| self.peer_clocks.their_now(o, now)) {
             Ok(origin) => origin,
+            // An honest node with a clock off by more than the window (or a relay passing its
+            // proposal on) is refused, not disconnected: its raft traffic must keep flowing.
+            Err(ProofError::Stale { origin, skew_ms }) => {
+                return self.refuse_for_clock(origin, &proposal, skew_ms, now);
+            }
             Err(e) => return self.punish(from, e.to_string()),
         };
         if direct && origin != from {
             return self.punish(from, format!("sent a proposal signed by {origin}"));
         }
         let command = match Command::decode(&proposal.command) {
+            Ok(Command::Notice { node, deadline_ms }) => Command::Notice {
+                node,
+                deadline_ms: local_deadline(deadline_ms, proposal.signed_unix_ms, now),
+            },
             Ok(c) => c,
             Err(e) => return self.punish(from, format!("undecodable proposal: {e}")),
         };
@@ -78,6 +95,44 @@ impl ControlDriver {
             && leader != from
         {
             self.send_control(leader, ControlMessage::Forwarded(proposal));
+        }
+    }
+
+    /// A proposal signed too far from now: named in the log and `/status`. A `Join` whose
+    /// signer's clock was never heard (it came through a relay) makes this node dial the joiner
+    /// at the addresses it signed: the connection brings its clock, and its next `Join` is read
+    /// on it.
+    fn refuse_for_clock(
+        &mut self,
+        origin: PeerId,
+        proposal: &SignedProposal,
+        skew_ms: u64,
+        now: u64,
+    ) {
+        let heard = self.peer_clocks.offset(&origin).is_some();
+        tracing::warn!(
+            peer = %origin,
+            skew_ms,
+            clock_heard = heard,
+            "proposal refused: signed too far from now on its signer's clock (clocks more than \
+             5 minutes apart, or a replay)"
+        );
+        if self.clock_refusals.len() == MAX_CLOCK_REFUSALS_SHOWN {
+            self.clock_refusals.pop_front();
+        }
+        self.clock_refusals.push_back(ClockRefusalView {
+            peer_id: origin.to_string(),
+            skew_ms,
+            refused_unix_ms: now,
+        });
+        if let (false, Ok(Command::Join { peer, .. })) = (heard, Command::decode(&proposal.command))
+            && peer.peer_id == origin.to_bytes()
+        {
+            let addrs = peer.addrs.iter().filter_map(|a| a.parse().ok());
+            self.net.do_send(DialBack {
+                peer: origin,
+                addrs: addrs.take(MAX_DIAL_BACK_ADDRS).collect(),
+            });
         }
     }
 
@@ -117,6 +172,7 @@ impl Handler<NetEvent> for ControlDriver {
             }
             NetEvent::Connected(peer) => {
                 self.connected.insert(peer);
+                self.send_control(peer, ControlMessage::Clock(clock::now_ms()));
                 self.liveness.connected(node_id(&peer));
                 if !self.node.state().members.contains_key(&self.my_id) {
                     // A new way to reach the cluster: worth trying at once.
@@ -126,16 +182,20 @@ impl Handler<NetEvent> for ControlDriver {
             }
             NetEvent::Disconnected(peer) => {
                 self.connected.remove(&peer);
+                self.peer_clocks.forget(&peer);
                 self.liveness.disconnected(node_id(&peer), Instant::now());
             }
             NetEvent::Control { from, frame } => self.on_control(from, frame, ctx),
             NetEvent::Notice { from, notice } => {
-                self.record_notice(&notice, unix_ms(SystemTime::now()));
-                tracing::info!(peer = %from, deadline = notice.deadline_unix_ms, "preemption notice received");
+                let now = clock::now_ms();
+                self.record_notice(&notice, now);
+                let deadline_ms =
+                    local_deadline(notice.deadline_unix_ms, notice.issued_unix_ms, now);
+                tracing::info!(peer = %from, deadline_ms, "preemption notice received");
                 if self.node.is_leader() {
                     let notice = Command::Notice {
                         node: node_id(&from),
-                        deadline_ms: notice.deadline_unix_ms,
+                        deadline_ms,
                     };
                     self.propose_logged(notice, ctx);
                 }
@@ -167,7 +227,7 @@ impl Handler<LeaveRequested> for ControlDriver {
         self.leaving = Some(msg.deadline);
         let grace = msg
             .deadline
-            .duration_since(SystemTime::now())
+            .duration_since(clock::now())
             .unwrap_or_default();
         let notice = Notice::with_deadline(self.me, msg.deadline, msg.source);
         self.record_notice(&notice, notice.issued_unix_ms);

@@ -31,18 +31,21 @@ use super::authorize::authorize;
 use super::known_peers;
 use super::liveness::Liveness;
 use super::membership::{NoticesInFlight, join_needed, peer_info};
+use super::peer_clocks::PeerClocks;
 use super::project::{LocalView, project};
 use super::proof;
 use super::proposal::{Propose, ProposeFailed, Routed, Watches};
+use crate::clock::{self, unix_ms};
 use crate::config::NodeConfig;
 use crate::data_dir::DataDir;
 use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
 use crate::net::actor::Network;
 use crate::net::messages::{KeepConnected, RefusePeers, SendControl};
-use crate::notices::unix_ms;
 use crate::retry::Retry;
-use crate::status::{NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound, StepsSkipped};
+use crate::status::{
+    ClockRefusalView, NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound, StepsSkipped,
+};
 use crate::wire::ControlMessage;
 
 /// How often this node's membership record is checked against what it should say.
@@ -58,6 +61,10 @@ const LEADERLESS_PATIENCE: u32 = 3;
 const LATENCY_WINDOW: usize = 10_000;
 /// Notices kept for `/status`.
 const MAX_NOTICES_SHOWN: usize = 256;
+/// Clock refusals kept for `/status`.
+const MAX_CLOCK_REFUSALS_SHOWN: usize = 16;
+/// Addresses of a joining node dialled back at most.
+const MAX_DIAL_BACK_ADDRS: usize = 8;
 /// How often the staged cluster key file is read again and the leader checks whether a key
 /// rotation is due.
 const KEY_CHECK: Duration = Duration::from_secs(2);
@@ -89,6 +96,7 @@ pub struct ControlDriver {
     data_addr: Option<String>,
     job: Option<parcae_consensus::state::Digest32>,
     connected: HashSet<PeerId>,
+    peer_clocks: PeerClocks,
     liveness: Liveness,
     /// When this node's `Join` may be proposed again.
     join_retry: Retry,
@@ -97,6 +105,7 @@ pub struct ControlDriver {
     notices_in_flight: NoticesInFlight,
     leaving: Option<SystemTime>,
     notices: VecDeque<NoticeView>,
+    clock_refusals: VecDeque<ClockRefusalView>,
     pending: Vec<(Instant, ProposalHandle)>,
     commit_latency_us: VecDeque<u64>,
     last_status: Option<StatusSnapshot>,
@@ -136,12 +145,14 @@ impl ControlDriver {
             listen_addrs: setup.listen,
             data_dir: setup.data_dir,
             connected: HashSet::new(),
+            peer_clocks: PeerClocks::default(),
             liveness: Liveness::default(),
             join_retry: Retry::new(JOIN_RETRY_MIN, JOIN_RETRY_MAX),
             leader_seen: Instant::now(),
             notices_in_flight: NoticesInFlight::default(),
             leaving: None,
             notices: VecDeque::new(),
+            clock_refusals: VecDeque::new(),
             pending: Vec::new(),
             commit_latency_us: VecDeque::new(),
             last_status: None,
@@ -400,7 +411,7 @@ impl ControlDriver {
                     .or_else(|| self.relay_peer())
                     .ok_or(ProposeFailed::NoRoute)?;
                 let bytes = command.encode().map_err(ProposeFailed::Encode)?;
-                let signed = proof::sign(&self.identity, bytes, unix_ms(SystemTime::now()))
+                let signed = proof::sign(&self.identity, bytes, clock::now_ms())
                     .map_err(ProposeFailed::Sign)?;
                 self.send_control(to, ControlMessage::Propose(signed));
                 Ok(Routed::Forwarded)
@@ -469,7 +480,7 @@ impl ControlDriver {
             self.my_id,
             |id| connected.contains(&id),
             Instant::now(),
-            unix_ms(SystemTime::now()),
+            clock::now_ms(),
             self.config.lost_timeout(),
         );
         for command in commands {
@@ -483,6 +494,7 @@ impl ControlDriver {
         let mut latencies: Vec<u64> = self.commit_latency_us.iter().copied().collect();
         latencies.sort_unstable();
         let notices: Vec<NoticeView> = self.notices.iter().cloned().collect();
+        let clock_refusals: Vec<ClockRefusalView> = self.clock_refusals.iter().cloned().collect();
         let local = LocalView {
             me: self.me,
             leader: st.leader.and_then(|l| self.peer_of(l)),
@@ -491,6 +503,7 @@ impl ControlDriver {
             connected: self.connected.iter().map(|p| p.to_string()).collect(),
             leaving_deadline_unix_ms: self.leaving.map(unix_ms),
             notices: &notices,
+            clock_refusals: &clock_refusals,
             sorted_commit_latency_us: &latencies,
             keys_held: self.keys.ids(),
         };
