@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{Ctx, Scenario};
 use crate::faults::{self, Fault, FaultKind};
-use crate::ledger::StepLedger;
+use crate::history::{self, RunHistory};
 use crate::partition::{self, Split};
 use crate::report::{self, OutageReport};
 use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec};
@@ -387,13 +387,10 @@ impl Chaos {
         self.schedule.disks_full.map(|_| self.write_failures)
     }
 
-    /// Steps the minority sides applied while cut off that the final history does not hold as
-    /// they were: commits a minority must never make (`None` without splits).
-    pub fn minority_commits(&self, final_seq: &[StepRecord]) -> Option<u64> {
-        self.schedule.partitions?;
-        let mut seen = StepLedger::default();
-        seen.observe(&self.minority_seen);
-        Some(seen.lost(final_seq).len() as u64)
+    /// What the minority sides applied while cut off, for the history check (`None` without
+    /// splits).
+    pub fn minority_seen(&self) -> Option<Vec<StepRecord>> {
+        self.schedule.partitions.map(|_| self.minority_seen.clone())
     }
 }
 
@@ -551,7 +548,19 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     let mut outcome = run::session(&args.node, spec, &mut scenario, interrupt)?;
     outcome.report.outage = scenario.outage_report(&outcome.observed.final_seq);
     outcome.report.faults = scenario.faults();
-    outcome.report.minority_commits = scenario.minority_commits(&outcome.observed.final_seq);
+    let history = RunHistory {
+        ledger: outcome.observed.monitor.steps.clone(),
+        final_seq: outcome.observed.final_seq.clone(),
+        minority_seen: scenario.minority_seen(),
+    };
+    let verdict = history::check(&history);
+    println!("{}", history::summary(&verdict));
+    if let Some(dir) = &outcome.dir {
+        history::write(dir, &history)?;
+        println!("history kept: parcae-testnet check {}", dir.display());
+    }
+    outcome.report.minority_commits = verdict.minority_commits;
+    outcome.report.history_check = Some(verdict);
     outcome.report.checkpoint_write_failures = scenario.checkpoint_write_failures();
     println!("{}", faults::summary(&outcome.report.faults));
     run::finish(&[&outcome], &args.output, &name)?;

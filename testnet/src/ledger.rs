@@ -16,7 +16,7 @@ use parcae_api::{MigrationKind, MigrationView, StepRecord};
 use serde::{Deserialize, Serialize};
 
 /// A committed step as first seen, and the first later sighting that differed.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 struct SeenStep {
     record: StepRecord,
     differing: Option<StepRecord>,
@@ -58,8 +58,8 @@ impl std::fmt::Display for LostStep {
     }
 }
 
-/// Every step seen during a run.
-#[derive(Debug, Default)]
+/// Every step seen during a run (written into the run directory for the history check).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct StepLedger {
     steps: BTreeMap<u64, SeenStep>,
     /// Steps of an earlier history that a later one replaced.
@@ -103,6 +103,16 @@ impl StepLedger {
             })
             .count() as u64;
         self.replaced + beyond
+    }
+
+    /// Steps seen.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// The history ids of the steps seen (of each step, the latest).
+    pub fn histories(&self) -> std::collections::BTreeSet<u64> {
+        self.steps.values().map(|s| s.record.history).collect()
     }
 
     /// The latest history seen.

@@ -31,6 +31,7 @@ mod failover;
 mod faults;
 mod fidelity;
 mod gpus;
+mod history;
 mod ledger;
 mod monitor;
 mod node_bin;
@@ -74,6 +75,8 @@ enum Command {
     Chaos(chaos::Args),
     /// Replay an availability trace through the planning strategies and compare them.
     Simulate(simulate::Args),
+    /// Check the whole committed history of a run directory kept with `--work-dir`.
+    Check(history::Args),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
+        Command::Check(args) => history::run(args),
         Command::Run(args) => with_interrupt(|i| run::run(args, i)),
         Command::Compare(args) => with_interrupt(|i| compare::run(args, i)),
         Command::Chaos(args) => with_interrupt(|i| chaos::run(args, i)),

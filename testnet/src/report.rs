@@ -12,6 +12,7 @@ use crate::engine::Observed;
 use crate::failover::LeaderFailover;
 use crate::faults::Fault;
 use crate::fidelity::Fidelity;
+use crate::history::HistoryCheck;
 use crate::ledger::{MigrationCounts, Reconfiguration, sample_overlap};
 use crate::resources::ResourceReport;
 
@@ -77,6 +78,9 @@ pub struct RunReport {
     /// history does not hold as they were (`chaos --partition-every`; must be 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub minority_commits: Option<u64>,
+    /// The check of the whole committed history (`chaos`; absent from other runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_check: Option<HistoryCheck>,
     /// Checkpoint writes the nodes whose disk was full saw fail (`chaos --disk-full-every`):
     /// each was logged and counted, and training went on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,6 +258,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         outage: None,
         faults: Vec::new(),
         minority_commits: None,
+        history_check: None,
         checkpoint_write_failures: None,
         simulated_samples: None,
         vs_simulated: None,
@@ -497,6 +502,12 @@ pub fn check(r: &RunReport) -> Result<(), String> {
         failed.push(format!(
             "{n} steps were applied by nodes cut off in a minority and are not in the final \
              history as they were"
+        ));
+    }
+    if let Some(h) = r.history_check.as_ref().filter(|h| !h.passed) {
+        failed.push(format!(
+            "the history check failed: {}",
+            h.problems.join("; ")
         ));
     }
     if let Some(e) = &r.emulated

@@ -212,6 +212,8 @@ pub struct Outcome {
     pub observed: Observed,
     /// Wall-clock seconds of one replayed interval.
     pub interval_secs: f64,
+    /// The run directory, when `--work-dir` keeps it.
+    pub dir: Option<PathBuf>,
     /// The simulator's run of the same strategy on the same trace and cost model, if any
     /// ([`simulate_sessions`]).
     pub simulated: Option<StrategyRun>,
@@ -286,6 +288,7 @@ pub fn session(
         details,
         observed,
         interval_secs: node.interval_secs as f64,
+        dir: node.work_dir.is_some().then_some(dir),
         simulated: None,
     })
 }

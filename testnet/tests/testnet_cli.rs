@@ -288,10 +288,14 @@ fn a_port_in_use_is_named() {
 
 /// Runs a real subcommand and returns its JSON.
 fn real_run(args: &[&str], name: &str) -> Value {
+    real_run_in(args, scratch(name).path())
+}
+
+/// [`real_run`] in the work directory `dir` (the run directory is `dir/<strategy>`).
+fn real_run_in(args: &[&str], dir: &Path) -> Value {
     ensure_node_built();
-    let dir = scratch(name);
-    let json = dir.path().join("report.json");
-    let plots = dir.path().join("plots");
+    let json = dir.join("report.json");
+    let plots = dir.join("plots");
     let mut all: Vec<&str> = args.to_vec();
     all.extend([
         "--json",
@@ -299,7 +303,7 @@ fn real_run(args: &[&str], name: &str) -> Value {
         "--out",
         plots.to_str().unwrap(),
     ]);
-    let out = testnet(&all, dir.path());
+    let out = testnet(&all, dir);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("committed steps"), "{text}");
@@ -410,6 +414,7 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
             "fidelity",
             "faults",
             "minority_commits",
+            "history_check",
             "checkpoint_write_failures",
         ]
         .iter()
@@ -689,11 +694,13 @@ fn chaos_freezes_nodes_and_lists_every_fault() {
 /// The founder's clock 10 minutes ahead and node3's 10 minutes behind (twice the freshness of a
 /// signed proposal apart from the others, and 20 minutes from each other): the nodes still form
 /// one cluster (the leader reads each member's proposals on the member's own clock), train, and
-/// lose nothing; the report lists the two skewed clocks.
+/// lose nothing; the report lists the two skewed clocks. The history check passes, in the run
+/// and again alone on the kept run directory, and fails there once a committed step is changed.
 #[test]
 fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
     let _serial = serial();
-    let v = real_run(
+    let work = scratch("clocks");
+    let v = real_run_in(
         &[
             "chaos",
             "--duration",
@@ -708,7 +715,7 @@ fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
             "5",
             "--check",
         ],
-        "clocks",
+        work.path(),
     );
     assert_run_json(&v, "liveput", 6, 4);
     assert_eq!(v["trace"], "chaos:kill-every=20s:clock-skew=600s");
@@ -729,6 +736,42 @@ fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
     );
     assert!(v["committed_steps"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["lost_committed_steps"], 0, "{v}");
+    let h = &v["history_check"];
+    assert_eq!(h["passed"], true, "{h}");
+    assert!(h["steps_checked"].as_u64().unwrap() > 0, "{h}");
+    assert_eq!(h["minority_commits"], Value::Null, "{h}");
+    assert_eq!(h["replay_max_abs_diff"], Value::Null, "{h}");
+
+    let run_dir = work.path().join("liveput");
+    let check = |dir: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_parcae-testnet"))
+            .arg("check")
+            .arg(dir)
+            .output()
+            .expect("run parcae-testnet check")
+    };
+    let out = check(&run_dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert!(text.contains("history check passed"), "{text}");
+    // A committed step whose loss changed after the fact.
+    let file = run_dir.join("history.json");
+    let mut history: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let last = history["final_seq"]
+        .as_array_mut()
+        .unwrap()
+        .last_mut()
+        .unwrap();
+    last["loss"] = Value::from(99.0);
+    std::fs::write(&file, serde_json::to_vec(&history).unwrap()).unwrap();
+    let out = check(&run_dir);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("history check FAILED") && text.contains("changed"),
+        "{text}"
+    );
+    assert_error(&check(work.path()), &["history.json", "--work-dir"]);
 }
 
 /// Whether this process may make network namespaces: root, and a namespace made and removed
@@ -814,6 +857,8 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
         .unwrap();
     assert_eq!(isolated["nodes"].as_array().unwrap().len(), 1, "{isolated}");
     assert_eq!(v["minority_commits"], 0, "{v}");
+    assert_eq!(v["history_check"]["passed"], true, "{v}");
+    assert_eq!(v["history_check"]["minority_commits"], 0, "{v}");
 }
 
 /// Every node SIGKILLed 8 s in, new ones started 5 s later on fresh data directories: they

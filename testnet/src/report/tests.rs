@@ -166,6 +166,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         outage: None,
         faults: Vec::new(),
         minority_commits: None,
+        history_check: None,
         checkpoint_write_failures: None,
         reconfigurations: Vec::new(),
         simulated_samples: None,
@@ -202,6 +203,22 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
     let err = check(&split_brain).unwrap_err();
     assert!(
         err.contains("2 steps were applied by nodes cut off"),
+        "{err}"
+    );
+    let torn = RunReport {
+        history_check: Some(crate::history::HistoryCheck {
+            passed: false,
+            histories: 1,
+            steps_checked: 4,
+            minority_commits: None,
+            replay_max_abs_diff: None,
+            problems: vec!["the final history jumps from step 1 to step 3".into()],
+        }),
+        ..base.clone()
+    };
+    let err = check(&torn).unwrap_err();
+    assert!(
+        err.contains("history check failed: the final history jumps"),
         "{err}"
     );
     let healed = RunReport {

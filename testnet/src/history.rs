@@ -1,0 +1,267 @@
+//! The checker of a run's whole history: `chaos`'s `history_check`, and `parcae-testnet check
+//! DIR` on a run directory kept with `--work-dir`.
+//!
+//! What the nodes committed is read from every node's `/steps` during the run (every few
+//! seconds, and right before a node is killed or a split heals) into a [`StepLedger`]: the first
+//! sighting of each step and the first sighting that differed from it. With the final committed
+//! sequence and what the minority sides applied while cut off, it is written to the run
+//! directory as `history.json`, so that the check can be run again, alone, on a kept directory.
+//! The check: the final history is one sequence (consecutive steps, history ids that only move
+//! forward); no committed step changed or disappeared, except those a rollback to a checkpoint
+//! gave up; every sample of the final history is trained exactly once; and no step a minority
+//! applied while cut off is missing from the final history as it was. The replay of the final
+//! history in one process is not part of it yet (`replay_max_abs_diff` is null).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use parcae_api::StepRecord;
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::{StepLedger, sample_overlap};
+
+/// The file in the run directory.
+pub const FILE: &str = "history.json";
+/// Problems listed one by one before the rest are counted.
+const MAX_LISTED: usize = 8;
+
+/// Everything the check reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunHistory {
+    /// Every committed step any node reported.
+    pub ledger: StepLedger,
+    /// The final committed sequence.
+    pub final_seq: Vec<StepRecord>,
+    /// What minority sides applied while cut off (`None`: the network never split).
+    pub minority_seen: Option<Vec<StepRecord>>,
+}
+
+/// The verdict, as the report's `history_check`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryCheck {
+    /// No problem found.
+    pub passed: bool,
+    /// History ids seen (a rollback to a checkpoint starts a new one).
+    pub histories: u64,
+    /// Committed steps seen and checked.
+    pub steps_checked: u64,
+    /// Steps a minority applied that the final history does not hold as they were (`None`:
+    /// the network never split).
+    pub minority_commits: Option<u64>,
+    /// Largest difference between the cluster's final weights and one process's replay of the
+    /// final history (`None`: not replayed).
+    pub replay_max_abs_diff: Option<f64>,
+    /// What is wrong, one line each.
+    pub problems: Vec<String>,
+}
+
+/// Checks `h`.
+pub fn check(h: &RunHistory) -> HistoryCheck {
+    let mut problems = Vec::new();
+    for pair in h.final_seq.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if b.step != a.step + 1 {
+            problems.push(format!(
+                "the final history jumps from step {} to step {}",
+                a.step, b.step
+            ));
+        }
+        if b.history < a.history {
+            problems.push(format!(
+                "the final history goes back from history {} (step {}) to {} (step {})",
+                a.history, a.step, b.history, b.step
+            ));
+        }
+    }
+    for lost in h.ledger.lost(&h.final_seq) {
+        problems.push(format!("committed {lost}"));
+    }
+    let (duplicates, gaps) = sample_overlap(&h.final_seq);
+    if duplicates > 0 {
+        problems.push(format!(
+            "{duplicates} samples of the final history are trained twice"
+        ));
+    }
+    if gaps > 0 {
+        problems.push(format!("{gaps} samples are skipped by the final history"));
+    }
+    let minority_commits = h.minority_seen.as_ref().map(|seen| {
+        let mut applied = StepLedger::default();
+        applied.observe(seen);
+        applied.lost(&h.final_seq).len() as u64
+    });
+    if let Some(n) = minority_commits.filter(|n| *n > 0) {
+        problems.push(format!(
+            "{n} steps applied by nodes cut off in a minority are not in the final history as \
+             they were"
+        ));
+    }
+    let listed = problems.len().min(MAX_LISTED);
+    if problems.len() > listed {
+        let more = problems.len() - listed;
+        problems.truncate(listed);
+        problems.push(format!("... and {more} more"));
+    }
+    let histories = h
+        .ledger
+        .histories()
+        .into_iter()
+        .chain(h.final_seq.iter().map(|r| r.history))
+        .collect::<std::collections::BTreeSet<u64>>()
+        .len() as u64;
+    HistoryCheck {
+        passed: problems.is_empty(),
+        histories,
+        steps_checked: h.ledger.len() as u64,
+        minority_commits,
+        replay_max_abs_diff: None,
+        problems,
+    }
+}
+
+/// Writes `h` into the run directory `dir`; returns the file.
+pub fn write(dir: &Path, h: &RunHistory) -> Result<PathBuf> {
+    let path = dir.join(FILE);
+    let json = serde_json::to_vec(h).context("encoding the run's history")?;
+    std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Reads the history a run wrote into `dir`.
+pub fn read(dir: &Path) -> Result<RunHistory> {
+    let path = dir.join(FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (a run directory kept with --work-dir holds it)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a run history", path.display()))
+}
+
+/// `parcae-testnet check DIR`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A run directory kept with `--work-dir` (it holds `history.json`).
+    dir: PathBuf,
+}
+
+/// Checks the history in `args.dir`; fails when the check does.
+pub fn run(args: Args) -> Result<()> {
+    let c = check(&read(&args.dir)?);
+    println!("{}", summary(&c));
+    for p in &c.problems {
+        println!("  {p}");
+    }
+    anyhow::ensure!(c.passed, "the history check failed");
+    Ok(())
+}
+
+/// One line.
+pub fn summary(c: &HistoryCheck) -> String {
+    format!(
+        "history check {}: {} histories, {} committed steps checked, {} minority commits, replay {}",
+        if c.passed { "passed" } else { "FAILED" },
+        c.histories,
+        c.steps_checked,
+        c.minority_commits
+            .map_or_else(|| "- (no splits)".to_string(), |n| n.to_string()),
+        c.replay_max_abs_diff
+            .map_or_else(|| "not run".to_string(), |d| format!("max |diff| {d:.3e}"))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(step: u64, history: u64, sample_start: u64) -> StepRecord {
+        StepRecord {
+            step,
+            epoch: 1,
+            sample_start,
+            samples: 4,
+            loss: 1.0 / (step + 1) as f64,
+            validation_loss: None,
+            history,
+        }
+    }
+
+    fn history(seen: &[StepRecord], final_seq: Vec<StepRecord>) -> RunHistory {
+        let mut ledger = StepLedger::default();
+        ledger.observe(seen);
+        RunHistory {
+            ledger,
+            final_seq,
+            minority_seen: None,
+        }
+    }
+
+    #[test]
+    fn a_clean_history_passes_and_survives_its_file() {
+        let seq: Vec<StepRecord> = (0..5).map(|s| record(s, 0, 4 * s)).collect();
+        let h = history(&seq, seq.clone());
+        let c = check(&h);
+        assert!(c.passed, "{c:?}");
+        assert_eq!((c.histories, c.steps_checked), (1, 5));
+        assert_eq!(c.replay_max_abs_diff, None);
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &h).unwrap();
+        assert_eq!(check(&read(dir.path()).unwrap()), c);
+    }
+
+    #[test]
+    fn a_rollback_to_a_checkpoint_is_one_sequence() {
+        // Steps 3-4 of history 0 given up; history 1 trains them again from step 3.
+        let mut seen: Vec<StepRecord> = (0..5).map(|s| record(s, 0, 4 * s)).collect();
+        let again: Vec<StepRecord> = (3..6).map(|s| record(s, 1, 4 * s)).collect();
+        seen.extend(&again);
+        let final_seq: Vec<StepRecord> = seen[..3].iter().chain(&again).copied().collect();
+        let c = check(&history(&seen, final_seq));
+        assert!(c.passed, "{c:?}");
+        assert_eq!(c.histories, 2);
+    }
+
+    #[test]
+    fn a_changed_step_a_hole_a_repeated_sample_and_a_minority_commit_fail() {
+        let seq: Vec<StepRecord> = (0..5).map(|s| record(s, 0, 4 * s)).collect();
+        let mut changed = seq.clone();
+        changed[2].loss = 9.0;
+        let c = check(&history(&seq, changed));
+        assert!(!c.passed);
+        assert!(c.problems[0].contains("step 2 changed"), "{c:?}");
+
+        let holed: Vec<StepRecord> = [0, 1, 3, 4].iter().map(|&i| seq[i]).collect();
+        let c = check(&history(&seq, holed));
+        assert!(
+            c.problems
+                .iter()
+                .any(|p| p.contains("jumps from step 1 to step 3")),
+            "{c:?}"
+        );
+
+        let mut repeated = seq.clone();
+        repeated[3].sample_start = 8;
+        let c = check(&history(&repeated, repeated.clone()));
+        assert!(
+            c.problems.iter().any(|p| p.contains("trained twice")),
+            "{c:?}"
+        );
+
+        let mut h = history(&seq, seq.clone());
+        h.minority_seen = Some(vec![record(5, 0, 20)]);
+        let c = check(&h);
+        assert_eq!(c.minority_commits, Some(1));
+        assert!(!c.passed);
+    }
+
+    #[test]
+    fn a_directory_without_a_history_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = format!("{:#}", read(dir.path()).unwrap_err());
+        assert!(e.contains(FILE) && e.contains("--work-dir"), "{e}");
+        std::fs::write(dir.path().join(FILE), "{").unwrap();
+        let e = format!("{:#}", read(dir.path()).unwrap_err());
+        assert!(e.contains("not a run history"), "{e}");
+    }
+}
