@@ -294,6 +294,9 @@ pub struct StatusSnapshot {
     pub leaving_deadline_unix_ms: Option<u64>,
     /// Notices received by gossip (or issued locally).
     pub notices: Vec<NoticeView>,
+    /// Why `/readyz` answers 503 (`null` when the node is ready): e.g. "no leader known: this
+    /// node reaches 1 of 5 voters (a quorum is 3)" on the minority side of a split.
+    pub not_ready: Option<String>,
     /// Proposals refused for the time they were signed at, newest last (at most 16).
     pub clock_refusals: Vec<ClockRefusalView>,
     /// Latency from proposal to local apply of the commands this node proposed.

@@ -55,9 +55,18 @@ pub enum NotReady {
     /// The replicated membership does not list this node as active or spare.
     #[error("not a member of a cluster yet")]
     NotAMember,
-    /// No leader is known: nothing can be committed.
-    #[error("no leader known")]
-    NoLeader,
+    /// No leader is known: nothing can be committed. How many voters this node reaches (itself
+    /// included) says whether it is cut off in a minority or waits for an election.
+    #[error(
+        "no leader known: this node reaches {reachable} of {voters} voters (a quorum is {})",
+        voters / 2 + 1
+    )]
+    NoLeader {
+        /// Voters connected, this node included if it votes.
+        reachable: usize,
+        /// Voters of the replicated membership.
+        voters: usize,
+    },
     /// The node got a preemption notice and is draining.
     #[error("leaving (preemption notice)")]
     Leaving,
@@ -82,7 +91,20 @@ pub fn readiness(status: &StatusSnapshot) -> Result<(), NotReady> {
         return Err(NotReady::NotAMember);
     }
     if status.leader.is_none() {
-        return Err(NotReady::NoLeader);
+        let voters: Vec<&str> = status
+            .members
+            .iter()
+            .filter(|m| m.voter)
+            .map(|m| m.peer_id.as_str())
+            .collect();
+        let reachable = voters
+            .iter()
+            .filter(|v| **v == status.peer_id || status.connected_peers.iter().any(|c| c == *v))
+            .count();
+        return Err(NotReady::NoLeader {
+            reachable,
+            voters: voters.len(),
+        });
     }
     match status.training.as_ref().map(|t| t.phase) {
         Some(TrainingPhase::Finished) => Err(NotReady::Finished),
@@ -117,17 +139,19 @@ impl Status {
 
     fn render_status(&self) {
         let Some(raft) = &self.snapshot else { return };
-        let full = StatusSnapshot {
+        let mut full = StatusSnapshot {
             training: Some(self.training.clone()),
             migrations: self.training.migrations.clone(),
             notice_provider: self.notice_provider.clone(),
             ..raft.clone()
         };
+        let ready = readiness(&full);
+        full.not_ready = ready.err().map(|e| e.to_string());
         *self
             .cells
             .ready
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = readiness(&full);
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = ready;
         store(&self.cells.status, serde_json::to_string(&full));
     }
 }
@@ -278,11 +302,37 @@ mod tests {
             readiness(&member(MemberState::Lost)),
             Err(NotReady::NotAMember)
         );
-        let leaderless = StatusSnapshot {
+        let mut cut_off = StatusSnapshot {
             leader: None,
+            connected_peers: vec!["b".into(), "spare".into()],
             ..member(MemberState::Active)
         };
-        assert_eq!(readiness(&leaderless), Err(NotReady::NoLeader));
+        for (peer, voter) in [
+            ("b", true),
+            ("c", true),
+            ("d", true),
+            ("e", true),
+            ("spare", false),
+        ] {
+            cut_off.members.push(MemberView {
+                peer_id: peer.into(),
+                voter,
+                status: MemberState::Active,
+                deadline_unix_ms: None,
+            });
+        }
+        let why = readiness(&cut_off).unwrap_err();
+        assert_eq!(
+            why,
+            NotReady::NoLeader {
+                reachable: 2,
+                voters: 5
+            }
+        );
+        assert_eq!(
+            why.to_string(),
+            "no leader known: this node reaches 2 of 5 voters (a quorum is 3)"
+        );
         let leaving = StatusSnapshot {
             leaving_deadline_unix_ms: Some(1),
             ..member(MemberState::Active)

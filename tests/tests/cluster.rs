@@ -200,3 +200,32 @@ fn a_join_refused_for_its_clock_is_named_and_its_node_dialled_back() {
         "{refusal:?}"
     );
 }
+
+/// Two of three nodes killed: the survivor is a minority of one, cannot commit and says why on
+/// `/status` (what `/readyz` answers with its 503), naming how many voters it reaches.
+#[test]
+fn a_node_left_in_a_minority_says_why_it_is_not_ready() {
+    let _serial = serial();
+    let mut c = start_cluster(TEST_CONFIG, 3);
+    c.wait_converged(&[0, 1, 2], 3, secs(15))
+        .unwrap_or_else(|| panic!("no cluster of 3\n{}", c.logs()));
+    wait_for(secs(10), || {
+        (0..3)
+            .all(|i| c.nodes[i].status().is_some_and(|s| s.not_ready.is_none()))
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("not every member is ready\n{}", c.logs()));
+    c.nodes[1].kill();
+    c.nodes[2].kill();
+    let why = wait_for(secs(15), || {
+        c.nodes[0]
+            .status()?
+            .not_ready
+            .filter(|w| w.contains("no leader known"))
+    })
+    .unwrap_or_else(|| panic!("the survivor never said why\n{}", c.logs()));
+    assert_eq!(
+        why,
+        "no leader known: this node reaches 1 of 3 voters (a quorum is 2)"
+    );
+}

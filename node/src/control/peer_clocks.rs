@@ -45,10 +45,19 @@ impl PeerClocks {
     }
 }
 
-/// A deadline written on a sender's clock, moved onto ours: the sender's own grace (its deadline
-/// less the time it wrote the message, both on its clock) from when we received it. Transit adds
-/// to the grace, by milliseconds; a deadline before the message was written means "now".
+/// Below this, a message's time of writing and of arrival are taken to agree: the transit of a
+/// notice and NTP's error, not a skewed clock.
+const CLOCKS_AGREE_MS: u64 = 1_000;
+
+/// A deadline written on a sender's clock, moved onto ours. Where the time it was written and
+/// the time it arrived agree (within [`CLOCKS_AGREE_MS`]) the deadline stands as written: it is
+/// the cloud's own, and the clocks are the same. Otherwise it is the sender's own grace (its
+/// deadline less the time it wrote the message, both on its clock) from the arrival; a deadline
+/// before the message was written means "now".
 pub fn local_deadline(deadline_ms: u64, written_ms: u64, received_ms: u64) -> u64 {
+    if written_ms.abs_diff(received_ms) <= CLOCKS_AGREE_MS {
+        return deadline_ms;
+    }
     received_ms.saturating_add(deadline_ms.saturating_sub(written_ms))
 }
 
@@ -81,5 +90,9 @@ mod tests {
         assert_eq!(local_deadline(490_000, 400_000, 1_000_000), 1_090_000);
         // Already past when written.
         assert_eq!(local_deadline(100, 200, 1_000_000), 1_000_000);
+        // Clocks that agree keep the deadline to the millisecond (20 ms in flight).
+        assert_eq!(local_deadline(1_090_000, 1_000_000, 1_000_020), 1_090_000);
+        assert_eq!(local_deadline(1_090_000, 1_001_000, 1_000_000), 1_090_000);
+        assert_eq!(local_deadline(1_090_000, 1_001_001, 1_000_000), 1_088_999);
     }
 }

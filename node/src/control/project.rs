@@ -86,6 +86,8 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
         connected_peers: local.connected,
         leaving_deadline_unix_ms: local.leaving_deadline_unix_ms,
         notices: local.notices.to_vec(),
+        // Readiness is the `Status` actor's to judge, on the whole snapshot.
+        not_ready: None,
         clock_refusals: local.clock_refusals.to_vec(),
         commit_latency_us: LatencySummary::of_sorted(local.sorted_commit_latency_us),
         // The trainer's side and the notice watch are the `Status` actor's to add.
