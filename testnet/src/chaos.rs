@@ -239,6 +239,16 @@ impl Chaos {
         });
     }
 
+    /// Records `kind` on node `victim` from `t` for `secs` s; what ending it needs.
+    fn hold(&mut self, ctx: &Ctx<'_>, kind: FaultKind, victim: usize, t: f64, secs: f64) -> Held {
+        self.record(kind, t, t + secs, vec![name_of(ctx, victim)]);
+        Held {
+            node: victim,
+            until: t + secs,
+            fault: self.faults.len() - 1,
+        }
+    }
+
     /// The outage's start (every node killed) or its end (as many new nodes started).
     fn outage_edge(&mut self, ctx: &mut Ctx<'_>, t: f64) -> Result<(), TestnetError> {
         if self.cut_off.is_none() {
@@ -289,13 +299,7 @@ impl Chaos {
         };
         self.leader_paused |= leader == Some(victim);
         ctx.pause(victim);
-        let names = vec![name_of(ctx, victim)];
-        self.record(FaultKind::Pause, t, t + secs, names);
-        self.frozen = Some(Held {
-            node: victim,
-            until: t + secs,
-            fault: self.faults.len() - 1,
-        });
+        self.frozen = Some(self.hold(ctx, FaultKind::Pause, victim, t, secs));
     }
 }
 
@@ -371,13 +375,7 @@ impl Chaos {
             return Ok(());
         };
         ctx.cluster.fill_disk(victim)?;
-        let names = vec![name_of(ctx, victim)];
-        self.record(FaultKind::DiskFull, t, t + secs, names);
-        self.filled = Some(Held {
-            node: victim,
-            until: t + secs,
-            fault: self.faults.len() - 1,
-        });
+        self.filled = Some(self.hold(ctx, FaultKind::DiskFull, victim, t, secs));
         Ok(())
     }
 

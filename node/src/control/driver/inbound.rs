@@ -3,6 +3,7 @@
 //! untrusted: an undecodable frame, or a raft message that is oversized, malformed or forged,
 //! disconnects the sender.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -117,14 +118,12 @@ impl ControlDriver {
             "proposal refused: signed too far from now on its signer's clock (clocks more than \
              5 minutes apart, or a replay)"
         );
-        if self.clock_refusals.len() == MAX_CLOCK_REFUSALS_SHOWN {
-            self.clock_refusals.pop_front();
-        }
-        self.clock_refusals.push_back(ClockRefusalView {
+        let refusal = ClockRefusalView {
             peer_id: origin.to_string(),
             skew_ms,
             refused_unix_ms: now,
-        });
+        };
+        push_newest(&mut self.clock_refusals, refusal, MAX_CLOCK_REFUSALS_SHOWN);
         if let (false, Ok(Command::Join { peer, .. })) = (heard, Command::decode(&proposal.command))
             && peer.peer_id == origin.to_bytes()
         {
@@ -142,16 +141,22 @@ impl ControlDriver {
 
     fn record_notice(&mut self, notice: &Notice, received: u64) {
         let Some(peer) = notice.peer() else { return };
-        if self.notices.len() == MAX_NOTICES_SHOWN {
-            self.notices.pop_front();
-        }
-        self.notices.push_back(NoticeView {
+        let view = NoticeView {
             peer_id: peer.to_string(),
             deadline_unix_ms: notice.deadline_unix_ms,
             issued_unix_ms: notice.issued_unix_ms,
             received_unix_ms: received,
-        });
+        };
+        push_newest(&mut self.notices, view, MAX_NOTICES_SHOWN);
     }
+}
+
+/// Appends `item` to a list shown on `/status`, dropping the oldest beyond `max`.
+fn push_newest<T>(list: &mut VecDeque<T>, item: T, max: usize) {
+    if list.len() == max {
+        list.pop_front();
+    }
+    list.push_back(item);
 }
 
 impl Handler<NetEvent> for ControlDriver {
