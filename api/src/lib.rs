@@ -382,6 +382,33 @@ pub struct StepRecord {
     pub history: u64,
 }
 
+/// What `parcae-node replay` found: a cluster's committed steps trained again in one process,
+/// from each stored checkpoint of the final history to the next, and the cluster's weights at
+/// the next compared with the replay's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// Every window replayed within the tolerance, and no problem found.
+    pub passed: bool,
+    /// Largest difference allowed between a checkpoint's weights and the replay's.
+    pub tolerance: f64,
+    /// Windows replayed (checkpoint to checkpoint, or from the seeded start).
+    pub windows: u64,
+    /// Committed steps trained again.
+    pub steps_replayed: u64,
+    /// Committed steps of the history that no window covered (after the newest stored
+    /// checkpoint, or between two checkpoints further apart than the longest window).
+    pub steps_not_replayed: u64,
+    /// Largest difference between a checkpoint's weights and the replay's, over all windows.
+    pub max_abs_diff: f64,
+    /// Largest difference between a step's committed loss and the replay's.
+    pub max_loss_diff: f64,
+    /// The step the newest replayed checkpoint was taken after (the model `parcae-node
+    /// export --store` writes).
+    pub last_checkpoint_step: Option<u64>,
+    /// What is wrong, one line each.
+    pub problems: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -89,17 +89,30 @@ impl<M: PipelineModel> Pipeline<M> {
     /// thread, in turns, each going as far as its neighbours' messages allow; activations and
     /// gradients cross stage boundaries as wire bytes, exactly as they cross the network.
     pub fn forward_backward(&mut self, micro_batches: &[Batch]) -> Result<f32> {
+        let weights = vec![1.0 / micro_batches.len().max(1) as f32; micro_batches.len()];
+        self.forward_backward_weighted(micro_batches, &weights)
+    }
+
+    /// [`Pipeline::forward_backward`] with micro-batch `i`'s loss scaled by `weights[i]` (its
+    /// share of the batch, where micro-batches differ in size, as a node weights them).
+    pub fn forward_backward_weighted(
+        &mut self,
+        micro_batches: &[Batch],
+        weights: &[f32],
+    ) -> Result<f32> {
         let p = self.stages.len();
         let m = micro_batches.len();
-        if m == 0 {
-            return Err(ModelError::InvalidConfig("no micro-batches".into()));
+        if m == 0 || weights.len() != m {
+            return Err(ModelError::InvalidConfig(format!(
+                "{m} micro-batches with {} weights",
+                weights.len()
+            )));
         }
-        let weight = 1.0 / m as f32;
         let mut data = MicroBatches {
             count: m,
             evaluate: 0,
             batch: |i: usize| Ok(micro_batches[i].clone()),
-            weight: |_| weight,
+            weight: |i: usize| weights[i],
         };
         let mut drivers: Vec<OneFOneB> = (0..p)
             .map(|stage| OneFOneB::new(StagePosition { stage, stages: p }, m, 0))

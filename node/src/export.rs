@@ -148,10 +148,7 @@ fn from_store(location: &str, job: Option<&str>, step: Option<u64>) -> anyhow::R
         let mut parts = Vec::with_capacity(cut.parts.len());
         for part in &cut.parts {
             let range = part.layers.start as usize..part.layers.end as usize;
-            let bytes = store.get_part(steps, part, MAX_PART_BYTES).await?;
-            if Sha256::digest(&bytes).as_slice() != part.digest {
-                bail!("the stored checkpoint of layers {range:?} after {steps} steps does not match its digest");
-            }
+            let bytes = store.get_verified_part(steps, part, MAX_PART_BYTES).await?;
             parts.push((range, bytes));
         }
         Ok((steps, parts))

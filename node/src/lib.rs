@@ -78,6 +78,7 @@ pub mod device_info;
 pub mod export;
 pub mod prepare;
 pub mod profile;
+pub mod replay;
 pub mod smoke;
 pub mod train_bench;
 

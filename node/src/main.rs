@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use parcae_api::client::Client;
 use parcae_model::{
     ByteTextDataset, Dataset, Gpt, Gpt2Safetensors, GptConfig, SyntheticTask, TokenDtype,
-    TokenFileDataset,
+    TokenFileDataset, WeightSource,
 };
 use parcae_node::Trainer;
 use parcae_node::adopt;
@@ -22,6 +22,7 @@ use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
 use parcae_node::profile::{ProfileOptions, profile};
+use parcae_node::replay::{ReplayJob, ReplayOptions, read_steps, replay};
 use parcae_node::smoke::{SmokeOptions, smoke};
 use parcae_node::train::TrainerLauncher;
 use parcae_node::train_bench::{TrainBenchOptions, train_bench};
@@ -73,6 +74,9 @@ enum Command {
     /// Write the model the checkpoints of a step describe as one safetensors file with
     /// Hugging Face GPT-2 tensor names.
     Export(ExportOptions),
+    /// Train a cluster's committed steps again in this process, from each stored checkpoint to
+    /// the next, and compare the weights: the cluster trained what one process would have.
+    Replay(ReplayOptions),
     /// Measure a model on this machine's device (per-layer forward, backward and optimizer
     /// times, bytes, peak memory) into a profile file the planner and the emulator read.
     Profile(ProfileOptions),
@@ -155,6 +159,7 @@ vocab_size = {}",
             );
             Ok(())
         }
+        Command::Replay(opts) => replay_command(&opts),
         Command::Profile(opts) => {
             let p = profile(&opts)?;
             let step_ms: f64 = p
@@ -222,38 +227,103 @@ vocab_size = {}",
 /// device `[device]` names.
 fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     let t = &config.train;
-    let emulation = config.device.emulation()?;
+    let (gpt, data) = builtin_data(config)?;
+    let mut trainer = Trainer::with_shared_dataset(Gpt::new(gpt.clone())?, data);
+    if let Some(weights) = builtin_init(config, &gpt)? {
+        trainer = trainer.initial_weights(weights);
+    }
+    Ok(trainer
+        .job_settings(adopt::recipe(config)?)
+        .spec(t.job_spec())
+        .checkpoint_store(t.checkpoint_store.clone())
+        .restore_from(t.restore.clone())
+        .keep_checkpoints(t.keep_checkpoints)
+        .emulate(config.device.emulation()?)
+        .device(config.device.burn_device()?)
+        .launcher())
+}
+
+/// The built-in GPT's sizes and its data: the synthetic task, a token file or a byte-level
+/// text file, as `[train]` says.
+fn builtin_data(config: &NodeConfig) -> anyhow::Result<(GptConfig, Arc<dyn Dataset>)> {
+    let t = &config.train;
     let gpt = config.model();
-    let recipe = adopt::recipe(config)?;
-    let launcher = |gpt: GptConfig, data: Arc<dyn Dataset>| -> anyhow::Result<TrainerLauncher> {
-        let mut trainer = Trainer::with_shared_dataset(Gpt::new(gpt.clone())?, data);
-        if let Some(init) = &t.init {
-            let weights = Gpt2Safetensors::open(std::path::Path::new(init), &gpt)
-                .with_context(|| format!("train.init {init}"))?;
-            trainer = trainer.initial_weights(Arc::new(weights));
-        }
-        Ok(trainer
-            .job_settings(recipe.clone())
-            .spec(t.job_spec())
-            .checkpoint_store(t.checkpoint_store.clone())
-            .restore_from(t.restore.clone())
-            .emulate(emulation.clone())
-            .device(config.device.burn_device()?)
-            .launcher())
-    };
-    if t.data == "synthetic" {
-        let task = SyntheticTask::default_for(t.seed, gpt.vocab_size, gpt.seq_len)?;
-        launcher(gpt, Arc::new(task))
+    let data: Arc<dyn Dataset> = if t.data == "synthetic" {
+        Arc::new(SyntheticTask::default_for(
+            t.seed,
+            gpt.vocab_size,
+            gpt.seq_len,
+        )?)
     } else if let Some(dtype) = t.tokens {
         let path = std::path::Path::new(&t.data);
-        let tokens = TokenFileDataset::open(path, dtype.into(), gpt.seq_len, gpt.vocab_size)
-            .with_context(|| format!("train.data {}", t.data))?;
-        launcher(gpt, Arc::new(tokens))
+        Arc::new(
+            TokenFileDataset::open(path, dtype.into(), gpt.seq_len, gpt.vocab_size)
+                .with_context(|| format!("train.data {}", t.data))?,
+        )
     } else {
-        let text = ByteTextDataset::from_file(std::path::Path::new(&t.data), gpt.seq_len)
-            .with_context(|| format!("train.data {}", t.data))?;
-        launcher(gpt, Arc::new(text))
+        Arc::new(
+            ByteTextDataset::from_file(std::path::Path::new(&t.data), gpt.seq_len)
+                .with_context(|| format!("train.data {}", t.data))?,
+        )
+    };
+    Ok((gpt, data))
+}
+
+/// The weights `[train] init` starts the built-in GPT from, if any.
+fn builtin_init(
+    config: &NodeConfig,
+    gpt: &GptConfig,
+) -> anyhow::Result<Option<Arc<dyn WeightSource>>> {
+    let Some(init) = &config.train.init else {
+        return Ok(None);
+    };
+    let weights = Gpt2Safetensors::open(std::path::Path::new(init), gpt)
+        .with_context(|| format!("train.init {init}"))?;
+    Ok(Some(Arc::new(weights)))
+}
+
+/// `parcae-node replay` on the built-in GPT: prints the verdict, writes the report, fails when
+/// the check does.
+fn replay_command(opts: &ReplayOptions) -> anyhow::Result<()> {
+    let config = match &opts.config {
+        Some(path) => NodeConfig::load(path)?,
+        None => NodeConfig::default(),
+    };
+    let location = opts
+        .store
+        .clone()
+        .or_else(|| config.train.checkpoint_store.clone())
+        .context("--store: the configuration names no [train] checkpoint_store")?;
+    let (gpt, dataset) = builtin_data(&config)?;
+    let job = ReplayJob {
+        initial_weights: builtin_init(&config, &gpt)?,
+        model: Arc::new(Gpt::new(gpt)?),
+        dataset,
+        spec: config.train.job_spec(),
+        program_settings: adopt::recipe(&config)?,
+    };
+    let steps = read_steps(&opts.steps)?;
+    let report = replay(&job, &location, &steps, opts.tolerance, opts.max_window)?;
+    println!(
+        "replay {}: {} windows, {} steps replayed ({} not), max |diff| {:.3e} (tolerance {:.0e}), \
+         max loss diff {:.3e}",
+        if report.passed { "passed" } else { "FAILED" },
+        report.windows,
+        report.steps_replayed,
+        report.steps_not_replayed,
+        report.max_abs_diff,
+        report.tolerance,
+        report.max_loss_diff
+    );
+    for p in &report.problems {
+        println!("  {p}");
     }
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| path.display().to_string())?;
+    }
+    anyhow::ensure!(report.passed, "the replay check failed");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,8 +28,19 @@ use sha2::{Digest, Sha256};
 /// Largest cut manifest read back (a cut names at most a few thousand parts).
 const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
-/// Complete stored cuts whose manifests and parts are kept (older ones are deleted).
+/// Complete stored cuts whose manifests and parts are kept by default (older ones are
+/// deleted; `[train] keep_checkpoints`).
 pub const KEEP_STORED_CUTS: usize = 2;
+
+/// Most manifests read back by [`JobStore::stored_cuts`] (a run that keeps every cut of a
+/// checkpoint every 20 steps holds 5,000 after 100,000 steps).
+const MAX_LISTED_CUTS: usize = 1 << 20;
+
+/// The largest checkpoint part a store holds for a model of `params` parameters: weights and
+/// two moments in f32, with room for the headers.
+pub fn max_part_bytes(params: usize) -> u64 {
+    params as u64 * 12 + (16 << 20)
+}
 
 /// The store could not be opened, read or written, or holds something unusable.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +79,8 @@ pub struct JobStore {
     store: Arc<dyn ObjectStore>,
     root: Path,
     location: String,
+    /// Complete cuts kept (0: all).
+    keep_cuts: usize,
 }
 
 impl std::fmt::Debug for JobStore {
@@ -85,7 +98,15 @@ impl JobStore {
             store,
             root: prefix.join(hex::encode(&job[..16])),
             location: location.to_string(),
+            keep_cuts: KEEP_STORED_CUTS,
         })
+    }
+
+    /// This store, keeping the newest `cuts` complete cuts when it writes one (0: every cut,
+    /// for a run whose whole history is checked afterwards: `parcae-node replay`).
+    pub fn keeping(mut self, cuts: usize) -> Self {
+        self.keep_cuts = cuts;
+        self
     }
 
     /// The one job in the store at `location`, or the one whose directory name starts with
@@ -110,6 +131,7 @@ impl JobStore {
                 store,
                 root: prefix.join(one.as_str()),
                 location: location.to_string(),
+                keep_cuts: KEEP_STORED_CUTS,
             }),
             [] => Err(StoreError::Location {
                 location: location.to_string(),
@@ -177,6 +199,24 @@ impl JobStore {
         self.get_bounded(&path, max_bytes).await
     }
 
+    /// [`JobStore::get_part`], refusing bytes that do not match the part's digest.
+    pub async fn get_verified_part(
+        &self,
+        steps: u64,
+        part: &CutPart,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let bytes = self.get_part(steps, part, max_bytes).await?;
+        if Sha256::digest(&bytes).as_slice() != part.digest {
+            return Err(StoreError::Invalid {
+                location: self.location.clone(),
+                object: format!("layers {:?} after {steps} steps", part.layers),
+                reason: "the bytes do not match the digest of the cut's manifest".into(),
+            });
+        }
+        Ok(bytes)
+    }
+
     async fn get_bounded(&self, path: &Path, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
         let got = self.store.get(path).await.map_err(|e| self.error(e))?;
         if got.meta.size > max_bytes {
@@ -191,8 +231,8 @@ impl JobStore {
     }
 
     /// Writes the manifest of a complete cut whose every part is stored, then deletes the
-    /// manifests and parts of all but the newest [`KEEP_STORED_CUTS`] stored cuts (parts newer
-    /// than every kept cut stay: they are uploads of cuts not complete yet).
+    /// manifests and parts of all but the newest kept stored cuts ([`JobStore::keeping`];
+    /// parts newer than every kept cut stay: they are uploads of cuts not complete yet).
     pub async fn put_cut(&self, cut: &Cut) -> Result<(), StoreError> {
         self.put_manifest(cut).await?;
         self.prune().await
@@ -221,21 +261,14 @@ impl JobStore {
     pub async fn copy_newest_from(
         &self,
         from: &JobStore,
-        max_part_bytes: u64,
+        max_bytes: u64,
     ) -> Result<Option<Cut>, StoreError> {
         let Some(cut) = from.newest_cut().await? else {
             return Ok(None);
         };
         let steps = cut.steps_trained();
         for part in &cut.parts {
-            let bytes = from.get_part(steps, part, max_part_bytes).await?;
-            if Sha256::digest(&bytes).as_slice() != part.digest {
-                return Err(StoreError::Invalid {
-                    location: from.location.clone(),
-                    object: format!("layers {:?} after {steps} steps", part.layers),
-                    reason: "the bytes do not match the digest of the cut's manifest".into(),
-                });
-            }
+            let bytes = from.get_verified_part(steps, part, max_bytes).await?;
             let layers = part.layers.start..part.layers.end;
             self.put_part(steps, layers, &part.digest, bytes).await?;
         }
@@ -294,7 +327,13 @@ impl JobStore {
         else {
             return Ok(None);
         };
-        let bytes = self.get_bounded(&path, MAX_MANIFEST_BYTES).await?;
+        self.read_manifest(&path).await.map(Some)
+    }
+
+    /// The cut a manifest names; an error where it does not decode or is not a complete
+    /// stored cut (the store was tampered with).
+    async fn read_manifest(&self, path: &Path) -> Result<Cut, StoreError> {
+        let bytes = self.get_bounded(path, MAX_MANIFEST_BYTES).await?;
         let invalid = |reason: String| StoreError::Invalid {
             location: self.location.clone(),
             object: path.to_string(),
@@ -304,7 +343,27 @@ impl JobStore {
         if !cut.is_stored() {
             return Err(invalid("not a complete stored cut".into()));
         }
-        Ok(Some(cut))
+        Ok(cut)
+    }
+
+    /// Every stored cut, oldest first (by history, then step).
+    pub async fn stored_cuts(&self) -> Result<Vec<Cut>, StoreError> {
+        let manifests = self.manifests().await?;
+        if manifests.len() > MAX_LISTED_CUTS {
+            return Err(StoreError::Invalid {
+                location: self.location.clone(),
+                object: "cuts".into(),
+                reason: format!(
+                    "{} manifests (at most {MAX_LISTED_CUTS} are read)",
+                    manifests.len()
+                ),
+            });
+        }
+        let mut cuts = Vec::with_capacity(manifests.len());
+        for (_, _, path) in manifests.iter().rev() {
+            cuts.push(self.read_manifest(path).await?);
+        }
+        Ok(cuts)
     }
 
     /// The newest stored cut ([`JobStore::stored_cut`]).
@@ -313,9 +372,12 @@ impl JobStore {
     }
 
     async fn prune(&self) -> Result<(), StoreError> {
+        if self.keep_cuts == 0 {
+            return Ok(());
+        }
         let manifests = self.manifests().await?;
         let mut keep_parts = Vec::new();
-        for (_, _, path) in manifests.iter().take(KEEP_STORED_CUTS) {
+        for (_, _, path) in manifests.iter().take(self.keep_cuts) {
             let bytes = self.get_bounded(path, MAX_MANIFEST_BYTES).await?;
             if let Ok(cut) = serde_json::from_slice::<Cut>(&bytes) {
                 let steps = cut.steps_trained();
@@ -328,7 +390,7 @@ impl JobStore {
         }
         let Some(oldest_kept) = manifests
             .iter()
-            .take(KEEP_STORED_CUTS)
+            .take(self.keep_cuts)
             .map(|(_, step, _)| *step + 1)
             .min()
         else {
@@ -336,7 +398,7 @@ impl JobStore {
         };
         let mut doomed: Vec<Path> = manifests
             .into_iter()
-            .skip(KEEP_STORED_CUTS)
+            .skip(self.keep_cuts)
             .map(|(_, _, path)| path)
             .collect();
         let parts: Vec<_> = self

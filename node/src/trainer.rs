@@ -31,6 +31,7 @@ use crate::config::NodeConfig;
 use crate::emulate::Emulation;
 use crate::job::{JobSpec, ValidationConfig};
 use crate::keyring::KeyRing;
+use crate::store::KEEP_STORED_CUTS;
 use crate::train::{TrainJob, TrainerLauncher};
 
 /// The data directory of a node the builder is not told one.
@@ -77,6 +78,7 @@ impl<M: PipelineModel> Trainer<M> {
                 spec: JobSpec::default(),
                 checkpoint_store: None,
                 restore_from: None,
+                keep_checkpoints: KEEP_STORED_CUTS,
                 device: default_device(),
                 emulation: None,
                 initial_weights: None,
@@ -142,6 +144,13 @@ impl<M: PipelineModel> Trainer<M> {
     /// training stopped for want of a checkpoint resumes from it when it does not hold it.
     pub fn restore_from(mut self, location: Option<String>) -> Self {
         self.job.restore_from = location;
+        self
+    }
+
+    /// Complete checkpoints the job's store keeps (default 2; 0: every one, for a run whose
+    /// history is checked afterwards with `parcae-node replay`).
+    pub fn keep_checkpoints(mut self, cuts: usize) -> Self {
+        self.job.keep_checkpoints = cuts;
         self
     }
 

@@ -21,6 +21,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::engine::{Ctx, Scenario};
 use crate::faults::{self, Fault, FaultKind};
 use crate::history::{self, RunHistory};
+use crate::model_replay;
+use crate::node_bin;
 use crate::partition::{self, Split};
 use crate::report::{self, OutageReport};
 use crate::run::{self, NodeArgs, OutputArgs, STRATEGIES, SessionSpec};
@@ -475,6 +477,10 @@ impl Scenario for Chaos {
         self.schedule.disks_full.map(|_| CHECKPOINT_DISK_MIB)
     }
 
+    fn keeps_every_checkpoint(&self) -> bool {
+        true
+    }
+
     fn clock_skew(&self) -> Option<ClockSkew> {
         self.schedule.clock_skew.map(|secs| ClockSkew { secs })
     }
@@ -551,9 +557,16 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         final_seq: outcome.observed.final_seq.clone(),
         minority_seen: scenario.minority_seen(),
     };
-    let verdict = history::check(&history);
+    let mut verdict = history::check(&history);
+    // The emulated GPT is paced to a 1.5B model's profile but is a real model of its layer
+    // count: replaying it on one CPU would take longer than the run.
+    if args.node.emulate.is_none() {
+        let bin = node_bin::locate(args.node.node_bin.as_deref())?;
+        let replayed = model_replay::run(&bin, outcome.dir.path(), &history.final_seq);
+        model_replay::apply(&mut verdict, replayed);
+    }
     println!("{}", history::summary(&verdict));
-    if let Some(dir) = &outcome.dir {
+    if let Some(dir) = outcome.dir.kept() {
         history::write(dir, &history)?;
         println!("history kept: parcae-testnet check {}", dir.display());
     }

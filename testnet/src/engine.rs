@@ -43,6 +43,10 @@ pub trait Scenario {
     fn clock_skew(&self) -> Option<ClockSkew> {
         None
     }
+    /// Whether the job's store keeps every checkpoint, for the replay check after the run.
+    fn keeps_every_checkpoint(&self) -> bool {
+        false
+    }
 }
 
 /// What a scenario acts on.

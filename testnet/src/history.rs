@@ -9,8 +9,9 @@
 //! The check: the final history is one sequence (consecutive steps, history ids that only move
 //! forward); no committed step changed or disappeared, except those a rollback to a checkpoint
 //! gave up; every sample of the final history is trained exactly once; and no step a minority
-//! applied while cut off is missing from the final history as it was. The replay of the final
-//! history in one process is not part of it yet (`replay_max_abs_diff` is null).
+//! applied while cut off is missing from the final history as it was. Then the replay check
+//! ([`crate::model_replay`]) trains the final history again in one process and compares the
+//! weights with the cluster's checkpoints (`replay_max_abs_diff`; null where it was not run).
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,8 @@ use parcae_api::StepRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{StepLedger, sample_overlap};
+use crate::model_replay;
+use crate::node_bin;
 
 /// The file in the run directory.
 pub const FILE: &str = "history.json";
@@ -48,8 +51,8 @@ pub struct HistoryCheck {
     /// Steps a minority applied that the final history does not hold as they were (`None`:
     /// the network never split).
     pub minority_commits: Option<u64>,
-    /// Largest difference between the cluster's final weights and one process's replay of the
-    /// final history (`None`: not replayed).
+    /// Largest difference between a checkpoint's weights and one process's replay of the final
+    /// history up to it, over every checkpoint replayed (`None`: not replayed).
     pub replay_max_abs_diff: Option<f64>,
     /// What is wrong, one line each.
     pub problems: Vec<String>,
@@ -144,11 +147,24 @@ pub fn read(dir: &Path) -> Result<RunHistory> {
 pub struct Args {
     /// A run directory kept with `--work-dir` (it holds `history.json`).
     dir: PathBuf,
+    /// The `parcae-node` binary that replays the history (default: beside this one, or
+    /// `PARCAE_NODE_BIN`).
+    #[arg(long)]
+    node_bin: Option<PathBuf>,
 }
 
-/// Checks the history in `args.dir`; fails when the check does.
+/// Checks the history in `args.dir`, replaying it where the directory holds the job's store;
+/// fails when the check does.
 pub fn run(args: Args) -> Result<()> {
-    let c = check(&read(&args.dir)?);
+    let history = read(&args.dir)?;
+    let mut c = check(&history);
+    if model_replay::possible(&args.dir) {
+        let bin = node_bin::locate(args.node_bin.as_deref())?;
+        model_replay::apply(
+            &mut c,
+            model_replay::run(&bin, &args.dir, &history.final_seq),
+        );
+    }
     println!("{}", summary(&c));
     for p in &c.problems {
         println!("  {p}");

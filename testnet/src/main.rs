@@ -33,6 +33,7 @@ mod fidelity;
 mod gpus;
 mod history;
 mod ledger;
+mod model_replay;
 mod monitor;
 mod node_bin;
 mod node_config;

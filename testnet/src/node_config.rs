@@ -43,6 +43,8 @@ pub struct NodeSettings {
     /// The job's durable checkpoint store shared by every node (a directory of the run), so
     /// that nodes started after a whole-cluster outage resume from it.
     pub checkpoint_store: Option<PathBuf>,
+    /// Complete checkpoints the job's store keeps (`None`: the node's default; 0: every one).
+    pub keep_checkpoints: Option<usize>,
     /// `[D, P]` every plan is pinned to, if any.
     pub pin: Option<[u32; 2]>,
 }
@@ -158,6 +160,9 @@ fn training_keys(s: &NodeSettings) -> String {
             "checkpoint_store = {:?}\n",
             store.display().to_string()
         ));
+    }
+    if let Some(keep) = s.keep_checkpoints {
+        out.push_str(&format!("keep_checkpoints = {keep}\n"));
     }
     match &s.emulate {
         // An emulated run is measured against the simulator, which knows nothing of
@@ -291,6 +296,7 @@ mod tests {
             emulate: None,
             devices: Devices::Cpu,
             checkpoint_store: None,
+            keep_checkpoints: None,
             pin: None,
         }
     }

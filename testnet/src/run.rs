@@ -17,7 +17,7 @@ use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
 use crate::predicted;
 use crate::prices::PriceArgs;
-use crate::process;
+use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
 use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
@@ -195,6 +195,7 @@ impl NodeArgs {
                 .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
             devices: self.device.devices(gpus::visible),
             checkpoint_store: None,
+            keep_checkpoints: None,
             pin: self.pin,
         })
     }
@@ -212,8 +213,8 @@ pub struct Outcome {
     pub observed: Observed,
     /// Wall-clock seconds of one replayed interval.
     pub interval_secs: f64,
-    /// The run directory, when `--work-dir` keeps it.
-    pub dir: Option<PathBuf>,
+    /// The run directory (removed with the outcome unless `--work-dir` keeps it).
+    pub dir: RunDir,
     /// The simulator's run of the same strategy on the same trace and cost model, if any
     /// ([`simulate_sessions`]).
     pub simulated: Option<StrategyRun>,
@@ -234,7 +235,8 @@ pub struct SessionSpec<'a> {
 }
 
 /// Runs one supervised cluster session: every node is killed when this returns, whatever
-/// happened. The run directory is removed after success unless `--work-dir` was given.
+/// happened. The run directory goes with the outcome unless `--work-dir` was given (and stays
+/// for its logs when the session fails).
 pub fn session(
     node: &NodeArgs,
     spec: SessionSpec<'_>,
@@ -247,7 +249,8 @@ pub fn session(
     let dir = process::run_dir(node.work_dir.as_deref(), &spec.label)
         .context("creating the run directory")?;
     let settings = NodeSettings {
-        checkpoint_store: Some(dir.join("store")),
+        checkpoint_store: Some(dir.join(STORE)),
+        keep_checkpoints: scenario.keeps_every_checkpoint().then_some(0),
         ..node.settings(spec.strategy, spec.nodes_max)?
     };
     let opts = ClusterOptions {
@@ -271,9 +274,7 @@ pub fn session(
         Ok(observed)
     })();
     let observed = result.with_context(|| format!("node logs are in {}", dir.display()))?;
-    if node.work_dir.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    let dir = RunDir::new(dir, node.work_dir.is_some());
     let meta = RunMeta {
         strategy: spec.strategy.to_string(),
         trace: spec.trace,
@@ -288,7 +289,7 @@ pub fn session(
         details,
         observed,
         interval_secs: node.interval_secs as f64,
-        dir: node.work_dir.is_some().then_some(dir),
+        dir,
         simulated: None,
     })
 }

@@ -694,8 +694,9 @@ fn chaos_freezes_nodes_and_lists_every_fault() {
 /// The founder's clock 10 minutes ahead and node3's 10 minutes behind (twice the freshness of a
 /// signed proposal apart from the others, and 20 minutes from each other): the nodes still form
 /// one cluster (the leader reads each member's proposals on the member's own clock), train, and
-/// lose nothing; the report lists the two skewed clocks. The history check passes, in the run
-/// and again alone on the kept run directory, and fails there once a committed step is changed.
+/// lose nothing; the report lists the two skewed clocks. The history check and the replay check
+/// pass, in the run and again alone on the kept run directory, and the history check fails
+/// there once a committed step is changed.
 #[test]
 fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
     let _serial = serial();
@@ -740,7 +741,7 @@ fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
     assert_eq!(h["passed"], true, "{h}");
     assert!(h["steps_checked"].as_u64().unwrap() > 0, "{h}");
     assert_eq!(h["minority_commits"], Value::Null, "{h}");
-    assert_eq!(h["replay_max_abs_diff"], Value::Null, "{h}");
+    assert_replayed(h);
 
     let run_dir = work.path().join("liveput");
     let check = |dir: &Path| {
@@ -753,7 +754,10 @@ fn chaos_with_skewed_clocks_forms_one_cluster_and_trains() {
     let out = check(&run_dir);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", stderr(&out));
-    assert!(text.contains("history check passed"), "{text}");
+    assert!(
+        text.contains("history check passed") && text.contains("replay max |diff|"),
+        "{text}"
+    );
     // A committed step whose loss changed after the fact.
     let file = run_dir.join("history.json");
     let mut history: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
@@ -859,11 +863,20 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
     assert_eq!(v["minority_commits"], 0, "{v}");
     assert_eq!(v["history_check"]["passed"], true, "{v}");
     assert_eq!(v["history_check"]["minority_commits"], 0, "{v}");
+    assert_replayed(&v["history_check"]);
+}
+
+/// The replay check ran (the nodes' checkpoints trained again in one process) and the
+/// cluster's weights equal the replay's within its tolerance.
+fn assert_replayed(history_check: &Value) {
+    let diff = history_check["replay_max_abs_diff"].as_f64();
+    assert!(diff.is_some_and(|d| d <= 1e-4), "{history_check}");
 }
 
 /// Every node SIGKILLed 8 s in, new ones started 5 s later on fresh data directories: they
 /// resume from the run's checkpoint store; the kill at 20 s takes a whole stage of the pinned
-/// 1 x 3 plan, and the cluster rolls back instead of losing or mixing steps.
+/// 1 x 3 plan, and the cluster rolls back instead of losing or mixing steps; the replay check
+/// passes across both.
 #[test]
 fn chaos_survives_a_whole_cluster_outage() {
     let _serial = serial();
@@ -899,6 +912,9 @@ fn chaos_survives_a_whole_cluster_outage() {
         v["rolled_back_steps"].as_u64().unwrap() >= before - resumed,
         "{v}"
     );
+    // The histories after the outage and the rollback each resumed from a stored checkpoint,
+    // and the weights the cluster trained from it equal one process's.
+    assert_replayed(&v["history_check"]);
 }
 
 #[test]

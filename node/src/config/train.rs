@@ -148,6 +148,9 @@ pub struct TrainConfig {
     /// job's store at start, for a new cluster, or one whose training stopped for want of a
     /// checkpoint, to resume from (`parcae-node run --restore`).
     pub restore: Option<String>,
+    /// Complete checkpoints the job's store keeps (0: every one, so that `parcae-node replay`
+    /// can check the whole history afterwards).
+    pub keep_checkpoints: usize,
     /// Peak learning rate.
     pub peak_lr: f64,
     /// Warmup steps of the learning-rate schedule.
@@ -184,6 +187,7 @@ impl Default for TrainConfig {
             checkpoint_every: 20,
             checkpoint_store: None,
             restore: None,
+            keep_checkpoints: crate::store::KEEP_STORED_CUTS,
             peak_lr: 1e-2,
             warmup_steps: 10,
             peer_timeout_secs: 10.0,

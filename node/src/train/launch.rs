@@ -31,7 +31,7 @@ use crate::job::{Identity, JobSpec};
 use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
 use crate::status::TrainingView;
-use crate::store::JobStore;
+use crate::store::{JobStore, max_part_bytes};
 
 /// What the node gives its trainer when it starts.
 pub struct TrainerContext {
@@ -89,6 +89,8 @@ pub struct TrainJob<M: PipelineModel> {
     /// Another store of this job (a backup) whose newest complete checkpoint is copied into
     /// the job's store at start, for a new or a stopped cluster to resume from.
     pub restore_from: Option<String>,
+    /// Complete checkpoints the job's store keeps (0: every one).
+    pub keep_checkpoints: usize,
     /// The Burn device.
     pub device: burn::tensor::Device,
     /// The emulated accelerator the stage's work is paced to, if any.
@@ -195,8 +197,9 @@ impl<M: PipelineModel> TrainJob<M> {
             None => ctx.data_dir.store().display().to_string(),
         };
         let store = JobStore::open(&store_location, &job.digest())
-            .map_err(|e| TrainError::Config(e.to_string()))?;
-        let max_state_bytes = self.model.num_params() as u64 * 12 + (16 << 20);
+            .map_err(|e| TrainError::Config(e.to_string()))?
+            .keeping(self.keep_checkpoints);
+        let max_state_bytes = max_part_bytes(self.model.num_params());
         if let Some(from) = &self.restore_from {
             restore_into(rt, &store, from, job, max_state_bytes)?;
         }
@@ -213,7 +216,10 @@ impl<M: PipelineModel> TrainJob<M> {
 }
 
 /// The samples the job trains on, and the held-out split when it has one.
-fn data_source(dataset: Arc<dyn Dataset>, spec: &JobSpec) -> Result<DataSource, TrainError> {
+pub(crate) fn data_source(
+    dataset: Arc<dyn Dataset>,
+    spec: &JobSpec,
+) -> Result<DataSource, TrainError> {
     let (dataset, validation) = match spec.validation {
         Some(v) => {
             if v.every == 0 || v.samples == 0 {

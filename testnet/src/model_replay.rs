@@ -1,0 +1,144 @@
+//! The replay check of a finished run: `parcae-node replay` on the run's directory trains the
+//! final history again in one process, from each checkpoint the job's store kept to the next,
+//! and compares the weights (see the node's `replay` module for why it goes window by window).
+//! Its verdict joins the history check's.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use parcae_api::{ReplayReport, StepRecord};
+
+use crate::history::HistoryCheck;
+use crate::process::STORE;
+
+/// The final history, as the node's replay reads it.
+const STEPS_FILE: &str = "final_steps.json";
+/// The node's report.
+const REPORT_FILE: &str = "replay.json";
+/// The node whose configuration names the job (every node's does; node0 always exists).
+const CONFIG_FILE: &str = "node0.toml";
+
+/// Whether `dir` holds what a replay needs: a node's configuration and the job's store.
+pub fn possible(dir: &Path) -> bool {
+    dir.join(CONFIG_FILE).is_file() && dir.join(STORE).is_dir()
+}
+
+/// Runs `bin replay` on the run directory `dir` against `final_seq`.
+pub fn run(bin: &Path, dir: &Path, final_seq: &[StepRecord]) -> Result<ReplayReport> {
+    let steps = dir.join(STEPS_FILE);
+    let report = dir.join(REPORT_FILE);
+    std::fs::write(&steps, serde_json::to_vec(final_seq)?)
+        .with_context(|| format!("writing {}", steps.display()))?;
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(bin)
+        .arg("replay")
+        .arg("--config")
+        .arg(dir.join(CONFIG_FILE))
+        .arg("--store")
+        .arg(dir.join(STORE))
+        .arg("--steps")
+        .arg(&steps)
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .with_context(|| format!("starting {} replay", bin.display()))?;
+    let Ok(text) = std::fs::read(&report) else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        bail!(
+            "{} replay wrote no report ({}): {}",
+            bin.display(),
+            out.status,
+            stderr.lines().last().unwrap_or("")
+        );
+    };
+    serde_json::from_slice(&text).with_context(|| format!("reading {}", report.display()))
+}
+
+/// The history check with the replay's verdict: its largest difference, and its problems (or
+/// why it could not run) among the check's.
+pub fn apply(check: &mut HistoryCheck, replay: Result<ReplayReport>) {
+    match replay {
+        Ok(r) => {
+            check.replay_max_abs_diff = Some(r.max_abs_diff);
+            check
+                .problems
+                .extend(r.problems.into_iter().map(|p| format!("replay: {p}")));
+        }
+        Err(e) => check.problems.push(format!("replay: {e:#}")),
+    }
+    check.passed = check.problems.is_empty();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn passed() -> HistoryCheck {
+        HistoryCheck {
+            passed: true,
+            histories: 1,
+            steps_checked: 40,
+            minority_commits: None,
+            replay_max_abs_diff: None,
+            problems: Vec::new(),
+        }
+    }
+
+    fn report(max_abs_diff: f64, problems: Vec<String>) -> ReplayReport {
+        ReplayReport {
+            passed: problems.is_empty(),
+            tolerance: 1e-4,
+            windows: 2,
+            steps_replayed: 40,
+            steps_not_replayed: 0,
+            max_abs_diff,
+            max_loss_diff: 1e-6,
+            last_checkpoint_step: Some(39),
+            problems,
+        }
+    }
+
+    #[test]
+    fn the_replays_verdict_joins_the_history_checks() {
+        let mut c = passed();
+        apply(&mut c, Ok(report(3e-6, Vec::new())));
+        assert!(c.passed);
+        assert_eq!(c.replay_max_abs_diff, Some(3e-6));
+
+        let mut c = passed();
+        apply(
+            &mut c,
+            Ok(report(
+                0.2,
+                vec!["the checkpoint after step 39 differs".into()],
+            )),
+        );
+        assert!(!c.passed);
+        assert_eq!(
+            c.problems,
+            vec!["replay: the checkpoint after step 39 differs"]
+        );
+
+        let mut c = passed();
+        apply(
+            &mut c,
+            Err(anyhow::anyhow!("parcae-node replay wrote no report")),
+        );
+        assert!(!c.passed && c.replay_max_abs_diff.is_none());
+        assert!(
+            c.problems[0].contains("wrote no report"),
+            "{:?}",
+            c.problems
+        );
+    }
+
+    #[test]
+    fn a_directory_without_a_store_cannot_be_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!possible(dir.path()));
+        std::fs::write(dir.path().join(CONFIG_FILE), "").unwrap();
+        std::fs::create_dir(dir.path().join(STORE)).unwrap();
+        assert!(possible(dir.path()));
+    }
+}
