@@ -8,7 +8,8 @@
 //! the network splits for `--partition-secs` ([`crate::partition`]), and what the minority
 //! applied meanwhile must be in the final history as it was; with `--disk-full-every`, the
 //! checkpoint disk of a node that writes checkpoints fills up for `--disk-full-secs`; with
-//! `--clock-skew`, every third node runs with its wall clock off ([`ClockSkew`]). The
+//! `--clock-skew`, every third node runs with its wall clock off ([`ClockSkew`]); with
+//! `--slow-link-every` (and `--netns`), a node's link is slowed for `--slow-link-secs`. The
 //! report is the same as `run`'s, so `lost_committed_steps`, `rolled_back_steps` and
 //! `duplicate_samples` show whether training survived without losing or repeating work, its
 //! `outage` whether it resumed, and its `faults` list what was done to which node and when.
@@ -77,6 +78,16 @@ pub struct Args {
     /// ahead and behind (beyond 300, outside the freshness window of signed proposals).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     clock_skew: Option<u64>,
+    /// Seconds between two slow links: a node's link to the others is cut to
+    /// --slow-link-kbit both ways, what its queue cannot hold dropped (needs --netns).
+    #[arg(long, requires = "netns", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    slow_link_every: Option<u64>,
+    /// Seconds a link stays slow.
+    #[arg(long, default_value_t = 20, requires = "slow_link_every", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    slow_link_secs: u64,
+    /// The slow link's rate, kbit/s.
+    #[arg(long, default_value_t = 1000, requires = "slow_link_every", value_parser = clap::value_parser!(u32).range(64..=10_000_000))]
+    slow_link_kbit: u32,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -86,6 +97,9 @@ pub struct Args {
 /// Size of each node's checkpoint disk with `--disk-full-every`: room for a few checkpoints of
 /// the models the testnet trains, and little memory for the tmpfs when filled.
 const CHECKPOINT_DISK_MIB: u64 = 256;
+
+/// Mixed into the run's seed for the slow links' random stream.
+const SLOW_LINK_STREAM: u64 = 0x5107_11AC;
 
 /// What the outage cut off: the last step committed before it, in which history.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,6 +143,11 @@ pub struct Chaos {
     minority_seen: Vec<StepRecord>,
     next_fill: f64,
     filled: Option<Held>,
+    next_slow: f64,
+    slowed: Option<Held>,
+    /// The slow links' own random stream: adding them to a run leaves the other faults'
+    /// choices as they were.
+    slow_rng: ChaCha8Rng,
     /// Failed checkpoint writes the nodes whose disk was full reported when it was emptied.
     write_failures: u64,
     faults: Vec<Fault>,
@@ -162,6 +181,9 @@ impl Chaos {
             minority_seen: Vec::new(),
             next_fill: schedule.disks_full.map_or(f64::INFINITY, |p| p.every),
             filled: None,
+            next_slow: schedule.slow_links.map_or(f64::INFINITY, |p| p.every),
+            slowed: None,
+            slow_rng: ChaCha8Rng::seed_from_u64(seed ^ SLOW_LINK_STREAM),
             write_failures: 0,
             faults: Vec::new(),
             started: schedule.nodes as usize,
@@ -208,6 +230,14 @@ impl Chaos {
         }
     }
 
+    /// When the slow links' next edge is due: the link's recovery, or the next slow link.
+    fn next_slow_edge(&self) -> Option<f64> {
+        match self.slowed {
+            Some(h) => Some(h.until),
+            None => self.schedule.slow_links.map(|_| self.next_slow),
+        }
+    }
+
     /// The outage's part of the report, once it happened.
     pub fn outage_report(&self, final_seq: &[StepRecord]) -> Option<OutageReport> {
         let c = self.cut_off?;
@@ -227,6 +257,7 @@ impl Chaos {
             end_secs: self.schedule.duration,
             nodes: vec![format!("node{k}")],
             skew_secs: Some(ms / 1000),
+            link_kbit: None,
         });
         self.faults.iter().cloned().chain(skews).collect()
     }
@@ -238,6 +269,7 @@ impl Chaos {
             end_secs,
             nodes,
             skew_secs: None,
+            link_kbit: None,
         });
     }
 
@@ -381,6 +413,28 @@ impl Chaos {
         Ok(())
     }
 
+    /// Restores the slow link, or slows a random node's.
+    fn slow_edge(&mut self, ctx: &mut Ctx<'_>, t: f64) -> Result<(), TestnetError> {
+        if let Some(h) = self.slowed.take() {
+            ctx.cluster.set_slow_link(h.node, None)?;
+            self.faults[h.fault].end_secs = t;
+            return Ok(());
+        }
+        let schedule = self.schedule;
+        let Some(secs) = schedule.turn(schedule.slow_links, &mut self.next_slow, t) else {
+            return Ok(());
+        };
+        let Some(&victim) = ctx.cluster.up().choose(&mut self.slow_rng) else {
+            return Ok(());
+        };
+        let rate = schedule.slow_link_kbit;
+        ctx.cluster.set_slow_link(victim, Some(rate))?;
+        let held = self.hold(ctx, FaultKind::Link, victim, t, secs);
+        self.faults[held.fault].link_kbit = Some(rate);
+        self.slowed = Some(held);
+        Ok(())
+    }
+
     /// Checkpoint writes that failed on the nodes whose disk was full (`None` without full
     /// disks; a node counts what it saw until its disk was emptied).
     pub fn checkpoint_write_failures(&self) -> Option<u64> {
@@ -421,6 +475,7 @@ impl Scenario for Chaos {
             self.next_pause_edge(),
             self.next_split_edge(),
             self.next_fill_edge(),
+            self.next_slow_edge(),
         ]
         .into_iter()
         .flatten()
@@ -442,6 +497,9 @@ impl Scenario for Chaos {
         }
         if self.next_fill_edge().is_some_and(|edge| edge <= t) {
             return self.fill_edge(ctx, t);
+        }
+        if self.next_slow_edge().is_some_and(|edge| edge <= t) {
+            return self.slow_edge(ctx, t);
         }
         self.next_kill += self.schedule.kill_every;
         if self.in_outage(t) {
@@ -523,6 +581,12 @@ fn schedule_of(args: &Args) -> Result<Schedule> {
         args.disk_full_secs,
         args.duration,
     )?;
+    let slow_links = recurring(
+        "slow-link",
+        args.slow_link_every,
+        args.slow_link_secs,
+        args.duration,
+    )?;
     Ok(Schedule {
         nodes: args.nodes,
         duration,
@@ -533,6 +597,8 @@ fn schedule_of(args: &Args) -> Result<Schedule> {
         partitions,
         disks_full,
         clock_skew: args.clock_skew,
+        slow_links,
+        slow_link_kbit: args.slow_link_kbit,
     })
 }
 

@@ -287,6 +287,11 @@ impl Cluster {
         self.local.set_link(a, b, cut)
     }
 
+    /// Slows node `i`'s link to `rate_kbit` both ways, or (`None`) restores it.
+    pub fn set_slow_link(&self, i: usize, rate_kbit: Option<u32>) -> Result<(), TestnetError> {
+        self.local.set_slow_link(i, rate_kbit)
+    }
+
     /// Fills node `i`'s checkpoint disk (a run with size-limited disks); returns the ballast's
     /// bytes.
     pub fn fill_disk(&self, i: usize) -> Result<u64, TestnetError> {

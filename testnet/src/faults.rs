@@ -19,6 +19,8 @@ pub enum FaultKind {
     DiskFull,
     /// A node ran with its wall clock off by `skew_secs` for all its life.
     ClockSkew,
+    /// A node's link to the others was slowed to `link_kbit` both ways (queue full: dropped).
+    Link,
 }
 
 /// One injected fault.
@@ -35,6 +37,9 @@ pub struct Fault {
     /// How far their clocks were off (a clock skew only; negative: behind).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skew_secs: Option<i64>,
+    /// The rate its link was slowed to, kbit/s (a slow link only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_kbit: Option<u32>,
 }
 
 /// One line: how many faults of each kind, and the seconds of pauses.
@@ -47,13 +52,14 @@ pub fn summary(faults: &[Fault]) -> String {
         .fold(0.0, |total, secs| total + secs);
     format!(
         "faults: {} kills, {} outages, {} pauses ({paused:.0} s frozen), {} network splits, {} \
-         full disks, {} skewed clocks",
+         full disks, {} skewed clocks, {} slow links",
         count(FaultKind::Kill),
         count(FaultKind::Outage),
         count(FaultKind::Pause),
         count(FaultKind::Partition),
         count(FaultKind::DiskFull),
-        count(FaultKind::ClockSkew)
+        count(FaultKind::ClockSkew),
+        count(FaultKind::Link)
     )
 }
 
@@ -66,7 +72,7 @@ mod tests {
         assert_eq!(
             summary(&[]),
             "faults: 0 kills, 0 outages, 0 pauses (0 s frozen), 0 network splits, 0 full disks, 0 \
-             skewed clocks"
+             skewed clocks, 0 slow links"
         );
     }
 
@@ -78,6 +84,7 @@ mod tests {
             end_secs,
             nodes: vec!["node1".into()],
             skew_secs: None,
+            link_kbit: None,
         };
         let faults = [
             fault(FaultKind::Kill, 20.0, 20.0),
@@ -90,11 +97,20 @@ mod tests {
                 skew_secs: Some(-600),
                 ..fault(FaultKind::ClockSkew, 0.0, 120.0)
             },
+            Fault {
+                link_kbit: Some(1000),
+                ..fault(FaultKind::Link, 100.0, 110.0)
+            },
         ];
         assert_eq!(
             summary(&faults),
             "faults: 2 kills, 0 outages, 2 pauses (17 s frozen), 1 network splits, 1 full disks, \
-             1 skewed clocks"
+             1 skewed clocks, 1 slow links"
+        );
+        assert_eq!(
+            serde_json::to_value(&faults[7]).unwrap(),
+            serde_json::json!({"kind": "link", "start_secs": 100.0, "end_secs": 110.0,
+                               "nodes": ["node1"], "link_kbit": 1000})
         );
         assert_eq!(
             serde_json::to_value(&faults[6]).unwrap(),

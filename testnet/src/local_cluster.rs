@@ -275,6 +275,16 @@ impl LocalCluster {
         network.set_link(a, b, cut)
     }
 
+    /// Slows node `k`'s link to `rate_kbit` both ways, or (`None`) restores it (a run with
+    /// `--netns`; see [`crate::netns::Network::set_slow`]).
+    pub fn set_slow_link(&self, k: usize, rate_kbit: Option<u32>) -> Result<(), TestnetError> {
+        let network = self.network.as_ref().ok_or(TestnetError::Netns {
+            step: format!("slowing node{k}'s link"),
+            reason: "the nodes share the host's network (start the run with --netns)".into(),
+        })?;
+        network.set_slow(k, rate_kbit)
+    }
+
     /// Starts `count` nodes with the cluster's configuration (see
     /// [`LocalCluster::start_nodes_with`]).
     pub fn start_nodes(&mut self, count: usize) -> Result<Vec<usize>, TestnetError> {

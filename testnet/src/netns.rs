@@ -145,6 +145,42 @@ impl Network {
     }
 }
 
+impl Network {
+    /// Slows node `k`'s link to the bridge to `rate_kbit` both ways, or (`None`) restores it.
+    /// The kernel's token bucket (`tc qdisc tbf`) on each end of the veth pair sends at that
+    /// rate, queues [`SLOW_LINK_QUEUE`] of traffic and drops the rest, so TCP sees a slow and
+    /// lossy path (this kernel has no `netem` for fixed delays or random loss).
+    pub fn set_slow(&self, k: usize, rate_kbit: Option<u32>) -> Result<(), TestnetError> {
+        let Some(ns) = self.namespace(k) else {
+            return Ok(());
+        };
+        let host_end = format!("{}v{k}", self.tag);
+        for (netns, dev) in [(&["-n", ns][..], "eth0"), (&[][..], host_end.as_str())] {
+            let qdisc = ["qdisc", "replace", "dev", dev, "root"];
+            match rate_kbit {
+                Some(rate) => {
+                    let rate = format!("{rate}kbit");
+                    let shape = ["tbf", "rate", &rate, "burst", SLOW_LINK_BURST];
+                    let queue = ["latency", SLOW_LINK_QUEUE];
+                    tool("tc", &[netns, &qdisc, &shape, &queue].concat())?;
+                }
+                None => {
+                    let _ = tool(
+                        "tc",
+                        &[netns, &["qdisc", "del", "dev", dev, "root"]].concat(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Traffic a slow link queues (as time at its rate) before it drops.
+const SLOW_LINK_QUEUE: &str = "50ms";
+/// A slow link's bucket: a few full frames.
+const SLOW_LINK_BURST: &str = "8kb";
+
 impl Drop for Network {
     fn drop(&mut self) {
         // A namespace outlives its name while a process still holds it, and its veth pair
@@ -159,13 +195,18 @@ impl Drop for Network {
 
 /// Runs `ip ARGS`; its stderr is the error.
 fn ip(args: &[&str]) -> Result<(), TestnetError> {
-    let step = format!("ip {}", args.join(" "));
-    let out = Command::new("ip")
+    tool("ip", args)
+}
+
+/// Runs iproute2's `program` (`ip` or `tc`) with `args`.
+fn tool(program: &str, args: &[&str]) -> Result<(), TestnetError> {
+    let step = format!("{program} {}", args.join(" "));
+    let out = Command::new(program)
         .args(args)
         .output()
         .map_err(|e| TestnetError::Netns {
             step: step.clone(),
-            reason: format!("cannot run `ip` (Debian: apt install iproute2): {e}"),
+            reason: format!("cannot run `{program}` (Debian: apt install iproute2): {e}"),
         })?;
     if out.status.success() {
         Ok(())
@@ -233,7 +274,84 @@ fn remove_orphans() {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
     use super::*;
+
+    /// Runs `f` on a thread that entered namespace `ns` (sockets it makes stay there).
+    fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+                nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// How long `bytes` take over TCP from node `from` to node `to`.
+    fn transfer(network: &Network, from: usize, to: usize, bytes: usize) -> Duration {
+        let (ns_from, ns_to) = (
+            network.namespace(from).unwrap(),
+            network.namespace(to).unwrap(),
+        );
+        let listener = in_namespace(ns_to, || {
+            TcpListener::bind((network.address(to), 0)).unwrap()
+        });
+        let addr = listener.local_addr().unwrap();
+        let receiver = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            got.len()
+        });
+        let started = Instant::now();
+        in_namespace(ns_from, || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(&vec![7u8; bytes]).unwrap();
+        });
+        assert_eq!(receiver.join().unwrap(), bytes);
+        started.elapsed()
+    }
+
+    /// A slow link carries its rate both ways and is fast again once restored: 256 KiB take
+    /// about 2 s at 1 Mbit/s, a few milliseconds on the bridge. Namespaces need root: as
+    /// another user the test says so and returns.
+    #[test]
+    fn a_slow_link_is_slow_both_ways_until_restored() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: namespaces need root");
+            return;
+        }
+        let mut network = match Network::create() {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        network.node(1).unwrap();
+        let bytes = 256 << 10;
+        let fast = transfer(&network, 0, 1, bytes);
+        network.set_slow(0, Some(1000)).unwrap();
+        let (out, back) = (
+            transfer(&network, 0, 1, bytes),
+            transfer(&network, 1, 0, bytes),
+        );
+        network.set_slow(0, None).unwrap();
+        let restored = transfer(&network, 0, 1, bytes);
+        let at_rate = Duration::from_secs_f64(bytes as f64 * 8.0 / 1e6);
+        for slow in [out, back] {
+            assert!(slow > at_rate.mul_f64(0.8), "{slow:?} at 1 Mbit/s");
+        }
+        for quick in [fast, restored] {
+            assert!(quick < at_rate / 4, "{quick:?} unshaped");
+        }
+    }
 
     #[test]
     fn names_belong_to_the_harness_that_made_them() {

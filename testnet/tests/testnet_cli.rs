@@ -796,7 +796,7 @@ fn namespaces_can_be_made() -> bool {
 
 /// Every nemesis at once on nodes in network namespaces: two splits of the network (a
 /// majority/minority split, then one node isolated), two nodes frozen, two full checkpoint
-/// disks, a kill. The minority must not commit, and nothing committed may be lost or
+/// disks, a slow link, a kill. The minority must not commit, and nothing committed may be lost or
 /// repeated. Namespaces and disks need root: as another user the test says so and checks only
 /// that `--netns` is refused with the reason.
 #[test]
@@ -821,6 +821,12 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
         "16",
         "--disk-full-secs",
         "6",
+        // Between the full disks (16-22 s, 32-38 s): a checkpoint slowed by the link could
+        // miss a full disk's window.
+        "--slow-link-every",
+        "25",
+        "--slow-link-secs",
+        "5",
         "--nodes",
         "4",
         "--interval-secs",
@@ -847,10 +853,18 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
     let faults = v["faults"].as_array().unwrap();
     let of = |kind: &str| faults.iter().filter(|f| f["kind"] == kind).count();
     assert_eq!(
-        (of("partition"), of("pause"), of("kill"), of("disk_full")),
-        (2, 2, 1, 2),
+        (
+            of("partition"),
+            of("pause"),
+            of("kill"),
+            of("disk_full"),
+            of("link")
+        ),
+        (2, 2, 1, 2, 1),
         "{faults:?}"
     );
+    let slow = faults.iter().find(|f| f["kind"] == "link").unwrap();
+    assert_eq!(slow["link_kbit"], 1000, "{slow}");
     // Every node trains a stage and checkpoints every 20 steps: a full disk fails writes,
     // which the node counts, and training goes on (the run's check above).
     assert!(v["checkpoint_write_failures"].as_u64().unwrap() > 0, "{v}");

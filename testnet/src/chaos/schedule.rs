@@ -1,6 +1,6 @@
 //! What a chaos run does and when: the outage, and the faults that recur on a period (pauses,
-//! network splits, full disks), and the skewed clocks, read from the options and named in
-//! reports.
+//! network splits, full disks, slow links), and the skewed clocks, read from the options and
+//! named in reports.
 
 use anyhow::{Result, bail};
 
@@ -43,6 +43,10 @@ pub struct Schedule {
     pub disks_full: Option<Recurring>,
     /// Seconds every third node's wall clock is off, if any.
     pub clock_skew: Option<u64>,
+    /// The slow links, if any (nodes in namespaces).
+    pub slow_links: Option<Recurring>,
+    /// The rate a slow link is cut to, kbit/s.
+    pub slow_link_kbit: u32,
 }
 
 impl Schedule {
@@ -105,6 +109,12 @@ pub(super) fn trace_name(s: &Schedule) -> String {
     }
     if let Some(secs) = s.clock_skew {
         name += &format!(":clock-skew={secs}s");
+    }
+    if let Some(p) = s.slow_links {
+        name += &format!(
+            ":slow-link-every={}s+{}s@{}kbit",
+            p.every, p.secs, s.slow_link_kbit
+        );
     }
     name
 }

@@ -14,6 +14,8 @@ fn schedule(nodes: u32, duration: f64, outage: Option<Outage>) -> Schedule {
         partitions: None,
         disks_full: None,
         clock_skew: None,
+        slow_links: None,
+        slow_link_kbit: 1000,
     }
 }
 
@@ -136,6 +138,39 @@ fn the_name_says_what_the_chaos_does() {
         trace_name(&s),
         "chaos:kill-every=20s:outage=8s+5s:pause-every=30s+8s"
     );
+    s.slow_links = Some(Recurring {
+        every: 40.0,
+        secs: 10.0,
+    });
+    assert!(
+        trace_name(&s).ends_with(":slow-link-every=40s+10s@1000kbit"),
+        "{}",
+        trace_name(&s)
+    );
+}
+
+#[test]
+fn a_slow_link_comes_on_its_period_and_ends_after_its_seconds() {
+    let mut s = schedule(4, 100.0, None);
+    s.slow_links = Some(Recurring {
+        every: 30.0,
+        secs: 10.0,
+    });
+    let mut c = Chaos::new(s, 1);
+    assert_eq!(c.next_slow_edge(), Some(30.0));
+    assert_eq!(
+        c.schedule.turn(s.slow_links, &mut c.next_slow, 30.0),
+        Some(10.0)
+    );
+    assert_eq!(c.next_slow_edge(), Some(60.0));
+    c.slowed = Some(Held {
+        node: 2,
+        until: 40.0,
+        fault: 0,
+    });
+    assert_eq!(c.next_action(), Some(20.0), "the kill first");
+    c.next_kill = 50.0;
+    assert_eq!(c.next_action(), Some(40.0), "then the link's recovery");
 }
 
 #[test]
