@@ -364,7 +364,10 @@ impl<M: PipelineModel> Replayer<'_, M> {
             r.samples,
             spec.global_batch
         );
-        let ranges = micro_batches(r.sample_start..r.sample_start + r.samples, spec.micro_batch);
+        let end = r.sample_start.checked_add(r.samples).with_context(|| {
+            format!("step {}: sample {} is out of range", r.step, r.sample_start)
+        })?;
+        let ranges = micro_batches(r.sample_start..end, spec.micro_batch);
         let batches = ranges
             .iter()
             .map(|m| {
