@@ -629,7 +629,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     if args.node.emulate.is_none() {
         let bin = node_bin::locate(args.node.node_bin.as_deref())?;
         let replayed = model_replay::run(&bin, outcome.dir.path(), &history.final_seq);
-        model_replay::apply(&mut verdict, replayed);
+        history::with_replay(&mut verdict, replayed);
     }
     println!("{}", history::summary(&verdict));
     if let Some(dir) = outcome.dir.kept() {

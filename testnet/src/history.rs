@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use parcae_api::StepRecord;
+use parcae_api::{ReplayReport, StepRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{StepLedger, sample_overlap};
@@ -122,6 +122,21 @@ pub fn check(h: &RunHistory) -> HistoryCheck {
     }
 }
 
+/// The history check with the replay's verdict: its largest difference, and its problems (or
+/// why it could not run) among the check's.
+pub fn with_replay(check: &mut HistoryCheck, replay: Result<ReplayReport>) {
+    match replay {
+        Ok(r) => {
+            check.replay_max_abs_diff = Some(r.max_abs_diff);
+            check
+                .problems
+                .extend(r.problems.into_iter().map(|p| format!("replay: {p}")));
+        }
+        Err(e) => check.problems.push(format!("replay: {e:#}")),
+    }
+    check.passed = check.problems.is_empty();
+}
+
 /// Writes `h` into the run directory `dir`; returns the file.
 pub fn write(dir: &Path, h: &RunHistory) -> Result<PathBuf> {
     let path = dir.join(FILE);
@@ -160,7 +175,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut c = check(&history);
     if model_replay::possible(&args.dir) {
         let bin = node_bin::locate(args.node_bin.as_deref())?;
-        model_replay::apply(
+        with_replay(
             &mut c,
             model_replay::run(&bin, &args.dir, &history.final_seq),
         );
@@ -211,6 +226,65 @@ mod tests {
             final_seq,
             minority_seen: None,
         }
+    }
+
+    fn passed() -> HistoryCheck {
+        HistoryCheck {
+            passed: true,
+            histories: 1,
+            steps_checked: 40,
+            minority_commits: None,
+            replay_max_abs_diff: None,
+            problems: Vec::new(),
+        }
+    }
+
+    fn report(max_abs_diff: f64, problems: Vec<String>) -> ReplayReport {
+        ReplayReport {
+            passed: problems.is_empty(),
+            tolerance: 1e-4,
+            windows: 2,
+            steps_replayed: 40,
+            steps_not_replayed: 0,
+            max_abs_diff,
+            max_loss_diff: 1e-6,
+            last_checkpoint_step: Some(39),
+            problems,
+        }
+    }
+
+    #[test]
+    fn the_replays_verdict_joins_the_history_checks() {
+        let mut c = passed();
+        with_replay(&mut c, Ok(report(3e-6, Vec::new())));
+        assert!(c.passed);
+        assert_eq!(c.replay_max_abs_diff, Some(3e-6));
+
+        let mut c = passed();
+        with_replay(
+            &mut c,
+            Ok(report(
+                0.2,
+                vec!["the checkpoint after step 39 differs".into()],
+            )),
+        );
+        assert!(!c.passed);
+        assert_eq!(
+            c.problems,
+            vec!["replay: the checkpoint after step 39 differs"]
+        );
+
+        let mut c = passed();
+        with_replay(
+            &mut c,
+            Err(anyhow::anyhow!("parcae-node replay wrote no report")),
+        );
+        assert!(!c.passed && c.replay_max_abs_diff.is_none());
+        assert!(
+            c.problems[0].contains("wrote no report"),
+            "{:?}",
+            c.problems
+        );
     }
 
     #[test]

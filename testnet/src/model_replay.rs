@@ -1,7 +1,7 @@
 //! The replay check of a finished run: `parcae-node replay` on the run's directory trains the
 //! final history again in one process, from each checkpoint the job's store kept to the next,
 //! and compares the weights (see the node's `replay` module for why it goes window by window).
-//! Its verdict joins the history check's.
+//! Its verdict joins the history check's ([`crate::history::with_replay`]).
 
 use std::path::Path;
 use std::process::Command;
@@ -9,7 +9,6 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use parcae_api::{ReplayReport, StepRecord};
 
-use crate::history::HistoryCheck;
 use crate::process::STORE;
 
 /// The final history, as the node's replay reads it.
@@ -55,83 +54,9 @@ pub fn run(bin: &Path, dir: &Path, final_seq: &[StepRecord]) -> Result<ReplayRep
     serde_json::from_slice(&text).with_context(|| format!("reading {}", report.display()))
 }
 
-/// The history check with the replay's verdict: its largest difference, and its problems (or
-/// why it could not run) among the check's.
-pub fn apply(check: &mut HistoryCheck, replay: Result<ReplayReport>) {
-    match replay {
-        Ok(r) => {
-            check.replay_max_abs_diff = Some(r.max_abs_diff);
-            check
-                .problems
-                .extend(r.problems.into_iter().map(|p| format!("replay: {p}")));
-        }
-        Err(e) => check.problems.push(format!("replay: {e:#}")),
-    }
-    check.passed = check.problems.is_empty();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn passed() -> HistoryCheck {
-        HistoryCheck {
-            passed: true,
-            histories: 1,
-            steps_checked: 40,
-            minority_commits: None,
-            replay_max_abs_diff: None,
-            problems: Vec::new(),
-        }
-    }
-
-    fn report(max_abs_diff: f64, problems: Vec<String>) -> ReplayReport {
-        ReplayReport {
-            passed: problems.is_empty(),
-            tolerance: 1e-4,
-            windows: 2,
-            steps_replayed: 40,
-            steps_not_replayed: 0,
-            max_abs_diff,
-            max_loss_diff: 1e-6,
-            last_checkpoint_step: Some(39),
-            problems,
-        }
-    }
-
-    #[test]
-    fn the_replays_verdict_joins_the_history_checks() {
-        let mut c = passed();
-        apply(&mut c, Ok(report(3e-6, Vec::new())));
-        assert!(c.passed);
-        assert_eq!(c.replay_max_abs_diff, Some(3e-6));
-
-        let mut c = passed();
-        apply(
-            &mut c,
-            Ok(report(
-                0.2,
-                vec!["the checkpoint after step 39 differs".into()],
-            )),
-        );
-        assert!(!c.passed);
-        assert_eq!(
-            c.problems,
-            vec!["replay: the checkpoint after step 39 differs"]
-        );
-
-        let mut c = passed();
-        apply(
-            &mut c,
-            Err(anyhow::anyhow!("parcae-node replay wrote no report")),
-        );
-        assert!(!c.passed && c.replay_max_abs_diff.is_none());
-        assert!(
-            c.problems[0].contains("wrote no report"),
-            "{:?}",
-            c.problems
-        );
-    }
 
     #[test]
     fn a_directory_without_a_store_cannot_be_replayed() {
