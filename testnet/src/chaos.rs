@@ -14,7 +14,7 @@
 //! `duplicate_samples` show whether training survived without losing or repeating work, its
 //! `outage` whether it resumed, and its `faults` list what was done to which node and when.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
@@ -31,7 +31,7 @@ use parcae_api::StepRecord;
 use parcae_testnet::clock_skew::ClockSkew;
 use parcae_testnet::error::TestnetError;
 use parcae_testnet::interrupt::Interrupt;
-use schedule::{Outage, Schedule, recurring, trace_name};
+use schedule::{Schedule, trace_name};
 
 /// Options of `chaos`.
 #[derive(clap::Args, Debug)]
@@ -544,68 +544,10 @@ impl Scenario for Chaos {
     }
 }
 
-/// The schedule the options ask for, or why they are inconsistent.
-fn schedule_of(args: &Args) -> Result<Schedule> {
-    if args.kill_every >= args.duration {
-        bail!(
-            "--kill-every {} must be shorter than --duration {}",
-            args.kill_every,
-            args.duration
-        );
-    }
-    let duration = args.duration as f64;
-    let outage = args.outage_at.map(|at| Outage {
-        at: at as f64,
-        secs: args.outage_secs as f64,
-    });
-    if let Some(o) = outage
-        && o.at + o.secs >= duration
-    {
-        bail!(
-            "the outage (--outage-at {} --outage-secs {}) must end before --duration {}",
-            o.at,
-            o.secs,
-            args.duration
-        );
-    }
-    let pauses = recurring("pause", args.pause_every, args.pause_secs, args.duration)?;
-    let partitions = recurring(
-        "partition",
-        args.partition_every,
-        args.partition_secs,
-        args.duration,
-    )?;
-    let disks_full = recurring(
-        "disk-full",
-        args.disk_full_every,
-        args.disk_full_secs,
-        args.duration,
-    )?;
-    let slow_links = recurring(
-        "slow-link",
-        args.slow_link_every,
-        args.slow_link_secs,
-        args.duration,
-    )?;
-    Ok(Schedule {
-        nodes: args.nodes,
-        duration,
-        kill_every: args.kill_every as f64,
-        interval_secs: args.node.interval_secs as f64,
-        outage,
-        pauses,
-        partitions,
-        disks_full,
-        clock_skew: args.clock_skew,
-        slow_links,
-        slow_link_kbit: args.slow_link_kbit,
-    })
-}
-
 /// `parcae-testnet chaos`.
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.node.validate()?;
-    let schedule = schedule_of(&args)?;
+    let schedule = schedule::of(&args)?;
     let mut scenario = Chaos::new(schedule, args.node.seed);
     let name = trace_name(&schedule);
     let spec = SessionSpec {

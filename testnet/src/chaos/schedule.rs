@@ -118,3 +118,61 @@ pub(super) fn trace_name(s: &Schedule) -> String {
     }
     name
 }
+
+/// The schedule the options ask for, or why they are inconsistent.
+pub(super) fn of(args: &super::Args) -> Result<Schedule> {
+    if args.kill_every >= args.duration {
+        bail!(
+            "--kill-every {} must be shorter than --duration {}",
+            args.kill_every,
+            args.duration
+        );
+    }
+    let duration = args.duration as f64;
+    let outage = args.outage_at.map(|at| Outage {
+        at: at as f64,
+        secs: args.outage_secs as f64,
+    });
+    if let Some(o) = outage
+        && o.at + o.secs >= duration
+    {
+        bail!(
+            "the outage (--outage-at {} --outage-secs {}) must end before --duration {}",
+            o.at,
+            o.secs,
+            args.duration
+        );
+    }
+    let pauses = recurring("pause", args.pause_every, args.pause_secs, args.duration)?;
+    let partitions = recurring(
+        "partition",
+        args.partition_every,
+        args.partition_secs,
+        args.duration,
+    )?;
+    let disks_full = recurring(
+        "disk-full",
+        args.disk_full_every,
+        args.disk_full_secs,
+        args.duration,
+    )?;
+    let slow_links = recurring(
+        "slow-link",
+        args.slow_link_every,
+        args.slow_link_secs,
+        args.duration,
+    )?;
+    Ok(Schedule {
+        nodes: args.nodes,
+        duration,
+        kill_every: args.kill_every as f64,
+        interval_secs: args.node.interval_secs as f64,
+        outage,
+        pauses,
+        partitions,
+        disks_full,
+        clock_skew: args.clock_skew,
+        slow_links,
+        slow_link_kbit: args.slow_link_kbit,
+    })
+}

@@ -1,6 +1,6 @@
 //! The chaos schedule: kills, the outage, pauses and splits on their periods.
 
-use super::schedule::Recurring;
+use super::schedule::{Outage, Recurring, recurring};
 use super::*;
 
 fn schedule(nodes: u32, duration: f64, outage: Option<Outage>) -> Schedule {
