@@ -4,6 +4,8 @@
 
 use anyhow::{Result, bail};
 
+use super::args::Args;
+
 /// A whole-cluster outage: from `at` for `secs` seconds no node runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outage {
@@ -120,7 +122,7 @@ pub(super) fn trace_name(s: &Schedule) -> String {
 }
 
 /// The schedule the options ask for, or why they are inconsistent.
-pub(super) fn of(args: &super::Args) -> Result<Schedule> {
+pub(super) fn of(args: &Args) -> Result<Schedule> {
     if args.kill_every >= args.duration {
         bail!(
             "--kill-every {} must be shorter than --duration {}",
