@@ -817,10 +817,13 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
         "15",
         "--pause-secs",
         "4",
+        // One full disk, from 19 s to 28 s: after the first split and pause end, before the
+        // kill and the second pause, so that pipeline 0 trains (and checkpoints) on it; at 16 s
+        // and 32 s it fell into those stalls and one run in six saw no checkpoint fail.
         "--disk-full-every",
-        "16",
+        "19",
         "--disk-full-secs",
-        "6",
+        "9",
         "--nodes",
         "4",
         "--interval-secs",
@@ -848,7 +851,7 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
     let of = |kind: &str| faults.iter().filter(|f| f["kind"] == kind).count();
     assert_eq!(
         (of("partition"), of("pause"), of("kill"), of("disk_full")),
-        (2, 2, 1, 2),
+        (2, 2, 1, 1),
         "{faults:?}"
     );
     // Every node trains a stage and checkpoints every 20 steps: a full disk fails writes,
