@@ -3,7 +3,8 @@
 //! memory feasibility check. This is how a model the nodes measured themselves is planned
 //! without an offline profiling campaign.
 
-use super::spec::{Family, ModelSpec};
+use super::links::GRADIENT_BYTES_PER_PARAM;
+use super::spec::{Family, LayerCost, ModelSpec};
 use super::throughput::ThroughputTable;
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
@@ -28,13 +29,13 @@ impl Default for Hardware {
     }
 }
 
-/// Sums of the layer costs of one stage.
+/// Sums of the layer costs of one stage, on the device it runs on.
 #[derive(Clone, Copy, Debug, Default)]
-struct StageCost {
-    forward_ms: f64,
-    backward_ms: f64,
-    optimizer_ms: f64,
-    params: f64,
+pub(crate) struct StageCost {
+    pub(crate) forward_ms: f64,
+    pub(crate) backward_ms: f64,
+    pub(crate) optimizer_ms: f64,
+    pub(crate) params: f64,
 }
 
 /// Builds the throughput table of every `(d, p)` with `d * p <= max_nodes` that fits in memory.
@@ -52,10 +53,8 @@ pub fn throughput_table(
         };
         for d in 1..=max_nodes / p {
             if spec.admits(d, p) || spec.depths.is_empty() {
-                let ms = iteration_ms(spec, hw, transfer, &stages, d);
-                let micro = micro_batches(spec, d);
-                let samples = f64::from(spec.micro_batch * d * micro);
-                rows.push((ParallelConfig::new(d, p), samples / (ms / 1000.0)));
+                let rate = samples_per_sec(spec, hw, transfer, &stages, d);
+                rows.push((ParallelConfig::new(d, p), rate));
             }
         }
     }
@@ -68,42 +67,69 @@ fn micro_batches(spec: &ModelSpec, d: u32) -> u32 {
         .max(1)
 }
 
-/// Stage sums for depth `p`, or `None` when a stage does not fit in memory.
+/// Stage sums for depth `p` (layers split by count), or `None` when a stage does not fit in
+/// memory.
 fn stage_costs(spec: &ModelSpec, hw: Hardware, p: u32) -> Option<Vec<StageCost>> {
-    let bounds = spec.partition(p);
+    let p = p as usize;
+    spec.partition(p as u32)
+        .windows(2)
+        .enumerate()
+        .map(|(s, w)| stage_cost(spec, &spec.layers[w[0]..w[1]], hw.memory_mb, s, p))
+        .collect()
+}
+
+/// Sums of stage `s` of `p` holding `layers` (timed on its device) on a device of `memory_mb`,
+/// or `None` when its weights, optimizer state and recomputed activations do not fit; a stage
+/// that cannot keep the activations of its micro-batches in flight (1F1B: `p - s`) recomputes
+/// them, a second forward inside its backward.
+pub(crate) fn stage_cost(
+    spec: &ModelSpec,
+    layers: &[LayerCost],
+    memory_mb: f64,
+    s: usize,
+    p: usize,
+) -> Option<StageCost> {
     let boundary_mb = spec.boundary_bytes / MIB;
-    let mut out = Vec::with_capacity(p as usize);
-    for (s, w) in bounds.windows(2).enumerate() {
-        let layers = &spec.layers[w[0]..w[1]];
-        let mut c = StageCost::default();
-        let mut acts = 0.0;
-        for l in layers {
-            c.forward_ms += l.forward_ms;
-            c.backward_ms += l.backward_ms;
-            c.optimizer_ms += l.optimizer_ms;
-            c.params += l.params;
-            acts += l.activation_mb;
-        }
-        let states_mb = c.params * 4.0 / MIB * f64::from(spec.optimizer_states + 1);
-        let peak_block = layers.iter().map(|l| l.activation_mb).fold(0.0, f64::max);
-        let recompute_mb = match spec.family {
-            Family::Transformer => (1..=layers.len())
-                .map(|chunk| {
-                    chunk as f64 * peak_block + (layers.len().div_ceil(chunk)) as f64 * boundary_mb
-                })
-                .fold(f64::INFINITY, f64::min),
-            Family::Cnn => acts,
-        };
-        if states_mb + recompute_mb > hw.memory_mb {
-            return None;
-        }
-        let in_flight = f64::from(p - s as u32);
-        if in_flight * acts > hw.memory_mb {
-            c.backward_ms += c.forward_ms;
-        }
-        out.push(c);
+    let mut c = StageCost::default();
+    let mut acts = 0.0;
+    for l in layers {
+        c.forward_ms += l.forward_ms;
+        c.backward_ms += l.backward_ms;
+        c.optimizer_ms += l.optimizer_ms;
+        c.params += l.params;
+        acts += l.activation_mb;
     }
-    Some(out)
+    let states_mb = c.params * 4.0 / MIB * f64::from(spec.optimizer_states + 1);
+    let peak_block = layers.iter().map(|l| l.activation_mb).fold(0.0, f64::max);
+    let recompute_mb = match spec.family {
+        Family::Transformer => (1..=layers.len())
+            .map(|chunk| {
+                chunk as f64 * peak_block + (layers.len().div_ceil(chunk)) as f64 * boundary_mb
+            })
+            .fold(f64::INFINITY, f64::min),
+        Family::Cnn => acts,
+    };
+    if states_mb + recompute_mb > memory_mb {
+        return None;
+    }
+    let in_flight = (p - s) as f64;
+    if in_flight * acts > memory_mb {
+        c.backward_ms += c.forward_ms;
+    }
+    Some(c)
+}
+
+/// Samples per second of `d` pipelines over `stages`.
+pub(crate) fn samples_per_sec(
+    spec: &ModelSpec,
+    hw: Hardware,
+    transfer: &TransferModel,
+    stages: &[StageCost],
+    d: u32,
+) -> f64 {
+    let ms = iteration_ms(spec, hw, transfer, stages, d);
+    let samples = f64::from(spec.micro_batch * d * micro_batches(spec, d));
+    samples / (ms / 1000.0)
 }
 
 /// One training iteration of `d` pipelines over `stages`, ms.
@@ -130,7 +156,7 @@ fn iteration_ms(
             } else {
                 d
             };
-            end + allreduce_ms(c.params * 2.0, group, hw) + c.optimizer_ms
+            end + allreduce_ms(c.params * GRADIENT_BYTES_PER_PARAM, group, hw) + c.optimizer_ms
         })
         .fold(0.0, f64::max)
 }

@@ -3,6 +3,10 @@
 //! * [`throughput`]: samples/s per `(D, P)` from a profile table;
 //! * [`analytic`]: the same table computed from per-layer costs (1F1B simulation plus memory
 //!   feasibility), so any model the nodes have measured can be planned;
+//! * [`mixed`]: pipelines over unequal devices, their layers split unevenly to balance stage
+//!   times within each device's memory;
+//! * [`links`]: links between zones (rate, latency, egress price) and what a placed plan sends
+//!   over them;
 //! * [`migration`]: intra-stage, inter-stage, repartition and restart costs, in expectation
 //!   over which nodes a preemption hits;
 //! * [`builtin`]: the paper's five profiled models;
@@ -11,7 +15,9 @@
 
 pub mod analytic;
 pub mod builtin;
+pub mod links;
 pub mod migration;
+pub mod mixed;
 pub mod money;
 pub mod profile;
 pub mod restart;

@@ -1,0 +1,269 @@
+//! Links between zones, and what a placed plan sends over them: time and egress dollars.
+//!
+//! Within a zone traffic is fast and free; between zones it is slower and billed per GB in
+//! each direction. The defaults are AWS's, the cloud of Parcae's trace: inside a cluster
+//! placement group one flow gets 10 Gb/s (Parcae's profiled links), outside one it is held to
+//! 5 Gb/s; a round trip between zones of a region is about a millisecond; data between zones
+//! of a region costs $0.01 per GB out of one and $0.01 per GB into the other (the EC2 price
+//! list, "Data Transfer within the same AWS Region"), within a zone nothing. Every figure is
+//! overridable per zone pair (`ZONE/ZONE=GBIT,MS,USD_PER_GB`).
+
+use std::collections::BTreeMap;
+
+use super::spec::ModelSpec;
+
+/// Bytes of one gradient value in the all-reduce (Parcae's fp16 gradients).
+pub const GRADIENT_BYTES_PER_PARAM: f64 = 2.0;
+
+/// Bytes of a billed GB (the clouds' price lists bill decimal gigabytes).
+const GB: f64 = 1e9;
+
+/// Longest zone name (AWS's are ~15 characters: `us-east-1a`, `use1-az4`).
+pub const MAX_ZONE_NAME: usize = 64;
+
+/// Most zone pairs a configuration may set.
+pub const MAX_PAIRS: usize = 256;
+
+/// One link as the cost model prices it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Sustained rate of one flow, Gb/s.
+    pub gbit_per_s: f64,
+    /// One-way latency of one transfer, ms.
+    pub latency_ms: f64,
+    /// Dollars per GB moved over it, both directions' charges together.
+    pub usd_per_gb: f64,
+}
+
+impl Link {
+    /// Time to send `bytes` over the link, ms.
+    pub fn transfer_ms(&self, bytes: f64) -> f64 {
+        self.latency_ms + bytes.max(0.0) * 8.0 / (self.gbit_per_s * 1e9) * 1000.0
+    }
+}
+
+/// Why a zone pair's link was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LinkError {
+    /// Not `ZONE/ZONE=GBIT,MS,USD_PER_GB`.
+    #[error(
+        "link {0:?}: expected ZONE/ZONE=GBIT,MS,USD_PER_GB (e.g. us-east-1a/us-east-1b=5,1,0.02)"
+    )]
+    Format(String),
+    /// A zone name that is empty, too long or has characters other than `a-z0-9-_.`.
+    #[error(
+        "link {text:?}: zone {zone:?} must be 1 to {MAX_ZONE_NAME} characters of a-z, 0-9, '-', '_' or '.'"
+    )]
+    Zone {
+        /// The text given.
+        text: String,
+        /// The zone named.
+        zone: String,
+    },
+    /// A figure that is not a finite number in its range.
+    #[error("link {text:?}: {field} {value} must be a finite number {range}")]
+    Figure {
+        /// The text given.
+        text: String,
+        /// Which figure.
+        field: &'static str,
+        /// The value read.
+        value: f64,
+        /// What it must be.
+        range: &'static str,
+    },
+    /// More pairs than [`MAX_PAIRS`].
+    #[error("at most {MAX_PAIRS} zone pairs may be set")]
+    TooMany,
+}
+
+/// The links between every pair of zones: one within a zone, one across, and the pairs set
+/// apart.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Links {
+    /// Between two nodes of one zone.
+    pub within: Link,
+    /// Between two zones no pair entry names.
+    pub across: Link,
+    pairs: BTreeMap<(String, String), Link>,
+}
+
+impl Default for Links {
+    /// AWS's links (the module's documentation gives the sources).
+    fn default() -> Self {
+        Self {
+            within: Link {
+                gbit_per_s: 10.0,
+                latency_ms: 0.05,
+                usd_per_gb: 0.0,
+            },
+            across: Link {
+                gbit_per_s: 5.0,
+                latency_ms: 0.5,
+                usd_per_gb: 0.02,
+            },
+            pairs: BTreeMap::new(),
+        }
+    }
+}
+
+impl Links {
+    /// The link between zones `a` and `b`, either way round.
+    pub fn between(&self, a: &str, b: &str) -> Link {
+        let key = ordered(a, b);
+        match self.pairs.get(&(key.0.to_owned(), key.1.to_owned())) {
+            Some(link) => *link,
+            None if a == b => self.within,
+            None => self.across,
+        }
+    }
+
+    /// Sets the link of one pair from `ZONE/ZONE=GBIT,MS,USD_PER_GB` (the same zone twice sets
+    /// that zone's own link).
+    pub fn set(&mut self, text: &str) -> Result<(), LinkError> {
+        let (a, b, link) = parse_pair(text)?;
+        let key = ordered(&a, &b);
+        let key = (key.0.to_owned(), key.1.to_owned());
+        if !self.pairs.contains_key(&key) && self.pairs.len() >= MAX_PAIRS {
+            return Err(LinkError::TooMany);
+        }
+        self.pairs.insert(key, link);
+        Ok(())
+    }
+}
+
+fn ordered<'a>(a: &'a str, b: &'a str) -> (&'a str, &'a str) {
+    if a <= b { (a, b) } else { (b, a) }
+}
+
+fn parse_pair(text: &str) -> Result<(String, String, Link), LinkError> {
+    let format = || LinkError::Format(text.into());
+    let (zones, figures) = text.split_once('=').ok_or_else(format)?;
+    let (a, b) = zones.split_once('/').ok_or_else(format)?;
+    for zone in [a, b] {
+        let valid = (1..=MAX_ZONE_NAME).contains(&zone.len())
+            && zone
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c));
+        if !valid {
+            return Err(LinkError::Zone {
+                text: text.into(),
+                zone: zone.into(),
+            });
+        }
+    }
+    let values: Vec<&str> = figures.split(',').collect();
+    let [gbit, ms, usd] = values[..] else {
+        return Err(format());
+    };
+    let figure = |field, value: &str, range, ok: fn(f64) -> bool| {
+        let v: f64 = value.trim().parse().map_err(|_| format())?;
+        if v.is_finite() && ok(v) {
+            Ok(v)
+        } else {
+            Err(LinkError::Figure {
+                text: text.into(),
+                field,
+                value: v,
+                range,
+            })
+        }
+    };
+    let link = Link {
+        gbit_per_s: figure("Gb/s", gbit, "above 0", |v| v > 0.0)?,
+        latency_ms: figure("latency (ms)", ms, ">= 0", |v| v >= 0.0)?,
+        usd_per_gb: figure("price ($/GB)", usd, ">= 0", |v| v >= 0.0)?,
+    };
+    Ok((a.into(), b.into(), link))
+}
+
+/// What one training iteration of a placed plan sends between zones, and what it costs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Traffic {
+    /// Bytes that cross a zone boundary, activations and gradients together.
+    pub cross_zone_bytes: f64,
+    /// Their egress charges, dollars.
+    pub egress_usd: f64,
+    /// The slowest activation transfer between two neighbouring stages of any pipeline, ms.
+    pub slowest_boundary_ms: f64,
+    /// Each stage's all-reduce over its ring, paced by the ring's slowest link, ms.
+    pub allreduce_ms: Vec<f64>,
+}
+
+/// The traffic of one iteration of the plan whose pipeline `i` runs stage `s` (the layers
+/// between `bounds[s]` and `bounds[s + 1]`) in zone `zones[i][s]`: each pipeline sends every
+/// micro-batch's activation forward and its gradient back across each stage boundary, and
+/// each stage's replicas all-reduce their gradients in a ring that visits the zones in turn (so
+/// a ring over `k` zones crosses `k` zone boundaries, the fewest there can be). `None` when
+/// `zones` is empty or a pipeline has other than `bounds.len() - 1` stages.
+pub fn traffic(
+    spec: &ModelSpec,
+    bounds: &[usize],
+    zones: &[Vec<String>],
+    links: &Links,
+) -> Option<Traffic> {
+    let stages = bounds.len().checked_sub(1)?;
+    if zones.is_empty() || zones.iter().any(|p| p.len() != stages) {
+        return None;
+    }
+    let d = zones.len() as u32;
+    let micro = f64::from(
+        (spec.global_batch / spec.micro_batch.max(1))
+            .div_ceil(d)
+            .max(1),
+    );
+    let mut out = Traffic::default();
+    for pipeline in zones {
+        for pair in pipeline.windows(2) {
+            let link = links.between(&pair[0], &pair[1]);
+            let bytes = 2.0 * micro * spec.boundary_bytes;
+            out.slowest_boundary_ms = out
+                .slowest_boundary_ms
+                .max(link.transfer_ms(spec.boundary_bytes));
+            out.add_crossing(&pair[0], &pair[1], link, bytes);
+        }
+    }
+    for (s, w) in bounds.windows(2).enumerate() {
+        let params: f64 = spec.layers.get(w[0]..w[1])?.iter().map(|l| l.params).sum();
+        let mut ring: Vec<&str> = zones.iter().map(|p| p[s].as_str()).collect();
+        ring.sort_unstable();
+        let ms = out.ring(&ring, params * GRADIENT_BYTES_PER_PARAM, links);
+        out.allreduce_ms.push(ms);
+    }
+    Some(out)
+}
+
+impl Traffic {
+    fn add_crossing(&mut self, a: &str, b: &str, link: Link, bytes: f64) {
+        if a != b {
+            self.cross_zone_bytes += bytes;
+            self.egress_usd += bytes / GB * link.usd_per_gb;
+        }
+    }
+
+    /// A ring all-reduce of `bytes` over members in zones `ring` (sorted, so each zone's
+    /// members are neighbours): each member sends `2 (w - 1) / w` of the bytes to the next in
+    /// `2 (w - 1)` steps, at the pace of the slowest link of the ring.
+    fn ring(&mut self, ring: &[&str], bytes: f64, links: &Links) -> f64 {
+        let w = ring.len();
+        if w <= 1 {
+            return 0.0;
+        }
+        let sent = bytes * 2.0 * (w - 1) as f64 / w as f64;
+        let mut slowest: Option<Link> = None;
+        for i in 0..w {
+            let (a, b) = (ring[i], ring[(i + 1) % w]);
+            let link = links.between(a, b);
+            self.add_crossing(a, b, link, sent);
+            if slowest.is_none_or(|s| link.gbit_per_s < s.gbit_per_s) {
+                slowest = Some(link);
+            }
+        }
+        slowest.map_or(0.0, |link| {
+            link.transfer_ms(sent) + link.latency_ms * (2 * (w - 1) - 1) as f64
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

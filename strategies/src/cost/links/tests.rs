@@ -1,0 +1,119 @@
+use super::*;
+use crate::cost::builtin::builtin;
+
+fn gpt() -> ModelSpec {
+    builtin("gpt-1.5b").unwrap().0
+}
+
+fn placed(rows: &[&[&str]]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| r.iter().map(|z| z.to_string()).collect())
+        .collect()
+}
+
+#[test]
+fn a_zone_pair_is_within_across_or_set_either_way_round() {
+    let mut links = Links::default();
+    assert_eq!(links.between("a", "a"), links.within);
+    assert_eq!(links.between("a", "b"), links.across);
+    links.set("b/a=2.5,3,0.09").unwrap();
+    let set = Link {
+        gbit_per_s: 2.5,
+        latency_ms: 3.0,
+        usd_per_gb: 0.09,
+    };
+    assert_eq!(links.between("a", "b"), set);
+    assert_eq!(links.between("b", "a"), set);
+    assert_eq!(links.between("a", "c"), links.across);
+    links.set("c/c=1,1,0").unwrap();
+    assert_eq!(links.between("c", "c").gbit_per_s, 1.0);
+    assert_eq!(links.between("a", "a"), links.within);
+}
+
+#[test]
+fn a_transfer_is_its_latency_and_its_bytes_at_the_rate() {
+    let link = Link {
+        gbit_per_s: 8.0,
+        latency_ms: 2.0,
+        usd_per_gb: 0.0,
+    };
+    assert!((link.transfer_ms(1e9) - 1002.0).abs() < 1e-9);
+    assert_eq!(link.transfer_ms(-5.0), 2.0);
+}
+
+#[test]
+fn bad_links_are_refused_by_name() {
+    let mut links = Links::default();
+    let error = |text: &str, links: &mut Links| links.set(text).unwrap_err().to_string();
+    for text in ["a/b", "a=1,1,1", "a/b=1,1", "a/b=1,1,1,1", "a/b=x,1,1"] {
+        assert!(
+            error(text, &mut links).contains("expected ZONE/ZONE"),
+            "{text}"
+        );
+    }
+    assert!(error("A/b=1,1,1", &mut links).contains("zone \"A\""));
+    assert!(error("/b=1,1,1", &mut links).contains("zone \"\""));
+    let long = format!("{}/b=1,1,1", "z".repeat(MAX_ZONE_NAME + 1));
+    assert!(error(&long, &mut links).contains("1 to 64 characters"));
+    assert!(error("a/b=0,1,1", &mut links).contains("Gb/s 0 must be a finite number above 0"));
+    assert!(error("a/b=1,-1,1", &mut links).contains("latency (ms) -1"));
+    assert!(error("a/b=1,1,NaN", &mut links).contains("price ($/GB) NaN"));
+    assert!(error("a/b=inf,1,1", &mut links).contains("Gb/s inf"));
+    assert_eq!(links, Links::default());
+    for i in 0..MAX_PAIRS {
+        links.set(&format!("z{i}/y=1,1,1")).unwrap();
+    }
+    links.set("z0/y=2,1,1").unwrap();
+    assert_eq!(links.set("x/y=1,1,1"), Err(LinkError::TooMany));
+}
+
+#[test]
+fn one_zone_sends_nothing_across_and_pays_nothing() {
+    let spec = gpt();
+    let bounds = spec.partition(4);
+    let t = traffic(
+        &spec,
+        &bounds,
+        &placed(&[&["a"; 4], &["a"; 4]]),
+        &Links::default(),
+    )
+    .unwrap();
+    assert_eq!((t.cross_zone_bytes, t.egress_usd), (0.0, 0.0));
+    assert_eq!(t.allreduce_ms.len(), 4);
+    assert!(t.allreduce_ms.iter().all(|&ms| ms > 0.0));
+}
+
+#[test]
+fn pipelines_in_two_zones_pay_for_their_rings_and_a_split_pipeline_for_its_boundary() {
+    let spec = gpt();
+    let bounds = spec.partition(4);
+    let links = Links::default();
+    let params: f64 = spec.layers.iter().map(|l| l.params).sum();
+    let one = traffic(&spec, &bounds, &placed(&[&["a"; 4], &["a"; 4]]), &links).unwrap();
+    let two = traffic(&spec, &bounds, &placed(&[&["a"; 4], &["b"; 4]]), &links).unwrap();
+    // Two replicas: each sends its whole gradient once, and both ring edges cross.
+    let ring_bytes = 2.0 * params * GRADIENT_BYTES_PER_PARAM;
+    assert!((two.cross_zone_bytes - ring_bytes).abs() < 1.0, "{two:?}");
+    assert!((two.egress_usd - ring_bytes / 1e9 * 0.02).abs() < 1e-9);
+    for (a, b) in two.allreduce_ms.iter().zip(&one.allreduce_ms) {
+        assert!(a > b, "{two:?} {one:?}");
+    }
+    // One pipeline whose second half is in another zone: 128 micro-batches cross once each
+    // way at the boundary between stages 1 and 2.
+    let split = traffic(&spec, &bounds, &placed(&[&["a", "a", "b", "b"]]), &links).unwrap();
+    let crossing = 2.0 * 128.0 * spec.boundary_bytes;
+    assert!((split.cross_zone_bytes - crossing).abs() < 1.0, "{split:?}");
+    assert!(split.slowest_boundary_ms > one.slowest_boundary_ms);
+    assert_eq!(split.allreduce_ms, vec![0.0; 4]);
+}
+
+#[test]
+fn a_plan_that_does_not_match_its_stages_is_refused() {
+    let spec = gpt();
+    let bounds = spec.partition(4);
+    let links = Links::default();
+    assert!(traffic(&spec, &bounds, &[], &links).is_none());
+    assert!(traffic(&spec, &bounds, &placed(&[&["a"; 3]]), &links).is_none());
+    assert!(traffic(&spec, &[], &placed(&[&["a"; 4]]), &links).is_none());
+    assert!(traffic(&spec, &[0, 2, 1000], &placed(&[&["a"; 2]]), &links).is_none());
+}
