@@ -62,6 +62,24 @@ pub struct MemberView {
     /// Its deadline when leaving (unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_unix_ms: Option<u64>,
+    /// Where it runs and on what, as it said when it joined.
+    #[serde(default)]
+    pub placement: Placement,
+}
+
+/// A member's zone, instance type and device (`cpu`, `cuda`, `emulated:PROFILE`), each empty
+/// where it does not know.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The cloud zone.
+    #[serde(default)]
+    pub zone: String,
+    /// The instance type.
+    #[serde(default)]
+    pub instance_type: String,
+    /// The device its stage runs on.
+    #[serde(default)]
+    pub device: String,
 }
 
 /// A gossiped notice as this node received it.
@@ -423,8 +441,13 @@ mod tests {
             voter: true,
             status: MemberState::Active,
             deadline_unix_ms: None,
+            placement: Placement {
+                zone: "us-east-1a".into(),
+                ..Placement::default()
+            },
         });
         let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["members"][0]["placement"]["zone"], "us-east-1a");
         assert_eq!(v["role"], "leader");
         assert_eq!(v["leader"], serde_json::Value::Null);
         assert_eq!(v["config"], serde_json::json!([2, 3]));

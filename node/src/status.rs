@@ -14,8 +14,8 @@ use actix::prelude::*;
 
 pub use parcae_api::{
     ClockRefusalView, EmulatedView, EstimateView, LatencySummary, MemberState, MemberView,
-    MigrationKind, MigrationView, NoticeView, RoleView, StatusSnapshot, StepRecord, TrainingPhase,
-    TrainingView,
+    MigrationKind, MigrationView, NoticeView, Placement, RoleView, StatusSnapshot, StepRecord,
+    TrainingPhase, TrainingView,
 };
 
 /// Step records kept for `/steps`.
@@ -285,6 +285,7 @@ mod tests {
                 voter: true,
                 status,
                 deadline_unix_ms: None,
+                placement: Default::default(),
             }],
             ..StatusSnapshot::default()
         }
@@ -319,6 +320,7 @@ mod tests {
                 voter,
                 status: MemberState::Active,
                 deadline_unix_ms: None,
+                placement: Default::default(),
             });
         }
         let why = readiness(&cut_off).unwrap_err();

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use parcae_api::MemberState;
 use parcae_tests::{
-    TEST_CONFIG, new_cluster_with_clock_skew, node_binary, secs, serial, start_cluster, wait_for,
+    TEST_CONFIG, new_cluster_with_clock_skew, new_cluster_with_env, node_binary, secs, serial,
+    start_cluster, wait_for,
 };
 
 #[test]
@@ -14,7 +15,17 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     // Build (or find) the binary first: the 10 s budget is for the cluster, not for cargo.
     let _ = node_binary();
     let started = Instant::now();
-    let mut c = start_cluster(TEST_CONFIG, 5);
+    // Each node says where it runs (from the environment, as a VM's unit file sets it).
+    let mut c = new_cluster_with_env(
+        TEST_CONFIG,
+        vec![
+            ("PARCAE_ZONE", "us-east-1a".into()),
+            ("PARCAE_INSTANCE_TYPE", "p3.2xlarge".into()),
+        ],
+    );
+    if let Err(e) = c.start_nodes(5) {
+        panic!("starting 5 nodes: {e}\n{}", c.logs());
+    }
     let all: Vec<usize> = (0..5).collect();
     let leader = c
         .wait_converged(&all, 5, secs(10).saturating_sub(started.elapsed()))
@@ -26,6 +37,14 @@ fn five_nodes_form_a_cluster_and_survive_leader_kill() {
     let mut listed: Vec<String> = s0.members.iter().map(|m| m.peer_id.clone()).collect();
     listed.sort();
     assert_eq!(listed, ids);
+    for m in &s0.members {
+        let p = &m.placement;
+        assert_eq!(
+            (p.zone.as_str(), p.instance_type.as_str(), p.device.as_str()),
+            ("us-east-1a", "p3.2xlarge", "cpu"),
+            "{m:?}"
+        );
+    }
 
     // Let the planner commit a few availability ticks, then kill the leader.
     let li = c.index_of(&leader).expect("leader index");

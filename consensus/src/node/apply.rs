@@ -83,7 +83,7 @@ impl RaftNode {
         }
         self.push_event(NodeEvent::Applied {
             index: entry.index,
-            command,
+            command: command.map(Box::new),
             outcome,
         });
     }

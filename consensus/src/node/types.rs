@@ -34,8 +34,9 @@ pub enum NodeEvent {
     Applied {
         /// Log index.
         index: u64,
-        /// The decoded command, `None` if the bytes did not decode.
-        command: Option<Command>,
+        /// The decoded command, `None` if the bytes did not decode (boxed: a `Join` carries a
+        /// member's whole record).
+        command: Option<Box<Command>>,
         /// What changed, or why nothing did.
         outcome: Result<Vec<StateEvent>, Rejection>,
     },

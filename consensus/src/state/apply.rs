@@ -188,13 +188,9 @@ fn validate_peer(node: NodeId, peer: &PeerInfo) -> Result<(), Rejection> {
             ),
         ));
     }
-    if peer.caps.label.len() > limits::MAX_ADDR_BYTES {
-        return Err(Rejection::invalid(
-            "caps.label",
-            format!("{} bytes", peer.caps.label.len()),
-        ));
-    }
-    Ok(())
+    peer.caps
+        .check()
+        .map_err(|(field, reason)| Rejection::invalid(field, reason))
 }
 
 fn join(

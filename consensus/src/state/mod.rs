@@ -41,8 +41,10 @@ pub mod limits {
     pub const MAX_PEER_ID_BYTES: usize = 128;
     /// Addresses per member.
     pub const MAX_ADDRS: usize = 16;
-    /// Bytes per address or label.
+    /// Bytes per address.
     pub const MAX_ADDR_BYTES: usize = 256;
+    /// Bytes of a member's zone, instance type or device name.
+    pub const MAX_LABEL_BYTES: usize = 64;
     /// Availability samples kept (oldest dropped first).
     pub const MAX_AVAILABILITY: usize = 4096;
     /// Losses kept (oldest dropped first).

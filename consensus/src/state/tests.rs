@@ -135,6 +135,57 @@ fn join_validates_identity_and_rejoins_after_loss() {
 }
 
 #[test]
+fn a_member_says_where_it_runs_and_on_what_within_bounds() {
+    let mut s = state_with(1);
+    let caps = Capabilities {
+        zone: "us-east-1a".into(),
+        instance_type: "p3.2xlarge".into(),
+        device: "emulated:gpt-1.5b".into(),
+    };
+    let placed = |caps: Capabilities| Command::Join {
+        node: id(2),
+        peer: PeerInfo { caps, ..peer(2) },
+    };
+    s.apply(&placed(caps.clone())).unwrap();
+    assert_eq!(s.members[&id(2)].peer.caps, caps);
+    let bad = [
+        (
+            Capabilities {
+                zone: "z".repeat(limits::MAX_LABEL_BYTES + 1),
+                ..caps.clone()
+            },
+            "caps.zone",
+            "65 bytes",
+        ),
+        (
+            Capabilities {
+                instance_type: "p3 2xlarge".into(),
+                ..caps.clone()
+            },
+            "caps.instance_type",
+            "' '",
+        ),
+        (
+            Capabilities {
+                device: "cuda\n".into(),
+                ..caps.clone()
+            },
+            "caps.device",
+            "'\\n'",
+        ),
+    ];
+    for (caps, name, why) in bad {
+        match rejected(&mut s, &placed(caps)) {
+            Rejection::Invalid { field, reason } => {
+                assert_eq!(field, name);
+                assert!(reason.contains(why), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
 fn a_key_goes_into_force_once_every_member_holds_it_and_joiners_must_hold_it() {
     let mut s = state_with(3);
     s.apply(&Command::Lost { node: id(3) }).unwrap();

@@ -81,15 +81,51 @@ impl Job {
     }
 }
 
-/// Resources of a node.
+/// Where a node runs and on what, as it says when it joins: the planner tells zones and device
+/// kinds apart by these, and `/status` shows them. Each is empty where the node does not know,
+/// at most [`super::limits::MAX_LABEL_BYTES`] of `A-Z a-z 0-9 . _ : / -`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Capabilities {
-    /// Number of accelerators (0 for CPU-only nodes).
-    pub accelerators: u32,
-    /// Memory available for training, in bytes.
-    pub memory_bytes: u64,
-    /// Free-form label (instance type, zone), for status output only.
-    pub label: String,
+    /// The cloud zone (`us-east-1a`): `[placement] zone`, `--zone`, or the cloud's metadata.
+    pub zone: String,
+    /// The instance type (`p3.2xlarge`), likewise.
+    pub instance_type: String,
+    /// The device its stage runs on: `cpu`, `cuda`, or `emulated:PROFILE`.
+    pub device: String,
+}
+
+impl Capabilities {
+    /// Whether a zone, instance type or device name may hold `c`.
+    pub fn allows(c: char) -> bool {
+        c.is_ascii_alphanumeric() || ".:_/-".contains(c)
+    }
+
+    /// The first field that breaks the rules above, and why.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        for (field, value) in [
+            ("caps.zone", &self.zone),
+            ("caps.instance_type", &self.instance_type),
+            ("caps.device", &self.device),
+        ] {
+            if value.len() > super::limits::MAX_LABEL_BYTES {
+                return Err((
+                    field,
+                    format!(
+                        "{} bytes (at most {})",
+                        value.len(),
+                        super::limits::MAX_LABEL_BYTES
+                    ),
+                ));
+            }
+            if let Some(c) = value.chars().find(|c| !Self::allows(*c)) {
+                return Err((
+                    field,
+                    format!("{value:?} has {c:?} (only A-Z a-z 0-9 . _ : / -)"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The node's role in the raft configuration, as applied through the log.

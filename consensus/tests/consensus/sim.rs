@@ -275,10 +275,11 @@ impl Sim {
             let sn = self.nodes.get_mut(&id).unwrap();
             for ev in events {
                 if let NodeEvent::Applied { index, command, .. } = ev
-                    && let Some(prev) = sn.applied.insert(index, command.clone())
+                    && let Some(prev) = sn.applied.insert(index, command.as_deref().cloned())
                 {
                     assert_eq!(
-                        prev, command,
+                        prev.as_ref(),
+                        command.as_deref(),
                         "node {id} re-applied a different entry at {index}"
                     );
                 }

@@ -62,6 +62,14 @@ pub struct RunArgs {
     /// `[device] kind` and `index`; `cuda` needs a build with the `cuda` feature).
     #[arg(long, env = "PARCAE_DEVICE")]
     pub device: Option<DeviceChoice>,
+    /// The cloud zone this node runs in, e.g. `us-east-1a` (overrides `[placement] zone`):
+    /// listed in the membership, where the planner tells zones apart.
+    #[arg(long, env = "PARCAE_ZONE")]
+    pub zone: Option<String>,
+    /// The instance type this node runs on, e.g. `p3.2xlarge` (overrides `[placement]
+    /// instance_type`).
+    #[arg(long, env = "PARCAE_INSTANCE_TYPE")]
+    pub instance_type: Option<String>,
 }
 
 /// A file the command line names could not be loaded.
@@ -93,6 +101,13 @@ impl RunArgs {
             config.device.choose(device);
             config.device.validate()?;
         }
+        if let Some(zone) = self.zone {
+            config.placement.zone = zone;
+        }
+        if let Some(instance_type) = self.instance_type {
+            config.placement.instance_type = instance_type;
+        }
+        config.placement.validate()?;
         let keys = KeyRing::load(&self.cluster_key)?;
         Ok(
             RunOptions::new(self.data_dir, keys, self.listen, self.status_addr, config)

@@ -1,5 +1,7 @@
 //! The `[device]` section: what a stage's work runs on.
 
+use parcae_consensus::state::Capabilities;
+use parcae_consensus::state::limits::MAX_LABEL_BYTES;
 use serde::Deserialize;
 
 use super::error::ConfigError;
@@ -78,6 +80,26 @@ impl std::str::FromStr for DeviceChoice {
 }
 
 impl DeviceConfig {
+    /// The device's name in the membership: `cpu`, `cuda`, or `emulated:` and the profile (a
+    /// built-in name, or a profile file's name), every character the membership does not take
+    /// replaced by `_`, cut to its length.
+    pub fn name(&self) -> String {
+        let name = match self.kind {
+            DeviceKind::Cpu => "cpu".to_owned(),
+            DeviceKind::Cuda => "cuda".to_owned(),
+            DeviceKind::Emulated => {
+                let profile = std::path::Path::new(&self.profile)
+                    .file_name()
+                    .map_or(self.profile.clone(), |f| f.to_string_lossy().into_owned());
+                format!("emulated:{profile}")
+            }
+        };
+        name.chars()
+            .map(|c| if Capabilities::allows(c) { c } else { '_' })
+            .take(MAX_LABEL_BYTES)
+            .collect()
+    }
+
     /// The command line's device in place of the file's.
     pub fn choose(&mut self, choice: DeviceChoice) {
         self.kind = choice.kind;

@@ -6,16 +6,19 @@
 
 mod device;
 mod error;
+mod placement;
 mod sections;
 mod train;
 
 pub use device::{DeviceChoice, DeviceConfig, DeviceKind};
 pub use error::ConfigError;
+pub use placement::PlacementConfig;
 pub use sections::{
     NetConfig, NoticeConfig, NoticeProvider, PlanStrategy, PlannerConfig, RaftConfig,
 };
 pub use train::{JobSource, ModelPreset, TokenDtypeName, TrainConfig};
 
+use parcae_consensus::state::Capabilities;
 use parcae_strategies::cost::profile::DeviceProfile;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -45,6 +48,8 @@ pub struct NodeConfig {
     pub train: TrainConfig,
     /// What the stage runs on.
     pub device: DeviceConfig,
+    /// Where the node runs: its zone and instance type.
+    pub placement: PlacementConfig,
     /// The `[train]` keys the file sets: a node that adopts the cluster's job keeps these
     /// (and is refused where they differ from the job) and takes the others from the job.
     #[serde(skip)]
@@ -62,6 +67,7 @@ impl Default for NodeConfig {
             net: NetConfig::default(),
             train: TrainConfig::default(),
             device: DeviceConfig::default(),
+            placement: PlacementConfig::default(),
             explicit_train: BTreeSet::new(),
         }
     }
@@ -121,6 +127,7 @@ impl NodeConfig {
                 "raft.snapshot_interval must be between 1 and 1000000 entries".into(),
             ));
         }
+        self.placement.validate()?;
         if self.net.max_control_frame < 1024 {
             return Err(ConfigError::Invalid(
                 "net.max_control_frame must be >= 1024".into(),
@@ -267,6 +274,11 @@ impl NodeConfig {
     /// Raft's election timeout: `election_ticks` ticks of `tick_ms`.
     pub fn raft_election_timeout(&self) -> Duration {
         Duration::from_millis(self.raft.tick_ms) * self.raft.election_ticks as u32
+    }
+
+    /// What this node says of itself in its membership record: zone, instance type, device.
+    pub fn capabilities(&self) -> Capabilities {
+        self.placement.capabilities(&self.device)
     }
 
     /// The grace period as a duration.

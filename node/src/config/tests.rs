@@ -254,3 +254,38 @@ fn a_planner_profile_must_read_and_match_the_model() {
     let e = with("", &missing).unwrap_err().to_string();
     assert!(e.contains("missing field"), "{e}");
 }
+
+#[test]
+fn the_node_says_its_zone_instance_type_and_device() {
+    let c = NodeConfig::parse(
+        "[placement]\nzone = \"us-east-1a\"\ninstance_type = \"p3.2xlarge\"\n\
+         [device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\n",
+        "x",
+    )
+    .unwrap();
+    let caps = c.capabilities();
+    assert_eq!(
+        (caps.zone.as_str(), caps.instance_type.as_str()),
+        ("us-east-1a", "p3.2xlarge")
+    );
+    assert_eq!(caps.device, "emulated:gpt-1.5b");
+    assert_eq!(NodeConfig::default().capabilities().device, "cpu");
+    assert_eq!(caps.check(), Ok(()));
+    let from_file = |profile: String| DeviceConfig {
+        kind: DeviceKind::Emulated,
+        profile,
+        ..DeviceConfig::default()
+    };
+    assert_eq!(
+        from_file("/profiles/my h100.json".into()).name(),
+        "emulated:my_h100.json"
+    );
+    assert_eq!(from_file("p".repeat(200)).name().len(), 64);
+    let e = NodeConfig::parse("[placement]\nzone = \"us east\"\n", "x").unwrap_err();
+    assert!(
+        e.to_string().contains("placement.zone") && e.to_string().contains("' '"),
+        "{e}"
+    );
+    let e = NodeConfig::parse("[placement]\nrack = \"r1\"\n", "x").unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+}

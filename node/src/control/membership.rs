@@ -11,19 +11,21 @@ use parcae_consensus::{Command, ControlState, NodeId};
 /// of leader) the same notice may be proposed again.
 pub const NOTICE_IN_FLIGHT: Duration = Duration::from_secs(1);
 
-/// This node's identity, addresses, job and cluster keys as recorded in the membership.
+/// This node's identity, addresses, job, cluster keys and where it runs, as recorded in the
+/// membership.
 pub fn peer_info(
     peer: &PeerId,
     addrs: &[Multiaddr],
     data_addr: Option<String>,
     job: Option<Digest32>,
     keys: Vec<KeyId>,
+    caps: Capabilities,
 ) -> PeerInfo {
     PeerInfo {
         peer_id: peer.to_bytes(),
         addrs: addrs.iter().map(|a| a.to_string()).collect(),
         data_addr,
-        caps: Capabilities::default(),
+        caps,
         job,
         keys,
     }
@@ -48,6 +50,7 @@ pub fn join_needed(
             && m.peer.data_addr == me.data_addr
             && m.peer.job == me.job
             && m.peer.keys == me.keys
+            && m.peer.caps == me.caps
     });
     (!current || leaderless_for >= patience).then(|| Command::Join {
         node,
@@ -115,6 +118,7 @@ mod tests {
             Some("127.0.0.1:5001".into()),
             Some([1; 32]),
             vec![[1; 8]],
+            Capabilities::default(),
         )
     }
 
@@ -134,6 +138,12 @@ mod tests {
         assert!(
             join_needed(&state, &staged, Duration::ZERO, PATIENCE).is_some(),
             "a staged cluster key"
+        );
+        let mut placed = me.clone();
+        placed.caps.zone = "us-east-1a".into();
+        assert!(
+            join_needed(&state, &placed, Duration::ZERO, PATIENCE).is_some(),
+            "a zone it did not say before"
         );
         let node = NodeId::from_peer_bytes(&me.peer_id);
         state.members.get_mut(&node).unwrap().status = MemberStatus::Lost;

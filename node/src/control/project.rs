@@ -8,7 +8,8 @@ use parcae_consensus::state::{KeyId, MemberStatus, RaftRole};
 use parcae_consensus::{ControlState, NodeId, NodeStatus, Role};
 
 use crate::status::{
-    ClockRefusalView, LatencySummary, MemberState, MemberView, NoticeView, RoleView, StatusSnapshot,
+    ClockRefusalView, LatencySummary, MemberState, MemberView, NoticeView, Placement, RoleView,
+    StatusSnapshot,
 };
 
 /// What only this node knows, as shown on `/status`.
@@ -56,6 +57,11 @@ pub fn project(local: LocalView<'_>, raft: &NodeStatus, state: &ControlState) ->
             deadline_unix_ms: match m.status {
                 MemberStatus::Leaving { deadline_ms } => Some(deadline_ms),
                 _ => None,
+            },
+            placement: Placement {
+                zone: m.peer.caps.zone.clone(),
+                instance_type: m.peer.caps.instance_type.clone(),
+                device: m.peer.caps.device.clone(),
             },
         })
         .collect();
@@ -150,7 +156,7 @@ mod tests {
         for p in [a, b] {
             let join = join_needed(
                 &state,
-                &peer_info(&p, &[], None, None, Vec::new()),
+                &peer_info(&p, &[], None, None, Vec::new(), Default::default()),
                 std::time::Duration::ZERO,
                 std::time::Duration::MAX,
             )

@@ -236,7 +236,7 @@ impl ControlDriver {
                 index,
                 command,
                 outcome,
-            } => match (&outcome, &command) {
+            } => match (&outcome, command.as_deref()) {
                 (
                     Ok(_),
                     Some(Command::StepCommitted {
@@ -456,6 +456,7 @@ impl ControlDriver {
             self.data_addr.clone(),
             self.job,
             self.keys.ids(),
+            self.config.capabilities(),
         );
         let leaderless = now.saturating_duration_since(self.leader_seen);
         let patience = self.config.raft_election_timeout() * LEADERLESS_PATIENCE;

@@ -62,6 +62,7 @@ pub fn open_node(setup: &RaftSetup, config: &NodeConfig) -> Result<RaftNode, Raf
         setup.data_addr.map(|a| a.to_string()),
         setup.job,
         setup.keys.ids(),
+        config.capabilities(),
     );
     let found = setup.found_cluster.then_some(std::slice::from_ref(&me));
     let (mut node, founded) = RaftNode::open_or_found(&setup.data_dir.raft(), raft_config, found)
