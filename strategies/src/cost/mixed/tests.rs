@@ -89,18 +89,15 @@ fn uneven_stages_on_two_device_kinds_train_at_least_1_15_times_even_ones() {
     let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
     let a100 = v100.derived("a100-40gb", 2.0, 40.0 * 1024.0);
     let (devices, bounds) = arrange(&spec, &[(&a100, 4), (&v100, 4)]).unwrap();
-    let on_a100: Vec<usize> = sizes(&bounds)
-        .into_iter()
-        .zip(&devices)
-        .filter(|(_, d)| d.name == "a100-40gb")
-        .map(|(n, _)| n)
-        .collect();
-    let on_v100: Vec<usize> = sizes(&bounds)
-        .into_iter()
-        .zip(&devices)
-        .filter(|(_, d)| d.name == "v100")
-        .map(|(n, _)| n)
-        .collect();
+    let held_on = |name: &str| -> Vec<usize> {
+        sizes(&bounds)
+            .into_iter()
+            .zip(&devices)
+            .filter(|(_, d)| d.name == name)
+            .map(|(n, _)| n)
+            .collect()
+    };
+    let (on_a100, on_v100) = (held_on("a100-40gb"), held_on("v100"));
     assert!(on_a100.iter().min() > on_v100.iter().max(), "{bounds:?}");
     let by_count = spec.partition(8);
     let even = [[&a100, &v100], [&v100, &a100]]
