@@ -38,6 +38,9 @@ use schedule::{Schedule, trace_name};
 /// the models the testnet trains, and little memory for the tmpfs when filled.
 const CHECKPOINT_DISK_MIB: u64 = 256;
 
+/// Seconds a full disk waits for a node that writes checkpoints to answer.
+const FILL_RETRY_SECS: f64 = 1.0;
+
 /// Mixed into the run's seed for the slow links' random stream.
 const SLOW_LINK_STREAM: u64 = 0x5107_11AC;
 
@@ -331,10 +334,9 @@ impl Chaos {
             return Ok(());
         }
         let schedule = self.schedule;
-        let Some(secs) = schedule.turn(schedule.disks_full, &mut self.next_fill, t) else {
-            return Ok(());
-        };
-        // Pipeline 0 writes every stage's checkpoints: one of its nodes, where there is one.
+        // Pipeline 0 writes every stage's checkpoints: one of its nodes. While none answers (its
+        // one node frozen by a pause, a cluster between plans), the fill waits a second at a
+        // time, as long as it still fits the run, rather than fill a disk nobody writes to.
         let up = ctx.cluster.up();
         let writers: Vec<usize> = up
             .iter()
@@ -344,6 +346,16 @@ impl Chaos {
                 slot.is_some_and(|[pipeline, _]| pipeline == 0)
             })
             .collect();
+        if let Some(fill) = schedule.disks_full
+            && writers.is_empty()
+            && schedule.fits(t + FILL_RETRY_SECS, fill.secs)
+        {
+            self.next_fill = t + FILL_RETRY_SECS;
+            return Ok(());
+        }
+        let Some(secs) = schedule.turn(schedule.disks_full, &mut self.next_fill, t) else {
+            return Ok(());
+        };
         let pool = if writers.is_empty() { &up } else { &writers };
         let Some(&victim) = pool.choose(&mut self.rng) else {
             return Ok(());

@@ -12,6 +12,11 @@
 //!   `GET /metadata/scheduledevents` lists a `Preempt` event with the deadline as `NotBefore`
 //!   once armed.
 //!
+//! Each also says where its machine runs ([`FakeCloud::placement`]): AWS's
+//! `placement/availability-zone` and `instance-type`, GCE's `instance/zone` and
+//! `instance/machine-type` (resource paths), Azure's `GET /metadata/instance/compute`
+//! (`location`, `zone`, `vmSize`).
+//!
 //! Anything else, or a request without the cloud's header, is refused as the real service
 //! refuses it. The node's real pollers find the fakes through `[notices] *_base_url`, so the
 //! notice path under test is the one production uses.
@@ -40,6 +45,17 @@ pub enum FakeCloud {
     Azure,
 }
 
+impl FakeCloud {
+    /// The zone and instance type a node reads from this fake.
+    pub fn placement(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Aws => ("us-east-1a", "p3.2xlarge"),
+            Self::Gce => ("us-central1-a", "a2-highgpu-1g"),
+            Self::Azure => ("eastus-1", "Standard_NC6s_v3"),
+        }
+    }
+}
+
 /// A running fake metadata server; stopped when dropped.
 pub struct FakeMetadata {
     server: BackgroundServer,
@@ -60,19 +76,41 @@ impl FakeMetadata {
             cfg.app_data(data.clone());
             match cloud {
                 FakeCloud::Aws => {
-                    cfg.route("/latest/api/token", web::put().to(token)).route(
-                        "/latest/meta-data/spot/instance-action",
-                        web::get().to(instance_action),
-                    );
+                    cfg.route("/latest/api/token", web::put().to(token))
+                        .route(
+                            "/latest/meta-data/spot/instance-action",
+                            web::get().to(instance_action),
+                        )
+                        .route(
+                            "/latest/meta-data/placement/availability-zone",
+                            web::get().to(|req| aws_value(req, FakeCloud::Aws.placement().0)),
+                        )
+                        .route(
+                            "/latest/meta-data/instance-type",
+                            web::get().to(|req| aws_value(req, FakeCloud::Aws.placement().1)),
+                        );
                 }
                 FakeCloud::Gce => {
+                    let (zone, machine) = FakeCloud::Gce.placement();
                     cfg.route(
                         "/computeMetadata/v1/instance/preempted",
                         web::get().to(gce_preempted),
+                    )
+                    .route(
+                        "/computeMetadata/v1/instance/zone",
+                        web::get()
+                            .to(move |req| gce_value(req, format!("projects/1/zones/{zone}"))),
+                    )
+                    .route(
+                        "/computeMetadata/v1/instance/machine-type",
+                        web::get().to(move |req| {
+                            gce_value(req, format!("projects/1/machineTypes/{machine}"))
+                        }),
                     );
                 }
                 FakeCloud::Azure => {
                     cfg.route("/metadata/instance", web::get().to(azure_instance))
+                        .route("/metadata/instance/compute", web::get().to(azure_compute))
                         .route("/metadata/scheduledevents", web::get().to(azure_events));
                 }
             }
@@ -110,8 +148,7 @@ async fn instance_action(
     req: HttpRequest,
     deadline: web::Data<Mutex<Option<SystemTime>>>,
 ) -> HttpResponse {
-    let token = req.headers().get("X-aws-ec2-metadata-token");
-    if token.is_none_or(|t| t.as_bytes() != TOKEN.as_bytes()) {
+    if !has_header(&req, "X-aws-ec2-metadata-token", TOKEN) {
         return HttpResponse::Unauthorized().finish();
     }
     match *deadline.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -121,6 +158,38 @@ async fn instance_action(
         )),
         None => HttpResponse::NotFound().body("Not Found"),
     }
+}
+
+/// An AWS metadata value: 401 without the token.
+async fn aws_value(req: HttpRequest, value: &'static str) -> HttpResponse {
+    if !has_header(&req, "X-aws-ec2-metadata-token", TOKEN) {
+        return HttpResponse::Unauthorized().finish();
+    }
+    HttpResponse::Ok().body(value)
+}
+
+/// A GCE metadata value; 403 without `Metadata-Flavor: Google`, as GCE.
+async fn gce_value(req: HttpRequest, value: String) -> HttpResponse {
+    if !has_header(&req, "Metadata-Flavor", "Google") {
+        return HttpResponse::Forbidden().finish();
+    }
+    HttpResponse::Ok()
+        .insert_header(("Metadata-Flavor", "Google"))
+        .body(value)
+}
+
+/// Azure's `compute` part of the VM's description: region, zone number and size.
+async fn azure_compute(req: HttpRequest) -> HttpResponse {
+    if !has_header(&req, "Metadata", "true") {
+        return HttpResponse::BadRequest().finish();
+    }
+    let (zone, size) = FakeCloud::Azure.placement();
+    let (location, number) = zone.rsplit_once('-').unwrap_or((zone, ""));
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(format!(
+            r#"{{"name": "parcae-fake", "priority": "Spot", "location": "{location}", "zone": "{number}", "vmSize": "{size}"}}"#
+        ))
 }
 
 /// The GCE preemption flag; 403 without `Metadata-Flavor: Google`, as GCE.

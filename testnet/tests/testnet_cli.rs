@@ -817,9 +817,11 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
         "15",
         "--pause-secs",
         "4",
-        // One full disk, from 19 s to 28 s: after the first split and pause end, before the
-        // kill and the second pause, so that pipeline 0 trains (and checkpoints) on it; at 16 s
-        // and 32 s it fell into those stalls and one run in six saw no checkpoint fail.
+        // One full disk for 9 s from 19 s, or as soon after as a node of pipeline 0 answers
+        // (the first pause may still hold the founder, often pipeline 0's only node): after the
+        // first split and pause, before the kill and the second pause, so that pipeline 0 trains
+        // and checkpoints on it. At 16 s and 32 s the fills fell into those stalls, and at 19 s
+        // without waiting one fill went to a node that wrote no checkpoint.
         "--disk-full-every",
         "19",
         "--disk-full-secs",

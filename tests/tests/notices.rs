@@ -1,10 +1,11 @@
 //! Cloud preemption notices: a local fake AWS metadata server (IMDSv2, the testnet's) triggers
-//! the same flow as SIGTERM: gossip, `Notice` in raft, exit 0 at the deadline.
+//! the same flow as SIGTERM: gossip, `Notice` in raft, exit 0 at the deadline; and it tells the
+//! node its zone and instance type, which the membership records.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parcae_api::MemberState;
-use parcae_testnet::imds::FakeMetadata;
+use parcae_testnet::imds::{FakeCloud, FakeMetadata};
 use parcae_tests::{TEST_CONFIG, secs, serial, start_cluster, wait_for};
 
 #[test]
@@ -32,6 +33,27 @@ fn fake_aws_spot_notice_triggers_the_notice_flow() {
         c.nodes[spot].running(),
         "404 from the metadata service means no notice"
     );
+    // The metadata service also says where the machine runs, and the membership records it;
+    // the nodes without one say nothing.
+    let (zone, instance_type) = FakeCloud::Aws.placement();
+    wait_for(Duration::from_secs(10), || {
+        let s = c.nodes[0].status()?;
+        let placed = s.members.iter().all(|m| {
+            let p = &m.placement;
+            if m.peer_id == peer {
+                (p.zone.as_str(), p.instance_type.as_str()) == (zone, instance_type)
+            } else {
+                p.zone.is_empty() && p.instance_type.is_empty() && p.device == "cpu"
+            }
+        });
+        placed.then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the spot node's placement is not in the membership\n{}",
+            c.logs()
+        )
+    });
 
     let deadline = SystemTime::now() + secs(20);
     imds.arm(deadline);

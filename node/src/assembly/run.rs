@@ -227,6 +227,7 @@ impl Actors {
             &self.config,
             self.handle.driver().clone().recipient(),
             self.status.clone().recipient(),
+            self.handle.driver().clone().recipient(),
         )
         .start();
         Planner::new(self.handle, self.status, &self.config).start();

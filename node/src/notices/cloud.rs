@@ -1,5 +1,6 @@
 //! Cloud metadata pollers: AWS IMDSv2 spot instance-action, GCE preemption, Azure Scheduled
-//! Events. Each answers "is this machine about to go, and when?".
+//! Events. Each answers "is this machine about to go, and when?", and once, at start, "where
+//! does it run?" (its zone and instance type, for the membership).
 //!
 //! Base URLs are configurable so that tests can point them at a local fake server. The pollers
 //! are blocking (ureq) and run on their own threads: a slow metadata endpoint must never stall
@@ -56,6 +57,18 @@ pub enum PollError {
     },
 }
 
+/// Where the machine runs, as its metadata service says: untrusted text, checked by the caller
+/// against the membership's rules before it goes into the node's record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, actix::Message)]
+#[rtype(result = "()")]
+pub struct CloudPlacement {
+    /// The zone: `us-east-1a` (AWS), `us-central1-a` (GCE), `eastus-1` (Azure: region and zone
+    /// number, or the region alone for a VM outside any zone).
+    pub zone: String,
+    /// The instance type: `p3.2xlarge`, `a2-highgpu-1g`, `Standard_NC6s_v3`.
+    pub instance_type: String,
+}
+
 /// One provider's metadata check.
 pub trait MetadataPoller: Send {
     /// Whether this provider's metadata service answers here, as only it does (the address
@@ -63,6 +76,8 @@ pub trait MetadataPoller: Send {
     fn answers(&mut self) -> bool;
     /// Checks once; `Ok(None)` means no preemption is scheduled.
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError>;
+    /// Where this machine runs.
+    fn placement(&mut self) -> Result<CloudPlacement, PollError>;
 }
 
 /// A metadata service endpoint: base URL and an HTTP agent with a global timeout.
@@ -82,6 +97,24 @@ impl MetadataClient {
                     .build(),
             ),
         }
+    }
+}
+
+impl MetadataClient {
+    /// `GET` of `path` with `header`: the trimmed body of a 200 answer.
+    fn get_text(&self, path: &str, header: (&str, &str)) -> Result<String, PollError> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .agent
+            .get(&url)
+            .header(header.0, header.1)
+            .call()
+            .map_err(http_err(&url))?;
+        let (status, body) = read_body(&url, resp)?;
+        if status != 200 {
+            return Err(PollError::Status { url, status });
+        }
+        Ok(body.trim().to_owned())
     }
 }
 
@@ -189,6 +222,19 @@ impl MetadataPoller for AwsPoller {
             status => Err(PollError::Status { url, status }),
         }
     }
+
+    fn placement(&mut self) -> Result<CloudPlacement, PollError> {
+        let token = self.token()?;
+        let header = ("X-aws-ec2-metadata-token", token.trim());
+        Ok(CloudPlacement {
+            zone: self
+                .client
+                .get_text("/latest/meta-data/placement/availability-zone", header)?,
+            instance_type: self
+                .client
+                .get_text("/latest/meta-data/instance-type", header)?,
+        })
+    }
 }
 
 /// GCE: `GET /computeMetadata/v1/instance/preempted` with `Metadata-Flavor: Google` answers
@@ -223,31 +269,38 @@ impl MetadataPoller for GcePoller {
     }
 
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
-        let url = format!("{}/computeMetadata/v1/instance/preempted", self.client.base);
-        let resp = self
-            .client
-            .agent
-            .get(&url)
-            .header("Metadata-Flavor", "Google")
-            .call()
-            .map_err(http_err(&url))?;
-        let (status, body) = read_body(&url, resp)?;
-        if status != 200 {
-            return Err(PollError::Status { url, status });
-        }
-        match body.trim() {
+        let path = "/computeMetadata/v1/instance/preempted";
+        match self.client.get_text(path, GCE_FLAVOR)?.as_str() {
             "TRUE" => Ok(Some(CloudNotice {
                 source: NoticeSource::Gce,
                 deadline: crate::clock::now() + DEFAULT_LEAD,
             })),
             "FALSE" => Ok(None),
             other => Err(PollError::Parse {
-                url,
+                url: format!("{}{path}", self.client.base),
                 reason: format!("expected TRUE or FALSE, got {:?}", truncate(other)),
             }),
         }
     }
+
+    fn placement(&mut self) -> Result<CloudPlacement, PollError> {
+        // Both are resource paths: `projects/123/zones/us-central1-a`.
+        let last = |path: String| path.rsplit('/').next().unwrap_or_default().to_owned();
+        Ok(CloudPlacement {
+            zone: last(
+                self.client
+                    .get_text("/computeMetadata/v1/instance/zone", GCE_FLAVOR)?,
+            ),
+            instance_type: last(
+                self.client
+                    .get_text("/computeMetadata/v1/instance/machine-type", GCE_FLAVOR)?,
+            ),
+        })
+    }
 }
+
+/// The header every GCE metadata request carries.
+const GCE_FLAVOR: (&str, &str) = ("Metadata-Flavor", "Google");
 
 /// Azure: `GET /metadata/scheduledevents?api-version=2020-07-01` with `Metadata: true`; an event
 /// of type `Preempt` or `Terminate` means the machine is going (Spot gives at least 30 s).
@@ -277,6 +330,15 @@ impl AzurePoller {
             client: MetadataClient::new(base, timeout),
         }
     }
+
+    /// The JSON answer to `GET path` (with the `Metadata: true` header Azure requires).
+    fn json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, PollError> {
+        let body = self.client.get_text(path, ("Metadata", "true"))?;
+        serde_json::from_str(&body).map_err(|e| PollError::Parse {
+            url: format!("{}{path}", self.client.base),
+            reason: e.to_string(),
+        })
+    }
 }
 
 impl MetadataPoller for AzurePoller {
@@ -300,25 +362,7 @@ impl MetadataPoller for AzurePoller {
     }
 
     fn check(&mut self) -> Result<Option<CloudNotice>, PollError> {
-        let url = format!(
-            "{}/metadata/scheduledevents?api-version=2020-07-01",
-            self.client.base
-        );
-        let resp = self
-            .client
-            .agent
-            .get(&url)
-            .header("Metadata", "true")
-            .call()
-            .map_err(http_err(&url))?;
-        let (status, body) = read_body(&url, resp)?;
-        if status != 200 {
-            return Err(PollError::Status { url, status });
-        }
-        let events: AzureEvents = serde_json::from_str(&body).map_err(|e| PollError::Parse {
-            url: url.clone(),
-            reason: e.to_string(),
-        })?;
+        let events: AzureEvents = self.json("/metadata/scheduledevents?api-version=2020-07-01")?;
         let now = crate::clock::now();
         let deadline = events
             .events
@@ -331,6 +375,29 @@ impl MetadataPoller for AzurePoller {
             deadline,
         }))
     }
+
+    fn placement(&mut self) -> Result<CloudPlacement, PollError> {
+        let c: AzureCompute = self.json("/metadata/instance/compute?api-version=2021-02-01")?;
+        Ok(CloudPlacement {
+            zone: if c.zone.is_empty() {
+                c.location
+            } else {
+                format!("{}-{}", c.location, c.zone)
+            },
+            instance_type: c.vm_size,
+        })
+    }
+}
+
+/// The parts of Azure's instance metadata (`compute`) that say where the VM runs.
+#[derive(Deserialize)]
+struct AzureCompute {
+    location: String,
+    /// The availability zone's number, empty outside zones.
+    #[serde(default)]
+    zone: String,
+    #[serde(rename = "vmSize")]
+    vm_size: String,
 }
 
 /// An Azure event's deadline: its `NotBefore`, or [`DEFAULT_LEAD`] from `now` when that is
@@ -454,6 +521,37 @@ mod tests {
             ];
             assert_eq!(answers, expected, "{fake:?}");
         }
+    }
+
+    #[test]
+    fn each_cloud_says_where_its_machine_runs() {
+        use parcae_testnet::imds::{FakeCloud, FakeMetadata};
+        let t = Duration::from_secs(2);
+        for fake in [FakeCloud::Aws, FakeCloud::Gce, FakeCloud::Azure] {
+            let server = FakeMetadata::start(fake).unwrap();
+            let url = server.url();
+            let read = match fake {
+                FakeCloud::Aws => AwsPoller::new(url, t).placement(),
+                FakeCloud::Gce => GcePoller::new(url, t).placement(),
+                FakeCloud::Azure => AzurePoller::new(url, t).placement(),
+            };
+            let (zone, instance_type) = fake.placement();
+            let expected = CloudPlacement {
+                zone: zone.into(),
+                instance_type: instance_type.into(),
+            };
+            assert_eq!(read.unwrap(), expected, "{fake:?}");
+        }
+        let junk = fake(("Metadata", "true"), 200, r#"{"location": 7}"#);
+        assert!(matches!(
+            AzurePoller::new(junk.url(), t).placement(),
+            Err(PollError::Parse { .. })
+        ));
+        let refused = fake(("Metadata-Flavor", "Google"), 500, "");
+        assert!(matches!(
+            GcePoller::new(refused.url(), t).placement(),
+            Err(PollError::Status { status: 500, .. })
+        ));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 
-use super::cloud::MetadataPoller;
+use super::cloud::{CloudPlacement, MetadataPoller};
 use super::detect;
 use super::notice::NoticeSource;
 use crate::config::{NodeConfig, NoticeConfig};
@@ -41,16 +41,19 @@ pub struct NoticeWatcher {
     notices: NoticeConfig,
     target: Recipient<LeaveRequested>,
     shown: Recipient<NoticeWatch>,
+    placed: Recipient<CloudPlacement>,
     /// Whether a notice went to the driver already: shared with the metadata poller's thread.
     notified: Arc<AtomicBool>,
 }
 
 impl NoticeWatcher {
-    /// Builds the watcher: notices go to `target`, the provider it watches to `shown`.
+    /// Builds the watcher: notices go to `target`, the provider it watches to `shown`, where
+    /// the provider says the machine runs to `placed`.
     pub fn new(
         config: &NodeConfig,
         target: Recipient<LeaveRequested>,
         shown: Recipient<NoticeWatch>,
+        placed: Recipient<CloudPlacement>,
     ) -> Self {
         let n = &config.notices;
         Self {
@@ -62,14 +65,17 @@ impl NoticeWatcher {
             notices: n.clone(),
             target,
             shown,
+            placed,
             notified: Arc::new(AtomicBool::new(false)),
         }
     }
 }
 
-/// Where the metadata poller's notice goes: the driver, unless a notice went there already.
+/// Where the metadata poller's notice goes: the driver, unless a notice went there already;
+/// and where the machine's zone and instance type go.
 struct PollerTarget {
     target: Recipient<LeaveRequested>,
+    placed: Recipient<CloudPlacement>,
     notified: Arc<AtomicBool>,
 }
 
@@ -94,6 +100,7 @@ fn watch_cloud(
     tracing::info!(provider = cloud.name(), %base, "polling the cloud metadata service for preemption notices");
     shown.do_send(NoticeWatch(cloud.name().into()));
     let mut poller: Box<dyn MetadataPoller> = cloud.poller(&base, POLL_TIMEOUT);
+    report_placement(poller.as_mut(), cloud.name(), &to.placed);
     loop {
         match poller.check() {
             Ok(Some(notice)) => {
@@ -113,6 +120,34 @@ fn watch_cloud(
             return;
         }
         std::thread::sleep(interval);
+    }
+}
+
+/// Asks the metadata service once where the machine runs and hands the answer to `placed`
+/// when the membership would take it (the service is trusted no more than any peer).
+fn report_placement(
+    poller: &mut dyn MetadataPoller,
+    provider: &str,
+    placed: &Recipient<CloudPlacement>,
+) {
+    match poller.placement() {
+        Ok(found) => {
+            let caps = parcae_consensus::state::Capabilities {
+                zone: found.zone.clone(),
+                instance_type: found.instance_type.clone(),
+                device: String::new(),
+            };
+            match caps.check() {
+                Ok(()) => placed.do_send(found),
+                Err((field, why)) => {
+                    tracing::warn!(provider, "metadata placement refused: {field}: {why}")
+                }
+            }
+        }
+        Err(e) => tracing::info!(
+            provider,
+            "the metadata service did not say where this machine runs: {e}"
+        ),
     }
 }
 
@@ -146,6 +181,7 @@ impl Actor for NoticeWatcher {
             (self.notices.clone(), self.poll_interval, self.shown.clone());
         let to = PollerTarget {
             target: self.target.clone(),
+            placed: self.placed.clone(),
             notified: self.notified.clone(),
         };
         let spawned = std::thread::Builder::new()

@@ -18,6 +18,7 @@ use crate::control::authorize::authorize;
 use crate::control::peer_clocks::local_deadline;
 use crate::control::proof::{self, ProofError};
 use crate::net::messages::{DialBack, DisconnectPeer, NetEvent, PublishNotice};
+use crate::notices::cloud::CloudPlacement;
 use crate::notices::{LeaveRequested, Notice};
 use crate::status::ClockRefusalView;
 use crate::status::NoticeView;
@@ -220,6 +221,28 @@ fn is_placeholder(addr: &Multiaddr) -> bool {
         Protocol::Ip6(ip) => ip.is_unspecified(),
         _ => false,
     })
+}
+
+impl Handler<CloudPlacement> for ControlDriver {
+    type Result = ();
+
+    /// The cloud's word on where this machine runs fills what the configuration left empty
+    /// (`[placement]`, `--zone`, `--instance-type` win); the next membership check joins again
+    /// with the new record.
+    fn handle(&mut self, found: CloudPlacement, _: &mut Context<Self>) {
+        let placement = &mut self.config.placement;
+        if placement.zone.is_empty() {
+            placement.zone = found.zone;
+        }
+        if placement.instance_type.is_empty() {
+            placement.instance_type = found.instance_type;
+        }
+        tracing::info!(
+            zone = placement.zone,
+            instance_type = placement.instance_type,
+            "placement"
+        );
+    }
 }
 
 impl Handler<LeaveRequested> for ControlDriver {
