@@ -10,13 +10,18 @@
 # still leaves what ran:
 #   smoke     a few tensor operations and one training step of a small GPT on the device against
 #             Flex (the first command that loads the PTX the linked LLVM generated);
-#   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU);
-#   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file;
+#   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU;
+#             profile-MODEL names one);
+#   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file
+#             (train-again: the same in a second process, after the first left its caches);
 #   torch     scripts/torch_bench.py: the same model, batch and optimizer in PyTorch, eager TF32,
 #             eager strict f32, eager bf16 autocast and (with --compile) torch.compile (skipped
 #             without torch);
 #   pipeline  four parcae-node processes sharing the device as 2x2, a churning trace with SIGTERM
-#             notices, checked: no committed step lost, no sample trained twice.
+#             notices, checked: no committed step lost, no sample trained twice, and one process
+#             trains the committed steps again on the device (`--replay`): weights and losses
+#             against the cluster's; then the newest checkpoint exported on the device with its
+#             logits, and the same file read by transformers (scripts/hf_logits.py).
 # PYTHON names the interpreter with torch and transformers (python3 by default).
 # Every part's output is a JSON file in --out and its log in --out/log.txt; the summary
 # (--out/gpu-check.json) has the issue's keys, null where a part did not run or has no such value.
@@ -66,33 +71,52 @@ exec > >(tee -a "$out/log.txt") 2>&1
 
 # A GPU runs GPT-2; the CPU dry run the same commands on models it finishes in seconds.
 if [[ $device == cpu ]]; then
-    models=(tiny small); train_model=small; mb=2; gb=8; steps=5; pipeline_model=tiny
+    models=(tiny small); train_model=small; mb=2; gb=8; steps=5
+    pipeline_model=tiny; pipeline_heads=4; pipeline_activation=gelu
+    logit_tokens=5,17,29,0,42,42,7,63,1,3,50,11,10,47,31,9
     peak_tflops=""
 else
     models=(gpt2-124m gpt2-355m); train_model=gpt2-124m; mb=8; gb=32; steps=30
-    pipeline_model=gpt2-124m
+    pipeline_model=gpt2-124m; pipeline_heads=12; pipeline_activation=gelu_new
+    logit_tokens=5,17,299,0,42,42,7,128,64,3,250,11,1000,2047,31,50256
     # An H100 SXM's dense TF32 (the precision of f32 matmuls on tensor cores).
     peak_tflops="--peak-tflops 494.7"
 fi
 
 wants() { [[ ,$parts, == *,$1,* ]]; }
 status=()
+# The longest a part may take, seconds: a lent GPU runs one command for at most 10 minutes, and
+# a part that hangs must leave the time to the next.
+limit() {
+    case $1 in
+        smoke | train | train-again) echo 180 ;;
+        profile-*) echo 150 ;;
+        torch-*) echo 90 ;;
+        pipeline) echo 330 ;;
+        *) echo 120 ;;
+    esac
+}
 part() {
     local name=$1; shift
     echo "== $name: $* ($(date -u +%H:%M:%S))"
-    local t0=$SECONDS
-    if "$@"; then status+=("$name=ok"); else status+=("$name=failed"); fi
+    local t0=$SECONDS rc=0
+    timeout -k 10 "$(limit "$name")" "$@" || rc=$?
+    case $rc in
+        0) status+=("$name=ok") ;;
+        124 | 137) status+=("$name=timed-out") ;;
+        *) status+=("$name=failed") ;;
+    esac
     echo "== $name: ${status[-1]#*=} in $((SECONDS - t0)) s"
 }
 
 wants smoke && part smoke "$node" smoke --device "$device" --out "$out/smoke.json"
 
-if wants profile; then
-    for m in "${models[@]}"; do
+for m in "${models[@]}"; do
+    if wants profile || wants "profile-$m"; then
         part "profile-$m" "$node" profile --device "$device" --model "$m" --micro-batch "$mb" \
             --global-batch "$gb" --out "$out/profile-$m.json"
-    done
-fi
+    fi
+done
 
 # Random ids below GPT-2's vocabulary (and tiny's 64 on the CPU), little-endian u16.
 tokens=$out/tokens.u16
@@ -106,11 +130,16 @@ if sys.byteorder != "little":
 open(sys.argv[1], "wb").write(ids.tobytes())
 PY
 
-if wants train; then
-    # shellcheck disable=SC2086 # peak_tflops is a flag and its value, or nothing
-    part train "$node" train-bench --device "$device" --model "$train_model" --micro-batch "$mb" \
-        --global-batch "$gb" --steps "$steps" --tokens "$tokens" $peak_tflops --out "$out/train.json"
-fi
+# train-again: the same run in a fresh process after the first, with the autotune results cubecl
+# kept on disk (its cache, under target/ of the working directory): a second start.
+for run in train train-again; do
+    if wants "$run"; then
+        # shellcheck disable=SC2086 # peak_tflops is a flag and its value, or nothing
+        part "$run" "$node" train-bench --device "$device" --model "$train_model" \
+            --micro-batch "$mb" --global-batch "$gb" --steps "$steps" --tokens "$tokens" \
+            $peak_tflops --out "$out/$run.json"
+    fi
+done
 
 if wants torch; then
     if "$python" -c "import torch, transformers" 2>/dev/null; then
@@ -131,10 +160,26 @@ if wants torch; then
 fi
 
 if wants pipeline; then
+    rm -rf "$out/pipeline"
     part pipeline env PARCAE_NODE_BIN="$node" "$testnet" run --device "$device" \
         --model "$pipeline_model" --nodes-max 4 --pin 2x2 --trace synthetic:hh:15 --intervals 4 \
-        --interval-secs 20 --check --work-dir "$out/pipeline" --json "$out/pipeline.json" \
-        --out "$out/plots"
+        --interval-secs 20 --replay --check --work-dir "$out/pipeline" \
+        --json "$out/pipeline.json" --out "$out/plots"
+    # The newest stored checkpoint exported on the device, its logits there, and the same
+    # file read by transformers.
+    run=$out/pipeline/liveput
+    part export "$node" export --config "$run/node0.toml" --store "$run/store" \
+        --device "$device" --out "$out/model.safetensors" --logits-tokens "$logit_tokens" \
+        --logits-out "$out/node-logits.f32"
+    if "$python" -c "import torch, transformers" 2>/dev/null; then
+        part hf-logits "$python" scripts/hf_logits.py --weights "$out/model.safetensors" \
+            --heads "$pipeline_heads" --activation "$pipeline_activation" \
+            --node-logits "$out/node-logits.f32" --tokens "$logit_tokens" --device "$device" \
+            --out "$out/hf-logits.json"
+    else
+        echo "== hf-logits: skipped ($python has no torch and transformers here)"
+        status+=("hf-logits=skipped")
+    fi
 fi
 
 python3 - "$out" "$device" "${status[@]}" <<'PY'
@@ -168,20 +213,26 @@ summary = {
         "burn_vs_torch": burn / torch if burn and torch else None,
         "mfu": get(train, "mfu"),
         "cold_start_s": get(train, "cold_start_s"),
+        "second_start_s": get(load("train-again.json"), "cold_start_s"),
         "torch_cold_start_s": get(torch_tf32, "cold_start_s"),
         "peak_memory_bytes": get(train, "peak_memory_bytes"),
         "torch_peak_memory_bytes": get(torch_tf32, "peak_memory_bytes"),
     },
     "pipeline": {
-        # No single-process reference runs beside the pipeline yet (issue 34's note).
-        "loss_max_abs_diff": None,
+        # One process trained the committed steps again on the device (`run --replay`).
+        "loss_max_abs_diff": get(get(pipe, "history_check"), "replay_max_loss_diff"),
+        "weights_max_abs_diff": get(get(pipe, "history_check"), "replay_max_abs_diff"),
+        "history_check_passed": get(get(pipe, "history_check"), "passed"),
         "committed_steps": get(pipe, "committed_steps"),
         "lost_committed_steps": get(pipe, "lost_committed_steps"),
         "duplicate_samples": get(pipe, "duplicate_samples"),
         "loss_first": get(pipe, "loss_first"),
         "loss_last": get(pipe, "loss_last"),
     },
-    "export": {"hf_logits_max_abs_diff": None},
+    "export": {
+        "hf_logits_max_abs_diff": get(load("hf-logits.json"), "hf_logits_max_abs_diff"),
+        "max_abs_logit": get(load("hf-logits.json"), "max_abs_logit"),
+    },
 }
 with open(os.path.join(out, "gpu-check.json"), "w") as f:
     json.dump(summary, f, indent=2)

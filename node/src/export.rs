@@ -13,12 +13,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use parcae_model::{Gpt, LayerWeights, PipelineModel, Stage, StageConfig, write_gpt2_safetensors};
+use burn::tensor::{Int, Tensor, TensorData};
+use parcae_model::{
+    Activation, Gpt, GptConfig, LayerWeights, PipelineModel, Stage, StageConfig,
+    write_gpt2_safetensors,
+};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::CheckpointStore;
-use crate::config::NodeConfig;
+use crate::config::{DeviceChoice, NodeConfig};
 use crate::data_dir::CHECKPOINTS;
+use crate::device_info::burn_device;
 use crate::store::JobStore;
 
 /// The file formats `export` writes.
@@ -55,6 +60,18 @@ pub struct ExportOptions {
     /// Where to write the file.
     #[arg(long)]
     pub out: PathBuf,
+    /// The device the checkpoints are loaded on and the logits computed on: cpu, cuda or
+    /// cuda:N.
+    #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
+    pub device: DeviceChoice,
+    /// Token ids (comma-separated) whose logits the exported model computes on `--device`
+    /// and writes to `--logits-out`: what another reader of the file (transformers, numpy)
+    /// must reproduce.
+    #[arg(long, value_delimiter = ',', requires = "logits_out")]
+    pub logits_tokens: Vec<i64>,
+    /// Where to write those logits: positions x vocabulary, f32 little-endian.
+    #[arg(long, requires = "logits_tokens")]
+    pub logits_out: Option<PathBuf>,
 }
 
 /// What an export wrote.
@@ -200,8 +217,9 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
         Some(location) => from_store(location, opts.job.as_deref(), opts.step)?,
         None => from_directories(&opts.checkpoints, model.num_layers(), opts.step)?,
     };
-    let device = burn::tensor::Device::flex();
+    let device = burn_device(opts.device)?;
     let mut layers = Vec::with_capacity(model.num_layers());
+    let mut stages = Vec::with_capacity(parts.len());
     for (range, bytes) in &parts {
         let mut stage = Stage::new(
             model.clone(),
@@ -220,9 +238,15 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
                 values: stage.param_values(layer)?,
             });
         }
+        stages.push(stage);
     }
     match opts.format {
         ExportFormat::Safetensors => write_gpt2_safetensors(&gpt, &layers, &opts.out)?,
+    }
+    if let Some(path) = &opts.logits_out {
+        let logits = logits(&stages, &gpt, &opts.logits_tokens)?;
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
     }
     let written = std::fs::read(&opts.out).with_context(|| opts.out.display().to_string())?;
     Ok(Exported {
@@ -232,9 +256,59 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
     })
 }
 
+/// The logits of `tokens` (one sequence) through `stages` in order, positions x vocabulary.
+fn logits(stages: &[Stage<Gpt>], gpt: &GptConfig, tokens: &[i64]) -> anyhow::Result<Vec<f32>> {
+    if tokens.is_empty() || tokens.len() > gpt.seq_len {
+        bail!(
+            "--logits-tokens: {} tokens, the model reads 1 to {}",
+            tokens.len(),
+            gpt.seq_len
+        );
+    }
+    if let Some(t) = tokens
+        .iter()
+        .find(|&&t| !(0..gpt.vocab_size as i64).contains(&t))
+    {
+        bail!(
+            "--logits-tokens: token {t} is outside the vocabulary (0..{})",
+            gpt.vocab_size
+        );
+    }
+    let Some(first) = stages.first() else {
+        bail!("no stage to compute logits with");
+    };
+    let input = Tensor::<2, Int>::from_data(
+        TensorData::new(tokens.to_vec(), [1, tokens.len()]),
+        first.device(),
+    );
+    let mut x = Activation::Tokens(input);
+    for stage in stages {
+        x = stage.infer(x)?;
+    }
+    Ok(x.into_hidden("logits")?.into_data().try_to_vec::<f32>()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logits_of_tokens_the_model_cannot_read_are_refused_by_name() {
+        let gpt = GptConfig::tiny();
+        let model = Arc::new(Gpt::new(gpt.clone()).unwrap());
+        let device = burn::tensor::Device::flex();
+        let whole = 0..model.num_layers();
+        let stage = Stage::new(model, whole, 0, &device, StageConfig::default()).unwrap();
+        let stages = [stage];
+        let err = |tokens: &[i64]| logits(&stages, &gpt, tokens).unwrap_err().to_string();
+        assert!(err(&[1, 64]).contains("token 64 is outside the vocabulary (0..64)"));
+        assert!(err(&[-1]).contains("token -1 is outside"));
+        assert!(err(&[]).contains("0 tokens, the model reads 1 to 16"));
+        assert!(err(&[1; 17]).contains("17 tokens"));
+        let values = logits(&stages, &gpt, &[1, 2, 3]).unwrap();
+        assert_eq!(values.len(), 3 * gpt.vocab_size);
+        assert!(values.iter().all(|v| v.is_finite()));
+    }
 
     #[test]
     fn the_newest_step_covered_end_to_end_is_chosen() {

@@ -18,6 +18,7 @@ use parcae_node::Trainer;
 use parcae_node::adopt;
 use parcae_node::assembly::{self, RunArgs};
 use parcae_node::config::{JobSource, NodeConfig};
+use parcae_node::device_info::burn_device;
 use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
 use parcae_node::prepare::{PrepareOptions, prepare};
@@ -301,6 +302,7 @@ fn replay_command(opts: &ReplayOptions) -> anyhow::Result<()> {
         dataset,
         spec: config.train.job_spec(),
         program_settings: adopt::recipe(&config)?,
+        device: burn_device(opts.device)?,
     };
     let steps = read_steps(&opts.steps)?;
     let report = replay(&job, &location, &steps, opts.tolerance, opts.max_window)?;

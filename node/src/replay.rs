@@ -25,9 +25,10 @@ use anyhow::{Context as _, bail, ensure};
 use parcae_api::{ReplayReport, StepRecord};
 use parcae_consensus::state::Cut;
 use parcae_model::{
-    Dataset, Pipeline, PipelineModel, Stage, StageConfig, WeightSource, default_device, token_batch,
+    Dataset, Pipeline, PipelineModel, Stage, StageConfig, WeightSource, token_batch,
 };
 
+use crate::config::DeviceChoice;
 use crate::job::{Identity, JobSpec};
 use crate::store::{JobStore, max_part_bytes};
 use crate::train::launch::data_source;
@@ -58,6 +59,10 @@ pub struct ReplayOptions {
     /// kept the checkpoints between from the store).
     #[arg(long, default_value_t = 60)]
     pub max_window: u64,
+    /// The device the replay trains on: cpu, cuda or cuda:N (a cluster of GPUs is replayed
+    /// on one, in the time the cluster took).
+    #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
+    pub device: DeviceChoice,
     /// Where to write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -75,6 +80,8 @@ pub struct ReplayJob<M: PipelineModel> {
     pub initial_weights: Option<Arc<dyn WeightSource>>,
     /// The job's program settings (they are part of its identity, hence of its store's name).
     pub program_settings: Vec<(String, String)>,
+    /// The device the replay trains on.
+    pub device: burn::tensor::Device,
 }
 
 /// A stretch of the history trained again: from a stored checkpoint (`None`: the seeded start)
@@ -223,7 +230,7 @@ pub fn replay<M: PipelineModel>(
             optimizer: job.spec.optimizer.clone(),
             ..StageConfig::default()
         },
-        device: default_device(),
+        device: job.device.clone(),
     };
     let mut report = ReplayReport {
         passed: true,

@@ -21,9 +21,6 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{Ctx, Scenario};
 use crate::faults::{self, Fault, FaultKind};
-use crate::history::{self, RunHistory};
-use crate::model_replay;
-use crate::node_bin;
 use crate::partition::{self, Split};
 use crate::report::{self, OutageReport};
 use crate::run::{self, SessionSpec};
@@ -512,26 +509,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     let mut outcome = run::session(&args.node, spec, &mut scenario, interrupt)?;
     outcome.report.outage = scenario.outage_report(&outcome.observed.final_seq);
     outcome.report.faults = scenario.faults();
-    let history = RunHistory {
-        ledger: outcome.observed.monitor.steps.clone(),
-        final_seq: outcome.observed.final_seq.clone(),
-        minority_seen: scenario.minority_seen(),
-    };
-    let mut verdict = history::check(&history);
-    // The emulated GPT is paced to a 1.5B model's profile but is a real model of its layer
-    // count: replaying it on one CPU would take longer than the run.
-    if args.node.emulate.is_none() {
-        let bin = node_bin::locate(args.node.node_bin.as_deref())?;
-        let replayed = model_replay::run(&bin, outcome.dir.path(), &history.final_seq);
-        history::with_replay(&mut verdict, replayed);
-    }
-    println!("{}", history::summary(&verdict));
-    if let Some(dir) = outcome.dir.kept() {
-        history::write(dir, &history)?;
-        println!("history kept: parcae-testnet check {}", dir.display());
-    }
-    outcome.report.minority_commits = verdict.minority_commits;
-    outcome.report.history_check = Some(verdict);
+    run::verify_history(&mut outcome, scenario.minority_seen(), &args.node)?;
     outcome.report.checkpoint_write_failures = scenario.checkpoint_write_failures();
     println!("{}", faults::summary(&outcome.report.faults));
     run::finish(&[&outcome], &args.output, &name)?;

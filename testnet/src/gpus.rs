@@ -53,6 +53,15 @@ impl DeviceArg {
 }
 
 impl Devices {
+    /// The device one process replays the cluster's training on: the CPU, or the nodes'
+    /// first GPU.
+    pub fn replay_device(&self) -> String {
+        match self.gpu_of(0) {
+            Some(index) => format!("cuda:{index}"),
+            None => "cpu".to_string(),
+        }
+    }
+
     /// The CUDA GPU of node `k` (`None` on the CPU).
     pub fn gpu_of(&self, k: usize) -> Option<usize> {
         match self {

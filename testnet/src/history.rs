@@ -54,6 +54,10 @@ pub struct HistoryCheck {
     /// Largest difference between a checkpoint's weights and one process's replay of the final
     /// history up to it, over every checkpoint replayed (`None`: not replayed).
     pub replay_max_abs_diff: Option<f64>,
+    /// Largest difference between a committed step's loss and the replay's (`None`: not
+    /// replayed).
+    #[serde(default)]
+    pub replay_max_loss_diff: Option<f64>,
     /// What is wrong, one line each.
     pub problems: Vec<String>,
 }
@@ -118,6 +122,7 @@ pub fn check(h: &RunHistory) -> HistoryCheck {
         steps_checked: h.ledger.len() as u64,
         minority_commits,
         replay_max_abs_diff: None,
+        replay_max_loss_diff: None,
         problems,
     }
 }
@@ -128,6 +133,7 @@ pub fn with_replay(check: &mut HistoryCheck, replay: Result<ReplayReport>) {
     match replay {
         Ok(r) => {
             check.replay_max_abs_diff = Some(r.max_abs_diff);
+            check.replay_max_loss_diff = Some(r.max_loss_diff);
             check
                 .problems
                 .extend(r.problems.into_iter().map(|p| format!("replay: {p}")));
@@ -177,7 +183,7 @@ pub fn run(args: Args) -> Result<()> {
         let bin = node_bin::locate(args.node_bin.as_deref())?;
         with_replay(
             &mut c,
-            model_replay::run(&bin, &args.dir, &history.final_seq),
+            model_replay::run(&bin, &args.dir, &history.final_seq, "cpu"),
         );
     }
     println!("{}", summary(&c));
@@ -197,8 +203,11 @@ pub fn summary(c: &HistoryCheck) -> String {
         c.steps_checked,
         c.minority_commits
             .map_or_else(|| "- (no splits)".to_string(), |n| n.to_string()),
-        c.replay_max_abs_diff
-            .map_or_else(|| "not run".to_string(), |d| format!("max |diff| {d:.3e}"))
+        match (c.replay_max_abs_diff, c.replay_max_loss_diff) {
+            (Some(w), Some(l)) => format!("max |diff| {w:.3e}, loss {l:.3e}"),
+            (Some(w), None) => format!("max |diff| {w:.3e}"),
+            _ => "not run".to_string(),
+        }
     )
 }
 
@@ -235,6 +244,7 @@ mod tests {
             steps_checked: 40,
             minority_commits: None,
             replay_max_abs_diff: None,
+            replay_max_loss_diff: None,
             problems: Vec::new(),
         }
     }

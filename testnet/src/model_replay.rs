@@ -23,8 +23,9 @@ pub fn possible(dir: &Path) -> bool {
     dir.join(CONFIG_FILE).is_file() && dir.join(STORE).is_dir()
 }
 
-/// Runs `bin replay` on the run directory `dir` against `final_seq`.
-pub fn run(bin: &Path, dir: &Path, final_seq: &[StepRecord]) -> Result<ReplayReport> {
+/// Runs `bin replay` on the run directory `dir` against `final_seq`, training on `device`
+/// (`cpu`, `cuda:N`).
+pub fn run(bin: &Path, dir: &Path, final_seq: &[StepRecord], device: &str) -> Result<ReplayReport> {
     let steps = dir.join(STEPS_FILE);
     let report = dir.join(REPORT_FILE);
     std::fs::write(&steps, serde_json::to_vec(final_seq)?)
@@ -40,6 +41,8 @@ pub fn run(bin: &Path, dir: &Path, final_seq: &[StepRecord]) -> Result<ReplayRep
         .arg(&steps)
         .arg("--json")
         .arg(&report)
+        .arg("--device")
+        .arg(device)
         .output()
         .with_context(|| format!("starting {} replay", bin.display()))?;
     let Ok(text) = std::fs::read(&report) else {

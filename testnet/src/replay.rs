@@ -59,6 +59,7 @@ pub struct Replay {
     steps: Vec<(f64, Step)>,
     next: usize,
     rng: ChaCha8Rng,
+    keeps_every_checkpoint: bool,
 }
 
 impl Replay {
@@ -78,6 +79,7 @@ impl Replay {
             steps,
             next: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            keeps_every_checkpoint: false,
         }
     }
 
@@ -85,6 +87,12 @@ impl Replay {
     /// trace's next arrival replaces it).
     pub fn kill_leader_at(mut self, at: f64) -> Self {
         self.schedule(at, Step::KillLeader);
+        self
+    }
+
+    /// The same replay, its job's store keeping every checkpoint (for the replay check).
+    pub fn keeping_every_checkpoint(mut self) -> Self {
+        self.keeps_every_checkpoint = true;
         self
     }
 
@@ -105,6 +113,10 @@ impl Replay {
 impl Scenario for Replay {
     fn initial_nodes(&self) -> usize {
         self.counts.first().copied().unwrap_or(1) as usize
+    }
+
+    fn keeps_every_checkpoint(&self) -> bool {
+        self.keeps_every_checkpoint
     }
 
     fn duration_secs(&self) -> f64 {

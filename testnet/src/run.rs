@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use parcae_api::StepRecord;
 use parcae_strategies::cost::money::{self, OnDemand, Prices};
 use parcae_strategies::sim::StrategyRun;
 
@@ -13,6 +14,8 @@ use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
 use crate::engine::{self, Observed, Scenario};
 use crate::fidelity;
 use crate::gpus::{self, DeviceArg};
+use crate::history::{self, RunHistory};
+use crate::model_replay;
 use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
 use crate::predicted;
@@ -123,6 +126,12 @@ pub struct Args {
     /// report times the failover (`--check` fails above 5 s) and lists every re-plan.
     #[arg(long)]
     kill_leader_at: Option<f64>,
+    /// After the run, check its history and train it again in one process on the nodes'
+    /// device (`parcae-node replay`): the weights and losses of every committed step against
+    /// the cluster's checkpoints, which the job's store then keeps all of (with `--check`, a
+    /// failed replay fails the run).
+    #[arg(long)]
+    replay: bool,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -353,6 +362,39 @@ pub fn simulate_sessions(
     }
 }
 
+/// Checks the history of `outcome` (`minority_seen`: what cut-off sides applied, where the
+/// network split) and, unless the model was emulated, trains it again in one process on the
+/// nodes' device; prints the verdict, puts it in the report and keeps the history in a kept
+/// run directory.
+pub fn verify_history(
+    outcome: &mut Outcome,
+    minority_seen: Option<Vec<StepRecord>>,
+    node: &NodeArgs,
+) -> Result<()> {
+    let history = RunHistory {
+        ledger: outcome.observed.monitor.steps.clone(),
+        final_seq: outcome.observed.final_seq.clone(),
+        minority_seen,
+    };
+    let mut verdict = history::check(&history);
+    // An emulated GPT is paced to a large model's profile but is a real model of its layer
+    // count: replaying it on one CPU would take longer than the run.
+    if node.emulate.is_none() {
+        let bin = node_bin::locate(node.node_bin.as_deref())?;
+        let device = node.device.devices(gpus::visible).replay_device();
+        let replayed = model_replay::run(&bin, outcome.dir.path(), &history.final_seq, &device);
+        history::with_replay(&mut verdict, replayed);
+    }
+    println!("{}", history::summary(&verdict));
+    if let Some(dir) = outcome.dir.kept() {
+        history::write(dir, &history)?;
+        println!("history kept: parcae-testnet check {}", dir.display());
+    }
+    outcome.report.minority_commits = verdict.minority_commits;
+    outcome.report.history_check = Some(verdict);
+    Ok(())
+}
+
 /// Writes the plots of one session into `dir` as `<name>.png`.
 pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -384,6 +426,9 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         }
         scenario = scenario.kill_leader_at(at);
     }
+    if args.replay {
+        scenario = scenario.keeping_every_checkpoint();
+    }
     let spec = SessionSpec {
         strategy: &args.strategy,
         label: args.strategy.clone(),
@@ -392,6 +437,9 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         nodes_max: args.trace.nodes_max,
     };
     let mut outcomes = [session(&args.node, spec, &mut scenario, interrupt)?];
+    if args.replay {
+        verify_history(&mut outcomes[0], None, &args.node)?;
+    }
     simulate_sessions(
         &mut outcomes,
         &args.node,

@@ -449,11 +449,15 @@ fn a_short_real_run_writes_the_run_json() {
             "4",
             "--nodes-max",
             "3",
+            "--replay",
         ],
         "smoke",
     );
     assert_run_json(&v, "liveput", 3, 3);
     assert_eq!(v["trace"], "synthetic:hh:15:nodes=3");
+    // One process trained the committed steps again: the same weights and losses.
+    assert_eq!(v["history_check"]["passed"], true, "{v}");
+    assert_replayed(&v["history_check"]);
     // 3 intervals of 4 s plus start-up and collection.
     assert!(v["wall_secs"].as_f64().unwrap() >= 12.0);
 }
@@ -876,6 +880,8 @@ fn chaos_splits_the_network_of_nodes_in_namespaces() {
 fn assert_replayed(history_check: &Value) {
     let diff = history_check["replay_max_abs_diff"].as_f64();
     assert!(diff.is_some_and(|d| d <= 1e-4), "{history_check}");
+    let loss = history_check["replay_max_loss_diff"].as_f64();
+    assert!(loss.is_some_and(|d| d <= 1e-3), "{history_check}");
 }
 
 /// Two slow links on nodes in namespaces (1 Mbit/s for 4 s at 6 s and 12 s): listed with their

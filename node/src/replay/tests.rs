@@ -1,5 +1,7 @@
 use parcae_consensus::state::{CutPart, LayerRange, OptimizerScalars, StepEnd};
-use parcae_model::{Batch, Gpt, GptConfig, OptimizerConfig, SyntheticTask, data_parallel_step};
+use parcae_model::{
+    Batch, Gpt, GptConfig, OptimizerConfig, SyntheticTask, data_parallel_step, default_device,
+};
 use sha2::{Digest, Sha256};
 
 use super::*;
@@ -112,6 +114,7 @@ fn job() -> ReplayJob<Gpt> {
         },
         initial_weights: None,
         program_settings: Vec::new(),
+        device: default_device(),
     }
 }
 

@@ -212,6 +212,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
             steps_checked: 4,
             minority_commits: None,
             replay_max_abs_diff: None,
+            replay_max_loss_diff: None,
             problems: vec!["the final history jumps from step 1 to step 3".into()],
         }),
         ..base.clone()
