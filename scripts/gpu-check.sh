@@ -72,12 +72,14 @@ exec > >(tee -a "$out/log.txt") 2>&1
 # A GPU runs GPT-2; the CPU dry run the same commands on models it finishes in seconds.
 if [[ $device == cpu ]]; then
     models=(tiny small); train_model=small; mb=2; gb=8; steps=5
-    pipeline_model=tiny; pipeline_heads=4; pipeline_activation=gelu
+    pipeline_model=tiny; pipeline_heads=4; pipeline_activation=gelu; pipeline_interval=20
     logit_tokens=5,17,29,0,42,42,7,63,1,3,50,11,10,47,31,9
     peak_tflops=""
 else
     models=(gpt2-124m gpt2-355m); train_model=gpt2-124m; mb=8; gb=32; steps=30
-    pipeline_model=gpt2-124m; pipeline_heads=12; pipeline_activation=gelu_new
+    # A GPU node's first plan waits for its layers to be measured, kernels compiled and tuned
+    # (41 s on the first H100 run): intervals of 20 s ended before a step was committed.
+    pipeline_model=gpt2-124m; pipeline_heads=12; pipeline_activation=gelu_new; pipeline_interval=30
     logit_tokens=5,17,299,0,42,42,7,128,64,3,250,11,1000,2047,31,50256
     # An H100 SXM's dense TF32 (the precision of f32 matmuls on tensor cores).
     peak_tflops="--peak-tflops 494.7"
@@ -163,7 +165,7 @@ if wants pipeline; then
     rm -rf "$out/pipeline"
     part pipeline env PARCAE_NODE_BIN="$node" "$testnet" run --device "$device" \
         --model "$pipeline_model" --nodes-max 4 --pin 2x2 --trace synthetic:hh:15 --intervals 4 \
-        --interval-secs 20 --replay --check --work-dir "$out/pipeline" \
+        --interval-secs "$pipeline_interval" --replay --check --work-dir "$out/pipeline" \
         --json "$out/pipeline.json" --out "$out/plots"
     # The newest stored checkpoint exported on the device, its logits there, and the same
     # file read by transformers.

@@ -20,6 +20,7 @@ use crate::activation::Activation;
 use crate::block_kernel::{BlockParams, Gelu};
 use crate::error::{ModelError, Result};
 use crate::fused_block;
+use crate::host::read_scalar;
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 
@@ -256,8 +257,8 @@ impl Gpt {
                 found: vec![b, t],
             });
         }
-        let lo = tokens.clone().min().into_scalar::<i64>();
-        let hi = tokens.clone().max().into_scalar::<i64>();
+        let lo = read_scalar::<i64, 1, Int>(tokens.clone().min(), "smallest token id")?;
+        let hi = read_scalar::<i64, 1, Int>(tokens.clone().max(), "largest token id")?;
         for v in [lo, hi] {
             if v < 0 || v as u64 >= self.config.vocab_size as u64 {
                 return Err(ModelError::TokenOutOfRange {

@@ -11,10 +11,11 @@ use std::ops::Range;
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::kind::Basic;
+use burn::tensor::{DType, Element, Tensor, TensorData};
 
 use crate::codec::extend_f32_le;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::wire::tensor_values;
 
 /// The values of one tensor, readable as little-endian f32 bytes without further copies.
@@ -34,6 +35,25 @@ pub(crate) enum HostF32 {
     Bytes(Vec<u8>),
 }
 
+/// `t`'s data, read back from its device: a device that failed (out of memory, a kernel that
+/// could not run) is an error naming `what`, where Burn's `into_data` would panic.
+pub(crate) fn read_data<const D: usize, K: Basic>(
+    t: Tensor<D, K>,
+    what: &str,
+) -> Result<TensorData> {
+    t.try_into_data()
+        .map_err(|e| ModelError::ReadBack(format!("{what}: {e}")))
+}
+
+/// `t`'s one value, read back from its device (see [`read_data`]).
+pub(crate) fn read_scalar<E: Element, const D: usize, K: Basic>(
+    t: Tensor<D, K>,
+    what: &str,
+) -> Result<E> {
+    t.try_into_scalar::<E>()
+        .map_err(|e| ModelError::ReadBack(format!("{what}: {e}")))
+}
+
 impl HostF32 {
     /// Takes `t`'s values, borrowing Flex storage when it is contiguous f32.
     pub(crate) fn read<const D: usize>(t: Tensor<D>) -> Result<Self> {
@@ -48,7 +68,7 @@ impl HostF32 {
                 range: start..end,
             });
         }
-        let data = t.into_data();
+        let data = read_data(t, "tensor values")?;
         #[cfg(target_endian = "little")]
         if data.dtype() == DType::F32 {
             return Ok(Self::Data(data));

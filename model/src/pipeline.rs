@@ -137,7 +137,7 @@ impl<M: PipelineModel> Pipeline<M> {
     }
 
     /// Sum of the stages' squared gradient norms.
-    pub fn grad_sq_norm(&self) -> f64 {
+    pub fn grad_sq_norm(&self) -> Result<f64> {
         self.stages.iter().map(Stage::grad_sq_norm).sum()
     }
 
@@ -153,7 +153,7 @@ impl<M: PipelineModel> Pipeline<M> {
     /// global norm, AdamW. Returns the mean loss.
     pub fn train_step(&mut self, micro_batches: &[Batch]) -> Result<f32> {
         let loss = self.forward_backward(micro_batches)?;
-        let norm = self.grad_sq_norm();
+        let norm = self.grad_sq_norm()?;
         self.optimizer_step(norm)?;
         Ok(loss)
     }
@@ -237,7 +237,7 @@ pub fn data_parallel_step<M: PipelineModel>(
             r.stages[s].import_grads(&reduced)?;
         }
     }
-    let norm = replicas[0].grad_sq_norm();
+    let norm = replicas[0].grad_sq_norm()?;
     for r in replicas.iter_mut() {
         r.optimizer_step(norm)?;
     }

@@ -18,6 +18,7 @@ use crate::codec::f32_from_le;
 use crate::data::{Dataset, Sampler, SyntheticTask, token_batch};
 use crate::error::{ModelError, Result};
 use crate::gpt::{Gpt, GptConfig};
+use crate::host::read_data;
 use crate::pipeline_model::PipelineModel;
 use crate::stage::{Stage, StageConfig, StageOutput, Upstream};
 use crate::wire::tensor_values;
@@ -153,7 +154,7 @@ fn input(device: &Device, shape: [usize; 2], seed: u64) -> Tensor<2> {
 }
 
 fn read<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
-    tensor_values(t.into_data())
+    tensor_values(read_data(t, "smoke result")?)
 }
 
 /// What one training step of the smoke model produced.
@@ -179,7 +180,7 @@ fn train_one_step(origin: &Device, device: &Device) -> Result<StepResult> {
     };
     stage.backward(0, Upstream::Loss { scale: 1.0 })?;
     let grads = f32_from_le(&stage.export_grads()?);
-    stage.optimizer_step(stage.grad_sq_norm())?;
+    stage.optimizer_step(stage.grad_sq_norm()?)?;
     let mut weights = Vec::new();
     for layer in 0..n {
         weights.extend(stage.param_values(layer)?.into_iter().flatten());

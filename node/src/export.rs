@@ -285,7 +285,10 @@ fn logits(stages: &[Stage<Gpt>], gpt: &GptConfig, tokens: &[i64]) -> anyhow::Res
     for stage in stages {
         x = stage.infer(x)?;
     }
-    Ok(x.into_hidden("logits")?.into_data().try_to_vec::<f32>()?)
+    let logits = x.into_hidden("logits")?.try_into_data();
+    Ok(logits
+        .map_err(|e| anyhow::anyhow!("reading the logits back from the device: {e}"))?
+        .try_to_vec::<f32>()?)
 }
 
 #[cfg(test)]

@@ -394,7 +394,7 @@ impl<M: PipelineModel> Replayer<'_, M> {
             .map(|m| ((m.end - m.start) as f64 / f64::from(spec.global_batch)) as f32)
             .collect();
         let loss = pipe.forward_backward_weighted(&batches, &weights)?;
-        let norm = pipe.grad_sq_norm();
+        let norm = pipe.grad_sq_norm()?;
         pipe.optimizer_step(norm)?;
         Ok(loss)
     }

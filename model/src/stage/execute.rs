@@ -4,12 +4,13 @@
 
 use std::time::Instant;
 
-use burn::tensor::Tensor;
+use burn::tensor::{Float, Tensor};
 
 use super::flight::{LaneFlight, Produced};
 use super::{Stage, StageOutput, Upstream};
 use crate::activation::Activation;
 use crate::error::{ModelError, Result};
+use crate::host::read_scalar;
 use crate::lanes::split_sizes;
 use crate::params::{take_grads, with_fresh_leaves};
 use crate::pipeline_model::PipelineModel;
@@ -124,7 +125,8 @@ impl<M: PipelineModel> Stage<M> {
             .ok_or(ModelError::MissingTargets)?
             .clone()
             .into_device(&self.device);
-        let loss = self.model.loss(out, &targets)?.into_scalar::<f32>();
+        let loss =
+            read_scalar::<f32, 1, Float>(self.model.loss(out, &targets)?, "validation loss")?;
         if !loss.is_finite() {
             return Err(ModelError::NotFinite("validation loss"));
         }
@@ -244,7 +246,7 @@ fn lane_forward<M: PipelineModel>(
     let (produced, output) = match targets {
         Some(targets) => {
             let loss = model.loss(x, &targets)?;
-            let value = loss.clone().into_scalar::<f32>();
+            let value = read_scalar::<f32, 1, Float>(loss.clone(), "loss")?;
             if !value.is_finite() {
                 return Err(ModelError::NotFinite("loss"));
             }

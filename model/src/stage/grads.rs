@@ -1,11 +1,12 @@
 //! The accumulated gradients as the data-parallel all-reduce and clipping see them: one flat
 //! little-endian f32 buffer of the same layout on every replica, and its squared norm.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Float, Tensor};
 
 use super::{LayerSpan, Stage};
 use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
+use crate::host::read_scalar;
 use crate::params::ParamInfo;
 use crate::pipeline_model::PipelineModel;
 use crate::wire::tensor_values;
@@ -32,11 +33,14 @@ impl<M: PipelineModel> Stage<M> {
 
     /// The squared L2 norm of this stage's accumulated gradients. Sum it over all stages of a
     /// pipeline (after the data-parallel reduction) and pass it to [`Stage::optimizer_step`].
-    pub fn grad_sq_norm(&self) -> f64 {
+    pub fn grad_sq_norm(&self) -> Result<f64> {
         let grads: Vec<Tensor<1>> = self.grads.iter().flatten().flatten().cloned().collect();
         self.per_layer_lanes()
-            .map(grads, |g| g.square().sum().into_scalar::<f32>() as f64)
+            .map(grads, |g| {
+                read_scalar::<f32, 1, Float>(g.square().sum(), "gradient norm")
+            })
             .into_iter()
+            .map(|norm| norm.map(f64::from))
             .sum()
     }
 

@@ -27,6 +27,7 @@ use burn::tensor::{Device, Tensor};
 
 use crate::activation::Activation;
 use crate::error::{ModelError, Result};
+use crate::host::read_data;
 use crate::lanes::{DEFAULT_LANE_MIN_FLOPS, Lanes, default_lanes};
 use crate::optim::{OptimizerConfig, ParamState};
 use crate::params::{ParamInfo, param_infos, param_values};
@@ -277,7 +278,7 @@ impl<M: PipelineModel> Stage<M> {
         })?;
         param_values(&self.layers[k])
             .into_iter()
-            .map(|t| tensor_values(t.into_data()))
+            .map(|t| tensor_values(read_data(t, "parameter values")?))
             .collect()
     }
 

@@ -278,7 +278,7 @@ fn global_norm<M: PipelineModel>(
         Some(d) if digests.len() == s => digests.push(d),
         _ => digests.clear(),
     }
-    let partial = partial + stage.grad_sq_norm();
+    let partial = partial + stage.grad_sq_norm()?;
     let total = if last {
         partial
     } else {
