@@ -16,7 +16,7 @@ use actix::prelude::*;
 use super::cloud::{CloudPlacement, MetadataPoller};
 use super::detect;
 use super::notice::NoticeSource;
-use crate::config::{NodeConfig, NoticeConfig};
+use crate::config::{NodeConfig, NoticeConfig, PlacementConfig};
 use crate::status::NoticeWatch;
 
 /// Default interval between metadata polls.
@@ -132,16 +132,13 @@ fn report_placement(
 ) {
     match poller.placement() {
         Ok(found) => {
-            let caps = parcae_consensus::state::Capabilities {
+            let as_configured = PlacementConfig {
                 zone: found.zone.clone(),
                 instance_type: found.instance_type.clone(),
-                device: String::new(),
             };
-            match caps.check() {
+            match as_configured.validate() {
                 Ok(()) => placed.do_send(found),
-                Err((field, why)) => {
-                    tracing::warn!(provider, "metadata placement refused: {field}: {why}")
-                }
+                Err(e) => tracing::warn!(provider, "metadata placement refused: {e}"),
             }
         }
         Err(e) => tracing::info!(
