@@ -13,7 +13,8 @@
 #   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU;
 #             profile-MODEL names one);
 #   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file
-#             (train-again: the same in a second process, after the first left its caches);
+#             (train-again: the same in a second process, after the first left its caches;
+#             train-recompute: the same with Burn's gradient checkpointing);
 #   torch     scripts/torch_bench.py: the same model, batch and optimizer in PyTorch, eager TF32,
 #             eager strict f32, eager bf16 autocast and (with --compile) torch.compile (skipped
 #             without torch);
@@ -93,7 +94,7 @@ status=()
 # a part that hangs must leave the time to the next.
 limit() {
     case $1 in
-        smoke | train | train-again) echo 180 ;;
+        smoke | train | train-again | train-recompute) echo 180 ;;
         profile-*) echo 150 ;;
         torch-*) echo 90 ;;
         pipeline) echo 330 ;;
@@ -136,12 +137,14 @@ PY
 
 # train-again: the same run in a fresh process after the first, with the autotune results cubecl
 # kept on disk (its cache, under target/ of the working directory): a second start.
-for run in train train-again; do
+# train-recompute: the same batch with Burn's gradient checkpointing (memory against speed).
+for run in train train-again train-recompute; do
     if wants "$run"; then
-        # shellcheck disable=SC2086 # peak_tflops is a flag and its value, or nothing
+        recompute=$([[ $run == train-recompute ]] && echo --gradient-checkpointing)
+        # shellcheck disable=SC2086 # flags and their values, or nothing
         part "$run" "$node" train-bench --device "$device" --model "$train_model" \
             --micro-batch "$mb" --global-batch "$gb" --steps "$steps" --tokens "$tokens" \
-            $peak_tflops --out "$out/$run.json"
+            $peak_tflops $recompute --out "$out/$run.json"
     fi
 done
 
@@ -221,6 +224,8 @@ summary = {
         "torch_cold_start_s": get(torch_tf32, "cold_start_s"),
         "peak_memory_bytes": get(train, "peak_memory_bytes"),
         "torch_peak_memory_bytes": get(torch_tf32, "peak_memory_bytes"),
+        "recompute_tokens_per_s": get(load("train-recompute.json"), "tokens_per_s"),
+        "recompute_peak_memory_bytes": get(load("train-recompute.json"), "peak_memory_bytes"),
     },
     "pipeline": {
         # One process trained the committed steps again on the device (`run --replay`).

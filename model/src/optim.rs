@@ -12,6 +12,7 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
+use crate::params::Leaf;
 
 /// Hyper-parameters of AdamW, the learning-rate schedule and clipping.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -146,7 +147,7 @@ impl ModuleMapper for StepMapper<'_> {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
-        let require_grad = tensor.is_require_grad();
+        let leaf = Leaf::of(&tensor);
         let dims = tensor.dims();
         let flat = tensor.inner().reshape([dims.iter().product::<usize>()]);
         let grad = if self.scale == 1.0 {
@@ -156,11 +157,7 @@ impl ModuleMapper for StepMapper<'_> {
         };
         let (updated, new_state) = self.adamw.step(self.lr, flat, grad, state.take());
         *state = new_state;
-        let mut t = Tensor::from_inner(updated.reshape(dims));
-        if require_grad {
-            t = t.require_grad();
-        }
-        Param::from_mapped_value(id, t, mapper)
+        Param::from_mapped_value(id, leaf.wrap(updated.reshape(dims)), mapper)
     }
 }
 

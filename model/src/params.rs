@@ -7,7 +7,7 @@
 //! detect a mismatch.
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::{GradientCheckpointingStrategy, Gradients, Tensor};
 
 /// Name and shape of one parameter of a layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,16 +135,40 @@ impl ModuleMapper for ValueMapper {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
-        let require_grad = tensor.is_require_grad();
-        let device = tensor.device();
-        let mut t = value
+        let value = value
             .reshape(tensor.dims())
-            .to_device(&device.clone().inner());
-        t = Tensor::from_inner(t);
-        if require_grad {
+            .to_device(&tensor.device().inner());
+        Param::from_mapped_value(id, Leaf::of(&tensor).wrap(value), mapper)
+    }
+}
+
+/// How a parameter sits on autodiff, taken before its tensor is consumed so that a new value
+/// can stand where it stood: `Tensor::from_inner` alone gives Burn's default
+/// gradient-checkpointing strategy, and an op that mixes two strategies panics.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Leaf {
+    strategy: Option<GradientCheckpointingStrategy>,
+    require_grad: bool,
+}
+
+impl Leaf {
+    pub(crate) fn of<const D: usize>(tensor: &Tensor<D>) -> Self {
+        Self {
+            strategy: tensor.gradient_checkpointing_strategy(),
+            require_grad: tensor.is_require_grad(),
+        }
+    }
+
+    /// `value`, a tensor of the inner backend, on autodiff as this leaf was.
+    pub(crate) fn wrap<const D: usize>(self, value: Tensor<D>) -> Tensor<D> {
+        let mut t = Tensor::from_inner(value);
+        if let Some(strategy) = self.strategy {
+            t = t.with_gradient_checkpointing_strategy(strategy);
+        }
+        if self.require_grad {
             t = t.require_grad();
         }
-        Param::from_mapped_value(id, t, mapper)
+        t
     }
 }
 

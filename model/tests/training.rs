@@ -42,10 +42,20 @@ fn data() -> (SyntheticTask, Sampler) {
 /// Micro-batches of step `step`: `count` micro-batches of `size` samples starting at sample
 /// `step * count * size + offset`.
 fn micro_batches(step: u64, count: usize, size: usize, offset: u64) -> Vec<Batch> {
+    micro_batches_on(&device(), step, count, size, offset)
+}
+
+fn micro_batches_on(
+    device: &Device,
+    step: u64,
+    count: usize,
+    size: usize,
+    offset: u64,
+) -> Vec<Batch> {
     let (task, sampler) = data();
     let first = step * (MICRO * MICRO_SIZE) as u64 + offset;
     (0..count)
-        .map(|k| token_batch(&task, &sampler, first + (k * size) as u64, size, &device()).unwrap())
+        .map(|k| token_batch(&task, &sampler, first + (k * size) as u64, size, device).unwrap())
         .collect()
 }
 
@@ -431,4 +441,31 @@ fn layer_costs_cover_every_layer_without_changing_the_stage() {
     );
     assert_eq!(costs[1].output_bytes, 8 * 16 * 32 * 4);
     assert_eq!(stage.state_digest().unwrap(), before);
+}
+
+#[test]
+fn recomputed_activations_train_as_kept_ones() {
+    // Burn's balanced gradient checkpointing keeps fewer activations and recomputes the rest in
+    // the backward pass: the same arithmetic, so the same losses and weights. Steps after the
+    // first run on parameters the optimizer rebuilt, which must keep the device's strategy.
+    let model = tiny();
+    let ranges = even_ranges(model.num_layers(), 2).unwrap();
+    let recompute = device().gradient_checkpointing();
+    let mut kept = pipeline(2, SEED, StageConfig::default());
+    let mut recomputed =
+        Pipeline::new(model, &ranges, SEED, &recompute, StageConfig::default()).unwrap();
+    for step in 0..4 {
+        let a = kept
+            .train_step(&micro_batches(step, MICRO, MICRO_SIZE, 0))
+            .unwrap();
+        let b = recomputed
+            .train_step(&micro_batches_on(&recompute, step, MICRO, MICRO_SIZE, 0))
+            .unwrap();
+        assert!(
+            (a - b).abs() <= 1e-6,
+            "step {step}: loss {a} kept, {b} recomputed"
+        );
+    }
+    let d = max_abs_diff(&params(&kept), &params(&recomputed));
+    assert!(d <= 1e-6, "parameter diff after 4 steps {d}");
 }

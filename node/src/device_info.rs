@@ -9,11 +9,16 @@ use parcae_strategies::cost::profile::MemorySource;
 
 use crate::config::{DeviceChoice, DeviceConfig, DeviceKind};
 
-/// The Burn device (with autodiff) `device` names; a build without CUDA refuses `cuda`.
-pub fn burn_device(device: DeviceChoice) -> anyhow::Result<burn::tensor::Device> {
+/// The Burn device (with autodiff, and Burn's gradient checkpointing where asked) `device` names;
+/// a build without CUDA refuses `cuda`.
+pub fn burn_device(
+    device: DeviceChoice,
+    gradient_checkpointing: bool,
+) -> anyhow::Result<burn::tensor::Device> {
     let config = DeviceConfig {
         kind: device.kind,
         index: device.index,
+        gradient_checkpointing,
         ..DeviceConfig::default()
     };
     Ok(config.burn_device()?)

@@ -217,7 +217,7 @@ pub fn export(opts: &ExportOptions) -> anyhow::Result<Exported> {
         Some(location) => from_store(location, opts.job.as_deref(), opts.step)?,
         None => from_directories(&opts.checkpoints, model.num_layers(), opts.step)?,
     };
-    let device = burn_device(opts.device)?;
+    let device = burn_device(opts.device, false)?;
     let mut layers = Vec::with_capacity(model.num_layers());
     let mut stages = Vec::with_capacity(parts.len());
     for (range, bytes) in &parts {

@@ -302,7 +302,7 @@ fn replay_command(opts: &ReplayOptions) -> anyhow::Result<()> {
         dataset,
         spec: config.train.job_spec(),
         program_settings: adopt::recipe(&config)?,
-        device: burn_device(opts.device)?,
+        device: burn_device(opts.device, false)?,
     };
     let steps = read_steps(&opts.steps)?;
     let report = replay(&job, &location, &steps, opts.tolerance, opts.max_window)?;

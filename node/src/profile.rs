@@ -42,6 +42,10 @@ pub struct ProfileOptions {
     /// The device: cpu, cuda or cuda:N.
     #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
+    /// Burn's balanced gradient checkpointing (`[device] gradient_checkpointing`): less memory
+    /// held between the forward and the backward pass, some of it recomputed.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// The model, as `[train] model` names it (tiny, small, gpt2-124m, gpt2-355m, ...).
     #[arg(long, default_value = "gpt2-124m")]
     pub model: ModelPreset,
@@ -100,7 +104,7 @@ impl ProfileOptions {
 /// Measures the model on the device and writes the profile to `opts.out`.
 pub fn profile(opts: &ProfileOptions) -> anyhow::Result<DeviceProfile> {
     opts.check()?;
-    let device = burn_device(opts.device)?;
+    let device = burn_device(opts.device, opts.gradient_checkpointing)?;
     let card = Card::of(opts.device)?;
     let mut gpt = opts.model.gpt();
     if let Some(seq_len) = opts.seq_len {
@@ -200,6 +204,7 @@ pub(crate) mod tests {
     pub(crate) fn tiny(out: &Path) -> ProfileOptions {
         ProfileOptions {
             device: "cpu".parse().unwrap(),
+            gradient_checkpointing: false,
             model: ModelPreset::Tiny,
             micro_batch: 2,
             seq_len: None,

@@ -38,7 +38,7 @@ pub struct Smoke {
 
 /// Compares the device with Flex and writes the result to `opts.out`.
 pub fn smoke(opts: &SmokeOptions) -> anyhow::Result<Smoke> {
-    let device = burn_device(opts.device)?;
+    let device = burn_device(opts.device, false)?;
     let smoke = Smoke {
         device: Card::of(opts.device)?.name,
         report: parcae_model::smoke(&device, opts.tolerance)?,

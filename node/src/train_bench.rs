@@ -37,6 +37,10 @@ pub struct TrainBenchOptions {
     /// The device: cpu, cuda or cuda:N.
     #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
+    /// Burn's balanced gradient checkpointing (`[device] gradient_checkpointing`): less memory
+    /// held between the forward and the backward pass, some of it recomputed.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// The model, as `[train] model` names it.
     #[arg(long, default_value = "gpt2-124m")]
     pub model: ModelPreset,
@@ -77,6 +81,8 @@ pub struct TrainBench {
     pub device: String,
     /// Number format of weights and compute.
     pub precision: String,
+    /// Whether Burn's gradient checkpointing recomputed activations.
+    pub gradient_checkpointing: bool,
     /// Samples per micro-batch.
     pub micro_batch: u32,
     /// Samples per step.
@@ -151,7 +157,7 @@ fn stage_config(steps: u32) -> StageConfig {
 pub fn train_bench(opts: &TrainBenchOptions) -> anyhow::Result<TrainBench> {
     let started = Instant::now();
     opts.check()?;
-    let device = burn_device(opts.device)?;
+    let device = burn_device(opts.device, opts.gradient_checkpointing)?;
     let card = Card::of(opts.device)?;
     let mut gpt = opts.model.gpt();
     if let Some(seq_len) = opts.seq_len {
@@ -213,6 +219,7 @@ pub fn train_bench(opts: &TrainBenchOptions) -> anyhow::Result<TrainBench> {
         params,
         device: card.name,
         precision: "f32".into(),
+        gradient_checkpointing: opts.gradient_checkpointing,
         micro_batch: mb,
         global_batch: opts.global_batch,
         seq_len: gpt.seq_len,
@@ -242,6 +249,7 @@ mod tests {
     fn tiny(out: PathBuf) -> TrainBenchOptions {
         TrainBenchOptions {
             device: "cpu".parse().unwrap(),
+            gradient_checkpointing: false,
             model: ModelPreset::Tiny,
             micro_batch: 4,
             global_batch: 8,
@@ -270,6 +278,24 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
         assert_eq!(written["model"], "tiny");
         assert_eq!(written["peak_memory_source"], "process_rss");
+    }
+
+    #[test]
+    fn gradient_checkpointing_trains_the_same_losses() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = train_bench(&tiny(dir.path().join("kept.json"))).unwrap();
+        let mut opts = tiny(dir.path().join("recomputed.json"));
+        opts.gradient_checkpointing = true;
+        let recomputed = train_bench(&opts).unwrap();
+        assert!(recomputed.gradient_checkpointing && !kept.gradient_checkpointing);
+        for (a, b) in kept.losses.iter().zip(&recomputed.losses) {
+            assert!(
+                (a - b).abs() <= 1e-6,
+                "{:?} vs {:?}",
+                kept.losses,
+                recomputed.losses
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct DeviceConfig {
     pub profile: String,
     /// Emulated durations are divided by this (2: the emulated cluster runs twice as fast).
     pub time_scale: f64,
+    /// Burn's balanced gradient checkpointing: the backward pass recomputes the activations of
+    /// cheap (memory-bound) ops instead of keeping them from the forward pass, for less memory
+    /// at the cost of the recomputation; the arithmetic, and so the training, is the same.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for DeviceConfig {
@@ -42,6 +46,7 @@ impl Default for DeviceConfig {
             index: 0,
             profile: "gpt-1.5b".into(),
             time_scale: 1.0,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -133,16 +138,22 @@ impl DeviceConfig {
         self.emulation().map(|_| ())
     }
 
-    /// The Burn device the stage trains on (with autodiff): Flex on the CPU (an emulated
-    /// accelerator's work runs there too), CUDA GPU `index` otherwise.
+    /// The Burn device the stage trains on (with autodiff, and its gradient checkpointing where
+    /// asked): Flex on the CPU (an emulated accelerator's work runs there too), CUDA GPU `index`
+    /// otherwise.
     pub fn burn_device(&self) -> Result<burn::tensor::Device, ConfigError> {
         self.validate()?;
         let backend = match self.kind {
             DeviceKind::Cpu | DeviceKind::Emulated => parcae_model::Backend::Flex,
             DeviceKind::Cuda => parcae_model::Backend::Cuda(self.index),
         };
-        backend
+        let device = backend
             .device()
-            .map_err(|e| ConfigError::Invalid(format!("device: {e}")))
+            .map_err(|e| ConfigError::Invalid(format!("device: {e}")))?;
+        Ok(if self.gradient_checkpointing {
+            device.gradient_checkpointing()
+        } else {
+            device
+        })
     }
 }

@@ -205,6 +205,28 @@ fn a_cuda_device_is_refused_by_a_build_without_it_and_names_the_command() {
 }
 
 #[test]
+fn gradient_checkpointing_is_asked_for_in_the_device_section() {
+    use burn::tensor::GradientCheckpointingStrategy;
+    let strategy = |text: &str| {
+        NodeConfig::parse(text, "x")
+            .unwrap()
+            .device
+            .burn_device()
+            .unwrap()
+            .gradient_checkpointing_strategy()
+    };
+    assert_eq!(
+        strategy("[device]\ngradient_checkpointing = true\n"),
+        Some(GradientCheckpointingStrategy::Balanced)
+    );
+    assert_eq!(strategy(""), Some(GradientCheckpointingStrategy::Disabled));
+    let e = NodeConfig::parse("[device]\ngradient_checkpointing = 1\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gradient_checkpointing"), "{e}");
+}
+
+#[test]
 fn the_command_line_names_cpu_or_a_cuda_gpu() {
     let parse = |s: &str| s.parse::<DeviceChoice>();
     let choice = |kind, index| Ok(DeviceChoice { kind, index });
