@@ -32,7 +32,7 @@ use super::known_peers;
 use super::liveness::Liveness;
 use super::membership::{NoticesInFlight, join_needed, peer_info};
 use super::peer_clocks::PeerClocks;
-use super::project::{LocalView, project};
+use super::project::{LocalView, PeerNames, project};
 use super::proof;
 use super::proposal::{Propose, ProposeFailed, Routed, Watches};
 use crate::clock::{self, unix_ms};
@@ -109,6 +109,8 @@ pub struct ControlDriver {
     pending: Vec<(Instant, ProposalHandle)>,
     commit_latency_us: VecDeque<u64>,
     last_status: Option<StatusSnapshot>,
+    /// The peers' names on `/status`, kept between its projections.
+    peer_names: PeerNames,
     members_version: Option<Vec<(NodeId, Vec<String>, bool)>>,
     published_applied: Option<u64>,
     ready_scheduled: bool,
@@ -156,6 +158,7 @@ impl ControlDriver {
             pending: Vec::new(),
             commit_latency_us: VecDeque::new(),
             last_status: None,
+            peer_names: PeerNames::default(),
             members_version: None,
             published_applied: None,
             ready_scheduled: false,
@@ -501,14 +504,14 @@ impl ControlDriver {
             leader: st.leader.and_then(|l| self.peer_of(l)),
             listen_addrs: self.listen_addrs.iter().map(|a| a.to_string()).collect(),
             data_addr: self.data_addr.clone(),
-            connected: self.connected.iter().map(|p| p.to_string()).collect(),
+            connected: self.connected.iter().copied().collect(),
             leaving_deadline_unix_ms: self.leaving.map(unix_ms),
             notices: &notices,
             clock_refusals: &clock_refusals,
             sorted_commit_latency_us: &latencies,
             keys_held: self.keys.ids(),
         };
-        let snapshot = project(local, &st, self.node.state());
+        let snapshot = project(local, &st, self.node.state(), &mut self.peer_names);
         let gauges = &self.out.metrics;
         gauges.raft_term.set(st.term);
         gauges
