@@ -8,6 +8,7 @@ use crate::config::ParallelConfig;
 use crate::cost::CostModel;
 use crate::cost::migration::{MigrationCosts, MigrationEvent};
 use crate::cost::spec::RestartKind;
+use crate::cost::throughput::ThroughputTable;
 use crate::trace::Interval;
 
 /// Where the job stands at an interval boundary.
@@ -94,6 +95,7 @@ pub struct NextChange {
 pub struct LiveputOptimizer {
     costs: MigrationCosts,
     interval_ms: f64,
+    throughput: Arc<ThroughputTable>,
 }
 
 impl LiveputOptimizer {
@@ -101,9 +103,17 @@ impl LiveputOptimizer {
     /// of preemption scenarios.
     pub fn new(model: Arc<CostModel>, interval_secs: f64, seed: u64) -> Self {
         Self {
+            throughput: Arc::new(model.throughput.clone()),
             costs: MigrationCosts::new(model, seed),
             interval_ms: interval_secs * 1000.0,
         }
+    }
+
+    /// Values the model's configurations by `table` from now on (the model's own table until
+    /// then): on a fleet whose zones change apart, what a configuration trains depends on the
+    /// nodes each zone holds, not on their count alone.
+    pub fn set_throughput(&mut self, table: Arc<ThroughputTable>) {
+        self.throughput = table;
     }
 
     /// The memoised migration costs (shared with the simulator's accounting).
@@ -131,7 +141,10 @@ impl LiveputOptimizer {
         let model = self.costs.model().clone();
         let cands = model.candidates();
         let considered = considered(cands, now, future);
-        let throughput: Vec<f64> = cands.iter().map(|&c| model.samples_per_sec(c)).collect();
+        let throughput: Vec<f64> = cands
+            .iter()
+            .map(|&c| self.throughput.samples_per_sec(c))
+            .collect();
         let idle_slot = cands.len();
         let stay_ms = if terminal.stay_ms.is_finite() {
             terminal.stay_ms.max(0.0)
@@ -243,12 +256,11 @@ impl LiveputOptimizer {
         if stay_ms <= 0.0 {
             return last.iter().map(|n| n.samples).collect();
         }
-        let model = self.costs.model().clone();
         let before_loss: Vec<f64> = last
             .iter()
             .map(|n| {
                 let running_ms = (stay_ms - n.leftover_ms).max(0.0);
-                n.samples + model.samples_per_sec(n.config) * running_ms / 1000.0
+                n.samples + self.throughput.samples_per_sec(n.config) * running_ms / 1000.0
             })
             .collect();
         let margin = MOVE_MARGIN * last.iter().map(|n| n.samples).fold(0.0, f64::max);
@@ -277,7 +289,8 @@ impl LiveputOptimizer {
     /// the change after.
     fn next_change_loss(&mut self, config: ParallelConfig, nodes: u32, next: NextChange) -> f64 {
         let model = self.costs.model().clone();
-        let best = model.best(next.nodes);
+        let table = self.throughput.clone();
+        let best = table.best(next.nodes);
         if best.is_idle() {
             return 0.0;
         }
@@ -287,15 +300,15 @@ impl LiveputOptimizer {
             added: next.nodes.saturating_sub(nodes),
             removed: nodes.saturating_sub(next.nodes),
         };
-        let best_rate = model.samples_per_sec(best);
+        let best_rate = table.samples_per_sec(best);
         let migrate = self.costs.expected(event, best) * best_rate / 1000.0;
         let kept = config.clamp_to(next.nodes);
         let keep = if kept.is_idle() || !model.candidates().contains(&kept) {
             f64::INFINITY
         } else {
-            let shortfall = (best_rate - model.samples_per_sec(kept)).max(0.0);
+            let shortfall = (best_rate - table.samples_per_sec(kept)).max(0.0);
             let switch_ms = self.costs.expected(event, kept);
-            shortfall * next.stay_ms / 1000.0 + switch_ms * model.samples_per_sec(kept) / 1000.0
+            shortfall * next.stay_ms / 1000.0 + switch_ms * table.samples_per_sec(kept) / 1000.0
         };
         migrate.min(keep)
     }

@@ -12,9 +12,12 @@ use crate::config::ParallelConfig;
 use crate::cost::CostModel;
 use crate::cost::migration::{MigrationEvent, MigrationKind};
 use crate::cost::spec::RestartKind;
+use crate::cost::throughput::ThroughputTable;
 use crate::liveput::{LiveputOptimizer, PlanState, Terminal};
 use crate::predict::{self, Bounds, ForecastInput, NoticeAware, Predictor, ZoneModel};
 use crate::trace::{Interval, Trace};
+
+pub mod fleet;
 
 /// Where a liveput strategy's view of the future comes from.
 pub enum Forecast {
@@ -171,6 +174,25 @@ impl Ledger {
     }
 }
 
+/// What every configuration trains at each interval: the table a planner decides by and the
+/// one the interval's samples are booked at. They differ where the planner is wrong about its
+/// cluster (a planner blind to zones and device kinds), and they change from interval to
+/// interval where what a configuration trains depends on more than the count of nodes (zones
+/// that change apart, [`fleet`]).
+pub trait Speeds {
+    /// `(planned, actual)` tables of interval `i`.
+    fn at(&mut self, i: usize) -> (Arc<ThroughputTable>, Arc<ThroughputTable>);
+}
+
+/// The model's own table, planned and booked, at every interval.
+struct ModelSpeeds(Arc<ThroughputTable>);
+
+impl Speeds for ModelSpeeds {
+    fn at(&mut self, _: usize) -> (Arc<ThroughputTable>, Arc<ThroughputTable>) {
+        (self.0.clone(), self.0.clone())
+    }
+}
+
 /// Simulate `strategy` on `trace.intervals[range]`.
 pub fn simulate(
     setup: &SimSetup,
@@ -178,21 +200,36 @@ pub fn simulate(
     range: Range<usize>,
     strategy: Strategy,
 ) -> StrategyRun {
+    let mut speeds = ModelSpeeds(Arc::new(setup.model.throughput.clone()));
+    simulate_with(setup, trace, range, strategy, &mut speeds)
+}
+
+/// [`simulate`] with the throughput of each interval from `speeds`; the setup's model gives
+/// the candidates and the migration costs.
+pub fn simulate_with(
+    setup: &SimSetup,
+    trace: &Trace,
+    range: Range<usize>,
+    strategy: Strategy,
+    speeds: &mut dyn Speeds,
+) -> StrategyRun {
     let interval_ms = trace.interval_secs as f64 * 1000.0;
     let mut ledger = Ledger::new(&strategy.name, interval_ms);
     let model = &setup.model;
     match strategy.plan {
         Plan::Ideal => {
             for i in range {
-                let c = model.best(trace.intervals[i].nodes);
-                ledger.book(c, model.samples_per_sec(c), 0.0);
+                let (planned, actual) = speeds.at(i);
+                let c = planned.best(trace.intervals[i].nodes);
+                ledger.book(c, actual.samples_per_sec(c), 0.0);
             }
         }
         Plan::Reactive => {
             let mut leftover_ms = 0.0;
             for i in range.clone() {
                 let iv = trace.intervals[i];
-                let c = model.best(iv.nodes);
+                let (planned, actual) = speeds.at(i);
+                let c = planned.best(iv.nodes);
                 let first = i == range.start;
                 if first || iv.added + iv.removed > 0 {
                     let kind = if first || iv.added > 0 {
@@ -208,7 +245,7 @@ pub fn simulate(
                     };
                     ledger.migration(MigrationKind::Restart);
                 }
-                ledger.book(c, model.samples_per_sec(c), leftover_ms);
+                ledger.book(c, actual.samples_per_sec(c), leftover_ms);
                 leftover_ms = (leftover_ms - interval_ms).max(0.0);
             }
         }
@@ -245,6 +282,8 @@ pub fn simulate(
                 } else {
                     Terminal::default()
                 };
+                let (planned, actual) = speeds.at(i);
+                opt.set_throughput(planned);
                 let decision = opt.decide_with_terminal(now, &future, value);
                 let to = decision.config.clamp_to(real.nodes);
                 let ev = MigrationEvent {
@@ -263,7 +302,7 @@ pub fn simulate(
                     };
                     ledger.migration(kind);
                 }
-                ledger.book(to, model.samples_per_sec(to), leftover_ms);
+                ledger.book(to, actual.samples_per_sec(to), leftover_ms);
                 now = PlanState {
                     nodes: real.nodes,
                     config: to,

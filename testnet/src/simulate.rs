@@ -15,6 +15,8 @@ use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
 
+mod zones;
+
 /// Options of `simulate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -58,6 +60,18 @@ pub struct Args {
     plot: Option<PathBuf>,
     #[command(flatten)]
     prices: PriceArgs,
+    /// Zones of one job, each `NAME=TRACE[@SPEED[/MEMORY_GIB]]` (its trace, and its device's
+    /// speed and memory against the model's profiled V100): simulates the zone-aware planner
+    /// against zone-blind, reactive and the best single zone instead of --trace.
+    #[arg(long, value_delimiter = ',')]
+    zones: Vec<String>,
+    /// A link between two zones, `ZONE/ZONE=GBIT,MS,USD_PER_GB` (repeatable; default: AWS's,
+    /// 10 Gb/s free within a zone, 5 Gb/s at $0.02/GB across).
+    #[arg(long = "link")]
+    links: Vec<String>,
+    /// Spot price of a node-hour in a zone, `NAME=USD` (comma-separated, every zone or none).
+    #[arg(long, value_delimiter = ',')]
+    zone_price: Vec<String>,
 }
 
 /// The JSON document `--json` writes.
@@ -101,6 +115,25 @@ pub struct StrategyJson {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if !args.zones.is_empty() {
+        let model = cost_model(&args)?;
+        return zones::run(zones::FleetArgs {
+            zones: &args.zones,
+            links: &args.links,
+            prices: &args.zone_price,
+            model: &model,
+            model_name: &args.model,
+            interval_secs: args.interval_secs,
+            start_hour: args.start_hour,
+            end_hour: args.end_hour,
+            lookahead: usize::from(args.lookahead),
+            seed: args.seed,
+            json: args.json.as_deref(),
+        });
+    }
+    if !args.links.is_empty() || !args.zone_price.is_empty() {
+        bail!("--link and --zone-price price a fleet: give its zones with --zones");
+    }
     let prices = args.prices.prices()?;
     let trace = trace::load(&args.trace, args.interval_secs)?;
     let model = cost_model(&args)?;

@@ -28,6 +28,23 @@ fn assert_one_line_error(out: &Output, needles: &[&str]) {
     }
 }
 
+/// Runs `simulate` with `args` and `--json`, asserts it succeeded and returns its stdout and
+/// its JSON.
+fn simulate_json(args: &[&str], name: &str) -> (String, serde_json::Value) {
+    let json = std::env::temp_dir().join(format!("{name}-{}.json", std::process::id()));
+    let mut all = vec!["simulate"];
+    all.extend_from_slice(args);
+    all.extend(["--json", json.to_str().unwrap()]);
+    let out = testnet(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), v)
+}
+
 #[test]
 fn default_run_prints_every_strategy_and_writes_json_and_plot() {
     let json = std::env::temp_dir().join(format!("sim-{}.json", std::process::id()));
@@ -129,30 +146,21 @@ fn bad_inputs_give_one_line_errors_with_exit_code_2() {
 
 #[test]
 fn prices_give_every_strategy_its_bill_against_on_demand() {
-    let json = std::env::temp_dir().join(format!("sim-money-{}.json", std::process::id()));
-    let out = testnet(&[
-        "simulate",
-        "--strategies",
-        "ideal,reactive,liveput-zone",
-        "--price-spot",
-        "0.918",
-        "--price-on-demand",
-        "3.06",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (table, v) = simulate_json(
+        &[
+            "--strategies",
+            "ideal,reactive,liveput-zone",
+            "--price-spot",
+            "0.918",
+            "--price-on-demand",
+            "3.06",
+        ],
+        "sim-money",
     );
-    let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table.contains("machine-hours") && table.contains("saving"),
         "{table}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let strategies = v["strategies"].as_array().unwrap();
     let hours = strategies[0]["cost"]["machine_hours"].as_f64().unwrap();
     assert!(hours > 0.0);
@@ -177,4 +185,64 @@ fn prices_give_every_strategy_its_bill_against_on_demand() {
         saving("ideal") >= saving("reactive"),
         "more samples on the same machines save more"
     );
+}
+
+#[test]
+fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
+    let (_, v) = simulate_json(
+        &[
+            "--zones",
+            "a=synthetic:quiet:1:nodes=12:days=1,b=synthetic:diurnal:2:nodes=12:days=1@1.5/24",
+            "--zone-price",
+            "a=0.9,b=1.2",
+            "--end-hour",
+            "3",
+        ],
+        "sim-zones",
+    );
+    assert_eq!(v["node_default"], "liveput-zone");
+    assert_eq!(v["intervals"], 180);
+    assert_eq!(v["zones"][1]["speed"], 1.5);
+    assert_eq!(v["zones"][1]["memory_gib"], 24.0);
+    let strategies = v["strategies"].as_array().unwrap();
+    let names: Vec<&str> = strategies
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["liveput-zone", "zone-blind", "reactive", "single-zone-best"]
+    );
+    for s in strategies {
+        let hours = s["node_hours"].as_f64().unwrap();
+        let egress = s["egress_usd"].as_f64().unwrap();
+        let cost = s["cost"].as_f64().unwrap();
+        assert!(hours > 0.0 && egress >= 0.0, "{s}");
+        // Node-hours at 0.9 or 1.2, plus egress.
+        assert!(cost >= 0.9 * hours + egress - 1e-9 && cost <= 1.2 * hours + egress + 1e-9);
+        let per_usd = s["samples_per_usd"].as_f64().unwrap();
+        assert!((per_usd - s["samples"].as_f64().unwrap() / cost).abs() < 1e-6);
+    }
+    let ours = strategies[0]["samples"].as_f64().unwrap();
+    assert!(ours >= strategies[1]["samples"].as_f64().unwrap());
+    assert!(ours >= strategies[3]["samples"].as_f64().unwrap());
+    assert!(strategies[0]["x_zone_blind"].as_f64().unwrap() >= 1.0);
+    assert!(strategies[3]["zone"].is_string());
+
+    let out = testnet(&["simulate", "--zones", "A=synthetic:quiet"]);
+    assert_one_line_error(&out, &["zone \"A=synthetic:quiet\"", "the name \"A\""]);
+    let out = testnet(&["simulate", "--zones", "a=synthetic:quiet@fast"]);
+    assert_one_line_error(&out, &["speed \"fast\""]);
+    let out = testnet(&[
+        "simulate",
+        "--zones",
+        "a=synthetic:quiet,b=synthetic:quiet",
+        "--zone-price",
+        "a=1",
+    ]);
+    assert_one_line_error(&out, &["zone \"b\" has no price"]);
+    let out = testnet(&["simulate", "--zones", "a=synthetic:quiet,a=synthetic:hh"]);
+    assert_one_line_error(&out, &["zone \"a\" is named twice"]);
+    let out = testnet(&["simulate", "--link", "a/b=1,1,0"]);
+    assert_one_line_error(&out, &["--zones"]);
 }

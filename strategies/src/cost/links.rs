@@ -132,6 +132,14 @@ impl Links {
     }
 }
 
+/// Whether `zone` is 1 to [`MAX_ZONE_NAME`] characters of `a-z`, `0-9`, `-`, `_` or `.`.
+pub fn valid_zone_name(zone: &str) -> bool {
+    (1..=MAX_ZONE_NAME).contains(&zone.len())
+        && zone
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
+}
+
 fn ordered<'a>(a: &'a str, b: &'a str) -> (&'a str, &'a str) {
     if a <= b { (a, b) } else { (b, a) }
 }
@@ -141,11 +149,7 @@ fn parse_pair(text: &str) -> Result<(String, String, Link), LinkError> {
     let (zones, figures) = text.split_once('=').ok_or_else(format)?;
     let (a, b) = zones.split_once('/').ok_or_else(format)?;
     for zone in [a, b] {
-        let valid = (1..=MAX_ZONE_NAME).contains(&zone.len())
-            && zone
-                .bytes()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c));
-        if !valid {
+        if !valid_zone_name(zone) {
             return Err(LinkError::Zone {
                 text: text.into(),
                 zone: zone.into(),

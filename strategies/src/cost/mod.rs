@@ -5,6 +5,7 @@
 //!   feasibility), so any model the nodes have measured can be planned;
 //! * [`mixed`]: pipelines over unequal devices, their layers split unevenly to balance stage
 //!   times within each device's memory;
+//! * [`fleet`]: one job over several zones of unequal devices, laid out zone-aware or blind;
 //! * [`links`]: links between zones (rate, latency, egress price) and what a placed plan sends
 //!   over them;
 //! * [`migration`]: intra-stage, inter-stage, repartition and restart costs, in expectation
@@ -15,6 +16,7 @@
 
 pub mod analytic;
 pub mod builtin;
+pub mod fleet;
 pub mod links;
 pub mod migration;
 pub mod mixed;

@@ -1,0 +1,512 @@
+//! One job over several zones, each with its own device kind: how fast every `(D, P)` trains
+//! on the nodes each zone holds at a moment, laid out as a zone-aware planner lays it, and as a
+//! planner blind to zones and types lays it.
+//!
+//! A zone-aware plan is the faster of two layouts:
+//!
+//! * **zone pipelines**: every pipeline inside one zone, the pipelines filled from the fastest
+//!   device kind first (or from the fullest zone first, where crossing fewer zones pays more);
+//!   the step waits for the slowest pipeline, and each stage's all-reduce ring crosses every
+//!   zone used, at the pace of its slowest link;
+//! * **mixed pipelines**: every pipeline holds `k_a` stages in zone `a` and `k_b` in zone `b` (the same for every
+//!   pipeline), its layers split unevenly over the kinds by [`mixed::arrange`], so each
+//!   stage's replicas share a zone and its all-reduce never leaves it; only the activations
+//!   cross zones, once per zone boundary of a pipeline.
+//!
+//! The zone-blind planner (Parcae's, run over every zone at once) believes every node is the
+//! worst device of the fleet (the slowest layers, the least memory), so it splits the layers
+//! for that device and takes nodes as membership lists them: from every zone present, in
+//! turn. What it really trains is its split on the devices it got, paced by the slowest kind
+//! present, with rings and pipelines crossing zones.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::links::{Link, Links, traffic};
+use super::mixed::{self, DeviceCosts, arrange, balanced_bounds};
+use super::spec::{LayerCost, ModelSpec};
+use super::throughput::ThroughputTable;
+use super::transfer::TransferModel;
+use crate::config::ParallelConfig;
+
+/// Most zones a fleet spans (each a block of [`mixed::arrange`]'s orders).
+pub const MAX_ZONES: usize = 4;
+
+/// One zone of the fleet: its name and the device kind its nodes run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Zone {
+    /// The zone's name (as the links name it).
+    pub name: String,
+    /// The kind of device every node of the zone runs.
+    pub device: DeviceCosts,
+}
+
+/// How one configuration is laid over the zones, and what it trains.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// The zone of each stage, per pipeline.
+    pub zones: Vec<Vec<usize>>,
+    /// Stage bounds, shared by every pipeline.
+    pub bounds: Vec<usize>,
+    /// Samples per second.
+    pub samples_per_sec: f64,
+    /// Egress dollars per sample trained (activations and gradients crossing zones).
+    pub egress_usd_per_sample: f64,
+}
+
+/// Every configuration's placement on one composition of the fleet.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plans {
+    /// Samples per second per configuration.
+    pub table: Arc<ThroughputTable>,
+    /// The placement behind each row of the table.
+    pub placements: BTreeMap<ParallelConfig, Placement>,
+}
+
+/// Which planner lays the plans out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Zone pipelines or mixed pipelines, whichever trains more.
+    ZoneAware,
+    /// The worst device's split over nodes taken from every zone in turn.
+    ZoneBlind,
+}
+
+/// Why a fleet was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FleetError {
+    /// No zone, or more than [`MAX_ZONES`].
+    #[error("a fleet spans 1 to {MAX_ZONES} zones, not {0}")]
+    Zones(usize),
+    /// Two zones of one name.
+    #[error("zone {0:?} is named twice")]
+    Duplicate(String),
+    /// A device whose layers are not the job's.
+    #[error("zone {0:?}: its device times {1} layers, the job has {2}")]
+    Layers(String, usize, usize),
+}
+
+/// A pipeline's zone per stage and its stage bounds.
+type Arranged = (Vec<usize>, Vec<usize>);
+
+/// A job on a fleet of zones, with the plans of every composition seen so far.
+pub struct Fleet {
+    spec: ModelSpec,
+    zones: Vec<Zone>,
+    links: Links,
+    worst: DeviceCosts,
+    memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
+    arranged: HashMap<Vec<usize>, Option<Arranged>>,
+    split: HashMap<(usize, u32), Option<Vec<usize>>>,
+}
+
+impl Fleet {
+    /// The job `spec` over `zones`, linked by `links`.
+    pub fn new(spec: ModelSpec, zones: Vec<Zone>, links: Links) -> Result<Self, FleetError> {
+        if zones.is_empty() || zones.len() > MAX_ZONES {
+            return Err(FleetError::Zones(zones.len()));
+        }
+        for (i, z) in zones.iter().enumerate() {
+            if zones[..i].iter().any(|o| o.name == z.name) {
+                return Err(FleetError::Duplicate(z.name.clone()));
+            }
+            if z.device.layers.len() != spec.layers.len() {
+                return Err(FleetError::Layers(
+                    z.name.clone(),
+                    z.device.layers.len(),
+                    spec.layers.len(),
+                ));
+            }
+        }
+        let worst = worst_device(&spec, &zones);
+        Ok(Self {
+            spec,
+            zones,
+            links,
+            worst,
+            memo: HashMap::new(),
+            arranged: HashMap::new(),
+            split: HashMap::new(),
+        })
+    }
+
+    /// The job.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The zones, in the order compositions count them.
+    pub fn zones(&self) -> &[Zone] {
+        &self.zones
+    }
+
+    /// The device a zone-blind planner believes every node is: each layer as slow as on the
+    /// slowest kind, the least memory of any kind.
+    pub fn worst(&self) -> &DeviceCosts {
+        &self.worst
+    }
+
+    /// The plans of `layout` on a fleet whose zone `z` holds `counts[z]` nodes (memoised).
+    pub fn plans(&mut self, layout: Layout, counts: &[u32]) -> Arc<Plans> {
+        let key = (layout, counts.to_vec());
+        if let Some(plans) = self.memo.get(&key) {
+            return plans.clone();
+        }
+        let total: u32 = counts.iter().sum();
+        let mut placements = BTreeMap::new();
+        for p in self.spec.depths.clone() {
+            for d in 1..=total / p.max(1) {
+                if !self.spec.admits(d, p) || counts.len() != self.zones.len() {
+                    continue;
+                }
+                let placed = match layout {
+                    Layout::ZoneAware => self.zone_aware(counts, d, p),
+                    Layout::ZoneBlind => self.zone_blind(counts, d, p),
+                };
+                if let Some(placed) = placed.filter(|pl| pl.samples_per_sec > 0.0) {
+                    placements.insert(ParallelConfig::new(d, p), placed);
+                }
+            }
+        }
+        let table =
+            ThroughputTable::from_rows(placements.iter().map(|(c, pl)| (*c, pl.samples_per_sec)));
+        let plans = Arc::new(Plans {
+            table: Arc::new(table),
+            placements,
+        });
+        self.memo.insert(key, plans.clone());
+        plans
+    }
+
+    /// The table of a cluster of `max_nodes` nodes of one `device` in one zone, split as the
+    /// zone-aware planner splits a zone pipeline: what a planner of one zone (or one that
+    /// believes its nodes alike) plans with.
+    pub fn uniform_table(&self, device: &DeviceCosts, max_nodes: u32) -> ThroughputTable {
+        let link = self.links.within;
+        let mut rows = Vec::new();
+        for &p in &self.spec.depths {
+            let devices = vec![device; p as usize];
+            let Some(bounds) = balanced_bounds(&self.spec, &devices) else {
+                continue;
+            };
+            for d in 1..=max_nodes / p.max(1) {
+                if !self.spec.admits(d, p) {
+                    continue;
+                }
+                let rate = self.rate(&devices, &bounds, d, link, link);
+                if let Some(rate) = rate {
+                    rows.push((ParallelConfig::new(d, p), rate));
+                }
+            }
+        }
+        ThroughputTable::from_rows(rows)
+    }
+
+    /// Samples per second of `d` pipelines over `devices` split at `bounds`, all-reducing over
+    /// `ring` and sending activations over `boundary`.
+    fn rate(
+        &self,
+        devices: &[&DeviceCosts],
+        bounds: &[usize],
+        d: u32,
+        ring: Link,
+        boundary: Link,
+    ) -> Option<f64> {
+        let transfer = TransferModel::Linear {
+            latency_ms: boundary.latency_ms,
+            bytes_per_sec: boundary.gbit_per_s * 1e9 / 8.0,
+        };
+        mixed::samples_per_sec(&self.spec, devices, bounds, d, mib_per_ms(ring), &transfer)
+    }
+
+    /// The balanced split of a `p`-stage pipeline on zone `z`'s device (memoised).
+    fn zone_split(&mut self, z: usize, p: u32) -> Option<Vec<usize>> {
+        if let Some(split) = self.split.get(&(z, p)) {
+            return split.clone();
+        }
+        let devices = vec![&self.zones[z].device; p as usize];
+        let split = balanced_bounds(&self.spec, &devices);
+        self.split.insert((z, p), split.clone());
+        split
+    }
+
+    /// The better of zone pipelines and mixed pipelines for `(d, p)`.
+    fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+        let local = self.zone_pipelines(counts, d, p);
+        let mixed = self.mixed_pipelines(counts, d, p);
+        [local, mixed]
+            .into_iter()
+            .flatten()
+            .max_by(|a, b| a.samples_per_sec.total_cmp(&b.samples_per_sec))
+    }
+
+    /// `d` pipelines of `p` stages, each inside one zone: filled from the fastest kind first,
+    /// or from the fullest zone first, whichever trains more.
+    fn zone_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+        let mut by_speed: Vec<usize> = (0..counts.len()).collect();
+        by_speed.sort_by(|&a, &b| {
+            self.pace(a)
+                .total_cmp(&self.pace(b))
+                .then(counts[b].cmp(&counts[a]))
+        });
+        let mut by_count: Vec<usize> = (0..counts.len()).collect();
+        by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
+        let mut best: Option<Placement> = None;
+        for order in [by_speed, by_count] {
+            let Some(per_zone) = fill(counts, &order, d, p) else {
+                continue;
+            };
+            let used: Vec<usize> = order.iter().copied().filter(|&z| per_zone[z] > 0).collect();
+            let slowest = *used
+                .iter()
+                .max_by(|&&a, &&b| self.pace(a).total_cmp(&self.pace(b)))?;
+            let Some(bounds) = self.zone_split(slowest, p) else {
+                continue;
+            };
+            let ring = self.slowest_ring_link(&used);
+            let mut rate = f64::INFINITY;
+            for &z in &used {
+                let devices = vec![&self.zones[z].device; p as usize];
+                let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
+                rate = rate.min(self.rate(&devices, &bounds, d, ring, within).unwrap_or(0.0));
+            }
+            let zones: Vec<Vec<usize>> = used
+                .iter()
+                .flat_map(|&z| std::iter::repeat_n(vec![z; p as usize], per_zone[z] as usize))
+                .collect();
+            let placed = self.placement(zones, bounds, rate, d);
+            if best
+                .as_ref()
+                .is_none_or(|b| placed.samples_per_sec > b.samples_per_sec)
+            {
+                best = Some(placed);
+            }
+        }
+        best
+    }
+
+    /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two
+    /// zones that the counts allow; the fastest. Pipelines over three zones or more are not
+    /// tried: each more zone is one more boundary crossing and one more zone's preemptions on
+    /// every pipeline, and the orders of `arrange` and the splits grow as a power of the zones.
+    fn mixed_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+        let mut best: Option<Placement> = None;
+        for k in pair_splits(p as usize, counts, d) {
+            let Some((order, bounds)) = self.arranged(&k) else {
+                continue;
+            };
+            let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
+            let ring = order
+                .iter()
+                .map(|&z| self.links.between(&self.zones[z].name, &self.zones[z].name))
+                .min_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s))?;
+            let boundary = order
+                .windows(2)
+                .map(|w| {
+                    self.links
+                        .between(&self.zones[w[0]].name, &self.zones[w[1]].name)
+                })
+                .min_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s))
+                .unwrap_or(ring);
+            let Some(rate) = self.rate(&devices, &bounds, d, ring, boundary) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|b| rate > b.samples_per_sec) {
+                let zones = vec![order.clone(); d as usize];
+                best = Some(self.placement(zones, bounds, rate, d));
+            }
+        }
+        best
+    }
+
+    /// The zone of each stage and the bounds of a pipeline holding `k[z]` stages in zone `z`
+    /// (memoised: the same `k` recurs for many `d` and compositions).
+    fn arranged(&mut self, k: &[usize]) -> Option<Arranged> {
+        if let Some(found) = self.arranged.get(k) {
+            return found.clone();
+        }
+        let kinds: Vec<(&DeviceCosts, usize)> = k
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(z, &n)| (&self.zones[z].device, n))
+            .collect();
+        let found = arrange(&self.spec, &kinds).map(|(devices, bounds)| {
+            let mut order = Vec::with_capacity(devices.len());
+            let mut left = k.to_vec();
+            for device in devices {
+                let z = (0..left.len())
+                    .find(|&z| left[z] > 0 && std::ptr::eq(device, &self.zones[z].device))
+                    .unwrap_or(0);
+                left[z] = left[z].saturating_sub(1);
+                order.push(z);
+            }
+            (order, bounds)
+        });
+        self.arranged.insert(k.to_vec(), found.clone());
+        found
+    }
+
+    /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
+    /// present in turn, paced by the slowest kind present.
+    fn zone_blind(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+        let present: Vec<usize> = (0..counts.len()).filter(|&z| counts[z] > 0).collect();
+        if present.is_empty() || counts.iter().sum::<u32>() < d * p {
+            return None;
+        }
+        let bounds = balanced_bounds(&self.spec, &vec![&self.worst; p as usize])?;
+        let mut left = counts.to_vec();
+        let mut slots = Vec::with_capacity((d * p) as usize);
+        let mut turn = 0;
+        while slots.len() < (d * p) as usize {
+            let z = present[turn % present.len()];
+            turn += 1;
+            if left[z] > 0 {
+                left[z] -= 1;
+                slots.push(z);
+            }
+        }
+        let zones: Vec<Vec<usize>> = slots.chunks(p as usize).map(<[usize]>::to_vec).collect();
+        let spans = present.len() > 1 && d * p > 1;
+        let link = match present.as_slice() {
+            [z] => self
+                .links
+                .between(&self.zones[*z].name, &self.zones[*z].name),
+            _ => self.slowest_ring_link(&present),
+        };
+        let (ring, boundary) = if spans {
+            (link, link)
+        } else {
+            (self.links.within, self.links.within)
+        };
+        let mut rate = f64::INFINITY;
+        for &z in &present {
+            let devices = vec![&self.zones[z].device; p as usize];
+            rate = rate.min(
+                self.rate(&devices, &bounds, d, ring, boundary)
+                    .unwrap_or(0.0),
+            );
+        }
+        Some(self.placement(zones, bounds, rate, d))
+    }
+
+    /// The slowest link of a ring over `zones` (each zone's own link when it is alone).
+    fn slowest_ring_link(&self, zones: &[usize]) -> Link {
+        let name = |z: usize| self.zones[z].name.as_str();
+        let mut links: Vec<Link> = (0..zones.len())
+            .map(|i| {
+                self.links
+                    .between(name(zones[i]), name(zones[(i + 1) % zones.len()]))
+            })
+            .collect();
+        links.sort_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s));
+        links.first().copied().unwrap_or(self.links.within)
+    }
+
+    /// A placement with its egress per sample.
+    fn placement(
+        &self,
+        zones: Vec<Vec<usize>>,
+        bounds: Vec<usize>,
+        samples_per_sec: f64,
+        d: u32,
+    ) -> Placement {
+        let names: Vec<Vec<String>> = zones
+            .iter()
+            .map(|p| p.iter().map(|&z| self.zones[z].name.clone()).collect())
+            .collect();
+        let micro = (self.spec.global_batch / self.spec.micro_batch.max(1))
+            .div_ceil(d)
+            .max(1);
+        let samples = f64::from(self.spec.micro_batch.max(1) * d * micro);
+        let egress =
+            traffic(&self.spec, &bounds, &names, &self.links).map_or(0.0, |t| t.egress_usd);
+        Placement {
+            zones,
+            bounds,
+            samples_per_sec,
+            egress_usd_per_sample: egress / samples,
+        }
+    }
+
+    /// Forward and backward of the whole model on zone `z`'s device, ms: the order of speed.
+    fn pace(&self, z: usize) -> f64 {
+        self.zones[z]
+            .device
+            .layers
+            .iter()
+            .map(|l| l.forward_ms + l.backward_ms)
+            .sum()
+    }
+}
+
+/// All-reduce rate of a link, MiB per ms.
+fn mib_per_ms(link: Link) -> f64 {
+    link.gbit_per_s * 1e9 / 8.0 / (1024.0 * 1024.0) / 1000.0
+}
+
+/// Pipelines per zone when `d` pipelines of `p` stages are filled in `order`, or `None` when
+/// the zones do not hold them.
+fn fill(counts: &[u32], order: &[usize], d: u32, p: u32) -> Option<Vec<u32>> {
+    let mut per_zone = vec![0; counts.len()];
+    let mut left = d;
+    for &z in order {
+        let take = (counts[z] / p).min(left);
+        per_zone[z] = take;
+        left -= take;
+    }
+    (left == 0).then_some(per_zone)
+}
+
+/// Every way to give `p` stages to two zones, at least one each, such that `d` pipelines fit
+/// the zones' `counts`: one stage count per zone, zero outside the pair.
+fn pair_splits(p: usize, counts: &[u32], d: u32) -> Vec<Vec<usize>> {
+    let caps: Vec<usize> = counts.iter().map(|&n| (n / d.max(1)) as usize).collect();
+    let mut out = Vec::new();
+    for a in 0..caps.len() {
+        for b in a + 1..caps.len() {
+            for ka in 1..p {
+                let kb = p - ka;
+                if ka <= caps[a] && kb <= caps[b] {
+                    let mut k = vec![0; caps.len()];
+                    k[a] = ka;
+                    k[b] = kb;
+                    out.push(k);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each layer as slow as the slowest kind runs it, with the least memory of any kind.
+fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
+    let layers = (0..spec.layers.len())
+        .map(|i| {
+            let on = |f: fn(&LayerCost) -> f64| {
+                zones
+                    .iter()
+                    .map(|z| f(&z.device.layers[i]))
+                    .fold(0.0, f64::max)
+            };
+            LayerCost {
+                forward_ms: on(|l| l.forward_ms),
+                backward_ms: on(|l| l.backward_ms),
+                optimizer_ms: on(|l| l.optimizer_ms),
+                ..spec.layers[i]
+            }
+        })
+        .collect();
+    let memory_mb = zones
+        .iter()
+        .map(|z| z.device.memory_mb)
+        .fold(f64::INFINITY, f64::min);
+    DeviceCosts {
+        name: "worst".into(),
+        layers,
+        memory_mb,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+use super::*;
+use crate::cost::builtin::builtin;
+
+/// Parcae's V100s: 15.5 GiB usable.
+const V100_MB: f64 = 15.5 * 1024.0;
+
+fn gpt() -> ModelSpec {
+    builtin("gpt-1.5b").unwrap().0
+}
+
+fn zone(name: &str, device: DeviceCosts) -> Zone {
+    Zone {
+        name: name.into(),
+        device,
+    }
+}
+
+/// Zone `a` of V100s, zone `b` of a kind `speed` times as fast with 24 GiB.
+fn two_kinds(speed: f64) -> Fleet {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let fast = v100.derived("fast", speed, 24.0 * 1024.0);
+    Fleet::new(
+        spec,
+        vec![zone("a", v100), zone("b", fast)],
+        Links::default(),
+    )
+    .unwrap()
+}
+
+fn sizes(bounds: &[usize]) -> Vec<usize> {
+    bounds.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+#[test]
+fn uneven_stages_on_unequal_devices_beat_the_worst_devices_split() {
+    let mut fleet = two_kinds(2.0);
+    let c = ParallelConfig::new(2, 8);
+    let aware = fleet.plans(Layout::ZoneAware, &[8, 8]);
+    let blind = fleet.plans(Layout::ZoneBlind, &[8, 8]);
+    let (a, b) = (&aware.placements[&c], &blind.placements[&c]);
+    // Two pipelines of four V100 stages and four fast ones: the fast stages hold more layers.
+    let held = sizes(&a.bounds);
+    let on = |kind: usize| -> usize {
+        (0..8)
+            .filter(|&s| a.zones[0][s] == kind)
+            .map(|s| held[s])
+            .sum()
+    };
+    assert!(on(1) > on(0), "fast {} layers, v100 {}", on(1), on(0));
+    assert!(
+        a.samples_per_sec >= 1.15 * b.samples_per_sec,
+        "aware {} blind {}",
+        a.samples_per_sec,
+        b.samples_per_sec
+    );
+    // Every stage's replicas share a zone, so its all-reduce never crosses one.
+    for s in 0..8 {
+        assert!(
+            a.zones.iter().all(|p| p[s] == a.zones[0][s]),
+            "{:?}",
+            a.zones
+        );
+    }
+    assert!(a.egress_usd_per_sample < b.egress_usd_per_sample);
+}
+
+#[test]
+fn with_one_kind_pipelines_stay_in_the_fewest_zones_and_pay_no_egress() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let zones = vec![zone("a", v100.clone()), zone("b", v100)];
+    let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let c = ParallelConfig::new(2, 8);
+    let aware = fleet.plans(Layout::ZoneAware, &[16, 10]);
+    let placed = &aware.placements[&c];
+    assert!(
+        placed.zones.iter().flatten().all(|&z| z == 0),
+        "{:?}",
+        placed.zones
+    );
+    assert_eq!(placed.egress_usd_per_sample, 0.0);
+    let blind = fleet.plans(Layout::ZoneBlind, &[16, 10]);
+    let spread = &blind.placements[&c];
+    assert!(spread.egress_usd_per_sample > 0.0);
+    assert!(spread.samples_per_sec < placed.samples_per_sec);
+    // A fleet of one zone plans as the one-zone table does.
+    let table = fleet.uniform_table(&fleet.zones()[0].device.clone(), 16);
+    let alone = fleet.plans(Layout::ZoneAware, &[16, 0]);
+    assert_eq!(alone.table.samples_per_sec(c), table.samples_per_sec(c));
+    assert!(table.samples_per_sec(c) > 0.0);
+}
+
+#[test]
+fn the_blind_planner_believes_the_slowest_layers_and_the_least_memory() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let big_slow = v100.derived("big-slow", 0.5, 80.0 * 1024.0);
+    let zones = vec![zone("a", v100.clone()), zone("b", big_slow.clone())];
+    let fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let worst = fleet.worst();
+    assert_eq!(worst.memory_mb, V100_MB);
+    assert_eq!(worst.layers[3].forward_ms, big_slow.layers[3].forward_ms);
+    assert!(worst.layers[3].forward_ms > v100.layers[3].forward_ms);
+}
+
+#[test]
+fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let fleet = |zones| Fleet::new(gpt(), zones, Links::default()).err();
+    assert_eq!(fleet(vec![]), Some(FleetError::Zones(0)));
+    let five: Vec<Zone> = (0..5)
+        .map(|i| zone(&format!("z{i}"), v100.clone()))
+        .collect();
+    assert_eq!(fleet(five), Some(FleetError::Zones(5)));
+    assert_eq!(
+        fleet(vec![zone("a", v100.clone()), zone("a", v100.clone())]),
+        Some(FleetError::Duplicate("a".into()))
+    );
+    let mut short = v100.clone();
+    short.layers.pop();
+    assert_eq!(
+        fleet(vec![zone("a", short)]),
+        Some(FleetError::Layers(
+            "a".into(),
+            spec.layers.len() - 1,
+            spec.layers.len()
+        ))
+    );
+}
+
+#[test]
+fn stages_are_split_over_zones_within_their_counts() {
+    assert_eq!(pair_splits(3, &[4, 6], 2), vec![vec![1, 2], vec![2, 1]]);
+    assert_eq!(
+        pair_splits(2, &[1, 1, 1], 1),
+        vec![vec![1, 1, 0], vec![1, 0, 1], vec![0, 1, 1]]
+    );
+    assert!(pair_splits(4, &[1, 1], 1).is_empty());
+    assert_eq!(fill(&[16, 9], &[1, 0], 3, 8), Some(vec![2, 1]));
+    assert_eq!(fill(&[16, 9], &[0, 1], 4, 8), None);
+}

@@ -1,0 +1,289 @@
+//! The simulator over zones: one job on a fleet whose zones each replay their own availability
+//! trace, planned four ways.
+//!
+//! * `liveput-zone` ([`super::NODE_DEFAULT`]'s rule) over every zone, with what a configuration
+//!   trains taken from the zone-aware layout of the nodes each zone holds
+//!   ([`Layout::ZoneAware`]);
+//! * `zone-blind`: the same rule over the same nodes, planning with the worst device's table
+//!   as if every node were alike and in one zone, and booked at what its layout really trains
+//!   ([`Layout::ZoneBlind`]);
+//! * `reactive` over every zone: the zone-aware throughput-optimal plan, restarted from a
+//!   checkpoint on every change in any zone;
+//! * `single-zone-best`: `liveput-zone` on each zone alone, its own nodes and device; the best
+//!   zone in hindsight.
+//!
+//! All four forecast the fleet's total count (a single-zone run its zone's), and pay the same
+//! migration costs for the same events.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
+use crate::cost::CostModel;
+use crate::cost::fleet::{Fleet, Layout};
+use crate::cost::throughput::ThroughputTable;
+use crate::cost::transfer::TransferModel;
+use crate::trace::{Interval, Trace};
+
+/// The strategies of a fleet run, in report order.
+pub const FLEET_STRATEGIES: [&str; 4] =
+    ["liveput-zone", "zone-blind", "reactive", "single-zone-best"];
+
+/// Why zone traces were refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FleetTraceError {
+    /// Not one trace per zone of the fleet.
+    #[error("{traces} traces for {zones} zones")]
+    Count {
+        /// Traces given.
+        traces: usize,
+        /// Zones of the fleet.
+        zones: usize,
+    },
+    /// Traces of unequal interval lengths.
+    #[error("zone traces have intervals of {0} s and {1} s; give them one --interval-secs")]
+    Interval(u64, u64),
+}
+
+/// What one strategy trained on the fleet, and what it paid for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FleetRun {
+    /// The run as the single-trace simulator books it (on the pooled trace, or on the best
+    /// zone's own).
+    pub run: StrategyRun,
+    /// Node-hours held in each zone, in the fleet's zone order.
+    pub node_hours: Vec<f64>,
+    /// Egress dollars of the activations and gradients that crossed zones.
+    pub egress_usd: f64,
+    /// For `single-zone-best`, the zone it ran in.
+    pub zone: Option<String>,
+}
+
+/// One interval of every zone: the fleet's composition over time and its pooled trace.
+pub struct Compositions {
+    /// Nodes of each zone, per interval.
+    pub counts: Vec<Vec<u32>>,
+    /// The fleet as one cluster: nodes, arrivals and preemptions summed over its zones.
+    pub pooled: Trace,
+}
+
+/// The compositions of `traces` (one per zone, cut to the shortest).
+pub fn compositions(traces: &[Trace]) -> Result<Compositions, FleetTraceError> {
+    let interval_secs = traces.first().map_or(60, |t| t.interval_secs);
+    if let Some(t) = traces.iter().find(|t| t.interval_secs != interval_secs) {
+        return Err(FleetTraceError::Interval(interval_secs, t.interval_secs));
+    }
+    let len = traces.iter().map(Trace::len).min().unwrap_or(0);
+    let counts: Vec<Vec<u32>> = (0..len)
+        .map(|i| traces.iter().map(|t| t.intervals[i].nodes).collect())
+        .collect();
+    let intervals = (0..len)
+        .map(|i| {
+            traces.iter().fold(
+                Interval {
+                    nodes: 0,
+                    added: 0,
+                    removed: 0,
+                },
+                |sum, t| Interval {
+                    nodes: sum.nodes + t.intervals[i].nodes,
+                    added: sum.added + t.intervals[i].added,
+                    removed: sum.removed + t.intervals[i].removed,
+                },
+            )
+        })
+        .collect();
+    let source = traces
+        .iter()
+        .map(|t| t.source.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
+    Ok(Compositions {
+        counts,
+        pooled: Trace {
+            source,
+            interval_secs,
+            intervals,
+        },
+    })
+}
+
+/// The tables a fleet strategy plans by and is booked at.
+struct FleetSpeeds<'a> {
+    fleet: &'a mut Fleet,
+    counts: &'a [Vec<u32>],
+    layout: Layout,
+    believed: Option<Arc<ThroughputTable>>,
+}
+
+impl Speeds for FleetSpeeds<'_> {
+    fn at(&mut self, i: usize) -> (Arc<ThroughputTable>, Arc<ThroughputTable>) {
+        let actual = self.fleet.plans(self.layout, &self.counts[i]).table.clone();
+        (
+            self.believed.clone().unwrap_or_else(|| actual.clone()),
+            actual,
+        )
+    }
+}
+
+/// Every strategy of [`FLEET_STRATEGIES`] on `traces[z]` for zone `z` of `fleet`, over the
+/// intervals `range`, looking `lookahead` intervals ahead, scenarios seeded with `seed`.
+pub fn simulate_fleet(
+    fleet: &mut Fleet,
+    traces: &[Trace],
+    range: Range<usize>,
+    lookahead: usize,
+    seed: u64,
+) -> Result<Vec<FleetRun>, FleetTraceError> {
+    if traces.len() != fleet.zones().len() {
+        return Err(FleetTraceError::Count {
+            traces: traces.len(),
+            zones: fleet.zones().len(),
+        });
+    }
+    let comps = compositions(traces)?;
+    let range = range.start.min(comps.counts.len())..range.end.min(comps.counts.len());
+    let most: Vec<u32> = (0..traces.len())
+        .map(|z| {
+            comps.counts[range.clone()]
+                .iter()
+                .map(|c| c[z])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let total = comps.pooled.intervals[range.clone()]
+        .iter()
+        .map(|i| i.nodes)
+        .max()
+        .unwrap_or(0);
+    let aware = fleet.plans(Layout::ZoneAware, &most).table.clone();
+    let believed = Arc::new(fleet.uniform_table(&fleet.worst().clone(), total));
+    let union = ThroughputTable::from_rows(believed.configs().chain(aware.configs()));
+    let setup = setup(fleet, union, lookahead, seed);
+    let hours = held_hours(&comps.counts[range.clone()], comps.pooled.interval_secs);
+    let mut runs = Vec::new();
+    for (name, layout, belief) in [
+        ("liveput-zone", Layout::ZoneAware, None),
+        ("zone-blind", Layout::ZoneBlind, Some(believed)),
+        ("reactive", Layout::ZoneAware, None),
+    ] {
+        let strategy = if name == "reactive" {
+            Strategy::new(name, Plan::Reactive)
+        } else {
+            liveput_zone(name)
+        };
+        let mut speeds = FleetSpeeds {
+            fleet,
+            counts: &comps.counts,
+            layout,
+            believed: belief,
+        };
+        let run = simulate_with(&setup, &comps.pooled, range.clone(), strategy, &mut speeds);
+        let egress_usd = egress(fleet, layout, &comps.counts, &run, range.start);
+        runs.push(FleetRun {
+            run,
+            node_hours: hours.clone(),
+            egress_usd,
+            zone: None,
+        });
+    }
+    runs.extend(best_single_zone(fleet, traces, range, lookahead, seed));
+    Ok(runs)
+}
+
+/// `liveput-zone` on each zone alone; the zone that trains the most.
+fn best_single_zone(
+    fleet: &Fleet,
+    traces: &[Trace],
+    range: Range<usize>,
+    lookahead: usize,
+    seed: u64,
+) -> Option<FleetRun> {
+    let mut best: Option<FleetRun> = None;
+    for (z, zone) in fleet.zones().iter().enumerate() {
+        let trace = &traces[z];
+        let most = trace.intervals[range.clone()]
+            .iter()
+            .map(|i| i.nodes)
+            .max()
+            .unwrap_or(0);
+        let table = fleet.uniform_table(&zone.device, most);
+        let setup = setup(fleet, table, lookahead, seed);
+        let strategy = liveput_zone("single-zone-best");
+        let run = super::simulate(&setup, trace, range.clone(), strategy);
+        if best.as_ref().is_none_or(|b| run.samples > b.run.samples) {
+            let mut node_hours = vec![0.0; traces.len()];
+            node_hours[z] = held_hours(
+                &trace.intervals[range.clone()]
+                    .iter()
+                    .map(|i| vec![i.nodes])
+                    .collect::<Vec<_>>(),
+                trace.interval_secs,
+            )[0];
+            best = Some(FleetRun {
+                run,
+                node_hours,
+                egress_usd: 0.0,
+                zone: Some(zone.name.clone()),
+            });
+        }
+    }
+    best
+}
+
+/// A simulation setup whose candidates are `table`'s rows, migrations priced on Parcae's
+/// profiled 10 Gb/s links (within a zone, where a migration's transfers run).
+fn setup(fleet: &Fleet, table: ThroughputTable, lookahead: usize, seed: u64) -> SimSetup {
+    let model = CostModel::new(fleet.spec().clone(), table, TransferModel::Profiled10Gbps);
+    SimSetup {
+        model: Arc::new(model),
+        lookahead,
+        seed,
+    }
+}
+
+/// `liveput-zone`'s rule (the node's default) reported as `name`.
+fn liveput_zone(name: &str) -> Strategy {
+    Strategy::new(
+        name,
+        Plan::Liveput {
+            forecast: Forecast::Zone,
+            terminal: true,
+        },
+    )
+}
+
+/// Node-hours held per zone over `counts` (one row per interval).
+fn held_hours(counts: &[Vec<u32>], interval_secs: u64) -> Vec<f64> {
+    let zones = counts.first().map_or(0, Vec::len);
+    (0..zones)
+        .map(|z| {
+            counts.iter().map(|c| f64::from(c[z])).sum::<f64>() * interval_secs as f64 / 3600.0
+        })
+        .collect()
+}
+
+/// Egress dollars of `run`, whose first interval is `start`: each interval's samples at its
+/// placement's egress per sample.
+fn egress(
+    fleet: &mut Fleet,
+    layout: Layout,
+    counts: &[Vec<u32>],
+    run: &StrategyRun,
+    start: usize,
+) -> f64 {
+    let mut before = 0.0;
+    let mut usd = 0.0;
+    for (k, (config, cumulative)) in run.configs.iter().zip(&run.cumulative).enumerate() {
+        let samples = cumulative - before;
+        before = *cumulative;
+        let plans = fleet.plans(layout, &counts[start + k]);
+        if let Some(placed) = plans.placements.get(config) {
+            usd += samples * placed.egress_usd_per_sample;
+        }
+    }
+    usd
+}

@@ -1,0 +1,399 @@
+//! `simulate --zones`: one job over several zones, each replaying its own trace on its own
+//! device kind, planned zone-aware (the node's rule), zone-blind, reactively, and on the best
+//! zone alone (`parcae_strategies::sim::fleet`).
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::analytic::Hardware;
+use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::links::{Links, valid_zone_name};
+use parcae_strategies::cost::mixed::DeviceCosts;
+use parcae_strategies::sim::fleet::{FleetRun, simulate_fleet};
+use parcae_strategies::trace::{self, Trace};
+use serde::Serialize;
+
+/// Fastest a zone's device may be against the profiled one, either way.
+const MAX_SPEED: f64 = 100.0;
+/// Most memory a zone's device may have, GiB.
+const MAX_MEMORY_GIB: f64 = 4096.0;
+
+/// One `--zones` entry: `NAME=TRACE[@SPEED[/MEMORY_GIB]]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZoneSpec {
+    /// The zone's name.
+    pub name: String,
+    /// Its trace (a file or `synthetic:...`).
+    pub trace: String,
+    /// Its device's speed against the model's profiled device.
+    pub speed: f64,
+    /// Its device's memory, GiB (`None`: the profiled device's).
+    pub memory_gib: Option<f64>,
+}
+
+/// Reads one `--zones` entry, naming what is wrong.
+pub fn parse_zone(text: &str) -> Result<ZoneSpec> {
+    let usage =
+        "expected NAME=TRACE[@SPEED[/MEMORY_GIB]], e.g. us-east-1b=synthetic:quiet:2@1.5/24";
+    let (name, rest) = text
+        .split_once('=')
+        .with_context(|| format!("zone {text:?}: {usage}"))?;
+    if !valid_zone_name(name) {
+        bail!(
+            "zone {text:?}: the name {name:?} must be 1 to 64 characters of a-z, 0-9, '-', '_' or '.'"
+        );
+    }
+    let (trace, device) = match rest.rsplit_once('@') {
+        Some((trace, device)) => (trace, Some(device)),
+        None => (rest, None),
+    };
+    if trace.is_empty() {
+        bail!("zone {text:?}: no trace; {usage}");
+    }
+    let (speed, memory_gib) = match device {
+        None => (1.0, None),
+        Some(device) => {
+            let (speed, memory) = match device.split_once('/') {
+                Some((s, m)) => (s, Some(m)),
+                None => (device, None),
+            };
+            let figure = |what: &str, value: &str, most: f64| -> Result<f64> {
+                let v: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|v: &f64| v.is_finite() && *v > 0.0 && *v <= most)
+                    .with_context(|| {
+                        format!("zone {text:?}: {what} {value:?} must be a number above 0 and at most {most}")
+                    })?;
+                Ok(v)
+            };
+            let speed = figure("speed", speed, MAX_SPEED)?;
+            if speed < 1.0 / MAX_SPEED {
+                bail!(
+                    "zone {text:?}: speed {speed} must be at least {}",
+                    1.0 / MAX_SPEED
+                );
+            }
+            let memory = memory
+                .map(|m| figure("memory (GiB)", m, MAX_MEMORY_GIB))
+                .transpose()?;
+            (speed, memory)
+        }
+    };
+    Ok(ZoneSpec {
+        name: name.into(),
+        trace: trace.into(),
+        speed,
+        memory_gib,
+    })
+}
+
+/// What `--zones` needs from `simulate`'s options.
+pub struct FleetArgs<'a> {
+    pub zones: &'a [String],
+    pub links: &'a [String],
+    pub prices: &'a [String],
+    pub model: &'a CostModel,
+    pub model_name: &'a str,
+    pub interval_secs: u64,
+    pub start_hour: f64,
+    pub end_hour: Option<f64>,
+    pub lookahead: usize,
+    pub seed: u64,
+    pub json: Option<&'a Path>,
+}
+
+/// The JSON document `--json` writes with `--zones`.
+#[derive(Serialize)]
+struct FleetReport {
+    model: String,
+    intervals: usize,
+    interval_secs: u64,
+    /// The strategy a node's planner runs, here laid out over the zones.
+    node_default: &'static str,
+    zones: Vec<ZoneJson>,
+    strategies: Vec<FleetStrategyJson>,
+}
+
+#[derive(Serialize)]
+struct ZoneJson {
+    name: String,
+    trace: String,
+    speed: f64,
+    memory_gib: f64,
+    usd_per_node_hour: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct FleetStrategyJson {
+    name: String,
+    samples: f64,
+    x_single_zone_best: Option<f64>,
+    x_zone_blind: Option<f64>,
+    migrations: u32,
+    migration_secs: f64,
+    node_hours: f64,
+    egress_usd: f64,
+    /// Node-hours at each zone's price, egress included (when every zone has a price).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    samples_per_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zone: Option<String>,
+    configs: Vec<[u32; 2]>,
+}
+
+/// Runs `simulate --zones`.
+pub fn run(args: FleetArgs) -> Result<()> {
+    let specs: Vec<ZoneSpec> = args
+        .zones
+        .iter()
+        .map(|z| parse_zone(z))
+        .collect::<Result<_>>()?;
+    let mut links = Links::default();
+    for link in args.links {
+        links.set(link)?;
+    }
+    let prices = zone_prices(args.prices, &specs)?;
+    let base = DeviceCosts::profiled(
+        &args.model.spec,
+        args.model_name,
+        Hardware::default().memory_mb,
+    );
+    let mut traces: Vec<Trace> = Vec::new();
+    let mut zones = Vec::new();
+    for z in &specs {
+        traces.push(
+            trace::load(&z.trace, args.interval_secs)
+                .with_context(|| format!("zone {}", z.name))?,
+        );
+        let memory_mb = z.memory_gib.map_or(base.memory_mb, |g| g * 1024.0);
+        zones.push(Zone {
+            name: z.name.clone(),
+            device: base.derived(
+                &format!("{}x{}", args.model_name, z.speed),
+                z.speed,
+                memory_mb,
+            ),
+        });
+    }
+    let shortest = traces
+        .iter()
+        .min_by_key(|t| t.len())
+        .context("--zones names no zone")?;
+    let end = args.end_hour.unwrap_or(shortest.hours());
+    let range = shortest.window(args.start_hour, end)?;
+    if range.is_empty() {
+        bail!(
+            "window {}..{} h holds no interval of every zone",
+            args.start_hour,
+            end
+        );
+    }
+    let mut fleet = Fleet::new(args.model.spec.clone(), zones, links)?;
+    let runs = simulate_fleet(
+        &mut fleet,
+        &traces,
+        range.clone(),
+        args.lookahead,
+        args.seed,
+    )?;
+    let rows = rows(&runs, prices.as_deref());
+    print_rows(&specs, args.model_name, range.len(), &rows);
+    if let Some(path) = args.json {
+        let report = FleetReport {
+            model: args.model_name.into(),
+            intervals: range.len(),
+            interval_secs: args.interval_secs,
+            node_default: parcae_strategies::sim::NODE_DEFAULT,
+            zones: specs
+                .iter()
+                .zip(fleet.zones())
+                .enumerate()
+                .map(|(i, (s, z))| ZoneJson {
+                    name: s.name.clone(),
+                    trace: s.trace.clone(),
+                    speed: s.speed,
+                    memory_gib: z.device.memory_mb / 1024.0,
+                    usd_per_node_hour: prices.as_ref().map(|p| p[i]),
+                })
+                .collect(),
+            strategies: rows,
+        };
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Each zone's price per node-hour from `NAME=USD` entries: every zone priced, or none.
+fn zone_prices(entries: &[String], specs: &[ZoneSpec]) -> Result<Option<Vec<f64>>> {
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let mut prices = vec![None; specs.len()];
+    for entry in entries {
+        let (name, usd) = entry
+            .split_once('=')
+            .with_context(|| format!("--zone-price {entry:?}: expected NAME=USD_PER_NODE_HOUR"))?;
+        let z = specs
+            .iter()
+            .position(|s| s.name == name)
+            .with_context(|| format!("--zone-price {entry:?}: no zone {name:?} in --zones"))?;
+        let usd: f64 = usd
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite() && *v >= 0.0 && *v <= 1e6)
+            .with_context(|| {
+                format!("--zone-price {entry:?}: the price must be a number from 0 to 1e6")
+            })?;
+        prices[z] = Some(usd);
+    }
+    prices
+        .iter()
+        .zip(specs)
+        .map(|(p, s)| p.with_context(|| format!("--zone-price: zone {:?} has no price", s.name)))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+fn rows(runs: &[FleetRun], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
+    let samples = |name: &str| {
+        runs.iter()
+            .find(|r| r.run.name == name)
+            .map(|r| r.run.samples)
+    };
+    let ratio = |x: f64, base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| x / b);
+    runs.iter()
+        .map(|r| {
+            let cost = prices.map(|p| {
+                r.node_hours
+                    .iter()
+                    .zip(p)
+                    .map(|(h, usd)| h * usd)
+                    .sum::<f64>()
+                    + r.egress_usd
+            });
+            FleetStrategyJson {
+                name: r.run.name.clone(),
+                samples: r.run.samples,
+                x_single_zone_best: ratio(r.run.samples, samples("single-zone-best")),
+                x_zone_blind: ratio(r.run.samples, samples("zone-blind")),
+                migrations: r.run.migrations,
+                migration_secs: r.run.migration_secs,
+                node_hours: r.node_hours.iter().sum(),
+                egress_usd: r.egress_usd,
+                cost,
+                samples_per_usd: cost.filter(|c| *c > 0.0).map(|c| r.run.samples / c),
+                zone: r.zone.clone(),
+                configs: r.run.configs.iter().map(|c| [c.d, c.p]).collect(),
+            }
+        })
+        .collect()
+}
+
+fn print_rows(specs: &[ZoneSpec], model: &str, intervals: usize, rows: &[FleetStrategyJson]) {
+    println!(
+        "model {model}, {intervals} intervals over {} zones:",
+        specs.len()
+    );
+    for z in specs {
+        let memory = z
+            .memory_gib
+            .map_or("profiled".into(), |g| format!("{g} GiB"));
+        println!(
+            "  {:<16} {} (device x{}, memory {memory})",
+            z.name, z.trace, z.speed
+        );
+    }
+    let show = |x: Option<f64>, digits: usize| x.map_or("-".into(), |v| format!("{v:.digits$}"));
+    println!(
+        "{:<18} {:>12} {:>8} {:>8} {:>10} {:>11} {:>10} {:>10} {:>12}",
+        "strategy",
+        "samples",
+        "x single",
+        "x blind",
+        "migrations",
+        "node-hours",
+        "egress $",
+        "cost $",
+        "samples/$"
+    );
+    for r in rows {
+        let name = match &r.zone {
+            Some(zone) => format!("{} ({zone})", r.name),
+            None => r.name.clone(),
+        };
+        println!(
+            "{:<18} {:>12.0} {:>8} {:>8} {:>10} {:>11.1} {:>10.2} {:>10} {:>12}",
+            name,
+            r.samples,
+            show(r.x_single_zone_best, 3),
+            show(r.x_zone_blind, 3),
+            r.migrations,
+            r.node_hours,
+            r.egress_usd,
+            show(r.cost, 2),
+            show(r.samples_per_usd, 0),
+        );
+    }
+    println!(
+        "liveput-zone is the node's rule laid out zone-aware; zone-blind plans as if every node were the worst device in one zone"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zone_names_its_trace_and_device() {
+        let z = parse_zone("us-east-1b=synthetic:quiet:2@1.5/24").unwrap();
+        assert_eq!(z.name, "us-east-1b");
+        assert_eq!(z.trace, "synthetic:quiet:2");
+        assert_eq!(z.speed, 1.5);
+        assert_eq!(z.memory_gib, Some(24.0));
+        let plain = parse_zone("a=../p3.csv").unwrap();
+        assert_eq!((plain.speed, plain.memory_gib), (1.0, None));
+        assert_eq!(parse_zone("a=t@2").unwrap().speed, 2.0);
+    }
+
+    #[test]
+    fn a_bad_zone_is_refused_naming_what_is_wrong() {
+        for (text, names) in [
+            ("no-equals", "expected NAME=TRACE"),
+            ("Upper=t", "the name \"Upper\""),
+            ("a=", "no trace"),
+            ("a=t@fast", "speed \"fast\""),
+            ("a=t@0", "speed \"0\""),
+            ("a=t@1.5/-3", "memory (GiB) \"-3\""),
+            ("a=t@1e9", "speed \"1e9\""),
+            ("a=t@0.001", "speed 0.001 must be at least"),
+        ] {
+            let err = parse_zone(text).unwrap_err().to_string();
+            assert!(err.contains(names), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_zone_is_priced_or_none() {
+        let specs = vec![parse_zone("a=t").unwrap(), parse_zone("b=t").unwrap()];
+        let both = zone_prices(&["a=0.9".into(), "b=1.2".into()], &specs).unwrap();
+        assert_eq!(both, Some(vec![0.9, 1.2]));
+        assert_eq!(zone_prices(&[], &specs).unwrap(), None);
+        let err = zone_prices(&["a=0.9".into()], &specs)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("zone \"b\" has no price"), "{err}");
+        let err = zone_prices(&["c=1".into()], &specs)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no zone \"c\""), "{err}");
+        let err = zone_prices(&["a=-1".into()], &specs)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("from 0 to 1e6"), "{err}");
+    }
+}
