@@ -3,7 +3,10 @@
 //! `cargo bench -p parcae-strategies`: goals are one decision for N = 32, H = 12 on the gpt-1.5b
 //! table <= 1 ms memoised, N = 512 with the analytic model <= 100 ms with cold costs (both with
 //! and without the node default's terminal value), the full p3 simulation of every
-//! strategy <= 10 s, every strategy on a 16-day zone at 60 s intervals <= 30 s.
+//! strategy <= 10 s, every strategy on a 16-day zone at 60 s intervals <= 30 s. The fleet's
+//! tables (issue 37): a composition of 32 nodes in two zones cold and one node changed after
+//! it, and 512 nodes in four zones one node changed (the cold one takes seconds, see
+//! docs/strategies.md).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,6 +16,9 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
+use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
+use parcae_strategies::cost::links::Links;
+use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::transfer::TransferModel;
 use parcae_strategies::liveput::{LiveputOptimizer, NextChange, PlanState, Terminal};
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup};
@@ -190,5 +196,50 @@ fn every_strategy(c: &mut Criterion, name: &str, trace: &Trace, measurement_secs
     g.finish();
 }
 
-criterion_group!(benches, decisions, p3_simulation, sixteen_days);
+/// `zones` zones of gpt-1.5b, zone `i` of a device `1 + i / 2` times the V100's speed.
+fn fleet(zones: usize) -> Fleet {
+    let spec = CostModel::builtin("gpt-1.5b").expect("built in").spec;
+    let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
+    let zones = (0..zones)
+        .map(|i| Zone {
+            name: format!("z{i}"),
+            device: v100.derived("d", 1.0 + 0.5 * i as f64, (16 + 8 * i) as f64 * 1024.0),
+        })
+        .collect();
+    Fleet::new(spec, zones, Links::default()).expect("a valid fleet")
+}
+
+fn fleet_tables(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fleet");
+    g.sample_size(10);
+    g.bench_function("cold 16+16 nodes", |b| {
+        b.iter_batched(
+            || fleet(2),
+            |mut f| f.plans(Layout::ZoneAware, &[16, 16]),
+            BatchSize::PerIteration,
+        )
+    });
+    for (zones, n) in [(2, 16), (4, 128)] {
+        let mut f = fleet(zones);
+        f.plans(Layout::ZoneAware, &vec![n; zones]);
+        let mut counts = vec![n; zones];
+        counts[0] -= 1;
+        g.bench_function(format!("one node changed, {zones} x {n} nodes"), |b| {
+            b.iter_batched(
+                || f.clone(),
+                |mut f| f.plans(Layout::ZoneAware, &counts),
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    decisions,
+    p3_simulation,
+    sixteen_days,
+    fleet_tables
+);
 criterion_main!(benches);

@@ -90,6 +90,7 @@ pub enum FleetError {
 type Arranged = (Vec<usize>, Vec<usize>);
 
 /// A job on a fleet of zones, with the plans of every composition seen so far.
+#[derive(Clone)]
 pub struct Fleet {
     spec: ModelSpec,
     zones: Vec<Zone>,
@@ -97,6 +98,7 @@ pub struct Fleet {
     worst: DeviceCosts,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Vec<usize>, Option<Arranged>>,
+    mixed_rates: HashMap<(Vec<usize>, u32), Option<f64>>,
     split: HashMap<(usize, u32), Option<Vec<usize>>>,
 }
 
@@ -126,6 +128,7 @@ impl Fleet {
             worst,
             memo: HashMap::new(),
             arranged: HashMap::new(),
+            mixed_rates: HashMap::new(),
             split: HashMap::new(),
         })
     }
@@ -292,9 +295,28 @@ impl Fleet {
     fn mixed_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let mut best: Option<Placement> = None;
         for k in pair_splits(p as usize, counts, d) {
-            let Some((order, bounds)) = self.arranged(&k) else {
+            let Some(rate) = self.mixed_rate(&k, d) else {
                 continue;
             };
+            if best.as_ref().is_none_or(|b| rate > b.samples_per_sec) {
+                let Some((order, bounds)) = self.arranged(&k) else {
+                    continue;
+                };
+                let zones = vec![order; d as usize];
+                best = Some(self.placement(zones, bounds, rate, d));
+            }
+        }
+        best
+    }
+
+    /// Samples per second of `d` pipelines holding `k[z]` stages in zone `z` (memoised: it
+    /// depends on `k` and `d` alone, not on the rest of the composition).
+    fn mixed_rate(&mut self, k: &[usize], d: u32) -> Option<f64> {
+        let key = (k.to_vec(), d);
+        if let Some(rate) = self.mixed_rates.get(&key) {
+            return *rate;
+        }
+        let rate = self.arranged(k).and_then(|(order, bounds)| {
             let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
             let ring = order
                 .iter()
@@ -308,15 +330,10 @@ impl Fleet {
                 })
                 .min_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s))
                 .unwrap_or(ring);
-            let Some(rate) = self.rate(&devices, &bounds, d, ring, boundary) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|b| rate > b.samples_per_sec) {
-                let zones = vec![order.clone(); d as usize];
-                best = Some(self.placement(zones, bounds, rate, d));
-            }
-        }
-        best
+            self.rate(&devices, &bounds, d, ring, boundary)
+        });
+        self.mixed_rates.insert(key, rate);
+        rate
     }
 
     /// The zone of each stage and the bounds of a pipeline holding `k[z]` stages in zone `z`
