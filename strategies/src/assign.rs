@@ -70,6 +70,21 @@ pub enum AssignError {
         /// Nodes available.
         have: usize,
     },
+    /// A placement over zones that is not `d` pipelines of `p` stages, or not one zone per
+    /// node.
+    #[error("the zones given do not place {config}")]
+    BadPlacement {
+        /// The configuration asked for.
+        config: ParallelConfig,
+    },
+    /// Fewer nodes in a zone than the placement puts there.
+    #[error("configuration {config} places more slots in zone {zone} than it has nodes")]
+    ZoneShort {
+        /// The configuration asked for.
+        config: ParallelConfig,
+        /// The zone short of nodes.
+        zone: usize,
+    },
     /// The partition does not describe `p` stages over the layers.
     #[error("partition {partition:?} does not split {layers} layers into {stages} stages")]
     BadPartition {
@@ -85,6 +100,10 @@ pub enum AssignError {
 /// Scale of byte weights, leaving the units digit for the keep-your-slot tie-break.
 const WEIGHT_SCALE: i64 = 4;
 
+/// Weight of a node in a slot outside its zone: below any sum of real weights, so the matching
+/// takes one only where no node of the slot's zone is left, which [`assign_in_zones`] refuses.
+const WRONG_ZONE: i64 = -(1 << 50);
+
 /// Assign `config` over `nodes` for a model whose layer `i` carries `layer_bytes[i]` of state,
 /// with new stage boundaries `partition` (`p + 1` entries from 0 to the layer count).
 pub fn assign<Id: Clone + Ord>(
@@ -92,6 +111,51 @@ pub fn assign<Id: Clone + Ord>(
     config: ParallelConfig,
     partition: &[usize],
     layer_bytes: &[f64],
+) -> Result<Assignment<Id>, AssignError> {
+    assign_where(nodes, config, partition, layer_bytes, &|_, _| true)
+}
+
+/// [`assign`] over zones: node `n` is in zone `node_zones[n]`, and slot `(i, s)` must go to a
+/// node of zone `slot_zones[i][s]` (a placement of `cost::fleet`).
+pub fn assign_in_zones<Id: Clone + Ord>(
+    nodes: &[Holding<Id>],
+    config: ParallelConfig,
+    partition: &[usize],
+    layer_bytes: &[f64],
+    node_zones: &[usize],
+    slot_zones: &[Vec<usize>],
+) -> Result<Assignment<Id>, AssignError> {
+    let fits = slot_zones.len() == config.d as usize
+        && slot_zones.iter().all(|p| p.len() == config.p as usize)
+        && node_zones.len() == nodes.len();
+    if !fits {
+        return Err(AssignError::BadPlacement { config });
+    }
+    let zone_of = |s: Slot| slot_zones[s.pipeline as usize][s.stage as usize];
+    let a = assign_where(nodes, config, partition, layer_bytes, &|n, s| {
+        node_zones[n] == zone_of(s)
+    })?;
+    for (n, holding) in nodes.iter().enumerate() {
+        if let Some(slot) = a.slots.get(&holding.node)
+            && node_zones[n] != zone_of(*slot)
+        {
+            return Err(AssignError::ZoneShort {
+                config,
+                zone: zone_of(*slot),
+            });
+        }
+    }
+    Ok(a)
+}
+
+/// [`assign`] where node `n` may take slot `s` only if `allowed(n, s)` (or no allowed node is
+/// left for it).
+fn assign_where<Id: Clone + Ord>(
+    nodes: &[Holding<Id>],
+    config: ParallelConfig,
+    partition: &[usize],
+    layer_bytes: &[f64],
+    allowed: &dyn Fn(usize, Slot) -> bool,
 ) -> Result<Assignment<Id>, AssignError> {
     let need = config.nodes();
     let valid = partition.len() == config.p as usize + 1
@@ -125,7 +189,11 @@ pub fn assign<Id: Clone + Ord>(
     };
     // Kuhn-Munkres wants rows <= columns: slots are rows, nodes columns.
     let weights = Matrix::from_fn(slots.len(), nodes.len(), |(r, c)| {
-        held(&nodes[c], &slots[r])
+        if allowed(c, slots[r]) {
+            held(&nodes[c], &slots[r])
+        } else {
+            WRONG_ZONE
+        }
     });
     let chosen: Vec<usize> = if slots.is_empty() {
         Vec::new()
@@ -226,6 +294,46 @@ mod tests {
         assert_eq!(a.moved_bytes, 2.0, "{a:?}");
         assert_eq!(t.iter().map(|t| t.from).collect::<Vec<_>>(), vec![10, 11]);
         assert!(a.lost_layers.is_empty());
+    }
+
+    #[test]
+    fn slots_go_to_nodes_of_their_zone_even_against_what_they_hold() {
+        // Node 1 (zone 0) holds stage 1's layers, node 2 (zone 1) stage 0's; the placement
+        // wants stage 0 in zone 0 and stage 1 in zone 1, so both move.
+        let nodes = vec![
+            holding(1, Some((0, 1)), 2..4),
+            holding(2, Some((0, 0)), 0..2),
+        ];
+        let config = ParallelConfig::new(1, 2);
+        let a = assign_in_zones(
+            &nodes,
+            config,
+            &[0, 2, 4],
+            &[1.0; 4],
+            &[0, 1],
+            &[vec![0, 1]],
+        )
+        .unwrap();
+        assert_eq!(a.slots[&1].stage, 0);
+        assert_eq!(a.slots[&2].stage, 1);
+        assert_eq!(a.moved_bytes, 4.0);
+        let free = assign(&nodes, config, &[0, 2, 4], &[1.0; 4]).unwrap();
+        assert_eq!(free.moved_bytes, 0.0, "without zones both keep theirs");
+        assert_eq!(
+            assign_in_zones(
+                &nodes,
+                config,
+                &[0, 2, 4],
+                &[1.0; 4],
+                &[0, 0],
+                &[vec![0, 1]]
+            ),
+            Err(AssignError::ZoneShort { config, zone: 1 })
+        );
+        assert_eq!(
+            assign_in_zones(&nodes, config, &[0, 2, 4], &[1.0; 4], &[0, 1], &[vec![0]]),
+            Err(AssignError::BadPlacement { config })
+        );
     }
 
     #[test]

@@ -1,11 +1,28 @@
 //! The model a cluster trains is the one a single process trains: a 2 x 2 run over four
-//! processes, and a run that loses a whole stage and rolls back, end within 1e-4 of the same
-//! steps in one process.
+//! processes, the same over two zones (each slot on a node of the zone its placement names),
+//! and a run that loses a whole stage and rolls back, end within 1e-4 of the same steps in one
+//! process.
 
 use std::time::Duration;
 
 use parcae_tests::training::*;
-use parcae_tests::{serial, start_cluster, wait_for};
+use parcae_tests::{LocalCluster, new_cluster, serial, start_cluster, wait_for};
+
+/// Waits until one of the four nodes committed `steps_total` steps, each on the samples after
+/// the last one's; that node.
+fn all_steps_committed(c: &LocalCluster, steps_total: u64) -> usize {
+    let done = wait_for(Duration::from_secs(240), || {
+        (0..4).find(|&i| steps(c, i).len() as u64 == steps_total)
+    });
+    let Some(i) = done else {
+        panic!("{steps_total} steps did not commit\n{}", c.logs());
+    };
+    for (k, s) in steps(c, i).iter().enumerate() {
+        assert_eq!(s.step, k as u64);
+        assert_eq!(s.sample_start, k as u64 * BATCH, "exactly-once cursor");
+    }
+    i
+}
 
 #[test]
 fn two_by_two_across_processes_matches_one_process() {
@@ -16,22 +33,73 @@ fn two_by_two_across_processes_matches_one_process() {
         &format!("max_steps = {steps_total}\ncheckpoint_every = {steps_total}"),
     );
     let c = start_cluster(&config, 4);
-    let done = wait_for(Duration::from_secs(240), || {
-        (0..4).find(|&i| steps(&c, i).len() as u64 == steps_total)
-    });
-    let Some(i) = done else {
-        panic!("30 steps did not commit\n{}", c.logs());
-    };
+    let i = all_steps_committed(&c, steps_total);
     let record = steps(&c, i);
-    for (k, s) in record.iter().enumerate() {
-        assert_eq!(s.step, k as u64);
-        assert_eq!(s.sample_start, k as u64 * BATCH, "exactly-once cursor");
-    }
     let first = record[0].loss;
     let last = record[record.len() - 1].loss;
     assert!(last < 0.8 * first, "loss fell: {first} -> {last}");
     let status = c.nodes[i].status().unwrap();
     assert_eq!(status.config, Some((2, 2)));
+    assert_model_equals_one_process(&c, steps_total);
+}
+
+/// Four nodes in two zones (`[placement] zone`), pinned to 2 x 2: the planner lays the plan over
+/// the zones (`cost::fleet`), so either each pipeline stays in a zone or each stage's two
+/// replicas share one, and the model is still the one a single process trains.
+#[test]
+fn two_zones_place_every_slot_in_a_zone_and_train_as_one_process() {
+    let _serial = serial();
+    let steps_total = 30u64;
+    let config = train_config(
+        "pin = [2, 2]",
+        &format!("max_steps = {steps_total}\ncheckpoint_every = {steps_total}"),
+    );
+    // Interleaved so that slots taken in the order the nodes joined cross zones both ways.
+    let zone = |k: usize| {
+        if k == 0 || k == 3 {
+            "us-east-1a"
+        } else {
+            "us-east-1b"
+        }
+    };
+    let mut c = new_cluster(&config);
+    if let Err(e) = c.start_nodes_with(4, &|_| true, &mut |k| {
+        Ok(format!("{config}[placement]\nzone = \"{}\"\n", zone(k)))
+    }) {
+        panic!("starting 4 nodes: {e}\n{}", c.logs());
+    }
+    let i = all_steps_committed(&c, steps_total);
+    let slots: Vec<(usize, [u32; 2])> = c
+        .statuses()
+        .into_iter()
+        .filter_map(|(k, s)| Some((k, s.training?.slot?)))
+        .collect();
+    assert_eq!(slots.len(), 4, "{slots:?}");
+    let zone_at = |pipeline: u32, stage: u32| {
+        slots
+            .iter()
+            .find(|(_, slot)| *slot == [pipeline, stage])
+            .map(|(k, _)| zone(*k))
+            .unwrap()
+    };
+    let pipelines_in_a_zone = (0..2).all(|d| zone_at(d, 0) == zone_at(d, 1));
+    let stages_in_a_zone = (0..2).all(|s| zone_at(0, s) == zone_at(1, s));
+    assert!(
+        pipelines_in_a_zone || stages_in_a_zone,
+        "slots across zones both ways: {slots:?}"
+    );
+    let status = c.nodes[i].status().unwrap();
+    let zones: Vec<&str> = status
+        .members
+        .iter()
+        .map(|m| m.placement.zone.as_str())
+        .collect();
+    assert_eq!(
+        zones.iter().filter(|z| **z == "us-east-1a").count(),
+        2,
+        "{zones:?}"
+    );
+    assert!(c.logs().contains("planning over zones"), "{}", c.logs());
     assert_model_equals_one_process(&c, steps_total);
 }
 

@@ -5,9 +5,11 @@
 use parcae_consensus::state::{Plan, StageSlot};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::ParallelConfig;
-use parcae_strategies::assign::{Holding, Slot, assign};
+use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::spec::partition;
+
+use super::zones::Zoned;
 
 /// Members that can take a slot: healthy, with a data plane, training the cluster's job, most
 /// stable first (by join sequence).
@@ -44,16 +46,17 @@ fn holding(current: Option<&Plan>, node: NodeId) -> Holding<NodeId> {
     }
 }
 
-/// The plan running `target` from the next step, slots matched to what nodes hold; `None`
+/// The plan running `target` from the next step, slots matched to what nodes hold; over zones
+/// (`zoned`), with the placement's stage bounds and every slot on a node of its zone. `None`
 /// (logged) when the workers cannot be assigned to it.
 pub fn build_plan(
     state: &ControlState,
     workers: &[NodeId],
     target: ParallelConfig,
     cost: &CostModel,
+    zoned: Option<&Zoned>,
 ) -> Option<Plan> {
     let current = state.plan.as_ref();
-    let bounds = partition(cost.spec.layers.len(), target.p as usize);
     let holdings: Vec<Holding<NodeId>> = workers.iter().map(|id| holding(current, *id)).collect();
     let layer_bytes: Vec<f64> = cost
         .spec
@@ -61,7 +64,30 @@ pub fn build_plan(
         .iter()
         .map(|l| cost.spec.state_bytes(l.params))
         .collect();
-    let a = match assign(&holdings, target, &bounds, &layer_bytes) {
+    let placed = zoned.and_then(|z| Some((z, z.plans.placements.get(&target)?)));
+    let (bounds, assigned) = match placed {
+        Some((z, placement)) => {
+            let bounds = placement.bounds.clone();
+            let a = assign_in_zones(
+                &holdings,
+                target,
+                &bounds,
+                &layer_bytes,
+                &z.node_zones,
+                &placement.zones,
+            );
+            (bounds, a)
+        }
+        None => {
+            if zoned.is_some() {
+                tracing::warn!("no placement over the zones for {target}: planned as one zone");
+            }
+            let bounds = partition(cost.spec.layers.len(), target.p as usize);
+            let a = assign(&holdings, target, &bounds, &layer_bytes);
+            (bounds, a)
+        }
+    };
+    let a = match assigned {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!("no assignment for {target}: {e}");

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use parcae_consensus::ControlState;
+use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
 use parcae_strategies::cost::profile::DeviceProfile;
@@ -102,6 +102,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Every layer's costs at the job's micro-batch: the profile's, else the medians of what the
 /// nodes reported (`None` until some node reported every layer).
 fn layer_costs(state: &ControlState, shape: &JobShape) -> Option<Vec<LayerCost>> {
+    layer_costs_of(state, shape, &|_| true)
+}
+
+/// [`layer_costs`] from the reports of the nodes `reported_by` accepts alone (one zone's).
+pub fn layer_costs_of(
+    state: &ControlState,
+    shape: &JobShape,
+    reported_by: &dyn Fn(&NodeId) -> bool,
+) -> Option<Vec<LayerCost>> {
     if let Some(p) = &shape.profile {
         let per_sample = f64::from(shape.micro_batch) / f64::from(p.micro_batch.max(1));
         return Some(
@@ -120,7 +129,7 @@ fn layer_costs(state: &ControlState, shape: &JobShape) -> Option<Vec<LayerCost>>
         );
     }
     let mut per_layer: BTreeMap<u32, Vec<parcae_consensus::state::LayerCost>> = BTreeMap::new();
-    for costs in state.costs.values() {
+    for (_, costs) in state.costs.iter().filter(|(id, _)| reported_by(id)) {
         for (layer, c) in &costs.layers {
             per_layer.entry(*layer).or_default().push(*c);
         }
@@ -204,8 +213,8 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
 mod tests {
     use super::*;
     use crate::job::Identity;
+    use parcae_consensus::Command;
     use parcae_consensus::state::PeerInfo;
-    use parcae_consensus::{Command, NodeId};
 
     #[test]
     fn a_reconfiguration_is_priced_at_what_the_nodes_measured() {

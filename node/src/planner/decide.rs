@@ -12,6 +12,7 @@ use super::build::{build_plan, workers};
 use super::costs::{JobShape, measured};
 use super::settle::departing_from_plan;
 use super::strategy::{Situation, Strategy};
+use super::zones::FleetCache;
 use crate::status::EstimateView;
 
 /// What a planning round decided.
@@ -27,11 +28,13 @@ pub struct Decision {
 /// Decides at an interval boundary (`interval_boundary`) or on a change of the state: no new
 /// plan while one is pending, none while the plan in force is whole between boundaries, none
 /// before some node measured every layer; otherwise the plan that runs `strategy`'s choice,
-/// unless that is what runs already and nothing is broken.
+/// unless that is what runs already and nothing is broken. Workers in two zones or more are
+/// planned over their zones (`fleets`, [`super::zones`]).
 pub fn decide(
     state: &ControlState,
     strategy: &mut dyn Strategy,
     shape: &JobShape,
+    fleets: &mut FleetCache,
     interval_boundary: bool,
 ) -> Decision {
     if state.pending_plan.is_some() {
@@ -44,10 +47,14 @@ pub fn decide(
     if current.is_some() && !broken && !interval_boundary {
         return Decision::default();
     }
-    let Some(cost) = measured(state, &shape.for_job(state.job.as_ref())) else {
+    let shape = shape.for_job(state.job.as_ref());
+    let Some(cost) = measured(state, &shape) else {
         return Decision::default();
     };
-    let cost = Arc::new(cost);
+    let zoned = fleets.zoned(state, &workers, &shape, &cost);
+    let cost = zoned
+        .as_ref()
+        .map_or_else(|| Arc::new(cost), |z| z.cost.clone());
     let running = current.map_or(ParallelConfig::IDLE, |p| {
         ParallelConfig::new(p.data_parallel, p.pipeline_stages)
     });
@@ -63,7 +70,7 @@ pub fn decide(
         .choose(&situation)
         .filter(|target| target.nodes() > 0 && (*target != running || broken))
         .and_then(|target| {
-            let plan = build_plan(state, &workers, target, &cost)?;
+            let plan = build_plan(state, &workers, target, &cost, zoned.as_ref())?;
             tracing::info!(
                 epoch = plan.epoch,
                 d = target.d,

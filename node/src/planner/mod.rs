@@ -16,6 +16,7 @@ pub mod decide;
 pub mod forecast;
 pub mod settle;
 pub mod strategy;
+pub mod zones;
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,7 @@ use strategy::liveput::Liveput;
 use strategy::pinned::Pinned;
 use strategy::predict::LiveputPredict;
 use strategy::reactive::Reactive;
+use zones::FleetCache;
 
 /// The strategy `config` names, with its caches empty.
 pub fn strategy_for(config: &NodeConfig) -> Box<dyn Strategy> {
@@ -67,6 +69,7 @@ pub struct Planner {
     interval: Duration,
     shape: JobShape,
     strategy: Box<dyn Strategy>,
+    fleets: FleetCache,
     clock: IntervalClock,
     next_tick: Option<SpawnHandle>,
     proposed: Option<Proposed>,
@@ -84,6 +87,7 @@ impl Planner {
             interval: Duration::from_secs_f64(config.planner.interval_secs),
             shape: JobShape::of(config),
             strategy: strategy_for(config),
+            fleets: FleetCache::default(),
             clock: IntervalClock::default(),
             next_tick: None,
             proposed: None,
@@ -124,7 +128,13 @@ impl Planner {
         self.arm_timer(ctx, now, settling.into_iter().chain(batching).min());
         if settling.is_none() && batching.is_none() && !plan_on_its_way(&state, self.proposed, now)
         {
-            let decision = decide(&state, self.strategy.as_mut(), &self.shape, tick);
+            let decision = decide(
+                &state,
+                self.strategy.as_mut(),
+                &self.shape,
+                &mut self.fleets,
+                tick,
+            );
             if let Some(estimates) = decision.estimates {
                 self.status.do_send(Estimates(estimates));
             }

@@ -1,0 +1,139 @@
+use parcae_consensus::Command;
+use parcae_consensus::state::{Capabilities, Job, LayerCost as Reported, PeerInfo};
+
+use super::*;
+use crate::planner::build::workers;
+use crate::planner::costs::CPU_MEMORY_MB;
+use crate::planner::decide::decide;
+use crate::planner::strategy::reactive::Reactive;
+
+const LAYERS: u32 = 8;
+
+fn shape() -> JobShape {
+    JobShape {
+        global_batch: 16,
+        micro_batch: 2,
+        max_nodes: 16,
+        restart_ms: 2000.0,
+        memory_mb: CPU_MEMORY_MB,
+        min_depth: 1,
+        profile: None,
+    }
+}
+
+/// A cluster training one job whose members are in `zones` (one entry per member), each
+/// reporting every layer at its zone's speed: zone `fast` twice as fast as the others.
+fn cluster(zones: &[&str]) -> ControlState {
+    let job = Job {
+        settings: [("seed".to_string(), "3".to_string())].into(),
+    };
+    let mut state = ControlState::default();
+    state
+        .apply(&Command::DefineJob { job: job.clone() })
+        .unwrap();
+    for (i, zone) in zones.iter().enumerate() {
+        let n = i as u8 + 1;
+        let node = NodeId::from_peer_bytes(&[n]);
+        let peer = PeerInfo {
+            peer_id: vec![n],
+            data_addr: Some(format!("127.0.0.1:{}", 7000 + u16::from(n))),
+            job: Some(job.digest()),
+            caps: Capabilities {
+                zone: (*zone).into(),
+                ..Capabilities::default()
+            },
+            ..PeerInfo::default()
+        };
+        state.apply(&Command::Join { node, peer }).unwrap();
+        let speed = if *zone == "fast" { 2.0 } else { 1.0 };
+        let cost = Reported {
+            forward_s: 0.010 / speed,
+            backward_s: 0.020 / speed,
+            optimizer_s: 0.001 / speed,
+            params: 1_000_000,
+            output_bytes: 65_536,
+        };
+        let report = Command::CostReport {
+            node,
+            step: 0,
+            layers: (0..LAYERS).map(|l| (l, cost)).collect(),
+            bandwidth: Vec::new(),
+            reconfiguration_s: None,
+        };
+        state.apply(&report).unwrap();
+    }
+    state
+}
+
+fn zoned(state: &ControlState, fleets: &mut FleetCache) -> Option<Zoned> {
+    let cost = crate::planner::costs::measured(state, &shape()).unwrap();
+    fleets.zoned(state, &workers(state), &shape(), &cost)
+}
+
+#[test]
+fn each_zone_is_priced_at_what_its_own_nodes_measured() {
+    let state = cluster(&[
+        "fast", "fast", "fast", "fast", "slow", "slow", "slow", "slow",
+    ]);
+    let mut fleets = FleetCache::default();
+    let z = zoned(&state, &mut fleets).expect("two named zones");
+    assert_eq!(z.node_zones, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    let fleet = fleets.fleet.as_ref().unwrap();
+    let (fast, slow) = (&fleet.zones()[0], &fleet.zones()[1]);
+    assert_eq!((fast.name.as_str(), slow.name.as_str()), ("fast", "slow"));
+    assert_eq!(fast.device.layers[3].forward_ms, 5.0);
+    assert_eq!(slow.device.layers[3].forward_ms, 10.0);
+    // The strategy chooses on the zones' table: a pipeline over both zones, split unevenly,
+    // beats one of the slow zone's.
+    let c = parcae_strategies::ParallelConfig::new(2, 4);
+    let placed = &z.plans.placements[&c];
+    assert_eq!(z.cost.samples_per_sec(c), placed.samples_per_sec);
+    let held: Vec<usize> = placed.bounds.windows(2).map(|w| w[1] - w[0]).collect();
+    let on = |zone: usize| -> usize {
+        (0..4)
+            .filter(|&s| placed.zones[0][s] == zone)
+            .map(|s| held[s])
+            .sum()
+    };
+    assert!(on(0) > on(1), "fast {} slow {}: {placed:?}", on(0), on(1));
+}
+
+#[test]
+fn the_plan_puts_every_slot_in_its_zone_with_the_placements_bounds() {
+    let state = cluster(&[
+        "fast", "slow", "fast", "slow", "fast", "slow", "fast", "slow",
+    ]);
+    let mut fleets = FleetCache::default();
+    let decision = decide(&state, &mut Reactive, &shape(), &mut fleets, true);
+    let plan = decision.plan.expect("a first plan");
+    let z = zoned(&state, &mut fleets).unwrap();
+    let config = parcae_strategies::ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
+    assert_eq!(config, z.cost.best(8), "the zones' best");
+    let placed = &z.plans.placements[&config];
+    let bounds: Vec<u32> = placed.bounds.iter().map(|b| *b as u32).collect();
+    assert_eq!(plan.partition, bounds);
+    let ids = workers(&state);
+    for (node, slot) in &plan.assignment {
+        let n = ids.iter().position(|id| id == node).unwrap();
+        assert_eq!(
+            z.node_zones[n], placed.zones[slot.pipeline as usize][slot.stage as usize],
+            "{slot:?}"
+        );
+    }
+    assert_eq!(plan.assignment.len() as u32, config.nodes());
+}
+
+#[test]
+fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
+    let mut fleets = FleetCache::default();
+    assert!(zoned(&cluster(&["a", "a", "a", "a"]), &mut fleets).is_none());
+    assert!(zoned(&cluster(&["a", "a", "", "b"]), &mut fleets).is_none());
+    assert!(zoned(&cluster(&["a", "b", "c", "d", "e"]), &mut fleets).is_none());
+    let state = cluster(&["a", "a", "a", "a"]);
+    let decision = decide(&state, &mut Reactive, &shape(), &mut fleets, true);
+    let plan = decision.plan.unwrap();
+    let even =
+        parcae_strategies::cost::spec::partition(LAYERS as usize, plan.pipeline_stages as usize);
+    let even: Vec<u32> = even.iter().map(|b| *b as u32).collect();
+    assert_eq!(plan.partition, even);
+}
