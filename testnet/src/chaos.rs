@@ -246,7 +246,7 @@ impl Chaos {
             {
                 f.end_secs = t;
             }
-            ctx.start_nodes(self.schedule.nodes as usize)?;
+            ctx.start_nodes(self.schedule.nodes as usize, None)?;
             self.started += self.schedule.nodes as usize;
         }
         Ok(())
@@ -462,7 +462,7 @@ impl Scenario for Chaos {
         }
         // A frozen node is still running: it is not replaced.
         let missing = (self.schedule.nodes as usize).saturating_sub(ctx.cluster.running().len());
-        ctx.start_nodes(missing)?;
+        ctx.start_nodes(missing, None)?;
         self.started += missing;
         Ok(())
     }

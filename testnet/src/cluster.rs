@@ -54,6 +54,8 @@ pub enum Phase {
 struct Member {
     phase: Phase,
     imds: Option<FakeMetadata>,
+    /// The zone it was started in (an index into the run's zones), if the run has zones.
+    zone: Option<usize>,
 }
 
 /// Everything a cluster needs to start nodes.
@@ -181,6 +183,23 @@ impl Cluster {
     /// through the oldest node that is up), each with its own metadata server when notices
     /// come that way, and waits until each serves `/status`.
     pub fn start_nodes(&mut self, count: usize) -> Result<Vec<usize>, TestnetError> {
+        self.start_nodes_in(count, None)
+    }
+
+    /// Indices of the nodes up in zone `zone`.
+    pub fn up_in(&self, zone: usize) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].phase == Phase::Up && self.members[i].zone == Some(zone))
+            .collect()
+    }
+
+    /// [`Cluster::start_nodes`] in zone `zone` of the run's zones (`[placement] zone`), or
+    /// without one.
+    pub fn start_nodes_in(
+        &mut self,
+        count: usize,
+        zone: Option<usize>,
+    ) -> Result<Vec<usize>, TestnetError> {
         let Self {
             settings,
             notice,
@@ -206,10 +225,14 @@ impl Cluster {
                 }
             };
             let url = imds.as_ref().map(FakeMetadata::url);
-            let config = node_config::render(settings, *dialect, k, url);
+            let mut config = node_config::render(settings, *dialect, k, url);
+            if let Some(name) = zone.and_then(|z| settings.zones.get(z)) {
+                config.push_str(&format!("[placement]\nzone = {name:?}\n"));
+            }
             members.push(Member {
                 phase: Phase::Up,
                 imds,
+                zone,
             });
             Ok(config)
         };

@@ -47,6 +47,11 @@ pub trait Scenario {
     fn keeps_every_checkpoint(&self) -> bool {
         false
     }
+    /// The run's zones (`[placement] zone` of the nodes started in them) and how many of the
+    /// initial nodes start in each, the founder's first (none: the nodes have no zone).
+    fn zones(&self) -> Vec<(String, usize)> {
+        Vec::new()
+    }
 }
 
 /// What a scenario acts on.
@@ -80,11 +85,11 @@ impl Ctx<'_> {
         self.cluster.kill(i);
     }
 
-    /// Starts `count` new nodes (none when 0).
-    pub fn start_nodes(&mut self, count: usize) -> Result<(), TestnetError> {
+    /// Starts `count` new nodes (none when 0), in zone `zone` of the run's zones if given.
+    pub fn start_nodes(&mut self, count: usize, zone: Option<usize>) -> Result<(), TestnetError> {
         if count > 0 {
             self.record(EventKind::Arrival);
-            self.cluster.start_nodes(count)?;
+            self.cluster.start_nodes_in(count, zone)?;
         }
         Ok(())
     }
@@ -131,7 +136,13 @@ pub fn execute(
 ) -> Result<Observed, TestnetError> {
     let initial = scenario.initial_nodes();
     progress.message(&format!("starting {initial} nodes"));
-    cluster.start_nodes(initial)?;
+    let zones = scenario.zones();
+    if zones.is_empty() {
+        cluster.start_nodes(initial)?;
+    }
+    for (zone, (_, count)) in zones.into_iter().enumerate() {
+        cluster.start_nodes_in(count, Some(zone))?;
+    }
     cluster.wait_formed(initial, FORM_TIMEOUT)?;
     let mut monitor = Monitor::default();
     let mut warnings = Vec::new();

@@ -47,6 +47,8 @@ pub struct NodeSettings {
     pub keep_checkpoints: Option<usize>,
     /// `[D, P]` every plan is pinned to, if any.
     pub pin: Option<[u32; 2]>,
+    /// The zones of a run over zones (`run --zones`): each node is started in one of them.
+    pub zones: Vec<String>,
 }
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
@@ -298,6 +300,7 @@ mod tests {
             checkpoint_store: None,
             keep_checkpoints: None,
             pin: None,
+            zones: Vec::new(),
         }
     }
 

@@ -54,7 +54,10 @@ enum Step {
 
 /// The replay of a planned trace.
 pub struct Replay {
+    /// Nodes of every interval, all zones together.
     counts: Vec<u32>,
+    /// A run over zones: each zone's name and nodes of every interval (empty: no zones).
+    zones: Vec<(String, Vec<u32>)>,
     interval_secs: f64,
     steps: Vec<(f64, Step)>,
     next: usize,
@@ -75,12 +78,53 @@ impl Replay {
         steps.sort_by(|a, b| a.0.total_cmp(&b.0));
         Self {
             counts,
+            zones: Vec::new(),
             interval_secs,
             steps,
             next: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
             keeps_every_checkpoint: false,
         }
+    }
+
+    /// A replay over zones: zone `z` named `zones[z].0` replays the counts `zones[z].1` (all of
+    /// one length), its nodes started in it and its surplus preempted among its own.
+    pub fn zoned(
+        zones: Vec<(String, Vec<u32>)>,
+        interval_secs: f64,
+        grace_secs: f64,
+        seed: u64,
+    ) -> Self {
+        let len = zones.iter().map(|(_, c)| c.len()).min().unwrap_or(0);
+        let counts = (0..len)
+            .map(|k| zones.iter().map(|(_, c)| c[k]).sum())
+            .collect();
+        Self {
+            zones,
+            ..Self::new(counts, interval_secs, grace_secs, seed)
+        }
+    }
+
+    /// Nodes of every interval, all zones together.
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
+    }
+
+    /// Each zone's index (`None`: no zones), the nodes it wants in interval `k` and those of
+    /// it that are up.
+    fn groups(
+        &self,
+        cluster: &crate::cluster::Cluster,
+        k: usize,
+    ) -> Vec<(Option<usize>, usize, Vec<usize>)> {
+        if self.zones.is_empty() {
+            return vec![(None, self.counts[k] as usize, cluster.up())];
+        }
+        self.zones
+            .iter()
+            .enumerate()
+            .map(|(z, (_, counts))| (Some(z), counts[k] as usize, cluster.up_in(z)))
+            .collect()
     }
 
     /// Also SIGKILLs the cluster's leader, without notice, `at` seconds into the replay (the
@@ -119,6 +163,13 @@ impl Scenario for Replay {
         self.keeps_every_checkpoint
     }
 
+    fn zones(&self) -> Vec<(String, usize)> {
+        self.zones
+            .iter()
+            .map(|(name, counts)| (name.clone(), counts.first().copied().unwrap_or(0) as usize))
+            .collect()
+    }
+
     fn duration_secs(&self) -> f64 {
         self.counts.len() as f64 * self.interval_secs
     }
@@ -132,22 +183,23 @@ impl Scenario for Replay {
             return Ok(());
         };
         self.next += 1;
-        let up = ctx.cluster.up();
         match step {
             Step::Notice(k) => {
-                let want = self.counts[k] as usize;
-                if up.len() > want {
-                    let surplus = up.len() - want;
-                    let candidates: Vec<usize> = up.into_iter().filter(|&i| i != 0).collect();
-                    let deadline = k as f64 * self.interval_secs;
-                    for i in self.victims(candidates, surplus) {
-                        ctx.notify(i, deadline);
+                for (_, want, up) in self.groups(ctx.cluster, k) {
+                    if up.len() > want {
+                        let surplus = up.len() - want;
+                        let candidates: Vec<usize> = up.into_iter().filter(|&i| i != 0).collect();
+                        let deadline = k as f64 * self.interval_secs;
+                        for i in self.victims(candidates, surplus) {
+                            ctx.notify(i, deadline);
+                        }
                     }
                 }
             }
             Step::Arrive(k) => {
-                let want = self.counts[k] as usize;
-                ctx.start_nodes(want.saturating_sub(up.len()))?;
+                for (zone, want, up) in self.groups(ctx.cluster, k) {
+                    ctx.start_nodes(want.saturating_sub(up.len()), zone)?;
+                }
             }
             Step::KillLeader => {
                 if !ctx.kill_leader() {
@@ -201,6 +253,21 @@ mod tests {
         // A window, scaled by its own peak.
         assert_eq!(plan(&trace(&[32, 12, 24, 6]), 1..4, 10, 6), vec![3, 6, 2]);
         assert_eq!(plan(&trace(&[4, 5, 3]), 3..3, 10, 6), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn zones_replay_together_each_from_its_own_first_count() {
+        let r = Replay::zoned(
+            vec![("a".into(), vec![2, 1, 3]), ("b".into(), vec![1, 2, 2, 5])],
+            10.0,
+            3.0,
+            1,
+        );
+        assert_eq!(r.counts(), &[3, 3, 5], "summed, cut to the shortest zone");
+        assert_eq!(r.zones(), vec![("a".into(), 2), ("b".into(), 1)]);
+        assert_eq!(r.initial_nodes(), 3);
+        assert_eq!(r.duration_secs(), 30.0);
+        assert!(Replay::new(vec![3], 10.0, 3.0, 1).zones().is_empty());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
 use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
+use crate::simulate::zones::parse_zone;
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::Ports;
@@ -132,6 +133,12 @@ pub struct Args {
     /// failed replay fails the run).
     #[arg(long)]
     replay: bool,
+    /// Zones of the run, `NAME=TRACE,...` in place of --trace: each zone replays its own trace
+    /// (windowed and fitted to --nodes-max as --trace is), its nodes started in it
+    /// (`[placement] zone`) and preempted among its own; the founder stays. All zones run the
+    /// same device, and links are not paced by zone.
+    #[arg(long, value_delimiter = ',')]
+    zones: Vec<String>,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -206,6 +213,7 @@ impl NodeArgs {
             checkpoint_store: None,
             keep_checkpoints: None,
             pin: self.pin,
+            zones: Vec::new(),
         })
     }
 }
@@ -260,6 +268,7 @@ pub fn session(
     let settings = NodeSettings {
         checkpoint_store: Some(dir.join(STORE)),
         keep_checkpoints: scenario.keeps_every_checkpoint().then_some(0),
+        zones: scenario.zones().into_iter().map(|(name, _)| name).collect(),
         ..node.settings(spec.strategy, spec.nodes_max)?
     };
     let opts = ClusterOptions {
@@ -412,13 +421,20 @@ pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Re
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.prices.prices()?;
     args.node.validate()?;
-    let planned = plan_trace(&args.trace)?;
-    let mut scenario = Replay::new(
-        planned.counts.clone(),
-        args.node.interval_secs as f64,
-        args.node.grace_secs,
-        args.node.seed,
-    );
+    let (planned, mut scenario) = if args.zones.is_empty() {
+        let planned = plan_trace(&args.trace)?;
+        let replay = Replay::new(
+            planned.counts.clone(),
+            args.node.interval_secs as f64,
+            args.node.grace_secs,
+            args.node.seed,
+        );
+        (planned, replay)
+    } else {
+        zoned_replay(&args)?
+    };
+    // Each zone is fitted to --nodes-max: the cluster asks for that many nodes per zone.
+    let nodes_max = args.trace.nodes_max * args.zones.len().max(1) as u32;
     if let Some(at) = args.kill_leader_at {
         let end = planned.counts.len() as f64 * args.node.interval_secs as f64;
         if !(at.is_finite() && at >= 0.0 && at < end) {
@@ -434,7 +450,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         label: args.strategy.clone(),
         trace: planned.source.clone(),
         intervals: planned.counts.len() as u64,
-        nodes_max: args.trace.nodes_max,
+        nodes_max,
     };
     let mut outcomes = [session(&args.node, spec, &mut scenario, interrupt)?];
     if args.replay {
@@ -444,7 +460,7 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         &mut outcomes,
         &args.node,
         &planned,
-        args.trace.nodes_max,
+        nodes_max,
         args.prices.prices()?,
     );
     let [outcome] = outcomes;
@@ -459,6 +475,44 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         bail!("--kill-leader-at: no node led the cluster to be killed");
     }
     check(&[&outcome], &args.output)
+}
+
+/// `--zones`: each zone's trace planned as `--trace` would be, the zones replayed together;
+/// the pooled counts stand for the run in the report and the simulator.
+fn zoned_replay(args: &Args) -> Result<(Planned, Replay)> {
+    let mut zones = Vec::with_capacity(args.zones.len());
+    let mut sources = Vec::with_capacity(args.zones.len());
+    for text in &args.zones {
+        let zone = parse_zone(text)?;
+        if zone.speed != 1.0 || zone.memory_gib.is_some() {
+            bail!("zone {text:?}: every zone of a run runs the same device (no @SPEED yet)");
+        }
+        let planned = plan_trace(&TraceArgs {
+            trace: zone.trace,
+            ..args.trace.clone()
+        })
+        .with_context(|| format!("zone {}", zone.name))?;
+        sources.push(format!("{}={}", zone.name, planned.source));
+        zones.push((zone.name, planned.counts));
+    }
+    if zones
+        .iter()
+        .enumerate()
+        .any(|(i, (n, _))| zones[..i].iter().any(|(m, _)| m == n))
+    {
+        bail!("--zones names a zone twice");
+    }
+    let replay = Replay::zoned(
+        zones,
+        args.node.interval_secs as f64,
+        args.node.grace_secs,
+        args.node.seed,
+    );
+    let planned = Planned {
+        source: sources.join(" + "),
+        counts: replay.counts().to_vec(),
+    };
+    Ok((planned, replay))
 }
 
 /// Prints the table, writes plots of the sessions, and applies `--check` (after the JSON

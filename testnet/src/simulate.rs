@@ -15,7 +15,7 @@ use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
 
-mod zones;
+pub mod zones;
 
 /// Options of `simulate`.
 #[derive(clap::Args, Debug)]

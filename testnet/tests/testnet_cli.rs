@@ -462,6 +462,62 @@ fn a_short_real_run_writes_the_run_json() {
     assert!(v["wall_secs"].as_f64().unwrap() >= 12.0);
 }
 
+/// `run --zones`: each zone replays its own trace, its nodes started with `[placement] zone`,
+/// and the leader plans over the zones (issue 37).
+#[test]
+fn a_run_over_zones_starts_each_zones_nodes_in_it_and_plans_over_them() {
+    let _serial = serial();
+    let dir = scratch("zones");
+    let v = real_run_in(
+        &[
+            "run",
+            "--zones",
+            "us-east-1a=synthetic:hh:15,us-east-1b=synthetic:hh:16",
+            "--intervals",
+            "3",
+            "--interval-secs",
+            "4",
+            "--nodes-max",
+            "2",
+        ],
+        dir.path(),
+    );
+    // Two zones fitted to 2 nodes each: the cluster asks for 4.
+    assert_run_json(&v, "liveput", 3, 4);
+    assert_eq!(
+        v["trace"],
+        "us-east-1a=synthetic:hh:15:nodes=2 + us-east-1b=synthetic:hh:16:nodes=2"
+    );
+    let run = dir.path().join("liveput");
+    let mut zones = Vec::new();
+    let mut logs = String::new();
+    for entry in std::fs::read_dir(&run).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => zones.push(
+                text.lines()
+                    .find_map(|l| l.strip_prefix("zone = "))
+                    .unwrap_or_else(|| panic!("{} has no zone:\n{text}", path.display()))
+                    .to_string(),
+            ),
+            Some("log") => logs.push_str(&text),
+            _ => {}
+        }
+    }
+    assert!(zones.iter().any(|z| z == "\"us-east-1a\""), "{zones:?}");
+    assert!(zones.iter().any(|z| z == "\"us-east-1b\""), "{zones:?}");
+    assert!(logs.contains("planning over zones"), "{logs}");
+
+    let out = testnet(&["run", "--zones", "a=synthetic:hh@2"], dir.path());
+    assert_error(&out, &["same device"]);
+    let out = testnet(
+        &["run", "--zones", "a=synthetic:hh,a=synthetic:ll"],
+        dir.path(),
+    );
+    assert_error(&out, &["twice"]);
+}
+
 /// The node binary the testnet starts.
 fn node_bin() -> PathBuf {
     std::env::var_os("PARCAE_NODE_BIN").map_or_else(
