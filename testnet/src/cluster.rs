@@ -110,7 +110,7 @@ impl Cluster {
         let local = LocalCluster::create(ClusterSetup {
             program: opts.bin,
             dir: Some(opts.dir),
-            config: node_config::render(&opts.settings, dialect, 0, None),
+            config: node_config::render(&opts.settings, dialect, 0, None, None),
             ports: opts.ports,
             env,
             clock_skew: opts.clock_skew,
@@ -225,10 +225,7 @@ impl Cluster {
                 }
             };
             let url = imds.as_ref().map(FakeMetadata::url);
-            let mut config = node_config::render(settings, *dialect, k, url);
-            if let Some(name) = zone.and_then(|z| settings.zones.get(z)) {
-                config.push_str(&format!("[placement]\nzone = {name:?}\n"));
-            }
+            let config = node_config::render(settings, *dialect, k, url, zone);
             members.push(Member {
                 phase: Phase::Up,
                 imds,

@@ -20,6 +20,18 @@ const POLL_SECS: f64 = 1.0;
 /// resolution).
 const FAILOVER_POLL_SECS: f64 = 0.2;
 
+/// A zone of a run: its name (`[placement] zone` of its nodes), its emulated device's speed,
+/// and how many of the initial nodes start in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZoneStart {
+    /// The zone's name.
+    pub name: String,
+    /// Its nodes' emulated device speed against the profiled one.
+    pub speed: f64,
+    /// Nodes started in it before the replay.
+    pub initial: usize,
+}
+
 /// A script of availability changes.
 pub trait Scenario {
     /// Nodes running before the replay clock starts.
@@ -47,9 +59,8 @@ pub trait Scenario {
     fn keeps_every_checkpoint(&self) -> bool {
         false
     }
-    /// The run's zones (`[placement] zone` of the nodes started in them) and how many of the
-    /// initial nodes start in each, the founder's first (none: the nodes have no zone).
-    fn zones(&self) -> Vec<(String, usize)> {
+    /// The run's zones (none: the nodes have no zone), the founder's first.
+    fn zones(&self) -> Vec<ZoneStart> {
         Vec::new()
     }
 }
@@ -140,8 +151,8 @@ pub fn execute(
     if zones.is_empty() {
         cluster.start_nodes(initial)?;
     }
-    for (zone, (_, count)) in zones.into_iter().enumerate() {
-        cluster.start_nodes_in(count, Some(zone))?;
+    for (zone, start) in zones.into_iter().enumerate() {
+        cluster.start_nodes_in(start.initial, Some(zone))?;
     }
     cluster.wait_formed(initial, FORM_TIMEOUT)?;
     let mut monitor = Monitor::default();

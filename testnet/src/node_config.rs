@@ -47,8 +47,9 @@ pub struct NodeSettings {
     pub keep_checkpoints: Option<usize>,
     /// `[D, P]` every plan is pinned to, if any.
     pub pin: Option<[u32; 2]>,
-    /// The zones of a run over zones (`run --zones`): each node is started in one of them.
-    pub zones: Vec<String>,
+    /// The zones of a run over zones (`run --zones`), each with its emulated device's speed
+    /// against the profiled one: each node is started in one of them.
+    pub zones: Vec<(String, f64)>,
 }
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
@@ -101,9 +102,15 @@ pub struct Dialect {
 /// Metadata poll period when notices come from the fake metadata server, ms.
 const METADATA_POLL_MS: u64 = 200;
 
-/// Renders the configuration of node `k`; `aws_base_url` points its metadata poller at a fake
-/// server.
-pub fn render(s: &NodeSettings, dialect: Dialect, k: usize, aws_base_url: Option<&str>) -> String {
+/// Renders the configuration of node `k`, started in zone `zone` of the run's zones if given;
+/// `aws_base_url` points its metadata poller at a fake server.
+pub fn render(
+    s: &NodeSettings,
+    dialect: Dialect,
+    k: usize,
+    aws_base_url: Option<&str>,
+    zone: Option<usize>,
+) -> String {
     let mut out = format!(
         "grace_secs = {grace:?}\n\
          [raft]\n\
@@ -117,11 +124,18 @@ pub fn render(s: &NodeSettings, dialect: Dialect, k: usize, aws_base_url: Option
         lost = s.lost_timeout_ms,
         interval = s.interval_secs,
     );
+    let zone = zone.and_then(|z| s.zones.get(z));
     if dialect.training {
         out.push_str(&training_keys(s));
+        if let Some((_, speed)) = zone.filter(|(_, speed)| *speed != 1.0 && s.emulate.is_some()) {
+            out.push_str(&format!("speed = {speed:?}\n"));
+        }
     }
     if let Some(index) = s.devices.gpu_of(k) {
         out.push_str(&format!("[device]\nkind = \"cuda\"\nindex = {index}\n"));
+    }
+    if let Some((name, _)) = zone {
+        out.push_str(&format!("[placement]\nzone = {name:?}\n"));
     }
     if let Some(url) = aws_base_url {
         out.push_str(&format!(
@@ -225,9 +239,11 @@ pub fn probe(
 ) -> Result<(Dialect, Option<String>), TestnetError> {
     let path = dir.join("probe.toml");
     let attempt = |dialect: Dialect| -> Result<Option<String>, TestnetError> {
-        std::fs::write(&path, render(s, dialect, 0, None)).map_err(|source| TestnetError::Io {
-            what: format!("writing {}", path.display()),
-            source,
+        std::fs::write(&path, render(s, dialect, 0, None, None)).map_err(|source| {
+            TestnetError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            }
         })?;
         match verdict(&run_probe(bin, dir, &path)?) {
             Verdict::Accepted => Ok(None),
@@ -310,7 +326,7 @@ mod tests {
             emulate: Some(Emulate::new("gpt-1.5b", 2.0).unwrap()),
             ..settings()
         };
-        let text = render(&s, Dialect { training: true }, 0, None);
+        let text = render(&s, Dialect { training: true }, 0, None, None);
         assert!(
             text.ends_with(
                 "max_steps = 0\nglobal_batch = 128\nmicro_batch = 1\n\
@@ -332,17 +348,19 @@ mod tests {
             devices: Devices::Cuda(vec![0, 1]),
             ..settings()
         };
-        let third = render(&s, Dialect { training: true }, 2, None);
+        let third = render(&s, Dialect { training: true }, 2, None, None);
         assert!(
             third.contains("[device]\nkind = \"cuda\"\nindex = 0\n"),
             "{third}"
         );
-        let second = render(&s, Dialect { training: false }, 1, None);
+        let second = render(&s, Dialect { training: false }, 1, None, None);
         assert!(
             second.ends_with("[device]\nkind = \"cuda\"\nindex = 1\n"),
             "{second}"
         );
-        assert!(!render(&settings(), Dialect { training: true }, 1, None).contains("[device]"));
+        assert!(
+            !render(&settings(), Dialect { training: true }, 1, None, None).contains("[device]")
+        );
         let refusal =
             "Error: config: device kind \"cuda\" needs parcae-node built with the `cuda` feature";
         assert_eq!(
@@ -361,7 +379,7 @@ mod tests {
 
     #[test]
     fn basic_dialect_has_only_todays_keys() {
-        let text = render(&settings(), Dialect { training: false }, 0, None);
+        let text = render(&settings(), Dialect { training: false }, 0, None, None);
         assert!(text.contains("grace_secs = 3.0\n"));
         assert!(text.contains("[planner]\ninterval_secs = 10.0\n"));
         assert!(text.contains("lost_timeout_ms = 2000\n"));
@@ -371,12 +389,36 @@ mod tests {
     }
 
     #[test]
+    fn a_node_of_a_zone_says_so_and_runs_its_zones_emulated_device() {
+        let s = NodeSettings {
+            emulate: Some(Emulate::new("gpt-1.5b", 6.0).unwrap()),
+            zones: vec![("us-east-1a".into(), 1.0), ("us-east-1b".into(), 1.5)],
+            ..settings()
+        };
+        let training = Dialect { training: true };
+        let slow = render(&s, training, 1, None, Some(0));
+        let fast = render(&s, training, 2, None, Some(1));
+        assert!(
+            slow.contains("[placement]\nzone = \"us-east-1a\"\n"),
+            "{slow}"
+        );
+        assert!(!slow.contains("speed"), "{slow}");
+        assert!(fast.contains("time_scale = 6.0\nspeed = 1.5\n"), "{fast}");
+        assert!(
+            fast.contains("[placement]\nzone = \"us-east-1b\"\n"),
+            "{fast}"
+        );
+        assert!(!render(&s, training, 3, None, None).contains("[placement]"));
+    }
+
+    #[test]
     fn training_dialect_and_metadata_url() {
         let text = render(
             &settings(),
             Dialect { training: true },
             0,
             Some("http://127.0.0.1:4000"),
+            None,
         );
         let planner = text.find("[planner]").unwrap();
         let strategy = text.find("strategy = \"liveput\"").unwrap();

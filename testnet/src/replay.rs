@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use crate::engine::{Ctx, Scenario};
+use crate::engine::{Ctx, Scenario, ZoneStart};
 use parcae_strategies::trace::Trace;
 use parcae_testnet::error::TestnetError;
 
@@ -58,6 +58,8 @@ pub struct Replay {
     counts: Vec<u32>,
     /// A run over zones: each zone's name and nodes of every interval (empty: no zones).
     zones: Vec<(String, Vec<u32>)>,
+    /// Each zone's emulated device speed.
+    speeds: Vec<f64>,
     interval_secs: f64,
     steps: Vec<(f64, Step)>,
     next: usize,
@@ -79,6 +81,7 @@ impl Replay {
         Self {
             counts,
             zones: Vec::new(),
+            speeds: Vec::new(),
             interval_secs,
             steps,
             next: 0,
@@ -87,10 +90,12 @@ impl Replay {
         }
     }
 
-    /// A replay over zones: zone `z` named `zones[z].0` replays the counts `zones[z].1` (all of
-    /// one length), its nodes started in it and its surplus preempted among its own.
+    /// A replay over zones: zone `z` named `zones[z].0` replays the counts `zones[z].1` (cut to
+    /// the shortest), its nodes started in it on a device `speeds[z]` times the profiled one
+    /// (1 where not given) and its surplus preempted among its own.
     pub fn zoned(
         zones: Vec<(String, Vec<u32>)>,
+        speeds: Vec<f64>,
         interval_secs: f64,
         grace_secs: f64,
         seed: u64,
@@ -101,6 +106,7 @@ impl Replay {
             .collect();
         Self {
             zones,
+            speeds,
             ..Self::new(counts, interval_secs, grace_secs, seed)
         }
     }
@@ -163,10 +169,15 @@ impl Scenario for Replay {
         self.keeps_every_checkpoint
     }
 
-    fn zones(&self) -> Vec<(String, usize)> {
+    fn zones(&self) -> Vec<ZoneStart> {
         self.zones
             .iter()
-            .map(|(name, counts)| (name.clone(), counts.first().copied().unwrap_or(0) as usize))
+            .enumerate()
+            .map(|(z, (name, counts))| ZoneStart {
+                name: name.clone(),
+                speed: self.speeds.get(z).copied().unwrap_or(1.0),
+                initial: counts.first().copied().unwrap_or(0) as usize,
+            })
             .collect()
     }
 
@@ -259,12 +270,18 @@ mod tests {
     fn zones_replay_together_each_from_its_own_first_count() {
         let r = Replay::zoned(
             vec![("a".into(), vec![2, 1, 3]), ("b".into(), vec![1, 2, 2, 5])],
+            vec![1.0, 1.5],
             10.0,
             3.0,
             1,
         );
         assert_eq!(r.counts(), &[3, 3, 5], "summed, cut to the shortest zone");
-        assert_eq!(r.zones(), vec![("a".into(), 2), ("b".into(), 1)]);
+        let start = |name: &str, speed, initial| ZoneStart {
+            name: name.into(),
+            speed,
+            initial,
+        };
+        assert_eq!(r.zones(), vec![start("a", 1.0, 2), start("b", 1.5, 1)]);
         assert_eq!(r.initial_nodes(), 3);
         assert_eq!(r.duration_secs(), 30.0);
         assert!(Replay::new(vec![3], 10.0, 3.0, 1).zones().is_empty());

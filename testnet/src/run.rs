@@ -135,8 +135,9 @@ pub struct Args {
     replay: bool,
     /// Zones of the run, `NAME=TRACE,...` in place of --trace: each zone replays its own trace
     /// (windowed and fitted to --nodes-max as --trace is), its nodes started in it
-    /// (`[placement] zone`) and preempted among its own; the founder stays. All zones run the
-    /// same device, and links are not paced by zone.
+    /// (`[placement] zone`) and preempted among its own; the founder stays. With --emulate,
+    /// `NAME=TRACE@SPEED` gives a zone's nodes an emulated device SPEED times as fast as the
+    /// profiled one. Links are not paced by zone.
     #[arg(long, value_delimiter = ',')]
     zones: Vec<String>,
     #[command(flatten)]
@@ -268,7 +269,11 @@ pub fn session(
     let settings = NodeSettings {
         checkpoint_store: Some(dir.join(STORE)),
         keep_checkpoints: scenario.keeps_every_checkpoint().then_some(0),
-        zones: scenario.zones().into_iter().map(|(name, _)| name).collect(),
+        zones: scenario
+            .zones()
+            .into_iter()
+            .map(|z| (z.name, z.speed))
+            .collect(),
         ..node.settings(spec.strategy, spec.nodes_max)?
     };
     let opts = ClusterOptions {
@@ -456,13 +461,17 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     if args.replay {
         verify_history(&mut outcomes[0], None, &args.node)?;
     }
-    simulate_sessions(
-        &mut outcomes,
-        &args.node,
-        &planned,
-        nodes_max,
-        args.prices.prices()?,
-    );
+    // The simulator plans one device kind: a run whose zones run unequal devices has no
+    // simulated account to be held to.
+    if scenario.zones().iter().all(|z| z.speed == 1.0) {
+        simulate_sessions(
+            &mut outcomes,
+            &args.node,
+            &planned,
+            nodes_max,
+            args.prices.prices()?,
+        );
+    }
     let [outcome] = outcomes;
     finish(&[&outcome], &args.output, &planned.source)?;
     if let Some(path) = &args.output.json {
@@ -482,11 +491,21 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
 fn zoned_replay(args: &Args) -> Result<(Planned, Replay)> {
     let mut zones = Vec::with_capacity(args.zones.len());
     let mut sources = Vec::with_capacity(args.zones.len());
+    let mut speeds = Vec::with_capacity(args.zones.len());
     for text in &args.zones {
         let zone = parse_zone(text)?;
-        if zone.speed != 1.0 || zone.memory_gib.is_some() {
-            bail!("zone {text:?}: every zone of a run runs the same device (no @SPEED yet)");
+        if zone.memory_gib.is_some() {
+            bail!(
+                "zone {text:?}: a zone's emulated device keeps the profile's memory (no /MEMORY_GIB)"
+            );
         }
+        if zone.speed != 1.0 && args.node.emulate.is_none() {
+            bail!(
+                "zone {text:?}: a device speed (@{}) needs --emulate",
+                zone.speed
+            );
+        }
+        speeds.push(zone.speed);
         let planned = plan_trace(&TraceArgs {
             trace: zone.trace,
             ..args.trace.clone()
@@ -504,6 +523,7 @@ fn zoned_replay(args: &Args) -> Result<(Planned, Replay)> {
     }
     let replay = Replay::zoned(
         zones,
+        speeds,
         args.node.interval_secs as f64,
         args.node.grace_secs,
         args.node.seed,

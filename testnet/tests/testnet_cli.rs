@@ -510,7 +510,7 @@ fn a_run_over_zones_starts_each_zones_nodes_in_it_and_plans_over_them() {
     assert!(logs.contains("planning over zones"), "{logs}");
 
     let out = testnet(&["run", "--zones", "a=synthetic:hh@2"], dir.path());
-    assert_error(&out, &["same device"]);
+    assert_error(&out, &["needs --emulate"]);
     let out = testnet(
         &["run", "--zones", "a=synthetic:hh,a=synthetic:ll"],
         dir.path(),

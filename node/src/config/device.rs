@@ -33,6 +33,9 @@ pub struct DeviceConfig {
     pub profile: String,
     /// Emulated durations are divided by this (2: the emulated cluster runs twice as fast).
     pub time_scale: f64,
+    /// An emulated device this many times as fast as the profiled one at its layers' forward,
+    /// backward and optimizer work (its links unchanged): a second device kind, derived.
+    pub speed: f64,
     /// Burn's balanced gradient checkpointing: the backward pass recomputes the activations of
     /// cheap (memory-bound) ops instead of keeping them from the forward pass, for less memory
     /// at the cost of the recomputation; the arithmetic, and so the training, is the same.
@@ -46,6 +49,7 @@ impl Default for DeviceConfig {
             index: 0,
             profile: "gpt-1.5b".into(),
             time_scale: 1.0,
+            speed: 1.0,
             gradient_checkpointing: false,
         }
     }
@@ -96,7 +100,11 @@ impl DeviceConfig {
                 let profile = std::path::Path::new(&self.profile)
                     .file_name()
                     .map_or(self.profile.clone(), |f| f.to_string_lossy().into_owned());
-                format!("emulated:{profile}")
+                if self.speed == 1.0 {
+                    format!("emulated:{profile}")
+                } else {
+                    format!("emulated:{profile}:x{}", self.speed)
+                }
             }
         };
         name.chars()
@@ -125,6 +133,7 @@ impl DeviceConfig {
         match self.kind {
             DeviceKind::Cpu | DeviceKind::Cuda => Ok(None),
             DeviceKind::Emulated => Emulation::new(&self.profile, self.time_scale)
+                .and_then(|e| e.faster(self.speed))
                 .map(Some)
                 .map_err(|e| ConfigError::Invalid(format!("device: {e}"))),
         }
@@ -134,6 +143,12 @@ impl DeviceConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.kind == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(ConfigError::Invalid(CUDA_NOT_BUILT.into()));
+        }
+        if self.kind != DeviceKind::Emulated && self.speed != 1.0 {
+            return Err(ConfigError::Invalid(format!(
+                "device.speed = {}: only an emulated device's speed can be set",
+                self.speed
+            )));
         }
         self.emulation().map(|_| ())
     }

@@ -65,6 +65,37 @@ fn the_planner_runs_any_of_the_three_strategies() {
 }
 
 #[test]
+fn an_emulated_device_can_be_a_faster_kind_with_the_same_links() {
+    let device = |extra: &str| {
+        let text = format!(
+            "[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\ntime_scale = 4.0\n{extra}"
+        );
+        NodeConfig::parse(&text, "x").map(|c| c.device)
+    };
+    let (base, fast) = (device("").unwrap(), device("speed = 1.5\n").unwrap());
+    let stage = |d: &DeviceConfig| d.emulation().unwrap().unwrap().stage(1..9, 1, 2).unwrap();
+    let (b, f) = (stage(&base), stage(&fast));
+    let ratio = b.forward.as_secs_f64() / f.forward.as_secs_f64();
+    assert!((ratio - 1.5).abs() < 1e-6, "{ratio}");
+    assert!((b.backward.as_secs_f64() / f.backward.as_secs_f64() - 1.5).abs() < 1e-6);
+    assert_eq!(
+        (b.boundary, b.all_reduce),
+        (f.boundary, f.all_reduce),
+        "links unchanged"
+    );
+    assert_eq!(base.name(), "emulated:gpt-1.5b");
+    assert_eq!(fast.name(), "emulated:gpt-1.5b:x1.5");
+    for (bad, named) in [("speed = 0.0", "speed"), ("speed = 1000.0", "speed")] {
+        let e = device(&format!("{bad}\n")).unwrap_err().to_string();
+        assert!(e.contains(named), "{e}");
+    }
+    let e = NodeConfig::parse("[device]\nspeed = 2.0\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("only an emulated device"), "{e}");
+}
+
+#[test]
 fn an_emulated_device_trains_the_profile_s_layer_list() {
     let c = NodeConfig::parse(
         "[device]\nkind = \"emulated\"\nprofile = \"gpt-1.5b\"\ntime_scale = 4.0\n",

@@ -10,6 +10,11 @@ use parcae_strategies::cost::profile::{ProfileError, emulated};
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
 use parcae_strategies::cost::transfer::TransferModel;
 
+/// Slowest a derived emulated device may be against the profiled one.
+pub const MIN_SPEED: f64 = 0.01;
+/// Fastest a derived emulated device may be against the profiled one.
+pub const MAX_SPEED: f64 = 100.0;
+
 /// Why an emulation cannot be set up; each names the bad value.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EmulationError {
@@ -19,6 +24,9 @@ pub enum EmulationError {
     /// The time scale is not a positive finite number.
     #[error("emulation time_scale must be a positive finite number, got {0}")]
     TimeScale(f64),
+    /// A device speed outside [`MIN_SPEED`]..=[`MAX_SPEED`].
+    #[error("emulation speed must be a number from {MIN_SPEED} to {MAX_SPEED}, got {0}")]
+    Speed(f64),
     /// The stage's layers are not layers of the emulated model.
     #[error("layers {start}..{end} are not within the {layers} layers of {profile}")]
     Layers {
@@ -119,6 +127,21 @@ impl Emulation {
             link: TransferModel::Profiled10Gbps,
             time_scale,
         })
+    }
+
+    /// The same emulation on a device `speed` times as fast at every layer's forward, backward
+    /// and optimizer step (its memory and links unchanged): a second device kind derived from
+    /// the profiled one, as `cost::mixed::DeviceCosts::derived` derives it.
+    pub fn faster(mut self, speed: f64) -> Result<Self, EmulationError> {
+        if !(speed.is_finite() && (MIN_SPEED..=MAX_SPEED).contains(&speed)) {
+            return Err(EmulationError::Speed(speed));
+        }
+        for l in &mut self.spec.layers {
+            l.forward_ms /= speed;
+            l.backward_ms /= speed;
+            l.optimizer_ms /= speed;
+        }
+        Ok(self)
     }
 
     /// The emulated model as named: a built-in model's name or the profile file's path.
