@@ -102,31 +102,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Every layer's costs at the job's micro-batch: the profile's, else the medians of what the
 /// nodes reported (`None` until some node reported every layer).
 fn layer_costs(state: &ControlState, shape: &JobShape) -> Option<Vec<LayerCost>> {
-    layer_costs_of(state, shape, &|_| true)
+    let per_layer = reported_layers(state, shape, &|_| true);
+    let n = per_layer.len();
+    if n == 0 || per_layer.keys().copied().ne(0..n as u32) {
+        return None;
+    }
+    Some(per_layer.into_values().collect())
 }
 
-/// [`layer_costs`] from the reports of the nodes `reported_by` accepts alone (one zone's).
-pub fn layer_costs_of(
+/// The costs of the layers the nodes `reported_by` accepts (one zone's) reported, the median
+/// of each at the job's micro-batch, by layer; with a profile, every layer's from it.
+pub fn reported_layers(
     state: &ControlState,
     shape: &JobShape,
     reported_by: &dyn Fn(&NodeId) -> bool,
-) -> Option<Vec<LayerCost>> {
+) -> BTreeMap<u32, LayerCost> {
     if let Some(p) = &shape.profile {
         let per_sample = f64::from(shape.micro_batch) / f64::from(p.micro_batch.max(1));
-        return Some(
-            p.layers
-                .iter()
-                .map(|l| {
-                    let c = l.cost();
-                    LayerCost {
-                        forward_ms: c.forward_ms * per_sample,
-                        backward_ms: c.backward_ms * per_sample,
-                        activation_mb: c.activation_mb * per_sample,
-                        ..c
-                    }
-                })
-                .collect(),
-        );
+        return p
+            .layers
+            .iter()
+            .map(|l| {
+                let c = l.cost();
+                LayerCost {
+                    forward_ms: c.forward_ms * per_sample,
+                    backward_ms: c.backward_ms * per_sample,
+                    activation_mb: c.activation_mb * per_sample,
+                    ..c
+                }
+            })
+            .zip(0..)
+            .map(|(c, i)| (i, c))
+            .collect();
     }
     let mut per_layer: BTreeMap<u32, Vec<parcae_consensus::state::LayerCost>> = BTreeMap::new();
     for (_, costs) in state.costs.iter().filter(|(id, _)| reported_by(id)) {
@@ -134,22 +141,20 @@ pub fn layer_costs_of(
             per_layer.entry(*layer).or_default().push(*c);
         }
     }
-    let n = per_layer.len();
-    if n == 0 || per_layer.keys().copied().ne(0..n as u32) {
-        return None;
-    }
-    let layers = per_layer
-        .values()
-        .map(|cs| LayerCost {
-            forward_ms: median(cs.iter().map(|c| c.forward_s * 1e3).collect()),
-            backward_ms: median(cs.iter().map(|c| c.backward_s * 1e3).collect()),
-            optimizer_ms: median(cs.iter().map(|c| c.optimizer_s * 1e3).collect()),
-            activation_mb: median(cs.iter().map(|c| c.output_bytes as f64).collect())
-                / (1024.0 * 1024.0),
-            params: median(cs.iter().map(|c| c.params as f64).collect()),
+    per_layer
+        .into_iter()
+        .map(|(layer, cs)| {
+            let cost = LayerCost {
+                forward_ms: median(cs.iter().map(|c| c.forward_s * 1e3).collect()),
+                backward_ms: median(cs.iter().map(|c| c.backward_s * 1e3).collect()),
+                optimizer_ms: median(cs.iter().map(|c| c.optimizer_s * 1e3).collect()),
+                activation_mb: median(cs.iter().map(|c| c.output_bytes as f64).collect())
+                    / (1024.0 * 1024.0),
+                params: median(cs.iter().map(|c| c.params as f64).collect()),
+            };
+            (layer, cost)
         })
-        .collect();
-    Some(layers)
+        .collect()
 }
 
 /// The cost model, or `None` until the layers' costs are known ([`layer_costs`]).

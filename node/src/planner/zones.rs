@@ -9,7 +9,7 @@
 //! A cluster in one zone, or one with a member whose zone is unknown, is planned as before: as
 //! one cluster of alike nodes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use parcae_consensus::{ControlState, NodeId};
@@ -17,9 +17,10 @@ use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
 use parcae_strategies::cost::links::{Link, Links};
 use parcae_strategies::cost::mixed::DeviceCosts;
+use parcae_strategies::cost::spec::LayerCost;
 use parcae_strategies::cost::transfer::TransferModel;
 
-use super::costs::{JobShape, layer_costs_of};
+use super::costs::{JobShape, reported_layers};
 
 /// The workers as a fleet of zones at this moment.
 pub struct Zoned {
@@ -63,20 +64,20 @@ impl FleetCache {
         if names.len() < 2 || names.len() > MAX_ZONES || names.contains(&"") {
             return None;
         }
+        let reported: Vec<BTreeMap<u32, LayerCost>> = names
+            .iter()
+            .map(|name| reported_layers(state, shape, &|id| zone_of(id) == *name))
+            .collect();
         let zones: Vec<Zone> = names
             .iter()
-            .map(|name| {
-                let layers = layer_costs_of(state, shape, &|id| zone_of(id) == *name)
-                    .filter(|l| l.len() == cost.spec.layers.len())
-                    .unwrap_or_else(|| cost.spec.layers.clone());
-                Zone {
+            .zip(zone_layers(&reported, &cost.spec.layers))
+            .map(|(name, layers)| Zone {
+                name: (*name).into(),
+                device: DeviceCosts {
                     name: (*name).into(),
-                    device: DeviceCosts {
-                        name: (*name).into(),
-                        layers,
-                        memory_mb: shape.memory_mb,
-                    },
-                }
+                    layers,
+                    memory_mb: shape.memory_mb,
+                },
             })
             .collect();
         let current = self
@@ -110,6 +111,56 @@ impl FleetCache {
             cost: Arc::new(cost),
         })
     }
+}
+
+/// Each zone's layers from what its own nodes reported (`reported[z]`, by layer). A node
+/// reports only the layers it runs, so a zone whose nodes hold some stages has not timed the
+/// others: those are what the zones that run them reported, scaled by how much slower this
+/// zone's device is than theirs (the ratio of the zones' median time per parameter over the
+/// layers each timed; a model's blocks are alike, so this is their speed ratio). A layer no
+/// zone reported, or a zone that reported nothing, takes the pooled medians (`pooled`).
+fn zone_layers(reported: &[BTreeMap<u32, LayerCost>], pooled: &[LayerCost]) -> Vec<Vec<LayerCost>> {
+    let pace: Vec<Option<f64>> = reported.iter().map(ms_per_param).collect();
+    (0..reported.len())
+        .map(|z| {
+            (0..pooled.len())
+                .map(|i| {
+                    let layer = i as u32;
+                    if let Some(own) = reported[z].get(&layer) {
+                        return *own;
+                    }
+                    let timed_by =
+                        (0..reported.len()).find(|&w| w != z && reported[w].contains_key(&layer));
+                    match (timed_by, pace[z]) {
+                        (Some(w), Some(mine)) => {
+                            let theirs = reported[w][&layer];
+                            let slower = pace[w].map_or(1.0, |p| mine / p);
+                            LayerCost {
+                                forward_ms: theirs.forward_ms * slower,
+                                backward_ms: theirs.backward_ms * slower,
+                                optimizer_ms: theirs.optimizer_ms * slower,
+                                ..theirs
+                            }
+                        }
+                        _ => pooled[i],
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The median forward plus backward time per parameter of the layers in `layers` that have
+/// parameters, or `None` without any.
+fn ms_per_param(layers: &BTreeMap<u32, LayerCost>) -> Option<f64> {
+    let mut paces: Vec<f64> = layers
+        .values()
+        .filter(|l| l.params > 0.0)
+        .map(|l| (l.forward_ms + l.backward_ms) / l.params)
+        .filter(|p| p.is_finite() && *p > 0.0)
+        .collect();
+    paces.sort_by(f64::total_cmp);
+    paces.get(paces.len() / 2).copied()
 }
 
 /// The links the plans are priced on: within a zone the rate the nodes measured, free; between

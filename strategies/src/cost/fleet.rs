@@ -32,6 +32,9 @@ use crate::config::ParallelConfig;
 /// Most zones a fleet spans (each a block of [`mixed::arrange`]'s orders).
 pub const MAX_ZONES: usize = 4;
 
+/// Most compositions whose plans are kept; the memo starts over past it.
+pub const MAX_COMPOSITIONS: usize = 1024;
+
 /// One zone of the fleet: its name and the device kind its nodes run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Zone {
@@ -154,6 +157,10 @@ impl Fleet {
         let key = (layout, counts.to_vec());
         if let Some(plans) = self.memo.get(&key) {
             return plans.clone();
+        }
+        // A leader lives for days and the zones' counts wander: keep the memo bounded.
+        if self.memo.len() >= MAX_COMPOSITIONS {
+            self.memo.clear();
         }
         let total: u32 = counts.iter().sum();
         let mut placements = BTreeMap::new();

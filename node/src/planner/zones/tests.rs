@@ -1,5 +1,6 @@
 use parcae_consensus::Command;
 use parcae_consensus::state::{Capabilities, Job, LayerCost as Reported, PeerInfo};
+use parcae_strategies::cost::spec::LayerCost;
 
 use super::*;
 use crate::planner::build::workers;
@@ -96,6 +97,36 @@ fn each_zone_is_priced_at_what_its_own_nodes_measured() {
             .sum()
     };
     assert!(on(0) > on(1), "fast {} slow {}: {placed:?}", on(0), on(1));
+}
+
+#[test]
+fn a_zone_prices_the_layers_it_does_not_run_at_its_own_speed() {
+    let layer = |ms: f64| LayerCost {
+        forward_ms: ms,
+        backward_ms: 2.0 * ms,
+        optimizer_ms: 0.1 * ms,
+        activation_mb: 1.0,
+        params: 1000.0,
+    };
+    // Zone 0 runs the first four layers at 10 ms, zone 1 (twice as fast) the last four.
+    let slow: BTreeMap<u32, LayerCost> = (0..4).map(|i| (i, layer(10.0))).collect();
+    let fast: BTreeMap<u32, LayerCost> = (4..8).map(|i| (i, layer(5.0))).collect();
+    let pooled = vec![layer(7.0); 8];
+    let zones = zone_layers(&[slow, fast, BTreeMap::new()], &pooled);
+    for i in 0..8 {
+        assert!(
+            (zones[0][i].forward_ms - 10.0).abs() < 1e-9,
+            "slow {i}: {:?}",
+            zones[0][i]
+        );
+        assert!(
+            (zones[1][i].forward_ms - 5.0).abs() < 1e-9,
+            "fast {i}: {:?}",
+            zones[1][i]
+        );
+        assert!((zones[1][i].backward_ms - 10.0).abs() < 1e-9);
+        assert_eq!(zones[2][i], pooled[i], "a zone that timed nothing");
+    }
 }
 
 #[test]
