@@ -32,8 +32,8 @@ pub struct Zoned {
     pub cost: Arc<CostModel>,
 }
 
-/// The fleet of the zones seen last: kept while its zones and their devices' costs stay the
-/// same, so each composition's tables are laid out once.
+/// The fleet of the zones seen last: kept while its zones, their devices' costs and the links
+/// stay the same, so each composition's tables are laid out once.
 #[derive(Default)]
 pub struct FleetCache {
     fleet: Option<Fleet>,
@@ -80,13 +80,13 @@ impl FleetCache {
                 },
             })
             .collect();
-        let current = self
-            .fleet
-            .as_ref()
-            .is_some_and(|f| f.zones() == zones.as_slice() && f.spec() == &cost.spec);
+        let links = links(&cost.transfer);
+        let current = self.fleet.as_ref().is_some_and(|f| {
+            f.zones() == zones.as_slice() && f.spec() == &cost.spec && f.links() == &links
+        });
         if !current {
             tracing::info!(zones = ?names, "planning over zones");
-            self.fleet = Fleet::new(cost.spec.clone(), zones, links(&cost.transfer))
+            self.fleet = Fleet::new(cost.spec.clone(), zones, links)
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
         }

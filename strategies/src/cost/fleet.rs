@@ -99,6 +99,8 @@ pub struct Fleet {
     zones: Vec<Zone>,
     links: Links,
     worst: DeviceCosts,
+    /// Forward and backward of the whole model on each zone's device, ms.
+    paces: Vec<f64>,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Vec<usize>, Option<Arranged>>,
     mixed_rates: HashMap<(Vec<usize>, u32), Option<f64>>,
@@ -124,11 +126,22 @@ impl Fleet {
             }
         }
         let worst = worst_device(&spec, &zones);
+        let paces = zones
+            .iter()
+            .map(|z| {
+                z.device
+                    .layers
+                    .iter()
+                    .map(|l| l.forward_ms + l.backward_ms)
+                    .sum()
+            })
+            .collect();
         Ok(Self {
             spec,
             zones,
             links,
             worst,
+            paces,
             memo: HashMap::new(),
             arranged: HashMap::new(),
             mixed_rates: HashMap::new(),
@@ -139,6 +152,11 @@ impl Fleet {
     /// The job.
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// The links between the zones.
+    pub fn links(&self) -> &Links {
+        &self.links
     }
 
     /// The zones, in the order compositions count them.
@@ -162,11 +180,16 @@ impl Fleet {
         if self.memo.len() >= MAX_COMPOSITIONS {
             self.memo.clear();
         }
-        let total: u32 = counts.iter().sum();
+        // A composition of another fleet has no placement.
+        let total: u32 = if counts.len() == self.zones.len() {
+            counts.iter().sum()
+        } else {
+            0
+        };
         let mut placements = BTreeMap::new();
         for p in self.spec.depths.clone() {
             for d in 1..=total / p.max(1) {
-                if !self.spec.admits(d, p) || counts.len() != self.zones.len() {
+                if !self.spec.admits(d, p) {
                     continue;
                 }
                 let placed = match layout {
@@ -455,12 +478,7 @@ impl Fleet {
 
     /// Forward and backward of the whole model on zone `z`'s device, ms: the order of speed.
     fn pace(&self, z: usize) -> f64 {
-        self.zones[z]
-            .device
-            .layers
-            .iter()
-            .map(|l| l.forward_ms + l.backward_ms)
-            .sum()
+        self.paces[z]
     }
 }
 

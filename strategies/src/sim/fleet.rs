@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::cost::CostModel;
 use crate::cost::fleet::{Fleet, Layout};
+use crate::cost::money::machine_hours;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
 use crate::trace::{Interval, Trace};
@@ -216,13 +217,10 @@ fn best_single_zone(
         let run = super::simulate(&setup, trace, range.clone(), strategy);
         if best.as_ref().is_none_or(|b| run.samples > b.run.samples) {
             let mut node_hours = vec![0.0; traces.len()];
-            node_hours[z] = held_hours(
-                &trace.intervals[range.clone()]
-                    .iter()
-                    .map(|i| vec![i.nodes])
-                    .collect::<Vec<_>>(),
-                trace.interval_secs,
-            )[0];
+            node_hours[z] = machine_hours(
+                trace.intervals[range.clone()].iter().map(|i| i.nodes),
+                trace.interval_secs as f64,
+            );
             best = Some(FleetRun {
                 run,
                 node_hours,
@@ -260,9 +258,7 @@ fn liveput_zone(name: &str) -> Strategy {
 fn held_hours(counts: &[Vec<u32>], interval_secs: u64) -> Vec<f64> {
     let zones = counts.first().map_or(0, Vec::len);
     (0..zones)
-        .map(|z| {
-            counts.iter().map(|c| f64::from(c[z])).sum::<f64>() * interval_secs as f64 / 3600.0
-        })
+        .map(|z| machine_hours(counts.iter().map(|c| c[z]), interval_secs as f64))
         .collect()
 }
 
