@@ -221,6 +221,48 @@ pub struct EstimateView {
     pub config: [u32; 2],
     /// Estimated samples per second.
     pub samples_per_sec: f64,
+    /// Over zones: the nodes it would run in each zone, in [`FleetView::zones`]' order (empty
+    /// when the workers are planned as one zone).
+    #[serde(default)]
+    pub zones: Vec<u32>,
+}
+
+/// What the leader plans over when its workers are in several zones (issue 37): each zone's
+/// nodes and the device speed it measured, and the links the plans are priced on.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FleetView {
+    /// The zones, by name.
+    pub zones: Vec<ZoneView>,
+    /// A link inside a zone.
+    pub within: LinkView,
+    /// A link between two zones.
+    pub across: LinkView,
+}
+
+/// One zone as the leader prices it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ZoneView {
+    /// Its name (the members' `zone`).
+    pub name: String,
+    /// Workers in it.
+    pub nodes: u32,
+    /// Forward and backward of every layer on one micro-batch on its device, ms (its own
+    /// nodes' reports, or other zones' scaled to its speed): how fast it is.
+    pub model_ms: f64,
+}
+
+/// A link's price in the plans.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LinkView {
+    /// Bandwidth, Gbit/s.
+    pub gbit_per_s: f64,
+    /// Latency, ms.
+    pub latency_ms: f64,
+    /// Egress price, USD per GB.
+    pub usd_per_gb: f64,
 }
 
 /// The trainer's side of `/status`.
@@ -238,6 +280,8 @@ pub struct TrainingView {
     pub migrations: Vec<MigrationView>,
     /// The planner's cost estimates (on the leader): samples/s of the best configurations.
     pub estimates: Vec<EstimateView>,
+    /// The zones the leader plans over, when its workers are in several.
+    pub fleet: Option<FleetView>,
     /// The emulated accelerator this node trains on, if any.
     pub emulated: Option<EmulatedView>,
     /// Why this node does not train, when it refuses to.

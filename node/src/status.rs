@@ -13,9 +13,9 @@ use std::sync::{Arc, RwLock};
 use actix::prelude::*;
 
 pub use parcae_api::{
-    ClockRefusalView, EmulatedView, EstimateView, LatencySummary, MemberState, MemberView,
-    MigrationKind, MigrationView, NoticeView, Placement, RoleView, StatusSnapshot, StepRecord,
-    TrainingPhase, TrainingView,
+    ClockRefusalView, EmulatedView, EstimateView, FleetView, LatencySummary, MemberState,
+    MemberView, MigrationKind, MigrationView, NoticeView, Placement, RoleView, StatusSnapshot,
+    StepRecord, TrainingPhase, TrainingView,
 };
 
 /// Step records kept for `/steps`.
@@ -184,24 +184,27 @@ impl Handler<TrainingView> for Status {
 
     fn handle(&mut self, view: TrainingView, _: &mut Context<Self>) {
         let estimates = std::mem::take(&mut self.training.estimates);
+        let fleet = self.training.fleet.take();
         self.training = view;
         if self.training.estimates.is_empty() {
             self.training.estimates = estimates;
+            self.training.fleet = fleet;
         }
         self.render_status();
     }
 }
 
-/// The planner's latest estimates.
+/// The planner's latest estimates, and the zones they were laid over.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
-pub struct Estimates(pub Vec<EstimateView>);
+pub struct Estimates(pub Vec<EstimateView>, pub Option<FleetView>);
 
 impl Handler<Estimates> for Status {
     type Result = ();
 
     fn handle(&mut self, e: Estimates, _: &mut Context<Self>) {
         self.training.estimates = e.0;
+        self.training.fleet = e.1;
         self.render_status();
     }
 }

@@ -46,6 +46,8 @@ use parcae_strategies::trace::{Interval, Trace};
 use crate::engine::Observed;
 use crate::monitor::Sample;
 
+pub mod zones;
+
 /// Restart cost assumed when no restart was measured, ms.
 pub const DEFAULT_RESTART_MS: f64 = 5000.0;
 /// Loopback transfer assumed for state moves.
@@ -288,10 +290,12 @@ mod tests {
             EstimateView {
                 config: [2, 2],
                 samples_per_sec: 80.0,
+                zones: Vec::new(),
             },
             EstimateView {
                 config: [1, 4],
                 samples_per_sec: 60.0,
+                zones: Vec::new(),
             },
         ];
         let table = measured_throughput(&[&run]);

@@ -19,6 +19,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{Ctx, Scenario, ZoneStart};
+use crate::predicted::zones::ReplayedZone;
 use parcae_strategies::trace::Trace;
 use parcae_testnet::error::TestnetError;
 
@@ -114,6 +115,20 @@ impl Replay {
     /// Nodes of every interval, all zones together.
     pub fn counts(&self) -> &[u32] {
         &self.counts
+    }
+
+    /// Each zone of a run over zones with its device's speed and its nodes per interval (empty:
+    /// no zones).
+    pub fn replayed_zones(&self) -> Vec<ReplayedZone<'_>> {
+        self.zones
+            .iter()
+            .enumerate()
+            .map(|(z, (name, counts))| ReplayedZone {
+                name,
+                speed: self.speeds.get(z).copied().unwrap_or(1.0),
+                counts,
+            })
+            .collect()
     }
 
     /// Each zone's index (`None`: no zones), the nodes it wants in interval `k` and those of

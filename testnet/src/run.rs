@@ -376,6 +376,21 @@ pub fn simulate_sessions(
     }
 }
 
+/// Gives an emulated run over zones the fleet simulator's account of it
+/// ([`predicted::zones`]): its strategy on each zone's replayed counts, each zone's device at
+/// its speed, the interval the emulated one.
+fn simulate_zoned_session(outcome: &mut Outcome, node: &NodeArgs, profile: &str, replay: &Replay) {
+    let interval_secs = node.interval_secs as f64 * node.time_scale;
+    let zones = replay.replayed_zones();
+    let strategy = outcome.report.strategy.clone();
+    if let Some(run) =
+        predicted::zones::simulate(profile, &zones, interval_secs, node.seed, &strategy)
+    {
+        outcome.report.compare_with_simulator(run.samples, 0.0);
+        outcome.simulated = Some(run);
+    }
+}
+
 /// Checks the history of `outcome` (`minority_seen`: what cut-off sides applied, where the
 /// network split) and, unless the model was emulated, trains it again in one process on the
 /// nodes' device; prints the verdict, puts it in the report and keeps the history in a kept
@@ -461,16 +476,18 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     if args.replay {
         verify_history(&mut outcomes[0], None, &args.node)?;
     }
-    // The simulator plans one device kind: a run whose zones run unequal devices has no
-    // simulated account to be held to.
-    if scenario.zones().iter().all(|z| z.speed == 1.0) {
-        simulate_sessions(
+    match &args.node.emulate {
+        Some(profile) if !args.zones.is_empty() => {
+            simulate_zoned_session(&mut outcomes[0], &args.node, profile, &scenario);
+        }
+        // Unemulated zones run alike CPUs: one cluster to the simulator.
+        _ => simulate_sessions(
             &mut outcomes,
             &args.node,
             &planned,
             nodes_max,
             args.prices.prices()?,
-        );
+        ),
     }
     let [outcome] = outcomes;
     finish(&[&outcome], &args.output, &planned.source)?;

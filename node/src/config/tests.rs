@@ -79,8 +79,8 @@ fn an_emulated_device_can_be_a_faster_kind_with_the_same_links() {
     assert!((ratio - 1.5).abs() < 1e-6, "{ratio}");
     assert!((b.backward.as_secs_f64() / f.backward.as_secs_f64() - 1.5).abs() < 1e-6);
     assert_eq!(
-        (b.boundary, b.all_reduce),
-        (f.boundary, f.all_reduce),
+        (b.to_next, b.all_reduce),
+        (f.to_next, f.all_reduce),
         "links unchanged"
     );
     assert_eq!(base.name(), "emulated:gpt-1.5b");

@@ -10,9 +10,9 @@ use parcae_model::LayerCost;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::spec::RestartKind;
 
-use super::costs::{Emulation, EmulationError};
+use super::costs::{Crossings, Emulation, EmulationError, Fetched};
 use super::pacer::{Overrun, Pacer};
-use super::pacing::{Change, Pacing, StepPacing};
+use super::pacing::{Change, MeasuredFetch, Pacing, StepPacing};
 use crate::metrics::Metrics;
 use crate::status::{EmulatedView, MigrationKind};
 
@@ -85,18 +85,25 @@ impl Accelerator {
         })
     }
 
-    /// What timing a state fetch on this device's link finds, given what the real fetch of
-    /// the narrow stand-in's state took (`real_secs`): the emulated state bytes of the layers
-    /// `fetched`, and the real fetch waited out to the emulated link's time, as the pacer makes
-    /// it. (bytes, seconds): the rate the planner learns is the emulated link's, not loopback's
-    /// for a model a thousand times smaller.
+    /// What timing a state fetch on this device's links finds, given what the real fetch of
+    /// the narrow stand-in's state took (`real_secs`): each source's emulated state bytes over
+    /// its emulated link (within the zone or across), the real fetch waited out to the slowest
+    /// one's time, as the pacer makes it. The rates the planner learns are the emulated links',
+    /// not loopback's for a model a thousand times smaller.
     pub fn measured_fetch(
         &self,
-        fetched: &[std::ops::Range<usize>],
+        fetched: &[Fetched],
         real_secs: f64,
-    ) -> Result<(f64, f64), EmulationError> {
-        let (bytes, emulated_secs) = self.emulation.fetch(fetched)?;
-        Ok((bytes, real_secs.max(emulated_secs)))
+    ) -> Result<MeasuredFetch, EmulationError> {
+        let each = self.emulation.fetch_each(fetched)?;
+        let secs = each.iter().fold(real_secs, |m, (_, s)| m.max(*s));
+        Ok(MeasuredFetch {
+            secs,
+            rates: each
+                .iter()
+                .map(|(bytes, emulated)| bytes / real_secs.max(*emulated))
+                .collect(),
+        })
     }
 }
 
@@ -106,8 +113,11 @@ impl Pacing for Accelerator {
         layers: Range<usize>,
         micro_batch: u32,
         replicas: u32,
+        crossings: Crossings,
     ) -> Result<StepPacing<'_>, EmulationError> {
-        let stage = self.emulation.stage(layers, micro_batch, replicas)?;
+        let stage = self
+            .emulation
+            .stage_crossing(layers, micro_batch, replicas, crossings)?;
         Ok(StepPacing {
             clock: Some((stage, &self.pacer)),
         })
@@ -154,10 +164,10 @@ impl Pacing for Accelerator {
 
     fn measured_fetch(
         &self,
-        fetched: &[Range<usize>],
+        fetched: &[Fetched],
         _: u64,
         real_secs: f64,
-    ) -> Result<(f64, f64), EmulationError> {
+    ) -> Result<MeasuredFetch, EmulationError> {
         Accelerator::measured_fetch(self, fetched, real_secs)
     }
 
@@ -239,29 +249,29 @@ mod tests {
     #[test]
     fn timing_a_fetch_finds_the_emulated_link_unless_the_real_fetch_is_slower() {
         let device = Accelerator::new(Emulation::new("gpt-1.5b", 2.0).unwrap());
-        let (bytes, emulated) = device.emulation().fetch(&[1..3, 3..4]).unwrap();
-        // Two blocks from one source, one from another: the bytes add up, the slower counts.
-        let (one, one_secs) = device
-            .emulation()
-            .fetch(std::slice::from_ref(&(1..3)))
-            .unwrap();
-        assert!(bytes > one && (emulated - one_secs).abs() < 1e-12);
-        assert_eq!(
-            device.measured_fetch(&[1..3, 3..4], 0.001).unwrap(),
-            (bytes, emulated)
-        );
-        assert_eq!(
-            device.measured_fetch(&[1..3, 3..4], 100.0).unwrap(),
-            (bytes, 100.0)
-        );
-        // About the profiled 10 Gb/s link, twice as fast at time scale 2.
-        let rate = bytes / emulated;
-        assert!((1.5e9..3.0e9).contains(&rate), "{rate}");
-        assert!(
-            device
-                .measured_fetch(std::slice::from_ref(&(60..61)), 1.0)
-                .is_err()
-        );
+        let far = Fetched {
+            layers: 3..5,
+            across: true,
+        };
+        let fetched = [(1..3).into(), far.clone()];
+        let (bytes, emulated) = device.emulation().fetch(&fetched).unwrap();
+        // Two blocks from a source in the zone, two from one in another: the bytes add up, the
+        // slower (the one across zones) counts.
+        let (near, near_secs) = device.emulation().fetch(&[(1..3).into()]).unwrap();
+        let (_, far_secs) = device.emulation().fetch(&[far]).unwrap();
+        assert!(far_secs > near_secs && (emulated - far_secs).abs() < 1e-12);
+        assert!((bytes - 2.0 * near).abs() < 1e-3);
+        let quick = device.measured_fetch(&fetched, 0.001).unwrap();
+        assert_eq!(quick.secs, emulated);
+        assert_eq!(quick.rates, vec![near / near_secs, near / far_secs]);
+        // About the profiled 10 Gb/s link within the zone and 5 Gb/s across, twice as fast at
+        // time scale 2.
+        assert!((1.5e9..3.0e9).contains(&quick.rates[0]), "{quick:?}");
+        assert!((1.1e9..1.3e9).contains(&quick.rates[1]), "{quick:?}");
+        let slow = device.measured_fetch(&fetched, 100.0).unwrap();
+        assert_eq!(slow.secs, 100.0);
+        assert_eq!(slow.rates, vec![near / 100.0; 2]);
+        assert!(device.measured_fetch(&[(60..61).into()], 1.0).is_err());
     }
 
     fn plan(nodes: &[u64]) -> Plan {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::analytic::Hardware;
+use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::profile::{ProfileError, emulated};
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
 use parcae_strategies::cost::transfer::TransferModel;
@@ -53,7 +54,42 @@ pub struct Emulation {
     spec: ModelSpec,
     hardware: Hardware,
     link: TransferModel,
+    /// The link between two zones: the cloud's ([`Links::default`], 5 Gb/s against the 10
+    /// within a zone), which a fleet over zones pays for what crosses.
+    across: TransferModel,
     time_scale: f64,
+}
+
+/// Which of a stage's transfers leave its node's zone: the activations to the next stage, the
+/// gradients to the previous one, and the ring of its replicas (when they are in more than one
+/// zone). Nothing crosses in a cluster of one zone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Crossings {
+    /// The next stage's node is in another zone.
+    pub next: bool,
+    /// The previous stage's node is in another zone.
+    pub prev: bool,
+    /// The stage's replicas are in more than one zone.
+    pub ring: bool,
+}
+
+/// The layers fetched from one live holder, and whether that holder is in another zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// The layers it sent.
+    pub layers: Range<usize>,
+    /// It is in another zone: the state crossed the link between zones.
+    pub across: bool,
+}
+
+impl From<Range<usize>> for Fetched {
+    /// Layers fetched within the zone.
+    fn from(layers: Range<usize>) -> Self {
+        Self {
+            layers,
+            across: false,
+        }
+    }
 }
 
 /// What the emulated hardware takes for one stage's work, divided by the time scale.
@@ -65,8 +101,10 @@ pub struct EmulatedStage {
     pub backward: Duration,
     /// The optimizer step of the stage's layers.
     pub optimizer: Duration,
-    /// One activation or gradient at the stage boundary over the link.
-    pub boundary: Duration,
+    /// One activation to the next stage over its link.
+    pub to_next: Duration,
+    /// One gradient to the previous stage over its link.
+    pub to_prev: Duration,
     /// The ring all-reduce of the stage's gradients among its replicas.
     pub all_reduce: Duration,
     /// The stage's whole state (weights and optimizer moments) over the link.
@@ -125,6 +163,7 @@ impl Emulation {
             spec: emulated.spec,
             hardware: emulated.hardware,
             link: TransferModel::Profiled10Gbps,
+            across: across_zones(),
             time_scale,
         })
     }
@@ -208,13 +247,24 @@ impl Emulation {
     }
 
     /// What the stage holding `layers` takes with micro-batches of `micro_batch` samples and
-    /// `replicas` replicas. The profile is per micro-batch of the emulated job's size; other
-    /// sizes scale compute and boundary bytes linearly.
+    /// `replicas` replicas, every transfer inside one zone. The profile is per micro-batch of
+    /// the emulated job's size; other sizes scale compute and boundary bytes linearly.
     pub fn stage(
         &self,
         layers: Range<usize>,
         micro_batch: u32,
         replicas: u32,
+    ) -> Result<EmulatedStage, EmulationError> {
+        self.stage_crossing(layers, micro_batch, replicas, Crossings::default())
+    }
+
+    /// [`Self::stage`] with the transfers `crossings` names over the link between zones.
+    pub fn stage_crossing(
+        &self,
+        layers: Range<usize>,
+        micro_batch: u32,
+        replicas: u32,
+        crossings: Crossings,
     ) -> Result<EmulatedStage, EmulationError> {
         let entries = self.entries(layers)?;
         let per_sample = self.per_sample(micro_batch);
@@ -223,14 +273,29 @@ impl Emulation {
         };
         let params = sum(|l| l.params);
         let grad_bytes = params * GRAD_BYTES_PER_PARAM;
+        let boundary = |across: bool| {
+            self.ms(self
+                .link_for(across)
+                .cost_ms(self.spec.boundary_bytes * per_sample))
+        };
         Ok(EmulatedStage {
             forward: self.ms(sum(|l| l.forward_ms) * per_sample),
             backward: self.ms(sum(|l| l.backward_ms) * per_sample),
             optimizer: self.ms(sum(|l| l.optimizer_ms)),
-            boundary: self.ms(self.link.cost_ms(self.spec.boundary_bytes * per_sample)),
-            all_reduce: self.ms(ring_all_reduce_ms(&self.link, grad_bytes, replicas)),
+            to_next: boundary(crossings.next),
+            to_prev: boundary(crossings.prev),
+            all_reduce: self.ms(ring_all_reduce_ms(
+                self.link_for(crossings.ring),
+                grad_bytes,
+                replicas,
+            )),
             state: self.ms(self.link.cost_ms(self.spec.state_bytes(params))),
         })
+    }
+
+    /// The link within a zone, or the one between zones.
+    fn link_for(&self, across: bool) -> &TransferModel {
+        if across { &self.across } else { &self.link }
     }
 
     /// What a reconfiguration of this node into `to` takes on the emulated cluster: Parcae's
@@ -244,7 +309,7 @@ impl Emulation {
         to: ParallelConfig,
         kind: RestartKind,
         restart: bool,
-        fetched: &[Range<usize>],
+        fetched: &[Fetched],
         restored: &[Range<usize>],
     ) -> Result<Duration, EmulationError> {
         let (_, fetch_ms) = self.fetch_ms(fetched)?;
@@ -283,27 +348,43 @@ impl Emulation {
     /// What fetching the state of the layers `fetched` from live holders moves and takes on the
     /// emulated link: (bytes, emulated seconds at the time scale). The sources send at once, so
     /// the slowest one counts.
-    pub fn fetch(&self, fetched: &[Range<usize>]) -> Result<(f64, f64), EmulationError> {
+    pub fn fetch(&self, fetched: &[Fetched]) -> Result<(f64, f64), EmulationError> {
         let (bytes, ms) = self.fetch_ms(fetched)?;
         Ok((bytes, self.ms(ms).as_secs_f64()))
     }
 
+    /// Each of `fetched` on its own link: (bytes, emulated seconds at the time scale).
+    pub fn fetch_each(&self, fetched: &[Fetched]) -> Result<Vec<(f64, f64)>, EmulationError> {
+        fetched
+            .iter()
+            .map(|f| {
+                let (bytes, ms) = self.fetch_ms(std::slice::from_ref(f))?;
+                Ok((bytes, self.ms(ms).as_secs_f64()))
+            })
+            .collect()
+    }
+
     /// [`Self::fetch`] in unscaled emulated milliseconds.
-    fn fetch_ms(&self, fetched: &[Range<usize>]) -> Result<(f64, f64), EmulationError> {
+    fn fetch_ms(&self, fetched: &[Fetched]) -> Result<(f64, f64), EmulationError> {
         let (mut bytes, mut ms) = (0.0, 0.0f64);
-        for layers in fetched {
-            let (b, m) = self.state_ms(layers)?;
+        for f in fetched {
+            let b = self.state_bytes(&f.layers)?;
             bytes += b;
-            ms = ms.max(m);
+            ms = ms.max(self.link_for(f.across).cost_ms(b));
         }
         Ok((bytes, ms))
     }
 
-    /// The emulated state bytes of `layers` and their time over the link, ms.
+    /// The emulated state bytes of `layers` and their time over the link within a zone, ms.
     fn state_ms(&self, layers: &Range<usize>) -> Result<(f64, f64), EmulationError> {
-        let params = self.entries(layers.clone())?.iter().map(|l| l.params).sum();
-        let bytes = self.spec.state_bytes(params);
+        let bytes = self.state_bytes(layers)?;
         Ok((bytes, self.link.cost_ms(bytes)))
+    }
+
+    /// The emulated state bytes of `layers`: weights and optimizer moments.
+    fn state_bytes(&self, layers: &Range<usize>) -> Result<f64, EmulationError> {
+        let params = self.entries(layers.clone())?.iter().map(|l| l.params).sum();
+        Ok(self.spec.state_bytes(params))
     }
 
     /// The profiled entries of `layers` (non-empty and within the model).
@@ -326,6 +407,15 @@ impl Emulation {
     /// Emulated milliseconds as a wall-clock duration at the time scale.
     fn ms(&self, ms: f64) -> Duration {
         Duration::from_secs_f64((ms / 1000.0 / self.time_scale).max(0.0))
+    }
+}
+
+/// The link between two zones as the emulated transfers are paced on it.
+fn across_zones() -> TransferModel {
+    let across = Links::default().across;
+    TransferModel::Linear {
+        latency_ms: across.latency_ms,
+        bytes_per_sec: across.gbit_per_s * 1e9 / 8.0,
     }
 }
 
@@ -360,7 +450,8 @@ mod tests {
         assert_eq!(s.all_reduce, Duration::ZERO);
         // The boundary activation (1024 x 1600 f32 = 6.25 MiB) on the 10 Gb/s curve.
         let link = TransferModel::Profiled10Gbps.cost_ms(1024.0 * 1600.0 * 4.0);
-        assert!((ms(s.boundary) - link).abs() < 1e-6);
+        assert!((ms(s.to_next) - link).abs() < 1e-6);
+        assert_eq!(s.to_prev, s.to_next);
         // Weights and two Adam moments, f32.
         let params = 82_124_800.0 + 6.0 * 30_740_800.0;
         let state = TransferModel::Profiled10Gbps.cost_ms(params * 12.0);
@@ -382,6 +473,38 @@ mod tests {
     }
 
     #[test]
+    fn what_crosses_zones_takes_the_link_between_zones() {
+        let e = Emulation::new("gpt-1.5b", 2.0).unwrap();
+        let within = e.stage(1..9, 1, 3).unwrap();
+        let crossing = Crossings {
+            next: true,
+            prev: false,
+            ring: true,
+        };
+        let s = e.stage_crossing(1..9, 1, 3, crossing).unwrap();
+        let across = across_zones();
+        // 5 Gb/s and 0.5 ms: the activation, and every round of the ring's.
+        let activation = across.cost_ms(1024.0 * 1600.0 * 4.0) / 2.0;
+        assert!((ms(s.to_next) - activation).abs() < 1e-6);
+        assert_eq!(s.to_prev, within.to_prev);
+        let chunk = 8.0 * 30_740_800.0 * 2.0 / 3.0;
+        assert!((ms(s.all_reduce) - 4.0 * across.cost_ms(chunk) / 2.0).abs() < 1e-6);
+        assert!(s.to_next > within.to_next && s.all_reduce > within.all_reduce);
+        assert_eq!((s.forward, s.backward), (within.forward, within.backward));
+        // A holder in another zone sends its state over that link too.
+        let near = e.fetch(&[(1..3).into()]).unwrap();
+        let far = e
+            .fetch(&[Fetched {
+                layers: 1..3,
+                across: true,
+            }])
+            .unwrap();
+        assert_eq!(near.0, far.0);
+        assert!((far.1 - across.cost_ms(far.0) / 2000.0).abs() < 1e-9);
+        assert!(far.1 > 1.3 * near.1, "{far:?} {near:?}");
+    }
+
+    #[test]
     fn a_switch_costs_its_slowest_source_its_restores_and_a_restart() {
         let e = Emulation::new("gpt-1.5b", 1.0).unwrap();
         let state = |params: f64| TransferModel::Profiled10Gbps.cost_ms(params * 12.0);
@@ -392,7 +515,9 @@ mod tests {
         let groups = 35.0 + 39.3 * (2.0 + 8.0 + 1.0 + 16.0);
         assert!((ms(e.switch(to, remove, false, &[], &[]).unwrap()) - groups).abs() < 1e-6);
         // Two sources in parallel: the one sending two blocks is the slower.
-        let t = e.switch(to, remove, false, &[1..3, 3..4], &[]).unwrap();
+        let t = e
+            .switch(to, remove, false, &[(1..3).into(), (3..4).into()], &[])
+            .unwrap();
         assert!((ms(t) - (groups + state(2.0 * block))).abs() < 1e-6);
         // A restore adds its state; a restart is Parcae's profiled restart: process 240 ms,
         // the groups, the build of ceil(48 / p) blocks.
@@ -407,7 +532,7 @@ mod tests {
         let add = e.switch(to, RestartKind::Add, true, &[], &[]).unwrap();
         let joined = 6600.0 + 35.0 + 500.0 * 27.0 + 240.0 + build;
         assert!((ms(add) - joined).abs() < 1e-6, "{add:?}");
-        let beyond = std::slice::from_ref(&(49..51));
+        let beyond = &[(49..51).into()];
         assert!(e.switch(to, remove, false, beyond, &[]).is_err());
     }
 

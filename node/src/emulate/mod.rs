@@ -22,7 +22,9 @@ pub mod pacer;
 pub mod pacing;
 
 pub use accelerator::Accelerator;
-pub use costs::{EmulatedStage, Emulation, EmulationError, STAND_IN, StandInWidth};
+pub use costs::{
+    Crossings, EmulatedStage, Emulation, EmulationError, Fetched, STAND_IN, StandInWidth,
+};
 pub use paced::{PacedCollective, PacedNeighbours};
 pub use pacer::{Overrun, OverrunSnapshot, Pacer};
-pub use pacing::{Change, Pacing, RealTime, StepPacing};
+pub use pacing::{Change, MeasuredFetch, Pacing, RealTime, StepPacing};

@@ -102,7 +102,7 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
         let inner = &mut *self.inner;
         match self.clock {
-            Some((stage, pacer)) => pacer.transfer(stage.boundary, || {
+            Some((stage, pacer)) => pacer.transfer(stage.to_next, || {
                 inner.send_activation(mb, stamped(bytes, pacer))
             }),
             None => inner.send_activation(mb, bytes),
@@ -117,9 +117,9 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
         let inner = &mut *self.inner;
         match self.clock {
-            Some((stage, pacer)) => pacer.transfer(stage.boundary, || {
-                inner.send_grad(mb, stamped(bytes, pacer))
-            }),
+            Some((stage, pacer)) => {
+                pacer.transfer(stage.to_prev, || inner.send_grad(mb, stamped(bytes, pacer)))
+            }
             None => inner.send_grad(mb, bytes),
         }
     }
@@ -213,7 +213,8 @@ mod tests {
             forward: ms(30),
             backward: ms(40),
             optimizer: ms(0),
-            boundary: ms(20),
+            to_next: ms(20),
+            to_prev: ms(20),
             all_reduce: ms(25),
             state: ms(0),
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parcae_consensus::state::Plan;
 use parcae_model::LayerCost;
 
-use super::costs::{EmulatedStage, EmulationError};
+use super::costs::{Crossings, EmulatedStage, EmulationError, Fetched};
 use super::pacer::Pacer;
 use crate::metrics::Metrics;
 use crate::status::{EmulatedView, MigrationKind};
@@ -26,21 +26,32 @@ pub struct Change<'a> {
     pub kind: MigrationKind,
     /// The reactive strategy's restart (every change rebuilds from checkpoints).
     pub reactive: bool,
-    /// Layers fetched from live holders, one range per fetch.
-    pub fetched: Vec<Range<usize>>,
+    /// Layers fetched from live holders, one entry per holder.
+    pub fetched: Vec<Fetched>,
     /// Layers restored from checkpoints, one range per part.
     pub restored: Vec<Range<usize>>,
+}
+
+/// What timing a state fetch found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredFetch {
+    /// Seconds the fetch took, every source sending at once.
+    pub secs: f64,
+    /// The rate of each source's link, bytes/s, in the fetch's order.
+    pub rates: Vec<f64>,
 }
 
 /// How the stage's work is timed.
 pub trait Pacing: Send + Sync {
     /// The pacing of one step of the stage holding `layers`, with micro-batches of
-    /// `micro_batch` samples and `replicas` replicas of the stage.
+    /// `micro_batch` samples and `replicas` replicas of the stage, `crossings` its transfers
+    /// that leave its zone.
     fn step(
         &self,
         layers: Range<usize>,
         micro_batch: u32,
         replicas: u32,
+        crossings: Crossings,
     ) -> Result<StepPacing<'_>, EmulationError>;
 
     /// After the optimizer update of `layers`, which took `real`.
@@ -61,14 +72,14 @@ pub trait Pacing: Send + Sync {
         micro_batch: u32,
     ) -> Result<LayerCost, EmulationError>;
 
-    /// What timing a state fetch of the layers `fetched` on this device's link finds, given
-    /// what the real one moved (`received_bytes`) and took (`real_secs`): (bytes, seconds).
+    /// What timing a state fetch of the layers `fetched` on this device's links finds, given
+    /// what the real one moved (`received_bytes`) and took (`real_secs`, all sources at once).
     fn measured_fetch(
         &self,
-        fetched: &[Range<usize>],
+        fetched: &[Fetched],
         received_bytes: u64,
         real_secs: f64,
-    ) -> Result<(f64, f64), EmulationError>;
+    ) -> Result<MeasuredFetch, EmulationError>;
 
     /// The pacing so far, into `metrics` and for `/status` (`None` on a real device).
     fn report(&self, metrics: &Metrics) -> Option<EmulatedView>;
@@ -79,7 +90,13 @@ pub trait Pacing: Send + Sync {
 pub struct RealTime;
 
 impl Pacing for RealTime {
-    fn step(&self, _: Range<usize>, _: u32, _: u32) -> Result<StepPacing<'_>, EmulationError> {
+    fn step(
+        &self,
+        _: Range<usize>,
+        _: u32,
+        _: u32,
+        _: Crossings,
+    ) -> Result<StepPacing<'_>, EmulationError> {
         Ok(StepPacing::default())
     }
 
@@ -97,11 +114,16 @@ impl Pacing for RealTime {
 
     fn measured_fetch(
         &self,
-        _: &[Range<usize>],
+        fetched: &[Fetched],
         received_bytes: u64,
         real_secs: f64,
-    ) -> Result<(f64, f64), EmulationError> {
-        Ok((received_bytes as f64, real_secs))
+    ) -> Result<MeasuredFetch, EmulationError> {
+        // Only the whole fetch is timed: its aggregate rate bounds each source's link.
+        let rate = received_bytes as f64 / real_secs;
+        Ok(MeasuredFetch {
+            secs: real_secs,
+            rates: vec![rate; fetched.len()],
+        })
     }
 
     fn report(&self, _: &Metrics) -> Option<EmulatedView> {

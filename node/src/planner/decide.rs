@@ -12,8 +12,8 @@ use super::build::{build_plan, workers};
 use super::costs::{JobShape, measured};
 use super::settle::departing_from_plan;
 use super::strategy::{Situation, Strategy};
-use super::zones::FleetCache;
-use crate::status::EstimateView;
+use super::zones::{FleetCache, Zoned};
+use crate::status::{EstimateView, FleetView};
 
 /// What a planning round decided.
 #[derive(Debug, Default)]
@@ -21,6 +21,8 @@ pub struct Decision {
     /// The throughput of the best configurations for the workers present, when the costs
     /// were looked at (for `/status`).
     pub estimates: Option<Vec<EstimateView>>,
+    /// The zones planned over, when the workers are in several (for `/status`).
+    pub fleet: Option<FleetView>,
     /// The plan to propose, if the plan must change.
     pub plan: Option<Plan>,
 }
@@ -82,13 +84,14 @@ pub fn decide(
             Some(plan)
         });
     Decision {
-        estimates: Some(estimates(&cost, n)),
+        estimates: Some(estimates(&cost, n, zoned.as_ref())),
+        fleet: zoned.map(|z| z.view),
         plan,
     }
 }
 
-/// The eight fastest configurations for `n` workers.
-fn estimates(cost: &CostModel, n: u32) -> Vec<EstimateView> {
+/// The eight fastest configurations for `n` workers, with their nodes per zone over zones.
+fn estimates(cost: &CostModel, n: u32, zoned: Option<&Zoned>) -> Vec<EstimateView> {
     let mut v: Vec<EstimateView> = cost
         .candidates()
         .iter()
@@ -96,6 +99,7 @@ fn estimates(cost: &CostModel, n: u32) -> Vec<EstimateView> {
         .map(|c| EstimateView {
             config: [c.d, c.p],
             samples_per_sec: cost.samples_per_sec(*c),
+            zones: zoned.and_then(|z| z.nodes_per_zone(*c)).unwrap_or_default(),
         })
         .collect();
     v.sort_by(|a, b| b.samples_per_sec.total_cmp(&a.samples_per_sec));

@@ -136,7 +136,7 @@ impl Planner {
                 tick,
             );
             if let Some(estimates) = decision.estimates {
-                self.status.do_send(Estimates(estimates));
+                self.status.do_send(Estimates(estimates, decision.fleet));
             }
             if let Some(plan) = decision.plan {
                 self.proposed = Some(Proposed {

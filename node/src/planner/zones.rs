@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use parcae_api::{FleetView, LinkView, ZoneView};
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
@@ -30,6 +31,22 @@ pub struct Zoned {
     pub plans: Arc<Plans>,
     /// The measured cost model with this composition's table: what the strategy chooses on.
     pub cost: Arc<CostModel>,
+    /// The zones and links as priced, for `/status`.
+    pub view: FleetView,
+}
+
+impl Zoned {
+    /// The workers `config` would run in each zone (`None` when the fleet cannot lay it out).
+    pub fn nodes_per_zone(&self, config: parcae_strategies::ParallelConfig) -> Option<Vec<u32>> {
+        let placement = self.plans.placements.get(&config)?;
+        let mut counts = vec![0u32; self.view.zones.len()];
+        for zone in placement.zones.iter().flatten() {
+            if let Some(c) = counts.get_mut(*zone) {
+                *c += 1;
+            }
+        }
+        Some(counts)
+    }
 }
 
 /// The fleet of the zones seen last: kept while its zones, their devices' costs and the links
@@ -49,12 +66,7 @@ impl FleetCache {
         shape: &JobShape,
         cost: &CostModel,
     ) -> Option<Zoned> {
-        let zone_of = |id: &NodeId| {
-            state
-                .members
-                .get(id)
-                .map_or("", |m| m.peer.caps.zone.as_str())
-        };
+        let zone_of = |id: &NodeId| zone_of(state, id);
         let names: Vec<&str> = workers
             .iter()
             .map(zone_of)
@@ -80,12 +92,22 @@ impl FleetCache {
                 },
             })
             .collect();
-        let links = links(&cost.transfer);
+        let links = links(state, &cost.transfer);
         let current = self.fleet.as_ref().is_some_and(|f| {
             f.zones() == zones.as_slice() && f.spec() == &cost.spec && f.links() == &links
         });
         if !current {
-            tracing::info!(zones = ?names, "planning over zones");
+            let model_ms: Vec<String> = zones
+                .iter()
+                .map(|z| format!("{}={:.1}", z.name, model_ms(&z.device)))
+                .collect();
+            tracing::info!(
+                zones = ?names,
+                model_ms = ?model_ms,
+                within_gbit = links.within.gbit_per_s,
+                across_gbit = links.across.gbit_per_s,
+                "planning over zones"
+            );
             self.fleet = Fleet::new(cost.spec.clone(), zones, links)
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
@@ -99,6 +121,7 @@ impl FleetCache {
             .map(|z| node_zones.iter().filter(|&&x| x == z).count() as u32)
             .collect();
         let plans = fleet.plans(Layout::ZoneAware, &counts);
+        let view = fleet_view(fleet, &counts);
         let cost = CostModel::new(
             cost.spec.clone(),
             plans.table.as_ref().clone(),
@@ -109,8 +132,49 @@ impl FleetCache {
             node_zones,
             plans,
             cost: Arc::new(cost),
+            view,
         })
     }
+}
+
+/// The zone member `id` said it is in (`""` when it did not, or is not a member).
+pub(crate) fn zone_of<'a>(state: &'a ControlState, id: &NodeId) -> &'a str {
+    state
+        .members
+        .get(id)
+        .map_or("", |m| m.peer.caps.zone.as_str())
+}
+
+/// `fleet` with `counts` workers per zone, as `/status` shows it.
+fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
+    let link = |l: &Link| LinkView {
+        gbit_per_s: l.gbit_per_s,
+        latency_ms: l.latency_ms,
+        usd_per_gb: l.usd_per_gb,
+    };
+    FleetView {
+        zones: fleet
+            .zones()
+            .iter()
+            .zip(counts)
+            .map(|(zone, nodes)| ZoneView {
+                name: zone.name.clone(),
+                nodes: *nodes,
+                model_ms: model_ms(&zone.device),
+            })
+            .collect(),
+        within: link(&fleet.links().within),
+        across: link(&fleet.links().across),
+    }
+}
+
+/// Forward and backward of every layer of `device` on one micro-batch, ms.
+fn model_ms(device: &DeviceCosts) -> f64 {
+    device
+        .layers
+        .iter()
+        .map(|l| l.forward_ms + l.backward_ms)
+        .sum()
 }
 
 /// Each zone's layers from what its own nodes reported (`reported[z]`, by layer). A node
@@ -153,34 +217,66 @@ fn zone_layers(reported: &[BTreeMap<u32, LayerCost>], pooled: &[LayerCost]) -> V
 /// The median forward plus backward time per parameter of the layers in `layers` that have
 /// parameters, or `None` without any.
 fn ms_per_param(layers: &BTreeMap<u32, LayerCost>) -> Option<f64> {
-    let mut paces: Vec<f64> = layers
-        .values()
-        .filter(|l| l.params > 0.0)
-        .map(|l| (l.forward_ms + l.backward_ms) / l.params)
-        .filter(|p| p.is_finite() && *p > 0.0)
-        .collect();
-    paces.sort_by(f64::total_cmp);
-    paces.get(paces.len() / 2).copied()
+    median(
+        layers
+            .values()
+            .filter(|l| l.params > 0.0)
+            .map(|l| (l.forward_ms + l.backward_ms) / l.params)
+            .filter(|p| p.is_finite() && *p > 0.0)
+            .collect(),
+    )
 }
 
-/// The links the plans are priced on: within a zone the rate the nodes measured, free; between
-/// zones the cloud default ([`Links::default`]), never faster than within one.
-fn links(transfer: &TransferModel) -> Links {
-    let mut links = Links::default();
-    if let TransferModel::Linear {
-        latency_ms,
-        bytes_per_sec,
-    } = *transfer
-    {
-        links.within = Link {
-            gbit_per_s: bytes_per_sec * 8.0 / 1e9,
-            latency_ms,
-            usd_per_gb: 0.0,
-        };
-        links.across.gbit_per_s = links.across.gbit_per_s.min(links.within.gbit_per_s);
-        links.across.latency_ms = links.across.latency_ms.max(latency_ms);
+/// The links the plans are priced on, from the rates the nodes measured from their sources
+/// (`CostReport::bandwidth`): within a zone, the median of the rates between two nodes of one
+/// zone (free); across, the median of the rates between zones (at the cloud's default price).
+/// A kind of link nobody measured yet takes, within a zone, the cost model's rate (`transfer`:
+/// every measured rate, else the assumed one) and, across, the within rate slowed by the
+/// ratio of the cloud's defaults ([`Links::default`]). Never the default's absolute rate: an
+/// emulated cluster measures its rates at its time scale, and a fixed rate beside them made
+/// every crossing look that many times dearer (the emulated hour at time scale 6 ran two
+/// pipelines in one zone while the other stood idle).
+fn links(state: &ControlState, transfer: &TransferModel) -> Links {
+    let cloud = Links::default();
+    let mut links = cloud.clone();
+    let (mut within, mut across) = (Vec::new(), Vec::new());
+    for (node, report) in &state.costs {
+        for (source, rate) in &report.bandwidth {
+            if !(rate.is_finite() && *rate > 0.0) {
+                continue;
+            }
+            if zone_of(state, node) == zone_of(state, source) {
+                within.push(*rate);
+            } else {
+                across.push(*rate);
+            }
+        }
     }
+    let gbit = |bytes_per_sec: f64| bytes_per_sec * 8.0 / 1e9;
+    let (latency_ms, assumed) = match *transfer {
+        TransferModel::Linear {
+            latency_ms,
+            bytes_per_sec,
+        } => (latency_ms, gbit(bytes_per_sec)),
+        TransferModel::Profiled10Gbps => (cloud.within.latency_ms, cloud.within.gbit_per_s),
+    };
+    links.within = Link {
+        gbit_per_s: median(within).map_or(assumed, gbit),
+        latency_ms,
+        usd_per_gb: 0.0,
+    };
+    links.across.gbit_per_s = median(across).map_or(
+        links.within.gbit_per_s * cloud.across.gbit_per_s / cloud.within.gbit_per_s,
+        gbit,
+    );
+    links.across.latency_ms = cloud.across.latency_ms.max(latency_ms);
     links
+}
+
+/// The median of `v`, `None` when it is empty.
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ pub fn train_step<M: PipelineModel>(
         global_batch: setup.spec.global_batch,
         micro_batch: setup.spec.micro_batch,
         digest: current.digest,
+        crossings: super::zones::crossings(state, plan, current.slot),
     };
     let started = Instant::now();
     let mut step_io = StepIo {

@@ -77,9 +77,7 @@ pub struct Acquired {
     pub restored: Vec<Piece>,
     /// Bytes received from other nodes.
     pub received_bytes: u64,
-    /// The nodes they came from.
-    pub sources: Vec<NodeId>,
-    /// What was fetched from each of them.
+    /// What was fetched from other nodes, one entry a fetch.
     pub fetched: Vec<Fetch>,
     /// Seconds the parallel fetches took.
     pub fetch_secs: f64,
@@ -265,9 +263,6 @@ async fn fetch_live(search: &Search<'_>, fetches: &[Fetch]) -> Result<Acquired, 
         let bufs = client::fetch(ep, peer, history, step, f.layers.clone()).await?;
         Ok::<_, TrainError>((f.layers.clone(), bufs))
     });
-    let mut sources: Vec<NodeId> = fetched.iter().map(|f| f.from).collect();
-    sources.sort_unstable();
-    sources.dedup();
     let started = std::time::Instant::now();
     let answers = join_all(remote).await;
     let fetch_secs = started.elapsed().as_secs_f64();
@@ -289,7 +284,6 @@ async fn fetch_live(search: &Search<'_>, fetches: &[Fetch]) -> Result<Acquired, 
         live,
         restored: Vec::new(),
         received_bytes,
-        sources,
         fetched,
         fetch_secs,
     })

@@ -34,6 +34,7 @@ pub mod samples;
 pub mod step;
 pub mod waiter;
 pub mod worker;
+pub mod zones;
 
 pub use error::TrainError;
 pub use launch::{TrainJob, TrainerContext, TrainerLauncher, TrainerStarted};

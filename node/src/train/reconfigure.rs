@@ -3,6 +3,7 @@
 //! open the epoch's links, pace the device, and report what the move cost, so the planner
 //! prices the next one at what moves cost on this cluster.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use super::handoff::{self, Acquired, Acquisition, Missing};
 use super::waiter::Waiter;
 use crate::dataplane::links;
 use crate::dataplane::server::Held;
-use crate::emulate::Change;
+use crate::emulate::{Change, Fetched};
 use crate::status::{MigrationKind, MigrationView};
 
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
@@ -124,7 +125,13 @@ pub fn take_slot<M: PipelineModel>(
         kind,
         reactive: setup.restart_on_change,
         fetched: acquired.as_ref().map_or_else(Vec::new, |a| {
-            a.fetched.iter().map(|f| f.layers.clone()).collect()
+            a.fetched
+                .iter()
+                .map(|f| Fetched {
+                    layers: f.layers.clone(),
+                    across: super::zones::crosses(to.state, &setup.me, &f.from),
+                })
+                .collect()
         }),
         restored: acquired.as_ref().map_or_else(Vec::new, |a| {
             a.restored.iter().map(|p| p.layers.clone()).collect()
@@ -250,7 +257,7 @@ fn report_costs<M: PipelineModel>(
     secs: f64,
 ) -> Result<(), TrainError> {
     let fetched = acquired.filter(|a| a.received_bytes > 0 && a.fetch_secs > 0.0);
-    // (bytes, seconds) of the state fetch, as the device's link times it.
+    // The state fetch as the device's links time it: each source's rate, and the whole.
     let fetch = match fetched {
         Some(a) => Some(setup.pacing.measured_fetch(
             &change.fetched,
@@ -259,16 +266,20 @@ fn report_costs<M: PipelineModel>(
         )?),
         None => None,
     };
-    if let (Some(a), Some((bytes, fetch_secs))) = (fetched, fetch) {
-        // Several sources sent in parallel: their aggregate rate bounds each link's.
-        let rate = bytes / fetch_secs;
-        measured.bandwidth = a.sources.iter().map(|s| (*s, rate)).collect();
+    if let (Some(a), Some(timed)) = (fetched, &fetch) {
+        // One rate a source: the slowest of its fetches.
+        let mut rates: BTreeMap<NodeId, f64> = BTreeMap::new();
+        for (f, rate) in a.fetched.iter().zip(&timed.rates) {
+            let slowest = rates.entry(f.from).or_insert(*rate);
+            *slowest = slowest.min(*rate);
+        }
+        measured.bandwidth = rates.into_iter().collect();
     }
     let priced = priced(change.kind);
     if priced {
         // The model prices the state transfer from the measured rate; the rest (links,
         // groups, the stage's build, waiting for the slowest peer) is the fixed price.
-        let fetch_secs = fetch.map_or(0.0, |(_, secs)| secs);
+        let fetch_secs = fetch.map_or(0.0, |f| f.secs);
         measured.reconfiguration_s = Some((secs - fetch_secs).max(0.0));
     }
     if fetched.is_some() || priced {

@@ -23,7 +23,7 @@ use super::samples::{DataSource, micro_batches, pipeline_share};
 use super::waiter::Waiter;
 use crate::dataplane::links::EpochLinks;
 use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
-use crate::emulate::{Pacing, StepPacing};
+use crate::emulate::{Crossings, Pacing, StepPacing};
 
 /// What one step is: the plan's shape, this node's slot and the samples.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +47,8 @@ pub struct StepSpec {
     /// This stage's state digest before the step, when known for free (the step starts from a
     /// checkpoint this node just saved); the step is audited only when every stage knows it.
     pub digest: Option<Digest32>,
+    /// Its transfers that leave its zone.
+    pub crossings: Crossings,
 }
 
 /// The step's result at this node, before the optimizer update.
@@ -122,9 +124,12 @@ fn run_inner<M: PipelineModel>(
         batch: |i: usize| samples.batch(i, &device),
         weight: |i: usize| samples.weight(i),
     };
-    let pacing = io
-        .pacing
-        .step(stage.layer_range(), spec.micro_batch, spec.data_parallel)?;
+    let pacing = io.pacing.step(
+        stage.layer_range(),
+        spec.micro_batch,
+        spec.data_parallel,
+        spec.crossings,
+    )?;
     let links = &mut *io.links;
     let mut neighbours = LinkNeighbours {
         waiter: &w,
@@ -352,6 +357,7 @@ mod wire_tests {
             global_batch: 2,
             micro_batch: 2,
             digest: None,
+            crossings: Crossings::default(),
         };
         // Hidden states with 7 features where the model has 32.
         let wrong = Activation::Hidden(Tensor::zeros([2, cfg.seq_len, 7], &device))

@@ -168,3 +168,44 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
     let even: Vec<u32> = even.iter().map(|b| *b as u32).collect();
     assert_eq!(plan.partition, even);
 }
+
+/// `state` with node `from` (1-based, as [`cluster`] numbers them) having measured `rate`
+/// bytes/s from each of `sources`.
+fn measured_rates(state: &mut ControlState, from: u8, sources: &[u8], rate: f64) {
+    let node = NodeId::from_peer_bytes(&[from]);
+    let layers: Vec<_> = state.costs[&node].layers.clone().into_iter().collect();
+    let report = Command::CostReport {
+        node,
+        step: 1,
+        layers,
+        bandwidth: sources
+            .iter()
+            .map(|s| (NodeId::from_peer_bytes(&[*s]), rate))
+            .collect(),
+        reconfiguration_s: None,
+    };
+    state.apply(&report).unwrap();
+}
+
+#[test]
+fn links_are_priced_at_the_rates_measured_within_and_across_zones() {
+    let mut state = cluster(&["a", "a", "b", "b"]);
+    let mut fleets = FleetCache::default();
+    let gbit = |z: &Zoned| (z.view.within.gbit_per_s, z.view.across.gbit_per_s);
+    // Nothing measured: the assumed rate within, the cloud's ratio (5 of 10 Gb/s) across.
+    let assumed = crate::planner::costs::DEFAULT_BYTES_PER_SEC * 8.0 / 1e9;
+    let z = zoned(&state, &mut fleets).unwrap();
+    assert_eq!(gbit(&z), (assumed, assumed / 2.0));
+    // Only rates within zones, and fast ones (an emulated cluster measures at its time scale):
+    // the crossing keeps the cloud's ratio to them, not the cloud's 5 Gb/s.
+    measured_rates(&mut state, 2, &[1], 15e9);
+    measured_rates(&mut state, 4, &[3], 15e9);
+    let z = zoned(&state, &mut fleets).unwrap();
+    assert_eq!(gbit(&z), (120.0, 60.0));
+    assert_eq!(z.view.across.usd_per_gb, 0.02);
+    assert_eq!(z.view.within.usd_per_gb, 0.0);
+    // A rate measured across zones is the crossing's.
+    measured_rates(&mut state, 3, &[1, 2], 2.5e9);
+    let z = zoned(&state, &mut fleets).unwrap();
+    assert_eq!(gbit(&z), (120.0, 20.0));
+}

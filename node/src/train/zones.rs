@@ -1,0 +1,116 @@
+//! Which of a node's transfers leave its zone (issue 37): an emulated fleet over zones paces
+//! what crosses on the slower link between zones, as the planner prices it. A member that did
+//! not say its zone crosses nothing, so a cluster without zones is paced as before.
+
+use parcae_consensus::state::{Plan, StageSlot};
+use parcae_consensus::{ControlState, NodeId};
+
+use crate::emulate::Crossings;
+use crate::planner::zones::zone_of;
+
+/// Whether `a` and `b` said zones and they differ.
+pub fn crosses(state: &ControlState, a: &NodeId, b: &NodeId) -> bool {
+    let (za, zb) = (zone_of(state, a), zone_of(state, b));
+    !za.is_empty() && !zb.is_empty() && za != zb
+}
+
+/// The transfers of `slot` under `plan` that leave its node's zone: activations to the next
+/// stage of its pipeline, gradients to the previous one, and the ring of the stage's replicas
+/// (crossing when any two of them are in different zones).
+pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot) -> Crossings {
+    let node_at = |pipeline: u32, stage: u32| {
+        plan.assignment
+            .iter()
+            .find(|(_, s)| s.pipeline == pipeline && s.stage == stage)
+            .map(|(id, _)| *id)
+    };
+    let Some(me) = node_at(slot.pipeline, slot.stage) else {
+        return Crossings::default();
+    };
+    let crosses_to = |other: Option<NodeId>| other.is_some_and(|o| crosses(state, &me, &o));
+    let replicas: Vec<NodeId> = (0..plan.data_parallel)
+        .filter_map(|p| node_at(p, slot.stage))
+        .collect();
+    Crossings {
+        next: crosses_to(node_at(slot.pipeline, slot.stage + 1)),
+        prev: slot
+            .stage
+            .checked_sub(1)
+            .is_some_and(|s| crosses_to(node_at(slot.pipeline, s))),
+        ring: replicas
+            .iter()
+            .any(|r| replicas.iter().any(|q| crosses(state, r, q))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use parcae_consensus::Command;
+    use parcae_consensus::state::{Capabilities, PeerInfo};
+
+    use super::*;
+
+    /// Members 1..=zones.len() in `zones` ("" for none), planned 2 x 2 in id order: pipeline 0
+    /// holds members 1 and 2, pipeline 1 members 3 and 4.
+    fn planned(zones: &[&str]) -> (ControlState, Plan) {
+        let mut state = ControlState::default();
+        let mut assignment = std::collections::BTreeMap::new();
+        for (i, zone) in zones.iter().enumerate() {
+            let node = NodeId::from_peer_bytes(&[i as u8 + 1]);
+            let peer = PeerInfo {
+                peer_id: vec![i as u8 + 1],
+                caps: Capabilities {
+                    zone: (*zone).into(),
+                    ..Capabilities::default()
+                },
+                ..PeerInfo::default()
+            };
+            state.apply(&Command::Join { node, peer }).unwrap();
+            let slot = StageSlot {
+                pipeline: i as u32 / 2,
+                stage: i as u32 % 2,
+            };
+            assignment.insert(node, slot);
+        }
+        let plan = Plan {
+            epoch: 1,
+            data_parallel: 2,
+            pipeline_stages: 2,
+            partition: vec![0, 4, 8],
+            assignment,
+            at_step: 0,
+        };
+        (state, plan)
+    }
+
+    fn slot(pipeline: u32, stage: u32) -> StageSlot {
+        StageSlot { pipeline, stage }
+    }
+
+    #[test]
+    fn a_pipeline_over_two_zones_crosses_at_its_boundary_only() {
+        // Stage 0 of both pipelines in a, stage 1 in b: each ring inside a zone.
+        let (state, plan) = planned(&["a", "b", "a", "b"]);
+        let first = crossings(&state, &plan, slot(0, 0));
+        assert_eq!((first.next, first.prev, first.ring), (true, false, false));
+        let last = crossings(&state, &plan, slot(1, 1));
+        assert_eq!((last.next, last.prev, last.ring), (false, true, false));
+    }
+
+    #[test]
+    fn pipelines_in_two_zones_cross_in_their_rings_only() {
+        let (state, plan) = planned(&["a", "a", "b", "b"]);
+        for s in [slot(0, 0), slot(0, 1), slot(1, 0), slot(1, 1)] {
+            let c = crossings(&state, &plan, s);
+            assert_eq!((c.next, c.prev, c.ring), (false, false, true), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn nothing_crosses_without_zones() {
+        let (state, plan) = planned(&["", "b", "", "b"]);
+        assert_eq!(crossings(&state, &plan, slot(0, 0)), Crossings::default());
+        let (state, plan) = planned(&["a", "a", "a", "a"]);
+        assert_eq!(crossings(&state, &plan, slot(1, 1)), Crossings::default());
+    }
+}
