@@ -4,9 +4,8 @@
 //! table <= 1 ms memoised, N = 512 with the analytic model <= 100 ms with cold costs (both with
 //! and without the node default's terminal value), the full p3 simulation of every
 //! strategy <= 10 s, every strategy on a 16-day zone at 60 s intervals <= 30 s. The fleet's
-//! tables (issue 37): a composition of 32 nodes in two zones cold and one node changed after
-//! it, and 512 nodes in four zones one node changed (the cold one takes seconds, see
-//! docs/strategies.md).
+//! tables (issue 37): compositions of 32 nodes in two zones and of 512 in four, cold and one
+//! node changed after them (docs/strategies.md has the figures).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -212,13 +211,15 @@ fn fleet(zones: usize) -> Fleet {
 fn fleet_tables(c: &mut Criterion) {
     let mut g = c.benchmark_group("fleet");
     g.sample_size(10);
-    g.bench_function("cold 16+16 nodes", |b| {
-        b.iter_batched(
-            || fleet(2),
-            |mut f| f.plans(Layout::ZoneAware, &[16, 16]),
-            BatchSize::PerIteration,
-        )
-    });
+    for (zones, n) in [(2, 16), (4, 128)] {
+        g.bench_function(format!("cold {zones} x {n} nodes"), |b| {
+            b.iter_batched(
+                || fleet(zones),
+                |mut f| f.plans(Layout::ZoneAware, &vec![n; zones]),
+                BatchSize::PerIteration,
+            )
+        });
+    }
     for (zones, n) in [(2, 16), (4, 128)] {
         let mut f = fleet(zones);
         f.plans(Layout::ZoneAware, &vec![n; zones]);

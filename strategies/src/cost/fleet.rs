@@ -284,7 +284,7 @@ impl Fleet {
         });
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
-        let mut best: Option<Placement> = None;
+        let mut best: Option<(f64, Vec<Vec<usize>>, Vec<usize>)> = None;
         for order in [by_speed, by_count] {
             let Some(per_zone) = fill(counts, &order, d, p) else {
                 continue;
@@ -303,19 +303,16 @@ impl Fleet {
                 let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
                 rate = rate.min(self.rate(&devices, &bounds, d, ring, within).unwrap_or(0.0));
             }
-            let zones: Vec<Vec<usize>> = used
-                .iter()
-                .flat_map(|&z| std::iter::repeat_n(vec![z; p as usize], per_zone[z] as usize))
-                .collect();
-            let placed = self.placement(zones, bounds, rate, d);
-            if best
-                .as_ref()
-                .is_none_or(|b| placed.samples_per_sec > b.samples_per_sec)
-            {
-                best = Some(placed);
+            if best.as_ref().is_none_or(|(b, _, _)| rate > *b) {
+                let zones: Vec<Vec<usize>> = used
+                    .iter()
+                    .flat_map(|&z| std::iter::repeat_n(vec![z; p as usize], per_zone[z] as usize))
+                    .collect();
+                best = Some((rate, zones, bounds));
             }
         }
-        best
+        // Priced (its egress) once, for the order that won.
+        best.map(|(rate, zones, bounds)| self.placement(zones, bounds, rate, d))
     }
 
     /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two

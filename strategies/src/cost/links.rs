@@ -110,9 +110,16 @@ impl Default for Links {
 impl Links {
     /// The link between zones `a` and `b`, either way round.
     pub fn between(&self, a: &str, b: &str) -> Link {
-        let key = ordered(a, b);
-        match self.pairs.get(&(key.0.to_owned(), key.1.to_owned())) {
-            Some(link) => *link,
+        let (x, y) = ordered(a, b);
+        // A scan, not a keyed lookup: the planner asks this for every placement it prices, and
+        // a key of owned names would allocate each time; there are a few pairs at most.
+        let set = self
+            .pairs
+            .iter()
+            .find(|((p, q), _)| p == x && q == y)
+            .map(|(_, link)| *link);
+        match set {
+            Some(link) => link,
             None if a == b => self.within,
             None => self.across,
         }

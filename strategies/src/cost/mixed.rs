@@ -98,15 +98,19 @@ pub fn balanced_bounds(spec: &ModelSpec, devices: &[&DeviceCosts]) -> Option<Vec
     slowest[0][0] = 0.0;
     for s in 1..=p {
         for j in s..=layers - (p - s) {
-            for i in (s - 1)..j {
-                if !slowest[s - 1][i].is_finite() {
-                    continue;
-                }
+            // Stage s - 1 grows as its start `i` moves back, and a larger stage is never
+            // faster nor smaller: once it does not fit, or is alone slower than the best split
+            // found, no earlier start can do better. Ties go to the earliest start.
+            for i in (s - 1..j).rev() {
                 let Some(c) = stage_on(spec, devices, s - 1, i, j) else {
-                    continue;
+                    break;
                 };
-                let pace = slowest[s - 1][i].max(pace_ms(&c));
-                if pace < slowest[s][j] {
+                let own = pace_ms(&c);
+                if own > slowest[s][j] {
+                    break;
+                }
+                let pace = slowest[s - 1][i].max(own);
+                if pace <= slowest[s][j] && pace.is_finite() {
                     slowest[s][j] = pace;
                     from[s][j] = i;
                 }

@@ -211,3 +211,67 @@ fn what_cannot_be_split_is_refused() {
         .is_none()
     );
 }
+
+/// Every split of `layers` layers into `p` non-empty stages, as bounds.
+fn every_split(layers: usize, p: usize) -> Vec<Vec<usize>> {
+    if p == 1 {
+        return vec![vec![0, layers]];
+    }
+    let mut out = Vec::new();
+    for last in 1..=layers.saturating_sub(p - 1) {
+        for mut head in every_split(layers - last, p - 1) {
+            head.push(layers);
+            out.push(head);
+        }
+    }
+    out
+}
+
+proptest::proptest! {
+    /// The dynamic program's split is as good as the best of every split, fits wherever one
+    /// does, and takes the earliest start among equals (its bounds are the least in order).
+    #[test]
+    fn the_balanced_split_is_the_best_of_every_split(
+        speeds in proptest::collection::vec(0.5f64..3.0, 1..5),
+        memories in proptest::collection::vec(8.0f64..80.0, 4),
+        costs in proptest::collection::vec((0.1f64..10.0, 1u32..3), 4..10),
+    ) {
+        let layers = costs.len();
+        let mut spec = even_layers(layers);
+        for (l, (ms, mib)) in spec.layers.iter_mut().zip(&costs) {
+            l.forward_ms = *ms;
+            l.backward_ms = 2.0 * ms;
+            l.params = 1024.0 * 1024.0 * f64::from(*mib);
+        }
+        let base = DeviceCosts::profiled(&spec, "base", 1024.0);
+        let devices: Vec<DeviceCosts> = speeds
+            .iter()
+            .zip(memories.iter().cycle())
+            .map(|(s, m)| base.derived("d", *s, *m))
+            .collect();
+        let refs: Vec<&DeviceCosts> = devices.iter().collect();
+        let mut best: Option<(f64, Vec<usize>)> = None;
+        for bounds in every_split(layers, refs.len()) {
+            let fits = bounds
+                .windows(2)
+                .enumerate()
+                .all(|(s, w)| stage_on(&spec, &refs, s, w[0], w[1]).is_some());
+            if !fits {
+                continue;
+            }
+            let pace = slowest_pace(&spec, &refs, &bounds);
+            if best.as_ref().is_none_or(|(b, _)| pace < *b) {
+                best = Some((pace, bounds));
+            }
+        }
+        let found = balanced_bounds(&spec, &refs);
+        match (&best, &found) {
+            (None, None) => {}
+            (Some((pace, _)), Some(bounds)) => {
+                let got = slowest_pace(&spec, &refs, bounds);
+                proptest::prop_assert!((got - pace).abs() < 1e-9, "{got} vs {pace}: {bounds:?}");
+            }
+            _ => proptest::prop_assert!(false, "brute force {best:?}, found {found:?}"),
+        }
+    }
+}
