@@ -14,10 +14,9 @@ use crate::cluster::NoticeMode;
 use crate::predicted;
 use crate::prices::PriceArgs;
 use crate::repeats::{self, Repeats, Round, ratio_of};
-use crate::replay::Replay;
 use crate::report::{self, RunReport};
 use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec};
-use crate::trace_plan::{self, Planned, TraceArgs};
+use crate::trace_plan::{Planned, TraceArgs};
 use parcae_testnet::interrupt::Interrupt;
 
 /// Options of `compare`.
@@ -31,6 +30,10 @@ pub struct Args {
     /// Runs of each strategy, round by round, the node seed one higher each round.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     repeat: u32,
+    /// Zones, `NAME=TRACE[@SPEED],...` in place of --trace, as `run --zones` takes them: every
+    /// strategy replays the same zones (with --emulate, held to the fleet simulator).
+    #[arg(long, value_delimiter = ',')]
+    zones: Vec<String>,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -58,7 +61,7 @@ pub struct CompareReport {
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.node.validate()?;
     args.prices.prices()?;
-    let planned = trace_plan::plan_trace(&args.trace)?;
+    let (planned, _) = run::replay_of(&args.zones, &args.trace, &args.node)?;
     let mut strategies: Vec<&str> = Vec::new();
     for s in &args.strategies {
         if !strategies.contains(&s.as_str()) {
@@ -109,13 +112,11 @@ fn one_round(
     interrupt: &Interrupt,
 ) -> Result<Vec<run::Outcome>> {
     let mut outcomes = Vec::with_capacity(strategies.len());
+    let nodes_max = run::nodes_max_of(&args.zones, &args.trace);
+    // What every strategy replays; each session gets a fresh copy to play out.
+    let (_, replayed) = run::replay_of(&args.zones, &args.trace, node)?;
     for &strategy in strategies {
-        let mut scenario = Replay::new(
-            planned.counts.clone(),
-            node.interval_secs as f64,
-            node.grace_secs,
-            node.seed,
-        );
+        let (_, mut scenario) = run::replay_of(&args.zones, &args.trace, node)?;
         // The baseline has no notice handler: a preemption is a kill at the deadline.
         let notice = if strategy == REACTIVE {
             NoticeMode::None
@@ -132,7 +133,7 @@ fn one_round(
             label,
             trace: planned.source.clone(),
             intervals: planned.counts.len() as u64,
-            nodes_max: args.trace.nodes_max,
+            nodes_max,
         };
         let with_notice = NodeArgs {
             notice,
@@ -140,12 +141,13 @@ fn one_round(
         };
         outcomes.push(run::session(&with_notice, spec, &mut scenario, interrupt)?);
     }
-    run::simulate_sessions(
+    run::hold_to_simulator(
         &mut outcomes,
         node,
         planned,
-        args.trace.nodes_max,
+        nodes_max,
         args.prices.prices()?,
+        &replayed,
     );
     Ok(outcomes)
 }

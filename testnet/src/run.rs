@@ -137,7 +137,7 @@ pub struct Args {
     /// (windowed and fitted to --nodes-max as --trace is), its nodes started in it
     /// (`[placement] zone`) and preempted among its own; the founder stays. With --emulate,
     /// `NAME=TRACE@SPEED` gives a zone's nodes an emulated device SPEED times as fast as the
-    /// profiled one. Links are not paced by zone.
+    /// profiled one, and what crosses zones is paced on the cloud's link between zones.
     #[arg(long, value_delimiter = ',')]
     zones: Vec<String>,
     #[command(flatten)]
@@ -441,20 +441,8 @@ pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Re
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.prices.prices()?;
     args.node.validate()?;
-    let (planned, mut scenario) = if args.zones.is_empty() {
-        let planned = plan_trace(&args.trace)?;
-        let replay = Replay::new(
-            planned.counts.clone(),
-            args.node.interval_secs as f64,
-            args.node.grace_secs,
-            args.node.seed,
-        );
-        (planned, replay)
-    } else {
-        zoned_replay(&args)?
-    };
-    // Each zone is fitted to --nodes-max: the cluster asks for that many nodes per zone.
-    let nodes_max = args.trace.nodes_max * args.zones.len().max(1) as u32;
+    let (planned, mut scenario) = replay_of(&args.zones, &args.trace, &args.node)?;
+    let nodes_max = nodes_max_of(&args.zones, &args.trace);
     if let Some(at) = args.kill_leader_at {
         let end = planned.counts.len() as f64 * args.node.interval_secs as f64;
         if !(at.is_finite() && at >= 0.0 && at < end) {
@@ -476,19 +464,14 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     if args.replay {
         verify_history(&mut outcomes[0], None, &args.node)?;
     }
-    match &args.node.emulate {
-        Some(profile) if !args.zones.is_empty() => {
-            simulate_zoned_session(&mut outcomes[0], &args.node, profile, &scenario);
-        }
-        // Unemulated zones run alike CPUs: one cluster to the simulator.
-        _ => simulate_sessions(
-            &mut outcomes,
-            &args.node,
-            &planned,
-            nodes_max,
-            args.prices.prices()?,
-        ),
-    }
+    hold_to_simulator(
+        &mut outcomes,
+        &args.node,
+        &planned,
+        nodes_max,
+        args.prices.prices()?,
+        &scenario,
+    );
     let [outcome] = outcomes;
     finish(&[&outcome], &args.output, &planned.source)?;
     if let Some(path) = &args.output.json {
@@ -503,20 +486,66 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     check(&[&outcome], &args.output)
 }
 
+/// The replay of `trace`, or with `zones` (`--zones`) of each zone's trace.
+pub fn replay_of(
+    zones: &[String],
+    trace: &TraceArgs,
+    node: &NodeArgs,
+) -> Result<(Planned, Replay)> {
+    if !zones.is_empty() {
+        return zoned_replay(zones, trace, node);
+    }
+    let planned = plan_trace(trace)?;
+    let replay = Replay::new(
+        planned.counts.clone(),
+        node.interval_secs as f64,
+        node.grace_secs,
+        node.seed,
+    );
+    Ok((planned, replay))
+}
+
+/// The most nodes the cluster asks for: each zone is fitted to --nodes-max.
+pub fn nodes_max_of(zones: &[String], trace: &TraceArgs) -> u32 {
+    trace.nodes_max * zones.len().max(1) as u32
+}
+
+/// Gives every session of `replay` the simulator's account of it: an emulated run over zones
+/// the fleet simulator's ([`simulate_zoned_session`]); any other run the single-cluster
+/// simulator's on the pooled counts ([`simulate_sessions`]: zones of CPU nodes run alike
+/// devices and links, one cluster to the simulator).
+pub fn hold_to_simulator(
+    outcomes: &mut [Outcome],
+    node: &NodeArgs,
+    planned: &Planned,
+    nodes_max: u32,
+    prices: Option<Prices>,
+    replay: &Replay,
+) {
+    match &node.emulate {
+        Some(profile) if !replay.replayed_zones().is_empty() => {
+            for o in outcomes {
+                simulate_zoned_session(o, node, profile, replay);
+            }
+        }
+        _ => simulate_sessions(outcomes, node, planned, nodes_max, prices),
+    }
+}
+
 /// `--zones`: each zone's trace planned as `--trace` would be, the zones replayed together;
-/// the pooled counts stand for the run in the report and the simulator.
-fn zoned_replay(args: &Args) -> Result<(Planned, Replay)> {
-    let mut zones = Vec::with_capacity(args.zones.len());
-    let mut sources = Vec::with_capacity(args.zones.len());
-    let mut speeds = Vec::with_capacity(args.zones.len());
-    for text in &args.zones {
+/// the pooled counts stand for the run in the report.
+fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<(Planned, Replay)> {
+    let mut zones = Vec::with_capacity(texts.len());
+    let mut sources = Vec::with_capacity(texts.len());
+    let mut speeds = Vec::with_capacity(texts.len());
+    for text in texts {
         let zone = parse_zone(text)?;
         if zone.memory_gib.is_some() {
             bail!(
                 "zone {text:?}: a zone's emulated device keeps the profile's memory (no /MEMORY_GIB)"
             );
         }
-        if zone.speed != 1.0 && args.node.emulate.is_none() {
+        if zone.speed != 1.0 && node.emulate.is_none() {
             bail!(
                 "zone {text:?}: a device speed (@{}) needs --emulate",
                 zone.speed
@@ -525,7 +554,7 @@ fn zoned_replay(args: &Args) -> Result<(Planned, Replay)> {
         speeds.push(zone.speed);
         let planned = plan_trace(&TraceArgs {
             trace: zone.trace,
-            ..args.trace.clone()
+            ..trace.clone()
         })
         .with_context(|| format!("zone {}", zone.name))?;
         sources.push(format!("{}={}", zone.name, planned.source));
@@ -541,9 +570,9 @@ fn zoned_replay(args: &Args) -> Result<(Planned, Replay)> {
     let replay = Replay::zoned(
         zones,
         speeds,
-        args.node.interval_secs as f64,
-        args.node.grace_secs,
-        args.node.seed,
+        node.interval_secs as f64,
+        node.grace_secs,
+        node.seed,
     );
     let planned = Planned {
         source: sources.join(" + "),
