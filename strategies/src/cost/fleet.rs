@@ -104,8 +104,14 @@ pub struct Fleet {
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Vec<usize>, Option<Arranged>>,
     mixed_rates: HashMap<(Vec<usize>, u32), Option<f64>>,
+    local_rates: HashMap<LocalKey, f64>,
     split: HashMap<(usize, u32), Option<Vec<usize>>>,
 }
+
+/// A zone pipeline's rate depends on its zone, the zone whose split it takes, its depth, the
+/// pipelines and the ring's link (bandwidth and latency bits): not on the rest of the
+/// composition.
+type LocalKey = (usize, usize, u32, u32, u64, u64);
 
 impl Fleet {
     /// The job `spec` over `zones`, linked by `links`.
@@ -145,6 +151,7 @@ impl Fleet {
             memo: HashMap::new(),
             arranged: HashMap::new(),
             mixed_rates: HashMap::new(),
+            local_rates: HashMap::new(),
             split: HashMap::new(),
         })
     }
@@ -299,9 +306,7 @@ impl Fleet {
             let ring = self.slowest_ring_link(&used);
             let mut rate = f64::INFINITY;
             for &z in &used {
-                let devices = vec![&self.zones[z].device; p as usize];
-                let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
-                rate = rate.min(self.rate(&devices, &bounds, d, ring, within).unwrap_or(0.0));
+                rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
             }
             if best.as_ref().is_none_or(|(b, _, _)| rate > *b) {
                 let zones: Vec<Vec<usize>> = used
@@ -313,6 +318,36 @@ impl Fleet {
         }
         // Priced (its egress) once, for the order that won.
         best.map(|(rate, zones, bounds)| self.placement(zones, bounds, rate, d))
+    }
+
+    /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds` (zone
+    /// `slowest`'s split), all-reducing over `ring` (memoised: a composition one node away
+    /// lays out mostly the same pipelines).
+    fn local_rate(
+        &mut self,
+        z: usize,
+        slowest: usize,
+        bounds: &[usize],
+        d: u32,
+        ring: Link,
+    ) -> f64 {
+        let p = (bounds.len() - 1) as u32;
+        let key = (
+            z,
+            slowest,
+            p,
+            d,
+            ring.gbit_per_s.to_bits(),
+            ring.latency_ms.to_bits(),
+        );
+        if let Some(rate) = self.local_rates.get(&key) {
+            return *rate;
+        }
+        let devices = vec![&self.zones[z].device; p as usize];
+        let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
+        let rate = self.rate(&devices, bounds, d, ring, within).unwrap_or(0.0);
+        self.local_rates.insert(key, rate);
+        rate
     }
 
     /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two
