@@ -97,20 +97,21 @@ impl FleetCache {
             f.zones() == zones.as_slice() && f.spec() == &cost.spec && f.links() == &links
         });
         if !current {
-            let model_ms: Vec<String> = zones
-                .iter()
-                .map(|z| format!("{}={:.1}", z.name, model_ms(&z.device)))
-                .collect();
-            tracing::info!(
-                zones = ?names,
-                model_ms = ?model_ms,
-                within_gbit = links.within.gbit_per_s,
-                across_gbit = links.across.gbit_per_s,
-                "planning over zones"
-            );
             self.fleet = Fleet::new(cost.spec.clone(), zones, links)
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
+            if let Some(fleet) = &self.fleet {
+                let model_ms: Vec<String> = (0..names.len())
+                    .map(|z| format!("{}={:.1}", names[z], fleet.pace(z)))
+                    .collect();
+                tracing::info!(
+                    zones = ?names,
+                    model_ms = ?model_ms,
+                    within_gbit = fleet.links().within.gbit_per_s,
+                    across_gbit = fleet.links().across.gbit_per_s,
+                    "planning over zones"
+                );
+            }
         }
         let fleet = self.fleet.as_mut()?;
         let node_zones: Vec<usize> = workers
@@ -157,24 +158,16 @@ fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
             .zones()
             .iter()
             .zip(counts)
-            .map(|(zone, nodes)| ZoneView {
+            .enumerate()
+            .map(|(z, (zone, nodes))| ZoneView {
                 name: zone.name.clone(),
                 nodes: *nodes,
-                model_ms: model_ms(&zone.device),
+                model_ms: fleet.pace(z),
             })
             .collect(),
         within: link(&fleet.links().within),
         across: link(&fleet.links().across),
     }
-}
-
-/// Forward and backward of every layer of `device` on one micro-batch, ms.
-fn model_ms(device: &DeviceCosts) -> f64 {
-    device
-        .layers
-        .iter()
-        .map(|l| l.forward_ms + l.backward_ms)
-        .sum()
 }
 
 /// Each zone's layers from what its own nodes reported (`reported[z]`, by layer). A node

@@ -509,7 +509,7 @@ impl Fleet {
     }
 
     /// Forward and backward of the whole model on zone `z`'s device, ms: the order of speed.
-    fn pace(&self, z: usize) -> f64 {
+    pub fn pace(&self, z: usize) -> f64 {
         self.paces[z]
     }
 }
