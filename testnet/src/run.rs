@@ -2,10 +2,12 @@
 //! `chaos` share with it (node options, output options, one supervised session).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use parcae_api::StepRecord;
+use parcae_strategies::cost::money::{self, OnDemand, Prices};
 use parcae_strategies::sim::StrategyRun;
 
 use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
@@ -16,6 +18,7 @@ use crate::history::{self, RunHistory};
 use crate::model_replay;
 use crate::node_bin;
 use crate::node_config::{Emulate, NodeSettings};
+use crate::predicted;
 use crate::prices::PriceArgs;
 use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
@@ -25,10 +28,6 @@ use crate::simulate::zones::parse_zone;
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::Ports;
-
-mod simulated;
-
-pub use simulated::hold_to_simulator;
 
 /// Planning strategies of the node (`[planner] strategy`).
 pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
@@ -235,7 +234,7 @@ pub struct Outcome {
     /// The run directory (removed with the outcome unless `--work-dir` keeps it).
     pub dir: RunDir,
     /// The simulator's run of the same strategy on the same trace and cost model, if any
-    /// ([`hold_to_simulator`]).
+    /// ([`simulate_sessions`]).
     pub simulated: Option<StrategyRun>,
 }
 
@@ -316,6 +315,80 @@ pub fn session(
         dir,
         simulated: None,
     })
+}
+
+/// Gives every session replaying `planned` the simulator's account of it
+/// ([`crate::predicted`]): its strategy on the same trace, under the emulated profile's cost
+/// model (the simulated interval is the emulated one), or on CPUs under the model measured on
+/// these sessions together; its share of the simulator's ideal; and with `prices`, its bill in
+/// the same world (the replayed machines held for the emulated or real intervals, the on-demand
+/// baseline at that model's throughput-optimal configuration). Without a model (a CPU run too
+/// short to measure a configuration) there is no simulation and the bill has no saving.
+pub fn simulate_sessions(
+    outcomes: &mut [Outcome],
+    node: &NodeArgs,
+    planned: &Planned,
+    nodes_max: u32,
+    prices: Option<Prices>,
+) {
+    let (model, time_scale) = match &node.emulate {
+        Some(profile) => (
+            predicted::emulated_model(profile, nodes_max),
+            node.time_scale,
+        ),
+        None => {
+            let observed: Vec<&Observed> = outcomes.iter().map(|o| &o.observed).collect();
+            (predicted::measured_model(&node.model, &observed), 1.0)
+        }
+    };
+    let interval_secs = node.interval_secs as f64 * time_scale;
+    let held = money::machine_hours(planned.counts.iter().copied(), interval_secs);
+    let on_demand = model.as_ref().map(|m| OnDemand::of(m, nodes_max));
+    for o in outcomes.iter_mut() {
+        o.report.cost = prices.map(|p| money::bill(held, o.report.samples as f64, p, on_demand));
+    }
+    let Some(model) = model.map(Arc::new) else {
+        return;
+    };
+    let trace = predicted::replayed_trace(
+        &planned.source,
+        &planned.counts,
+        interval_secs.round().max(1.0) as u64,
+    );
+    let simulate =
+        |strategy: &str| predicted::simulate(&model, &trace, nodes_max, node.seed, strategy);
+    let ideal = simulate("ideal").map_or(0.0, |r| r.samples);
+    for o in outcomes {
+        if let Some(run) = simulate(&o.report.strategy) {
+            o.report.compare_with_simulator(run.samples, ideal);
+            o.report.fidelity = Some(fidelity::ledger(&fidelity::Inputs {
+                timeline: &o.observed.monitor.timeline,
+                events: &o.observed.monitor.events,
+                reconfigurations: &o.report.reconfigurations,
+                simulated: &run,
+                model: &model,
+                interval_secs: node.interval_secs as f64,
+                time_scale,
+                samples: o.report.samples,
+            }));
+            o.simulated = Some(run);
+        }
+    }
+}
+
+/// Gives an emulated run over zones the fleet simulator's account of it
+/// ([`predicted::zones`]): its strategy on each zone's replayed counts, each zone's device at
+/// its speed, the interval the emulated one.
+fn simulate_zoned_session(outcome: &mut Outcome, node: &NodeArgs, profile: &str, replay: &Replay) {
+    let interval_secs = node.interval_secs as f64 * node.time_scale;
+    let zones = replay.replayed_zones();
+    let strategy = outcome.report.strategy.clone();
+    if let Some(run) =
+        predicted::zones::simulate(profile, &zones, interval_secs, node.seed, &strategy)
+    {
+        outcome.report.compare_with_simulator(run.samples, 0.0);
+        outcome.simulated = Some(run);
+    }
 }
 
 /// Checks the history of `outcome` (`minority_seen`: what cut-off sides applied, where the
@@ -435,6 +508,28 @@ pub fn replay_of(
 /// The most nodes the cluster asks for: each zone is fitted to --nodes-max.
 pub fn nodes_max_of(zones: &[String], trace: &TraceArgs) -> u32 {
     trace.nodes_max * zones.len().max(1) as u32
+}
+
+/// Gives every session of `replay` the simulator's account of it: an emulated run over zones
+/// the fleet simulator's ([`simulate_zoned_session`]); any other run the single-cluster
+/// simulator's on the pooled counts ([`simulate_sessions`]: zones of CPU nodes run alike
+/// devices and links, one cluster to the simulator).
+pub fn hold_to_simulator(
+    outcomes: &mut [Outcome],
+    node: &NodeArgs,
+    planned: &Planned,
+    nodes_max: u32,
+    prices: Option<Prices>,
+    replay: &Replay,
+) {
+    match &node.emulate {
+        Some(profile) if !replay.replayed_zones().is_empty() => {
+            for o in outcomes {
+                simulate_zoned_session(o, node, profile, replay);
+            }
+        }
+        _ => simulate_sessions(outcomes, node, planned, nodes_max, prices),
+    }
 }
 
 /// `--zones`: each zone's trace planned as `--trace` would be, the zones replayed together;
