@@ -11,11 +11,12 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cluster::NoticeMode;
+use crate::node_args::{NodeArgs, OutputArgs, REACTIVE, STRATEGIES};
 use crate::predicted;
 use crate::prices::PriceArgs;
 use crate::repeats::{self, Repeats, Round, ratio_of};
 use crate::report::{self, RunReport};
-use crate::run::{self, NodeArgs, OutputArgs, REACTIVE, STRATEGIES, SessionSpec};
+use crate::run::{self, SessionSpec};
 use crate::trace_plan::{Planned, TraceArgs};
 use parcae_testnet::interrupt::Interrupt;
 

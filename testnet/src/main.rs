@@ -35,6 +35,7 @@ mod history;
 mod ledger;
 mod model_replay;
 mod monitor;
+mod node_args;
 mod node_bin;
 mod node_config;
 mod partition;

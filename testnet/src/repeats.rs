@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
+use crate::node_args::REACTIVE;
 use crate::report::RunReport;
-use crate::run::REACTIVE;
 
 /// The proactive strategy the ratio is taken of.
 const LIVEPUT: &str = "liveput";

@@ -1,5 +1,5 @@
 //! `parcae-testnet run`: one trace replayed on a local cluster, and the pieces `compare` and
-//! `chaos` share with it (node options, output options, one supervised session).
+//! `chaos` share with it (one supervised session, the simulator's account of it, the table).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,14 +10,15 @@ use parcae_api::StepRecord;
 use parcae_strategies::cost::money::{self, OnDemand, Prices};
 use parcae_strategies::sim::StrategyRun;
 
-use crate::cluster::{Cluster, ClusterOptions, NoticeMode};
+use crate::cluster::{Cluster, ClusterOptions};
 use crate::engine::{self, Observed, Scenario};
 use crate::fidelity;
-use crate::gpus::{self, DeviceArg};
+use crate::gpus;
 use crate::history::{self, RunHistory};
 use crate::model_replay;
+use crate::node_args::{NodeArgs, OutputArgs, STRATEGIES};
 use crate::node_bin;
-use crate::node_config::{Emulate, NodeSettings};
+use crate::node_config::NodeSettings;
 use crate::predicted;
 use crate::prices::PriceArgs;
 use crate::process::{self, RunDir, STORE};
@@ -28,91 +29,6 @@ use crate::simulate::zones::parse_zone;
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::Ports;
-
-/// Planning strategies of the node (`[planner] strategy`).
-pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
-/// The reactive baseline's name.
-pub const REACTIVE: &str = "reactive";
-
-/// How the nodes are run (shared by every subcommand).
-#[derive(clap::Args, Debug, Clone)]
-pub struct NodeArgs {
-    /// The parcae-node executable (default: $PARCAE_NODE_BIN, else parcae-node next to this
-    /// executable, built first when started by `cargo run`).
-    #[arg(long)]
-    pub node_bin: Option<PathBuf>,
-    /// Wall-clock seconds of one planning interval (each trace interval is replayed in this).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub interval_secs: u64,
-    /// Seconds between a preemption notice and the node's deadline (SIGKILL).
-    #[arg(long, default_value_t = 3.0)]
-    pub grace_secs: f64,
-    /// How preemption notices reach the nodes.
-    #[arg(long, value_enum, default_value = "sigterm")]
-    pub notice: NoticeMode,
-    /// Model the nodes train.
-    #[arg(long, default_value = "tiny", value_parser = ["tiny", "small", "gpt2-124m", "gpt2-355m"])]
-    pub model: String,
-    /// Training data: `synthetic` or a text file.
-    #[arg(long, default_value = "synthetic")]
-    pub data: String,
-    /// Seed of the model, the data order and the choice of preempted nodes.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Stop training after this many steps (0: no limit).
-    #[arg(long, default_value_t = 0)]
-    pub max_steps: u64,
-    /// Compute threads of each node (`RAYON_NUM_THREADS`; a node cuts its micro-batches into as
-    /// many lanes). Keep nodes x threads within the machine's cores: the default 1 suits
-    /// six nodes on two.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub threads: u32,
-    /// Emulate a GPU of this profiled model on every node: a built-in of Parcae's (e.g.
-    /// `gpt-1.5b` on its V100s) or a profile file (`PROFILE.json`, `parcae-node profile` on a
-    /// real card). The nodes train its layer list at a small width and pace the work to the
-    /// profiled times.
-    #[arg(long)]
-    pub emulate: Option<String>,
-    /// Emulated durations are divided by this (with --emulate).
-    #[arg(long, default_value_t = 1.0)]
-    pub time_scale: f64,
-    /// What the nodes train on: `cpu`, `cuda` (the visible GPUs, node k on GPU k mod their
-    /// number) or `cuda:N` (every node on GPU N). CUDA needs a node built with the `cuda`
-    /// feature (`cargo build --release -p parcae-node --features cuda`).
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceArg,
-    /// Pin every plan to `D`x`P` (data-parallel pipelines x stages, e.g. `1x3`) instead of
-    /// the strategy's choice: with `D` = 1 every node is the only holder of its stage, so a
-    /// kill takes a whole stage (and the cluster rolls back to a checkpoint).
-    #[arg(long, value_parser = parse_pin)]
-    pub pin: Option<[u32; 2]>,
-    /// First port: node k serves /status on BASE+2k and p2p on BASE+2k+1 (default: ephemeral).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
-    pub base_port: Option<u16>,
-    /// Every node in a network namespace of its own, joined to the others through a bridge, so
-    /// that `chaos --partition-every` cuts the network itself (needs root).
-    #[arg(long, conflicts_with = "base_port")]
-    pub netns: bool,
-    /// Directory for the run directories (default: a fresh temporary directory, removed
-    /// after a successful run).
-    #[arg(long)]
-    pub work_dir: Option<PathBuf>,
-}
-
-/// Where results go.
-#[derive(clap::Args, Debug, Clone)]
-pub struct OutputArgs {
-    /// Fail (exit code 2) unless every run trained with a falling loss, lost no committed step
-    /// and trained no sample twice (for CI).
-    #[arg(long)]
-    pub check: bool,
-    /// Write the report as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write PNG plots into this directory (created if missing).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
 
 /// Options of `run`.
 #[derive(clap::Args, Debug)]
@@ -146,77 +62,6 @@ pub struct Args {
     prices: PriceArgs,
     #[command(flatten)]
     output: OutputArgs,
-}
-
-/// Parses `DxP` (e.g. `1x3`): both between 1 and 64.
-fn parse_pin(text: &str) -> Result<[u32; 2], String> {
-    let bad = || format!("{text:?}: expected DxP with D, P >= 1, e.g. 1x3");
-    let (d, p) = text.split_once('x').ok_or_else(bad)?;
-    let dim = |s: &str| {
-        s.trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=64).contains(n))
-    };
-    Ok([dim(d).ok_or_else(bad)?, dim(p).ok_or_else(bad)?])
-}
-
-impl NodeArgs {
-    /// Checks what clap cannot.
-    pub fn validate(&self) -> Result<()> {
-        if !(self.grace_secs.is_finite() && (0.0..=600.0).contains(&self.grace_secs)) {
-            bail!("--grace-secs must be between 0 and 600");
-        }
-        if self.data != "synthetic" && !Path::new(&self.data).is_file() {
-            bail!("--data {}: no such file", self.data);
-        }
-        if self.emulate.is_some() && self.device != DeviceArg::Cpu {
-            bail!(
-                "--emulate paces CPU work to a profiled GPU; it cannot be combined with --device cuda"
-            );
-        }
-        if self.netns && self.notice == NoticeMode::Metadata {
-            bail!(
-                "--notice metadata cannot reach nodes in namespaces (the fake metadata servers \
-                 listen on the host's loopback); use --notice sigterm or none with --netns"
-            );
-        }
-        Ok(())
-    }
-
-    fn settings(&self, strategy: &str, max_nodes: u32) -> Result<NodeSettings> {
-        let data = if self.data == "synthetic" {
-            self.data.clone()
-        } else {
-            std::fs::canonicalize(&self.data)
-                .with_context(|| format!("--data {}", self.data))?
-                .display()
-                .to_string()
-        };
-        Ok(NodeSettings {
-            grace_secs: self.grace_secs,
-            interval_secs: self.interval_secs as f64,
-            lost_timeout_ms: 2000,
-            strategy: strategy.to_string(),
-            max_nodes,
-            model: self.model.clone(),
-            data,
-            seed: self.seed,
-            max_steps: self.max_steps,
-            threads: self.threads,
-            emulate: self
-                .emulate
-                .as_deref()
-                .map(|p| Emulate::new(p, self.time_scale))
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
-            devices: self.device.devices(gpus::visible),
-            checkpoint_store: None,
-            keep_checkpoints: None,
-            pin: self.pin,
-            zones: Vec::new(),
-        })
-    }
 }
 
 /// A finished session.
@@ -629,17 +474,4 @@ pub fn finish(outcomes: &[&Outcome], output: &OutputArgs, title: &str) -> Result
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pin_is_d_by_p() {
-        assert_eq!(parse_pin("1x3"), Ok([1, 3]));
-        for bad in ["0x3", "1x", "3", "1x65", "axb"] {
-            assert!(parse_pin(bad).unwrap_err().contains(bad));
-        }
-    }
 }

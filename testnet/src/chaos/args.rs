@@ -1,6 +1,6 @@
 //! The options of `parcae-testnet chaos`, read by the run and by its schedule.
 
-use crate::run::{NodeArgs, OutputArgs, STRATEGIES};
+use crate::node_args::{NodeArgs, OutputArgs, STRATEGIES};
 
 /// Options of `chaos`.
 #[derive(clap::Args, Debug)]
