@@ -61,7 +61,8 @@ pub fn throughput_table(
     ThroughputTable::from_rows(rows)
 }
 
-fn micro_batches(spec: &ModelSpec, d: u32) -> u32 {
+/// Micro-batches each of `d` pipelines runs in one iteration.
+pub(crate) fn micro_batches(spec: &ModelSpec, d: u32) -> u32 {
     (spec.global_batch / spec.micro_batch.max(1))
         .div_ceil(d)
         .max(1)
@@ -79,9 +80,7 @@ fn stage_costs(spec: &ModelSpec, hw: Hardware, p: u32) -> Option<Vec<StageCost>>
 }
 
 /// Sums of stage `s` of `p` holding `layers` (timed on its device) on a device of `memory_mb`,
-/// or `None` when its weights, optimizer state and recomputed activations do not fit; a stage
-/// that cannot keep the activations of its micro-batches in flight (1F1B: `p - s`) recomputes
-/// them, a second forward inside its backward.
+/// or `None` when they do not fit ([`StageSums::cost`]).
 pub(crate) fn stage_cost(
     spec: &ModelSpec,
     layers: &[LayerCost],
@@ -89,34 +88,79 @@ pub(crate) fn stage_cost(
     s: usize,
     p: usize,
 ) -> Option<StageCost> {
-    let boundary_mb = spec.boundary_bytes / MIB;
-    let mut c = StageCost::default();
-    let mut acts = 0.0;
+    let mut sums = StageSums::default();
     for l in layers {
-        c.forward_ms += l.forward_ms;
-        c.backward_ms += l.backward_ms;
-        c.optimizer_ms += l.optimizer_ms;
-        c.params += l.params;
-        acts += l.activation_mb;
+        sums.add(l);
     }
-    let states_mb = c.params * 4.0 / MIB * f64::from(spec.optimizer_states + 1);
-    let peak_block = layers.iter().map(|l| l.activation_mb).fold(0.0, f64::max);
-    let recompute_mb = match spec.family {
-        Family::Transformer => (1..=layers.len())
-            .map(|chunk| {
-                chunk as f64 * peak_block + (layers.len().div_ceil(chunk)) as f64 * boundary_mb
-            })
-            .fold(f64::INFINITY, f64::min),
-        Family::Cnn => acts,
-    };
-    if states_mb + recompute_mb > memory_mb {
-        return None;
+    sums.cost(spec, memory_mb, p - s)
+}
+
+/// The running sums of a stage's layers, so that a search over splits grows a stage one layer
+/// at a time instead of summing every candidate afresh.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StageSums {
+    sums: StageCost,
+    acts: f64,
+    peak_block: f64,
+    layers: usize,
+}
+
+impl StageSums {
+    /// Takes one more layer into the stage.
+    pub(crate) fn add(&mut self, l: &LayerCost) {
+        self.sums.forward_ms += l.forward_ms;
+        self.sums.backward_ms += l.backward_ms;
+        self.sums.optimizer_ms += l.optimizer_ms;
+        self.sums.params += l.params;
+        self.acts += l.activation_mb;
+        self.peak_block = self.peak_block.max(l.activation_mb);
+        self.layers += 1;
     }
-    let in_flight = (p - s) as f64;
-    if in_flight * acts > memory_mb {
-        c.backward_ms += c.forward_ms;
+
+    /// The stage's costs on a device of `memory_mb`, or `None` when its weights, optimizer
+    /// state and recomputed activations do not fit; a stage that cannot keep the activations of
+    /// its micro-batches `in_flight` (1F1B: stage `s` of `p` keeps `p - s`) recomputes them, a
+    /// second forward inside its backward.
+    pub(crate) fn cost(
+        &self,
+        spec: &ModelSpec,
+        memory_mb: f64,
+        in_flight: usize,
+    ) -> Option<StageCost> {
+        let mut c = self.sums;
+        let states_mb = c.params * 4.0 / MIB * f64::from(spec.optimizer_states + 1);
+        if !self.fits_recomputed(spec, memory_mb - states_mb) {
+            return None;
+        }
+        if in_flight as f64 * self.acts > memory_mb {
+            c.backward_ms += c.forward_ms;
+        }
+        Some(c)
     }
-    Some(c)
+
+    /// Whether the stage's activations, recomputed in chunks, fit in `free_mb`: a transformer
+    /// keeps `chunk` blocks' activations and the boundary of every chunk, at the best chunk
+    /// size (a stage of no layers fits nowhere); a CNN keeps them all.
+    fn fits_recomputed(&self, spec: &ModelSpec, free_mb: f64) -> bool {
+        let Family::Transformer = spec.family else {
+            return self.acts <= free_mb;
+        };
+        let boundary_mb = spec.boundary_bytes / MIB;
+        let kept = |chunk: usize| {
+            chunk as f64 * self.peak_block + (self.layers.div_ceil(chunk)) as f64 * boundary_mb
+        };
+        // Every chunk size keeps at least one block and one boundary, and the smallest chunk
+        // (a boundary per block, small beside a block) is often the best: the search over
+        // every size is needed only between the two (a split search asks this of every stage
+        // it weighs).
+        if self.layers == 0 || self.peak_block + boundary_mb > free_mb {
+            return false;
+        }
+        if kept(1) <= free_mb {
+            return true;
+        }
+        (1..=self.layers).map(kept).fold(f64::INFINITY, f64::min) <= free_mb
+    }
 }
 
 /// Samples per second of `d` pipelines over `stages`.
@@ -127,9 +171,61 @@ pub(crate) fn samples_per_sec(
     stages: &[StageCost],
     d: u32,
 ) -> f64 {
-    let ms = iteration_ms(spec, hw, transfer, stages, d);
+    rate_of(spec, d, iteration_ms(spec, hw, transfer, stages, d))
+}
+
+/// Samples per second of `d` pipelines whose iteration takes `ms`.
+pub(crate) fn rate_of(spec: &ModelSpec, d: u32, ms: f64) -> f64 {
     let samples = f64::from(spec.micro_batch * d * micro_batches(spec, d));
     samples / (ms / 1000.0)
+}
+
+/// At least the samples per second of `d` pipelines over `stages` ([`samples_per_sec`]), from
+/// a bound on the iteration that needs no schedule: a search over many pipelines simulates
+/// only those whose bound beats the best found.
+pub(crate) fn samples_per_sec_bound(
+    spec: &ModelSpec,
+    hw: Hardware,
+    transfer: &TransferModel,
+    stages: &[StageCost],
+    d: u32,
+) -> f64 {
+    let m = micro_batches(spec, d) as usize;
+    let comm = boundary_ms(spec, transfer, stages);
+    let p = stages.len();
+    let work = |c: &StageCost| c.forward_ms + c.backward_ms;
+    // Stage s works no sooner than micro-batch 0 reaches it, then m forwards and backwards;
+    // once it is past its warm-up, every two of its backwards also wait on a forward and a
+    // backward of the next stage, with a hop each way (its backward i + 1 follows its forward
+    // i - 1 + warm-up, that forward's on the next stage, and the next stage's backward i + 1).
+    // After stage s's last backward, the gradient still walks back to stage 0, which ends no
+    // sooner.
+    let mut behind: f64 =
+        stages.iter().map(work).sum::<f64>() + 2.0 * p.saturating_sub(1) as f64 * comm;
+    let (mut before_fwd, mut before_bwd) = (0.0, 0.0);
+    let mut first = 0.0f64;
+    let mut ms = 0.0f64;
+    for (s, c) in stages.iter().enumerate() {
+        let mut end = before_fwd + m as f64 * work(c);
+        let warm = (p - s).min(m);
+        if let Some(next) = stages.get(s + 1).filter(|_| m > warm) {
+            let steps = (m - warm).div_ceil(2);
+            let cycle = work(c) + work(next) + 2.0 * comm;
+            let rest = (m - 1 - 2 * steps) as f64 * c.backward_ms;
+            end = end.max(before_fwd + behind + steps as f64 * cycle + rest);
+        }
+        first = first.max(end + before_bwd);
+        if s > 0 {
+            ms = ms.max(end + finish_ms(spec, hw, stages, s, c, d));
+        }
+        behind -= work(c) + if s + 1 < p { 2.0 * comm } else { 0.0 };
+        before_fwd += c.forward_ms + comm;
+        before_bwd += c.backward_ms + comm;
+    }
+    if let Some(c) = stages.first() {
+        ms = ms.max(first + finish_ms(spec, hw, stages, 0, c, d));
+    }
+    rate_of(spec, d, ms)
 }
 
 /// One training iteration of `d` pipelines over `stages`, ms.
@@ -140,25 +236,73 @@ fn iteration_ms(
     stages: &[StageCost],
     d: u32,
 ) -> f64 {
-    let m = micro_batches(spec, d) as usize;
-    let comm = if stages.len() > 1 {
-        transfer.cost_ms(spec.boundary_bytes)
-    } else {
-        0.0
-    };
-    let ends = one_f_one_b(stages, m, comm);
+    let ends = schedule_ends(spec, transfer, stages, micro_batches(spec, d));
+    iteration_after(spec, hw, stages, &ends, d)
+}
+
+/// When each stage ends its part of a 1F1B schedule of `m` micro-batches over `stages`, ms:
+/// all an iteration simulates, and the same for every `d` of `m` micro-batches.
+pub(crate) fn schedule_ends(
+    spec: &ModelSpec,
+    transfer: &TransferModel,
+    stages: &[StageCost],
+    m: u32,
+) -> Vec<f64> {
+    one_f_one_b(stages, m as usize, boundary_ms(spec, transfer, stages))
+}
+
+/// Samples per second of `d` pipelines over `stages` whose schedule ends at `ends`
+/// ([`schedule_ends`]): each stage then all-reduces and steps.
+pub(crate) fn samples_per_sec_after(
+    spec: &ModelSpec,
+    hw: Hardware,
+    stages: &[StageCost],
+    ends: &[f64],
+    d: u32,
+) -> f64 {
+    rate_of(spec, d, iteration_after(spec, hw, stages, ends, d))
+}
+
+/// The iteration of `d` pipelines over `stages` whose schedule ends at `ends`, ms.
+fn iteration_after(
+    spec: &ModelSpec,
+    hw: Hardware,
+    stages: &[StageCost],
+    ends: &[f64],
+    d: u32,
+) -> f64 {
     ends.iter()
         .zip(stages)
         .enumerate()
-        .map(|(s, (end, c))| {
-            let group = if s == 0 && spec.family == Family::Transformer && stages.len() > 1 {
-                2 * d
-            } else {
-                d
-            };
-            end + allreduce_ms(c.params * GRADIENT_BYTES_PER_PARAM, group, hw) + c.optimizer_ms
-        })
+        .map(|(s, (end, c))| end + finish_ms(spec, hw, stages, s, c, d))
         .fold(0.0, f64::max)
+}
+
+/// The transfer of one boundary activation or gradient between neighbouring stages, ms.
+fn boundary_ms(spec: &ModelSpec, transfer: &TransferModel, stages: &[StageCost]) -> f64 {
+    if stages.len() > 1 {
+        transfer.cost_ms(spec.boundary_bytes)
+    } else {
+        0.0
+    }
+}
+
+/// What stage `s` does after its last backward: all-reduce its gradients over its replicas
+/// (the first stage of a transformer also with the last's tied embedding), then step.
+fn finish_ms(
+    spec: &ModelSpec,
+    hw: Hardware,
+    stages: &[StageCost],
+    s: usize,
+    c: &StageCost,
+    d: u32,
+) -> f64 {
+    let group = if s == 0 && spec.family == Family::Transformer && stages.len() > 1 {
+        2 * d
+    } else {
+        d
+    };
+    allreduce_ms(c.params * GRADIENT_BYTES_PER_PARAM, group, hw) + c.optimizer_ms
 }
 
 /// Ring all-reduce of `bytes` over `width` replicas, ms.
@@ -174,51 +318,36 @@ fn allreduce_ms(bytes: f64, width: u32, hw: Hardware) -> f64 {
 /// of one boundary activation or gradient between neighbouring stages.
 fn one_f_one_b(stages: &[StageCost], m: usize, comm: f64) -> Vec<f64> {
     let p = stages.len();
-    // Each stage runs a fixed order: warm-up forwards, then alternating backward/forward.
-    let orders: Vec<Vec<(bool, usize)>> = (0..p)
-        .map(|s| {
-            let warm = (p - s).min(m);
-            let mut order: Vec<(bool, usize)> = (0..warm).map(|i| (true, i)).collect();
-            let (mut f, mut b) = (warm, 0);
-            while b < m {
-                order.push((false, b));
-                b += 1;
-                if f < m {
-                    order.push((true, f));
-                    f += 1;
-                }
-            }
-            order
-        })
-        .collect();
-    let mut fwd_end = vec![vec![f64::NAN; m]; p];
-    let mut bwd_end = vec![vec![f64::NAN; m]; p];
+    // End of each stage's forward and backward of each micro-batch (row s at s * m).
+    let mut fwd_end = vec![f64::NAN; p * m];
+    let mut bwd_end = vec![f64::NAN; p * m];
     let mut free = vec![0.0f64; p];
     let mut next = vec![0usize; p];
-    let mut remaining: usize = orders.iter().map(Vec::len).sum();
+    let mut remaining = 2 * p * m;
     while remaining > 0 {
         let mut progressed = false;
         for s in 0..p {
-            while let Some(&(is_fwd, i)) = orders[s].get(next[s]) {
+            while next[s] < 2 * m {
+                let (is_fwd, i) = one_f_one_b_op(p, m, s, next[s]);
                 let ready = if is_fwd {
                     if s == 0 {
                         Some(0.0)
                     } else {
-                        ready_after(fwd_end[s - 1][i], comm)
+                        ready_after(fwd_end[(s - 1) * m + i], comm)
                     }
                 } else if s + 1 == p {
-                    ready_after(fwd_end[s][i], 0.0)
+                    ready_after(fwd_end[s * m + i], 0.0)
                 } else {
-                    ready_after(bwd_end[s + 1][i], comm)
+                    ready_after(bwd_end[(s + 1) * m + i], comm)
                 };
                 let Some(ready) = ready else { break };
                 let start = free[s].max(ready);
                 let c = &stages[s];
                 let end = start + if is_fwd { c.forward_ms } else { c.backward_ms };
                 if is_fwd {
-                    fwd_end[s][i] = end;
+                    fwd_end[s * m + i] = end;
                 } else {
-                    bwd_end[s][i] = end;
+                    bwd_end[s * m + i] = end;
                 }
                 free[s] = end;
                 next[s] += 1;
@@ -231,6 +360,26 @@ fn one_f_one_b(stages: &[StageCost], m: usize, comm: f64) -> Vec<f64> {
         }
     }
     free
+}
+
+/// Op `k` of stage `s` of `p` in 1F1B over `m` micro-batches: whether it is a forward, and
+/// its micro-batch. Warm-up forwards first (as many as stages from `s` to the end), then a
+/// backward and a forward in turn until the forwards run out, then the last backwards.
+fn one_f_one_b_op(p: usize, m: usize, s: usize, k: usize) -> (bool, usize) {
+    let warm = (p - s).min(m);
+    if k < warm {
+        return (true, k);
+    }
+    let (t, pairs) = (k - warm, m - warm);
+    if t < 2 * pairs {
+        if t % 2 == 0 {
+            (false, t / 2)
+        } else {
+            (true, warm + t / 2)
+        }
+    } else {
+        (false, t - pairs)
+    }
 }
 
 fn ready_after(end: f64, comm: f64) -> Option<f64> {
@@ -265,6 +414,33 @@ mod tests {
         let ends = one_f_one_b(&st, 8, 0.0);
         // (m + p - 1) * (f + b) for uniform stages without communication.
         assert!((ends[0] - 11.0 * 3.0).abs() < 1e-9, "{ends:?}");
+    }
+
+    proptest::proptest! {
+        /// The bound a search prunes by is never below the simulated schedule's rate, whatever
+        /// the stages, their links and the number of pipelines.
+        #[test]
+        fn the_bound_is_never_below_the_schedule(
+            stages in proptest::collection::vec((0.1f64..20.0, 0.1f64..40.0, 0.0f64..5.0, 0.0f64..1e8), 1..12),
+            d in 1u32..40,
+            latency_ms in 0.0f64..20.0,
+        ) {
+            let (spec, _) = builtin("gpt-1.5b").unwrap();
+            let stages: Vec<StageCost> = stages
+                .iter()
+                .map(|&(forward_ms, backward_ms, optimizer_ms, params)| StageCost {
+                    forward_ms,
+                    backward_ms,
+                    optimizer_ms,
+                    params,
+                })
+                .collect();
+            let transfer = TransferModel::Linear { latency_ms, bytes_per_sec: 1.25e9 };
+            let hw = Hardware::default();
+            let rate = samples_per_sec(&spec, hw, &transfer, &stages, d);
+            let bound = samples_per_sec_bound(&spec, hw, &transfer, &stages, d);
+            proptest::prop_assert!(bound >= rate * (1.0 - 1e-12), "{bound} < {rate}");
+        }
     }
 
     #[test]

@@ -22,9 +22,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use super::analytic::{self, StageCost};
 use super::links::{Link, Links, traffic};
-use super::mixed::{self, DeviceCosts, arrange, balanced_bounds};
+use super::mixed::{self, DeviceCosts, balanced_bounds};
 use super::spec::{LayerCost, ModelSpec};
+use super::split::Splits;
 use super::throughput::ThroughputTable;
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
@@ -89,8 +91,16 @@ pub enum FleetError {
     Layers(String, usize, usize),
 }
 
-/// A pipeline's zone per stage and its stage bounds.
-type Arranged = (Vec<usize>, Vec<usize>);
+/// A pipeline over two zones as [`mixed::arrange`] lays it: its zone per stage, its stage
+/// bounds and sums, and the links its all-reduce and its activations take.
+#[derive(Clone)]
+struct Arranged {
+    order: Vec<usize>,
+    bounds: Vec<usize>,
+    stages: Vec<StageCost>,
+    ring: Link,
+    boundary: Link,
+}
 
 /// A job on a fleet of zones, with the plans of every composition seen so far.
 #[derive(Clone)]
@@ -102,11 +112,26 @@ pub struct Fleet {
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
-    arranged: HashMap<Vec<usize>, Option<Arranged>>,
-    mixed_rates: HashMap<(Vec<usize>, u32), Option<f64>>,
+    arranged: HashMap<Shares, Option<Arc<Arranged>>>,
+    mixed_rates: HashMap<(Shares, u32), Option<f64>>,
+    heads: HashMap<(usize, usize), Arc<Splits>>,
+    schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
+    tails: HashMap<usize, Arc<Splits>>,
     local_rates: HashMap<LocalKey, f64>,
     split: HashMap<(usize, u32), Option<Vec<usize>>>,
 }
+
+/// A pipeline whose 1F1B schedule is memoised: a zone pipeline on zone `z`'s device at zone
+/// `slowest`'s split of `p` stages (over `z`'s own link), or a pipeline holding `k[z]` stages in
+/// zone `z` (over its arranged links).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Pipeline {
+    Local { z: usize, slowest: usize, p: u32 },
+    Mixed(Shares),
+}
+
+/// A pipeline's stages in each zone, by the zones' order (zero past the fleet's zones).
+type Shares = [usize; MAX_ZONES];
 
 /// A zone pipeline's rate depends on its zone, the zone whose split it takes, its depth, the
 /// pipelines and the ring's link (bandwidth and latency bits): not on the rest of the
@@ -151,6 +176,9 @@ impl Fleet {
             memo: HashMap::new(),
             arranged: HashMap::new(),
             mixed_rates: HashMap::new(),
+            heads: HashMap::new(),
+            schedules: HashMap::new(),
+            tails: HashMap::new(),
             local_rates: HashMap::new(),
             split: HashMap::new(),
         })
@@ -252,10 +280,7 @@ impl Fleet {
         ring: Link,
         boundary: Link,
     ) -> Option<f64> {
-        let transfer = TransferModel::Linear {
-            latency_ms: boundary.latency_ms,
-            bytes_per_sec: boundary.gbit_per_s * 1e9 / 8.0,
-        };
+        let transfer = transfer_over(boundary);
         mixed::samples_per_sec(&self.spec, devices, bounds, d, mib_per_ms(ring), &transfer)
     }
 
@@ -273,7 +298,8 @@ impl Fleet {
     /// The better of zone pipelines and mixed pipelines for `(d, p)`.
     fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let local = self.zone_pipelines(counts, d, p);
-        let mixed = self.mixed_pipelines(counts, d, p);
+        let floor = local.as_ref().map_or(0.0, |l| l.samples_per_sec);
+        let mixed = self.mixed_pipelines(counts, d, p, floor);
         [local, mixed]
             .into_iter()
             .flatten()
@@ -345,85 +371,184 @@ impl Fleet {
         }
         let devices = vec![&self.zones[z].device; p as usize];
         let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
-        let rate = self.rate(&devices, bounds, d, ring, within).unwrap_or(0.0);
+        let rate = mixed::stages_of(&self.spec, &devices, bounds).map_or(0.0, |stages| {
+            let pipeline = Pipeline::Local { z, slowest, p };
+            self.scheduled_rate(pipeline, &stages, d, ring, within)
+        });
         self.local_rates.insert(key, rate);
         rate
     }
 
+    /// Samples per second of `d` copies of `pipeline` over `stages`, all-reducing over `ring`
+    /// and sending activations over `boundary`, its 1F1B schedule memoised by the pipeline and
+    /// the micro-batches each copy runs: the schedule is most of the pricing, and `d` of one
+    /// micro-batch count (every `d` past the global batch's micro-batches, for one) share it.
+    fn scheduled_rate(
+        &mut self,
+        pipeline: Pipeline,
+        stages: &[StageCost],
+        d: u32,
+        ring: Link,
+        boundary: Link,
+    ) -> f64 {
+        let m = analytic::micro_batches(&self.spec, d);
+        let spec = &self.spec;
+        let ends = self
+            .schedules
+            .entry((pipeline, m))
+            .or_insert_with(|| {
+                analytic::schedule_ends(spec, &transfer_over(boundary), stages, m).into()
+            })
+            .clone();
+        mixed::rate_after(spec, stages, &ends, d, mib_per_ms(ring))
+    }
+
     /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two
-    /// zones that the counts allow; the fastest. Pipelines over three zones or more are not
-    /// tried: each more zone is one more boundary crossing and one more zone's preemptions on
-    /// every pipeline, and the orders of `arrange` and the splits grow as a power of the zones.
-    fn mixed_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
-        let mut best: Option<Placement> = None;
-        for k in pair_splits(p as usize, counts, d) {
+    /// zones that the counts allow; the fastest (the first of `pair_splits` on a tie), unless
+    /// it trains less than `floor`. Pipelines over three zones or more are not tried: each more
+    /// zone is one more boundary crossing and one more zone's preemptions on every pipeline,
+    /// and the orders of `arrange` and the splits grow as a power of the zones.
+    ///
+    /// The candidates are simulated in the order of a bound on their rate that needs no
+    /// schedule ([`Self::mixed_bound`]), and no further once the bound cannot beat the best
+    /// found.
+    fn mixed_pipelines(&mut self, counts: &[u32], d: u32, p: u32, floor: f64) -> Option<Placement> {
+        let mut candidates: Vec<(f64, usize, Shares)> = pair_splits(p as usize, counts, d)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(rank, k)| Some((self.mixed_bound(&k, d)?, rank, k)))
+            .collect();
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut best: Option<(f64, usize, Shares)> = None;
+        for (bound, rank, k) in candidates {
+            // The bound and the schedule sum the same times in other orders.
+            let reach = bound * (1.0 + 1e-9);
+            if reach < floor || best.as_ref().is_some_and(|(rate, ..)| reach < *rate) {
+                break;
+            }
             let Some(rate) = self.mixed_rate(&k, d) else {
                 continue;
             };
-            if best.as_ref().is_none_or(|b| rate > b.samples_per_sec) {
-                let Some((order, bounds)) = self.arranged(&k) else {
-                    continue;
-                };
-                let zones = vec![order; d as usize];
-                best = Some(self.placement(zones, bounds, rate, d));
+            let better = best
+                .as_ref()
+                .is_none_or(|(b, r, _)| rate > *b || (rate == *b && rank < *r));
+            if better {
+                best = Some((rate, rank, k));
             }
         }
-        best
+        let (rate, _, k) = best.filter(|(rate, ..)| *rate >= floor)?;
+        let arranged = self.arranged(&k)?;
+        let zones = vec![arranged.order.clone(); d as usize];
+        Some(self.placement(zones, arranged.bounds.clone(), rate, d))
+    }
+
+    /// At least the rate of `d` pipelines holding `k[z]` stages in zone `z`, with no schedule
+    /// simulated.
+    fn mixed_bound(&mut self, k: &Shares, d: u32) -> Option<f64> {
+        let a = self.arranged(k)?;
+        let bound = mixed::samples_per_sec_bound(
+            &self.spec,
+            &a.stages,
+            d,
+            mib_per_ms(a.ring),
+            &transfer_over(a.boundary),
+        );
+        Some(bound)
     }
 
     /// Samples per second of `d` pipelines holding `k[z]` stages in zone `z` (memoised: it
     /// depends on `k` and `d` alone, not on the rest of the composition).
-    fn mixed_rate(&mut self, k: &[usize], d: u32) -> Option<f64> {
-        let key = (k.to_vec(), d);
+    fn mixed_rate(&mut self, k: &Shares, d: u32) -> Option<f64> {
+        let key = (*k, d);
         if let Some(rate) = self.mixed_rates.get(&key) {
             return *rate;
         }
-        let rate = self.arranged(k).and_then(|(order, bounds)| {
-            let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
-            let ring = order
-                .iter()
-                .map(|&z| self.links.between(&self.zones[z].name, &self.zones[z].name))
-                .min_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s))?;
-            let boundary = order
-                .windows(2)
-                .map(|w| {
-                    self.links
-                        .between(&self.zones[w[0]].name, &self.zones[w[1]].name)
-                })
-                .min_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s))
-                .unwrap_or(ring);
-            self.rate(&devices, &bounds, d, ring, boundary)
+        let rate = self.arranged(k).map(|a| {
+            let pipeline = Pipeline::Mixed(*k);
+            self.scheduled_rate(pipeline, &a.stages, d, a.ring, a.boundary)
         });
         self.mixed_rates.insert(key, rate);
         rate
     }
 
-    /// The zone of each stage and the bounds of a pipeline holding `k[z]` stages in zone `z`
-    /// (memoised: the same `k` recurs for many `d` and compositions).
-    fn arranged(&mut self, k: &[usize]) -> Option<Arranged> {
+    /// The pipeline holding `k[z]` stages in zone `z`, over two zones (memoised: the same `k`
+    /// recurs for many `d` and compositions).
+    fn arranged(&mut self, k: &Shares) -> Option<Arc<Arranged>> {
         if let Some(found) = self.arranged.get(k) {
             return found.clone();
         }
-        let kinds: Vec<(&DeviceCosts, usize)> = k
+        let found = self.arrange(k).map(Arc::new);
+        self.arranged.insert(*k, found.clone());
+        found
+    }
+
+    /// [`Self::arranged`], searched: the two zones' blocks joined in the better order
+    /// ([`mixed::arrange_two`]) from split searches shared by every `k` of the same depth.
+    fn arrange(&mut self, k: &Shares) -> Option<Arranged> {
+        let kinds: Vec<(usize, usize)> = k
             .iter()
             .enumerate()
             .filter(|(_, n)| **n > 0)
-            .map(|(z, &n)| (&self.zones[z].device, n))
+            .map(|(z, &n)| (z, n))
             .collect();
-        let found = arrange(&self.spec, &kinds).map(|(devices, bounds)| {
-            let mut order = Vec::with_capacity(devices.len());
-            let mut left = k.to_vec();
-            for device in devices {
-                let z = (0..left.len())
-                    .find(|&z| left[z] > 0 && std::ptr::eq(device, &self.zones[z].device))
-                    .unwrap_or(0);
-                left[z] = left[z].saturating_sub(1);
-                order.push(z);
-            }
-            (order, bounds)
-        });
-        self.arranged.insert(k.to_vec(), found.clone());
-        found
+        let [(a, ka), (b, kb)] = kinds[..] else {
+            return None;
+        };
+        let p = ka + kb;
+        let (heads_a, heads_b) = (self.heads(a, p), self.heads(b, p));
+        let (tails_a, tails_b) = (self.tails(a), self.tails(b));
+        let part = |heads, tails, stages| mixed::Part {
+            heads,
+            tails,
+            stages,
+        };
+        let (a_first, bounds) =
+            mixed::arrange_two(part(&heads_a, &tails_a, ka), part(&heads_b, &tails_b, kb))?;
+        let (first, second) = if a_first {
+            ((a, ka), (b, kb))
+        } else {
+            ((b, kb), (a, ka))
+        };
+        let order: Vec<usize> = std::iter::repeat_n(first.0, first.1)
+            .chain(std::iter::repeat_n(second.0, second.1))
+            .collect();
+        let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
+        let stages = mixed::stages_of(&self.spec, &devices, &bounds)?;
+        // Each stage all-reduces inside its zone; the activations take every link between
+        // neighbouring stages, the slowest pacing them.
+        let between =
+            |x: usize, y: usize| self.links.between(&self.zones[x].name, &self.zones[y].name);
+        let slowest = |links: &mut dyn Iterator<Item = Link>| {
+            links.min_by(|x, y| x.gbit_per_s.total_cmp(&y.gbit_per_s))
+        };
+        let ring = slowest(&mut [a, b].into_iter().map(|z| between(z, z)))?;
+        let boundary = slowest(&mut order.windows(2).map(|w| between(w[0], w[1]))).unwrap_or(ring);
+        Some(Arranged {
+            order,
+            bounds,
+            stages,
+            ring,
+            boundary,
+        })
+    }
+
+    /// Zone `z`'s device as the first block of a `p`-stage pipeline (memoised).
+    fn heads(&mut self, z: usize, p: usize) -> Arc<Splits> {
+        let (spec, device) = (&self.spec, &self.zones[z].device);
+        self.heads
+            .entry((z, p))
+            .or_insert_with(|| Arc::new(mixed::heads(spec, device, p)))
+            .clone()
+    }
+
+    /// Zone `z`'s device as the last block of a pipeline of any depth (memoised).
+    fn tails(&mut self, z: usize) -> Arc<Splits> {
+        let (spec, device) = (&self.spec, &self.zones[z].device);
+        let stages = spec.depths.iter().max().map_or(0, |&p| p as usize);
+        self.tails
+            .entry(z)
+            .or_insert_with(|| Arc::new(mixed::tails(spec, device, stages)))
+            .clone()
     }
 
     /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
@@ -490,9 +615,9 @@ impl Fleet {
         samples_per_sec: f64,
         d: u32,
     ) -> Placement {
-        let names: Vec<Vec<String>> = zones
+        let names: Vec<Vec<&str>> = zones
             .iter()
-            .map(|p| p.iter().map(|&z| self.zones[z].name.clone()).collect())
+            .map(|p| p.iter().map(|&z| self.zones[z].name.as_str()).collect())
             .collect();
         let micro = (self.spec.global_batch / self.spec.micro_batch.max(1))
             .div_ceil(d)
@@ -519,6 +644,14 @@ fn mib_per_ms(link: Link) -> f64 {
     link.gbit_per_s * 1e9 / 8.0 / (1024.0 * 1024.0) / 1000.0
 }
 
+/// Activations and gradients between stages over `link`.
+fn transfer_over(link: Link) -> TransferModel {
+    TransferModel::Linear {
+        latency_ms: link.latency_ms,
+        bytes_per_sec: link.gbit_per_s * 1e9 / 8.0,
+    }
+}
+
 /// Pipelines per zone when `d` pipelines of `p` stages are filled in `order`, or `None` when
 /// the zones do not hold them.
 fn fill(counts: &[u32], order: &[usize], d: u32, p: u32) -> Option<Vec<u32>> {
@@ -534,15 +667,19 @@ fn fill(counts: &[u32], order: &[usize], d: u32, p: u32) -> Option<Vec<u32>> {
 
 /// Every way to give `p` stages to two zones, at least one each, such that `d` pipelines fit
 /// the zones' `counts`: one stage count per zone, zero outside the pair.
-fn pair_splits(p: usize, counts: &[u32], d: u32) -> Vec<Vec<usize>> {
-    let caps: Vec<usize> = counts.iter().map(|&n| (n / d.max(1)) as usize).collect();
+fn pair_splits(p: usize, counts: &[u32], d: u32) -> Vec<Shares> {
+    let caps: Vec<usize> = counts
+        .iter()
+        .take(MAX_ZONES)
+        .map(|&n| (n / d.max(1)) as usize)
+        .collect();
     let mut out = Vec::new();
     for a in 0..caps.len() {
         for b in a + 1..caps.len() {
             for ka in 1..p {
                 let kb = p - ka;
                 if ka <= caps[a] && kb <= caps[b] {
-                    let mut k = vec![0; caps.len()];
+                    let mut k = [0; MAX_ZONES];
                     k[a] = ka;
                     k[b] = kb;
                     out.push(k);

@@ -207,10 +207,10 @@ pub struct Traffic {
 /// each stage's replicas all-reduce their gradients in a ring that visits the zones in turn (so
 /// a ring over `k` zones crosses `k` zone boundaries, the fewest there can be). `None` when
 /// `zones` is empty or a pipeline has other than `bounds.len() - 1` stages.
-pub fn traffic(
+pub fn traffic<Z: AsRef<str>>(
     spec: &ModelSpec,
     bounds: &[usize],
-    zones: &[Vec<String>],
+    zones: &[Vec<Z>],
     links: &Links,
 ) -> Option<Traffic> {
     let stages = bounds.len().checked_sub(1)?;
@@ -226,17 +226,18 @@ pub fn traffic(
     let mut out = Traffic::default();
     for pipeline in zones {
         for pair in pipeline.windows(2) {
-            let link = links.between(&pair[0], &pair[1]);
+            let (a, b) = (pair[0].as_ref(), pair[1].as_ref());
+            let link = links.between(a, b);
             let bytes = 2.0 * micro * spec.boundary_bytes;
             out.slowest_boundary_ms = out
                 .slowest_boundary_ms
                 .max(link.transfer_ms(spec.boundary_bytes));
-            out.add_crossing(&pair[0], &pair[1], link, bytes);
+            out.add_crossing(a, b, link, bytes);
         }
     }
     for (s, w) in bounds.windows(2).enumerate() {
         let params: f64 = spec.layers.get(w[0]..w[1])?.iter().map(|l| l.params).sum();
-        let mut ring: Vec<&str> = zones.iter().map(|p| p[s].as_str()).collect();
+        let mut ring: Vec<&str> = zones.iter().map(|p| p[s].as_ref()).collect();
         ring.sort_unstable();
         let ms = out.ring(&ring, params * GRADIENT_BYTES_PER_PARAM, links);
         out.allreduce_ms.push(ms);

@@ -12,6 +12,7 @@
 
 use super::analytic::{self, Hardware, StageCost, stage_cost};
 use super::spec::{LayerCost, ModelSpec};
+use super::split::{Splits, StageDevice, join};
 use super::transfer::TransferModel;
 
 /// One device kind as the cost model sees it: the job's layers timed on it, and its memory.
@@ -83,51 +84,112 @@ fn pace_ms(c: &StageCost) -> f64 {
 
 /// Stage bounds `[0, b1, ..., L]` of one pipeline whose stage `s` runs on `devices[s]`: each
 /// stage holds at least one layer and fits its device, and the slowest stage's forward plus
-/// backward of one micro-batch is the least any such split gives (a dynamic program over the
-/// split points, O(p L^2) stage sums). `None` when no split fits, or with more stages than
-/// layers.
+/// backward of one micro-batch is the least any such split gives ([`Splits::search`]). `None`
+/// when no split fits, or with more stages than layers.
 pub fn balanced_bounds(spec: &ModelSpec, devices: &[&DeviceCosts]) -> Option<Vec<usize>> {
     let (layers, p) = (spec.layers.len(), devices.len());
     if p == 0 || p > layers || devices.iter().any(|d| d.layers.len() != layers) {
         return None;
     }
-    // slowest[s][j]: the least pace of stages 0..s holding layers 0..j; from[s][j]: where
-    // stage s - 1 starts in that split.
-    let mut slowest = vec![vec![f64::INFINITY; layers + 1]; p + 1];
-    let mut from = vec![vec![0usize; layers + 1]; p + 1];
-    slowest[0][0] = 0.0;
-    for s in 1..=p {
-        for j in s..=layers - (p - s) {
-            // Stage s - 1 grows as its start `i` moves back, and a larger stage is never
-            // faster nor smaller: once it does not fit, or is alone slower than the best split
-            // found, no earlier start can do better. Ties go to the earliest start.
-            for i in (s - 1..j).rev() {
-                let Some(c) = stage_on(spec, devices, s - 1, i, j) else {
-                    break;
-                };
-                let own = pace_ms(&c);
-                if own > slowest[s][j] {
-                    break;
-                }
-                let pace = slowest[s - 1][i].max(own);
-                if pace <= slowest[s][j] && pace.is_finite() {
-                    slowest[s][j] = pace;
-                    from[s][j] = i;
-                }
-            }
-        }
+    let splits = Splits::search(
+        spec,
+        p,
+        false,
+        |s| layers - (p - s),
+        |s| StageDevice {
+            layers: &devices[s].layers,
+            memory_mb: devices[s].memory_mb,
+            in_flight: p - s,
+        },
+    );
+    splits
+        .pace(p, layers)
+        .is_finite()
+        .then(|| splits.bounds(p, layers))
+}
+
+/// The split search of `device` as the first block of a `p`-stage pipeline: its leading
+/// stages, for every count of them up to `p - 1` (for [`join`]).
+pub(crate) fn heads(spec: &ModelSpec, device: &DeviceCosts, p: usize) -> Splits {
+    let layers = spec.layers.len();
+    Splits::search(
+        spec,
+        p.saturating_sub(1),
+        false,
+        |s| layers.saturating_sub(p - s),
+        |s| StageDevice {
+            layers: &device.layers,
+            memory_mb: device.memory_mb,
+            in_flight: p - s,
+        },
+    )
+}
+
+/// The split search of `device` as the last block of any pipeline: up to `stages` trailing
+/// stages (for [`join`]).
+pub(crate) fn tails(spec: &ModelSpec, device: &DeviceCosts, stages: usize) -> Splits {
+    let layers = spec.layers.len();
+    Splits::search(
+        spec,
+        stages,
+        true,
+        |_| layers.saturating_sub(1),
+        |s| StageDevice {
+            layers: &device.layers,
+            memory_mb: device.memory_mb,
+            in_flight: s + 1,
+        },
+    )
+}
+
+/// One kind's part in a pipeline over two kinds: its searches as the first block ([`heads`] of
+/// the pipeline's depth) and as the last ([`tails`]), and how many stages it runs.
+pub(crate) struct Part<'s> {
+    /// The kind as the first block.
+    pub heads: &'s Splits,
+    /// The kind as the last block.
+    pub tails: &'s Splits,
+    /// Its stages in the pipeline.
+    pub stages: usize,
+}
+
+/// The better of the two block orders of a pipeline over kinds `a` and `b` (`a` first on a
+/// tie): whether `a` goes first, and the stage bounds. The order matters through memory alone:
+/// the stages before others keep more micro-batches' activations in flight, and the first and
+/// last hold the embedding and the head. `None` when neither order fits.
+pub(crate) fn arrange_two(a: Part<'_>, b: Part<'_>) -> Option<(bool, Vec<usize>)> {
+    let a_first = join(a.heads, a.stages, b.tails, b.stages);
+    let b_first = join(b.heads, b.stages, a.tails, a.stages);
+    match (a_first, b_first) {
+        (Some((x, _)), Some((y, bounds))) if y < x => Some((false, bounds)),
+        (Some((_, bounds)), _) => Some((true, bounds)),
+        (None, other) => other.map(|(_, bounds)| (false, bounds)),
     }
-    if !slowest[p][layers].is_finite() {
-        return None;
-    }
-    let mut bounds = vec![layers];
-    let mut j = layers;
-    for s in (1..=p).rev() {
-        j = from[s][j];
-        bounds.push(j);
-    }
-    bounds.reverse();
-    Some(bounds)
+}
+
+/// The stage order and bounds of one pipeline of `a.1` stages on `a.0` and `b.1` on `b.0`, in
+/// the better block order ([`arrange_two`]), each kind at least one stage; `None` when neither
+/// order fits. What [`arrange`] finds for two kinds, with two split searches per kind instead
+/// of one per order.
+pub fn arrange_pair<'a>(
+    spec: &ModelSpec,
+    a: (&'a DeviceCosts, usize),
+    b: (&'a DeviceCosts, usize),
+) -> Option<(Vec<&'a DeviceCosts>, Vec<usize>)> {
+    let p = a.1 + b.1;
+    let searches =
+        [a, b].map(|(device, stages)| (heads(spec, device, p), tails(spec, device, stages)));
+    let part = |i: usize, stages: usize| Part {
+        heads: &searches[i].0,
+        tails: &searches[i].1,
+        stages,
+    };
+    let (a_first, bounds) = arrange_two(part(0, a.1), part(1, b.1))?;
+    let (first, second) = if a_first { (a, b) } else { (b, a) };
+    let devices = std::iter::repeat_n(first.0, first.1)
+        .chain(std::iter::repeat_n(second.0, second.1))
+        .collect();
+    Some((devices, bounds))
 }
 
 /// Most device kinds one pipeline is arranged over: their orders are tried one by one.
@@ -187,6 +249,28 @@ fn next_permutation(order: &mut [usize]) -> bool {
     true
 }
 
+/// The stage sums of one pipeline with stage `s` on `devices[s]` holding the layers between
+/// `bounds[s]` and `bounds[s + 1]`; `None` when a stage does not fit its device or the bounds do
+/// not split the model into `devices.len()` stages.
+pub(crate) fn stages_of(
+    spec: &ModelSpec,
+    devices: &[&DeviceCosts],
+    bounds: &[usize],
+) -> Option<Vec<StageCost>> {
+    let splits = bounds.len() == devices.len() + 1
+        && bounds.first() == Some(&0)
+        && bounds.last() == Some(&spec.layers.len())
+        && bounds.windows(2).all(|w| w[0] < w[1]);
+    if !splits {
+        return None;
+    }
+    bounds
+        .windows(2)
+        .enumerate()
+        .map(|(s, w)| stage_on(spec, devices, s, w[0], w[1]))
+        .collect()
+}
+
 /// Samples per second of `d` pipelines, each with stage `s` on `devices[s]` holding the layers
 /// between `bounds[s]` and `bounds[s + 1]`, over links of `allreduce_mb_per_ms` (the
 /// all-reduce) and `transfer` (activations between stages); `None` when a stage does not fit
@@ -199,23 +283,50 @@ pub fn samples_per_sec(
     allreduce_mb_per_ms: f64,
     transfer: &TransferModel,
 ) -> Option<f64> {
-    let splits = bounds.len() == devices.len() + 1
-        && bounds.first() == Some(&0)
-        && bounds.last() == Some(&spec.layers.len())
-        && bounds.windows(2).all(|w| w[0] < w[1]);
-    if !splits || d == 0 {
+    if d == 0 {
         return None;
     }
-    let stages = bounds
-        .windows(2)
-        .enumerate()
-        .map(|(s, w)| stage_on(spec, devices, s, w[0], w[1]))
-        .collect::<Option<Vec<_>>>()?;
-    let link = Hardware {
+    let stages = stages_of(spec, devices, bounds)?;
+    Some(analytic::samples_per_sec(
+        spec,
+        link(allreduce_mb_per_ms),
+        transfer,
+        &stages,
+        d,
+    ))
+}
+
+/// [`samples_per_sec`] of `d` pipelines over `stages` ([`stages_of`]) whose 1F1B schedule
+/// ends at `ends` ([`analytic::schedule_ends`]), all-reducing at `allreduce_mb_per_ms`.
+pub(crate) fn rate_after(
+    spec: &ModelSpec,
+    stages: &[StageCost],
+    ends: &[f64],
+    d: u32,
+    allreduce_mb_per_ms: f64,
+) -> f64 {
+    analytic::samples_per_sec_after(spec, link(allreduce_mb_per_ms), stages, ends, d)
+}
+
+/// At least [`samples_per_sec`] of `d` pipelines over `stages` ([`stages_of`]), without
+/// simulating their schedule.
+pub(crate) fn samples_per_sec_bound(
+    spec: &ModelSpec,
+    stages: &[StageCost],
+    d: u32,
+    allreduce_mb_per_ms: f64,
+    transfer: &TransferModel,
+) -> f64 {
+    analytic::samples_per_sec_bound(spec, link(allreduce_mb_per_ms), transfer, stages, d)
+}
+
+/// A link of `allreduce_mb_per_ms` with no memory limit: each stage's fit was checked on its
+/// own device.
+fn link(allreduce_mb_per_ms: f64) -> Hardware {
+    Hardware {
         memory_mb: f64::INFINITY,
         allreduce_mb_per_ms,
-    };
-    Some(analytic::samples_per_sec(spec, link, transfer, &stages, d))
+    }
 }
 
 #[cfg(test)]

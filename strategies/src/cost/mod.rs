@@ -24,6 +24,7 @@ pub mod money;
 pub mod profile;
 pub mod restart;
 pub mod spec;
+mod split;
 pub mod throughput;
 pub mod transfer;
 

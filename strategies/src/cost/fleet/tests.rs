@@ -132,10 +132,10 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
 
 #[test]
 fn stages_are_split_over_zones_within_their_counts() {
-    assert_eq!(pair_splits(3, &[4, 6], 2), vec![vec![1, 2], vec![2, 1]]);
+    assert_eq!(pair_splits(3, &[4, 6], 2), vec![[1, 2, 0, 0], [2, 1, 0, 0]]);
     assert_eq!(
         pair_splits(2, &[1, 1, 1], 1),
-        vec![vec![1, 1, 0], vec![1, 0, 1], vec![0, 1, 1]]
+        vec![[1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 1, 0]]
     );
     assert!(pair_splits(4, &[1, 1], 1).is_empty());
     assert_eq!(fill(&[16, 9], &[1, 0], 3, 8), Some(vec![2, 1]));

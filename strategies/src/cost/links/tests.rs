@@ -112,7 +112,7 @@ fn a_plan_that_does_not_match_its_stages_is_refused() {
     let spec = gpt();
     let bounds = spec.partition(4);
     let links = Links::default();
-    assert!(traffic(&spec, &bounds, &[], &links).is_none());
+    assert!(traffic::<&str>(&spec, &bounds, &[], &links).is_none());
     assert!(traffic(&spec, &bounds, &placed(&[&["a"; 3]]), &links).is_none());
     assert!(traffic(&spec, &[], &placed(&[&["a"; 4]]), &links).is_none());
     assert!(traffic(&spec, &[0, 2, 1000], &placed(&[&["a"; 2]]), &links).is_none());

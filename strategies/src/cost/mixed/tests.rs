@@ -275,3 +275,82 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// A pipeline over two kinds joined from each kind's leading and trailing split searches
+    /// is as good as the best split of every split in both block orders, and fits wherever one
+    /// does.
+    #[test]
+    fn the_joined_pair_is_the_best_of_every_split_in_either_order(
+        speeds in (0.5f64..3.0, 0.5f64..3.0),
+        memories in (8.0f64..80.0, 8.0f64..80.0),
+        stages in (1usize..4, 1usize..4),
+        costs in proptest::collection::vec((0.1f64..10.0, 1u32..3), 4..10),
+    ) {
+        let layers = costs.len();
+        let mut spec = even_layers(layers);
+        for (l, (ms, mib)) in spec.layers.iter_mut().zip(&costs) {
+            l.forward_ms = *ms;
+            l.backward_ms = 2.0 * ms;
+            l.params = 1024.0 * 1024.0 * f64::from(*mib);
+        }
+        let base = DeviceCosts::profiled(&spec, "base", 1024.0);
+        let a = base.derived("a", speeds.0, memories.0);
+        let b = base.derived("b", speeds.1, memories.1);
+        let mut best: Option<f64> = None;
+        for (x, kx, y, ky) in [(&a, stages.0, &b, stages.1), (&b, stages.1, &a, stages.0)] {
+            let devices: Vec<&DeviceCosts> = std::iter::repeat_n(x, kx)
+                .chain(std::iter::repeat_n(y, ky))
+                .collect();
+            if devices.len() > layers {
+                continue;
+            }
+            for bounds in every_split(layers, devices.len()) {
+                let fits = bounds
+                    .windows(2)
+                    .enumerate()
+                    .all(|(s, w)| stage_on(&spec, &devices, s, w[0], w[1]).is_some());
+                let pace = slowest_pace(&spec, &devices, &bounds);
+                if fits && best.is_none_or(|b| pace < b) {
+                    best = Some(pace);
+                }
+            }
+        }
+        let found = arrange_pair(&spec, (&a, stages.0), (&b, stages.1));
+        match (best, &found) {
+            (None, None) => {}
+            (Some(pace), Some((devices, bounds))) => {
+                proptest::prop_assert_eq!(devices.len(), stages.0 + stages.1);
+                let fits = bounds
+                    .windows(2)
+                    .enumerate()
+                    .all(|(s, w)| stage_on(&spec, devices, s, w[0], w[1]).is_some());
+                proptest::prop_assert!(fits, "{bounds:?}");
+                let got = slowest_pace(&spec, devices, bounds);
+                proptest::prop_assert!((got - pace).abs() < 1e-9, "{got} vs {pace}: {bounds:?}");
+            }
+            _ => proptest::prop_assert!(false, "brute force {best:?}, found {found:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_pair_is_arranged_as_arrange_orders_two_kinds() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let a100 = v100.derived("a100-40gb", 2.0, 40.0 * 1024.0);
+    for (ka, kb) in [(4, 4), (2, 10), (9, 3), (1, 23)] {
+        let (devices, bounds) = arrange_pair(&spec, (&a100, ka), (&v100, kb)).unwrap();
+        let (other, other_bounds) = arrange(&spec, &[(&a100, ka), (&v100, kb)]).unwrap();
+        let (got, want) = (
+            slowest_pace(&spec, &devices, &bounds),
+            slowest_pace(&spec, &other, &other_bounds),
+        );
+        assert!(
+            (got - want).abs() < 1e-9,
+            "{ka} + {kb}: {got} against {want}"
+        );
+    }
+    assert!(arrange_pair(&spec, (&a100, 0), (&v100, 4)).is_none());
+    assert!(arrange_pair(&spec, (&a100, 30), (&v100, 30)).is_none());
+}
