@@ -9,12 +9,25 @@ use parcae_strategies::cost::builtin::builtin;
 use parcae_strategies::cost::fleet::{Fleet, Zone};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
-use parcae_strategies::sim::fleet::{FLEET_STRATEGIES, FleetRun, compositions, simulate_fleet};
+use parcae_strategies::sim::fleet::{
+    FLEET_STRATEGIES, FleetRun, Objective, compositions, simulate_fleet,
+};
 use parcae_strategies::trace::{self, Trace};
 
 /// The four strategies on `p3` (V100s) beside `other` (a device `speed` times as fast, with
 /// `memory_gib`), over the whole p3 trace.
 fn fleet_runs(p3: &Trace, other: &str, speed: f64, memory_gib: f64) -> Vec<FleetRun> {
+    fleet_runs_for(p3, other, speed, memory_gib, &Objective::Samples)
+}
+
+/// [`fleet_runs`] planned for `objective`.
+fn fleet_runs_for(
+    p3: &Trace,
+    other: &str,
+    speed: f64,
+    memory_gib: f64,
+    objective: &Objective,
+) -> Vec<FleetRun> {
     let spec = builtin("gpt-1.5b").unwrap().0;
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let device = v100.derived("other", speed, memory_gib * 1024.0);
@@ -30,7 +43,7 @@ fn fleet_runs(p3: &Trace, other: &str, speed: f64, memory_gib: f64) -> Vec<Fleet
     ];
     let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
     let b = trace::load(other, 60).unwrap();
-    simulate_fleet(&mut fleet, &[p3.clone(), b], 0..p3.len(), 12, 1).unwrap()
+    simulate_fleet(&mut fleet, &[p3.clone(), b], 0..p3.len(), 12, 1, objective).unwrap()
 }
 
 fn samples(runs: &[FleetRun], name: &str) -> f64 {
@@ -70,6 +83,72 @@ fn the_zone_aware_planner_beats_the_best_zone_and_the_zone_blind_one() {
             );
             assert_eq!(egress("single-zone-best"), 0.0);
         }
+    }
+}
+
+/// Samples per dollar of `name`'s run: its zones' node-hours at `prices`, and its egress.
+fn per_dollar(runs: &[FleetRun], name: &str, prices: &[f64]) -> (f64, f64) {
+    let run = runs.iter().find(|r| r.run.name == name).unwrap();
+    let nodes: f64 = run.node_hours.iter().zip(prices).map(|(h, p)| h * p).sum();
+    (run.run.samples / (nodes + run.egress_usd), run.egress_usd)
+}
+
+#[test]
+fn planning_for_samples_per_dollar_buys_more_of_them_and_less_egress() {
+    let Some(p3) = common::p3() else { return };
+    let prices = [0.918, 1.2];
+    let dollars = Objective::SamplesPerDollar {
+        usd_per_node_hour: prices.to_vec(),
+    };
+    for (other, speed, memory) in [
+        ("synthetic:diurnal:2", 1.0, 15.5),
+        ("synthetic:quiet:1", 1.5, 24.0),
+    ] {
+        let for_samples = fleet_runs(&p3, other, speed, memory);
+        let for_dollars = fleet_runs_for(&p3, other, speed, memory, &dollars);
+        let (most, paid) = per_dollar(&for_samples, "liveput-zone", &prices);
+        let (cheapest, saved) = per_dollar(&for_dollars, "liveput-zone", &prices);
+        let case = format!("{other} at {speed}x");
+        assert!(
+            cheapest >= 1.03 * most,
+            "{case}: {cheapest} vs {most} samples per $"
+        );
+        assert!(saved < 0.5 * paid, "{case}: egress ${saved} vs ${paid}");
+        // The objective trades samples for dollars; it is not a free lunch.
+        assert!(
+            samples(&for_dollars, "liveput-zone") < samples(&for_samples, "liveput-zone"),
+            "{case}"
+        );
+        // The zone-blind planner sees no egress to save: its run is the same either way.
+        assert_eq!(
+            samples(&for_dollars, "zone-blind"),
+            samples(&for_samples, "zone-blind")
+        );
+    }
+}
+
+#[test]
+fn a_dollar_objective_without_every_price_is_refused() {
+    let spec = builtin("gpt-1.5b").unwrap().0;
+    let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
+    let zones = ["a", "b"]
+        .map(|name| Zone {
+            name: name.into(),
+            device: v100.clone(),
+        })
+        .to_vec();
+    let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let t = trace::load("synthetic:quiet:1:nodes=8:days=1", 60).unwrap();
+    for prices in [vec![1.0], vec![1.0, f64::NAN], vec![1.0, -1.0]] {
+        let objective = Objective::SamplesPerDollar {
+            usd_per_node_hour: prices.clone(),
+        };
+        let err = simulate_fleet(&mut fleet, &[t.clone(), t.clone()], 0..10, 4, 1, &objective)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("price for each of the 2 zones"),
+            "{prices:?}: {err}"
+        );
     }
 }
 

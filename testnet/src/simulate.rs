@@ -72,6 +72,10 @@ pub struct Args {
     /// Spot price of a node-hour in a zone, `NAME=USD` (comma-separated, every zone or none).
     #[arg(long, value_delimiter = ',')]
     zone_price: Vec<String>,
+    /// What the zone-aware planners want with --zones: the most samples, or the most samples
+    /// per dollar of nodes and egress (needs --zone-price).
+    #[arg(long, value_enum, default_value = "samples")]
+    objective: zones::ObjectiveArg,
 }
 
 /// The JSON document `--json` writes.
@@ -121,6 +125,7 @@ pub fn run(args: Args) -> Result<()> {
             zones: &args.zones,
             links: &args.links,
             prices: &args.zone_price,
+            objective: args.objective,
             model: &model,
             model_name: &args.model,
             interval_secs: args.interval_secs,
@@ -131,8 +136,11 @@ pub fn run(args: Args) -> Result<()> {
             json: args.json.as_deref(),
         });
     }
-    if !args.links.is_empty() || !args.zone_price.is_empty() {
-        bail!("--link and --zone-price price a fleet: give its zones with --zones");
+    if !args.links.is_empty()
+        || !args.zone_price.is_empty()
+        || args.objective != zones::ObjectiveArg::Samples
+    {
+        bail!("--link, --zone-price and --objective plan a fleet: give its zones with --zones");
     }
     let prices = args.prices.prices()?;
     let trace = trace::load(&args.trace, args.interval_secs)?;

@@ -201,6 +201,7 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
         "sim-zones",
     );
     assert_eq!(v["node_default"], "liveput-zone");
+    assert_eq!(v["objective"], "samples");
     assert_eq!(v["intervals"], 180);
     assert_eq!(v["zones"][1]["speed"], 1.5);
     assert_eq!(v["zones"][1]["memory_gib"], 24.0);
@@ -245,4 +246,14 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
     assert_one_line_error(&out, &["zone \"a\" is named twice"]);
     let out = testnet(&["simulate", "--link", "a/b=1,1,0"]);
     assert_one_line_error(&out, &["--zones"]);
+    let out = testnet(&["simulate", "--objective", "samples-per-dollar"]);
+    assert_one_line_error(&out, &["--objective", "--zones"]);
+    let out = testnet(&[
+        "simulate",
+        "--zones",
+        "a=synthetic:quiet,b=synthetic:quiet",
+        "--objective",
+        "samples-per-dollar",
+    ]);
+    assert_one_line_error(&out, &["samples-per-dollar needs --zone-price"]);
 }

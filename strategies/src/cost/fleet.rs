@@ -68,6 +68,25 @@ pub struct Plans {
     pub placements: BTreeMap<ParallelConfig, Placement>,
 }
 
+impl Plans {
+    /// The table of a planner that wants the most samples per dollar, where the fleet's nodes
+    /// cost `held_usd_per_sec` (billed held, used or not) and each placement pays its egress:
+    /// every rate `r` becomes `r C / (C + e r)`, its samples per dollar at that bill `C` scaled
+    /// back to samples per second (so a placement that crosses no zone keeps its rate, and the
+    /// planner's migration and look-ahead arithmetic stays in samples). Without a bill the
+    /// table is unchanged.
+    pub fn per_dollar(&self, held_usd_per_sec: f64) -> ThroughputTable {
+        if !(held_usd_per_sec.is_finite() && held_usd_per_sec > 0.0) {
+            return (*self.table).clone();
+        }
+        let c = held_usd_per_sec;
+        ThroughputTable::from_rows(self.placements.iter().map(|(config, placed)| {
+            let r = placed.samples_per_sec;
+            (*config, r * c / (c + placed.egress_usd_per_sample * r))
+        }))
+    }
+}
+
 /// Which planner lays the plans out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {

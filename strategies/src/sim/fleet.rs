@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::cost::CostModel;
-use crate::cost::fleet::{Fleet, Layout};
+use crate::cost::fleet::{Fleet, Layout, Plans};
 use crate::cost::money::machine_hours;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
@@ -31,6 +31,38 @@ use crate::trace::{Interval, Trace};
 /// The strategies of a fleet run, in report order.
 pub const FLEET_STRATEGIES: [&str; 4] =
     ["liveput-zone", "zone-blind", "reactive", "single-zone-best"];
+
+/// What the zone-aware strategies plan for: the user's choice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Objective {
+    /// The most samples.
+    #[default]
+    Samples,
+    /// The most samples per dollar, the nodes of zone `z` billed at `usd_per_node_hour[z]`
+    /// and egress at the links' prices ([`crate::cost::fleet::Plans::per_dollar`]).
+    SamplesPerDollar {
+        /// Spot price of a node-hour in each zone, in the fleet's zone order.
+        usd_per_node_hour: Vec<f64>,
+    },
+}
+
+impl Objective {
+    /// The table a zone-aware planner plans by on `plans`, with `counts[z]` nodes held in
+    /// zone `z`.
+    fn believed(&self, plans: &Plans, counts: &[u32]) -> Arc<ThroughputTable> {
+        match self {
+            Self::Samples => plans.table.clone(),
+            Self::SamplesPerDollar { usd_per_node_hour } => {
+                let per_hour: f64 = counts
+                    .iter()
+                    .zip(usd_per_node_hour)
+                    .map(|(&n, usd)| f64::from(n) * usd)
+                    .sum();
+                Arc::new(plans.per_dollar(per_hour / 3600.0))
+            }
+        }
+    }
+}
 
 /// Why zone traces were refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +78,9 @@ pub enum FleetTraceError {
     /// Traces of unequal interval lengths.
     #[error("zone traces have intervals of {0} s and {1} s; give them one --interval-secs")]
     Interval(u64, u64),
+    /// A samples-per-dollar objective without a finite, non-negative price for every zone.
+    #[error("the samples-per-dollar objective needs a price for each of the {0} zones")]
+    Prices(usize),
 }
 
 /// What one strategy trained on the fleet, and what it paid for.
@@ -116,33 +151,48 @@ struct FleetSpeeds<'a> {
     fleet: &'a mut Fleet,
     counts: &'a [Vec<u32>],
     layout: Layout,
+    /// A table the strategy believes whatever the composition (the zone-blind planner's); else
+    /// the composition's own, as `objective` weighs it.
     believed: Option<Arc<ThroughputTable>>,
+    objective: &'a Objective,
 }
 
 impl Speeds for FleetSpeeds<'_> {
     fn at(&mut self, i: usize) -> (Arc<ThroughputTable>, Arc<ThroughputTable>) {
-        let actual = self.fleet.plans(self.layout, &self.counts[i]).table.clone();
-        (
-            self.believed.clone().unwrap_or_else(|| actual.clone()),
-            actual,
-        )
+        let plans = self.fleet.plans(self.layout, &self.counts[i]);
+        let believed = match &self.believed {
+            Some(table) => table.clone(),
+            None => self.objective.believed(&plans, &self.counts[i]),
+        };
+        (believed, plans.table.clone())
     }
 }
 
 /// Every strategy of [`FLEET_STRATEGIES`] on `traces[z]` for zone `z` of `fleet`, over the
-/// intervals `range`, looking `lookahead` intervals ahead, scenarios seeded with `seed`.
+/// intervals `range`, looking `lookahead` intervals ahead, scenarios seeded with `seed`; the
+/// zone-aware strategies (`liveput-zone`, `reactive`) plan for `objective`, the zone-blind one
+/// by its one table (it cannot see what crosses zones), and the best single zone for samples
+/// (it crosses none).
 pub fn simulate_fleet(
     fleet: &mut Fleet,
     traces: &[Trace],
     range: Range<usize>,
     lookahead: usize,
     seed: u64,
+    objective: &Objective,
 ) -> Result<Vec<FleetRun>, FleetTraceError> {
     if traces.len() != fleet.zones().len() {
         return Err(FleetTraceError::Count {
             traces: traces.len(),
             zones: fleet.zones().len(),
         });
+    }
+    if let Objective::SamplesPerDollar { usd_per_node_hour } = objective {
+        let priced = usd_per_node_hour.len() == traces.len()
+            && usd_per_node_hour.iter().all(|p| p.is_finite() && *p >= 0.0);
+        if !priced {
+            return Err(FleetTraceError::Prices(traces.len()));
+        }
     }
     let comps = compositions(traces)?;
     let range = range.start.min(comps.counts.len())..range.end.min(comps.counts.len());
@@ -181,6 +231,7 @@ pub fn simulate_fleet(
             counts: &comps.counts,
             layout,
             believed: belief,
+            objective,
         };
         let run = simulate_with(&setup, &comps.pooled, range.clone(), strategy, &mut speeds);
         let egress_usd = egress(fleet, layout, &comps.counts, &run, range.start);

@@ -13,7 +13,7 @@ use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::profile;
 use parcae_strategies::sim::StrategyRun;
-use parcae_strategies::sim::fleet::simulate_fleet;
+use parcae_strategies::sim::fleet::{Objective, simulate_fleet};
 
 use super::{LOOKAHEAD, replayed_trace};
 
@@ -65,9 +65,16 @@ pub fn simulate(
         .map(|z| replayed_trace(z.name, z.counts, interval))
         .collect();
     let len = traces.iter().map(|t| t.len()).min().unwrap_or(0);
-    let runs = simulate_fleet(&mut fleet, &traces, 0..len, LOOKAHEAD, seed)
-        .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
-        .ok()?;
+    let runs = simulate_fleet(
+        &mut fleet,
+        &traces,
+        0..len,
+        LOOKAHEAD,
+        seed,
+        &Objective::Samples,
+    )
+    .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
+    .ok()?;
     runs.into_iter()
         .find(|r| r.run.name == name && r.zone.is_none())
         .map(|r| r.run)

@@ -10,7 +10,7 @@ use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::fleet::{Fleet, Zone};
 use parcae_strategies::cost::links::{Links, valid_zone_name};
 use parcae_strategies::cost::mixed::DeviceCosts;
-use parcae_strategies::sim::fleet::{FleetRun, simulate_fleet};
+use parcae_strategies::sim::fleet::{FleetRun, Objective, simulate_fleet};
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
 
@@ -89,11 +89,21 @@ pub fn parse_zone(text: &str) -> Result<ZoneSpec> {
     })
 }
 
+/// `--objective`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectiveArg {
+    /// The most samples.
+    Samples,
+    /// The most samples per dollar.
+    SamplesPerDollar,
+}
+
 /// What `--zones` needs from `simulate`'s options.
 pub struct FleetArgs<'a> {
     pub zones: &'a [String],
     pub links: &'a [String],
     pub prices: &'a [String],
+    pub objective: ObjectiveArg,
     pub model: &'a CostModel,
     pub model_name: &'a str,
     pub interval_secs: u64,
@@ -112,6 +122,8 @@ struct FleetReport {
     interval_secs: u64,
     /// The strategy a node's planner runs, here laid out over the zones.
     node_default: &'static str,
+    /// What the zone-aware strategies planned for: `samples` or `samples-per-dollar`.
+    objective: &'static str,
     zones: Vec<ZoneJson>,
     strategies: Vec<FleetStrategyJson>,
 }
@@ -157,6 +169,15 @@ pub fn run(args: FleetArgs) -> Result<()> {
         links.set(link)?;
     }
     let prices = zone_prices(args.prices, &specs)?;
+    let objective = match (args.objective, &prices) {
+        (ObjectiveArg::Samples, _) => Objective::Samples,
+        (ObjectiveArg::SamplesPerDollar, Some(p)) => Objective::SamplesPerDollar {
+            usd_per_node_hour: p.clone(),
+        },
+        (ObjectiveArg::SamplesPerDollar, None) => {
+            bail!("--objective samples-per-dollar needs --zone-price for every zone")
+        }
+    };
     let base = DeviceCosts::profiled(
         &args.model.spec,
         args.model_name,
@@ -199,6 +220,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
         range.clone(),
         args.lookahead,
         args.seed,
+        &objective,
     )?;
     let rows = rows(&runs, prices.as_deref());
     print_rows(&specs, args.model_name, range.len(), &rows);
@@ -208,6 +230,10 @@ pub fn run(args: FleetArgs) -> Result<()> {
             intervals: range.len(),
             interval_secs: args.interval_secs,
             node_default: parcae_strategies::sim::NODE_DEFAULT,
+            objective: match args.objective {
+                ObjectiveArg::Samples => "samples",
+                ObjectiveArg::SamplesPerDollar => "samples-per-dollar",
+            },
             zones: specs
                 .iter()
                 .zip(fleet.zones())

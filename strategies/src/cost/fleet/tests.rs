@@ -141,3 +141,36 @@ fn stages_are_split_over_zones_within_their_counts() {
     assert_eq!(fill(&[16, 9], &[1, 0], 3, 8), Some(vec![2, 1]));
     assert_eq!(fill(&[16, 9], &[0, 1], 4, 8), None);
 }
+
+#[test]
+fn a_dollar_table_weighs_each_rate_by_its_egress_against_the_bill() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
+    let zones = vec![zone("a", v100), zone("b", fast)];
+    let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let plans = fleet.plans(Layout::ZoneAware, &[8, 8]);
+    // 16 nodes at $1 an hour each.
+    let bill = 16.0 / 3600.0;
+    let table = plans.per_dollar(bill);
+    let mut crossing = 0;
+    for (config, placed) in &plans.placements {
+        let (r, e) = (placed.samples_per_sec, placed.egress_usd_per_sample);
+        let weighed = table.samples_per_sec(*config);
+        // Samples per dollar r / (C + e r), times the bill C.
+        assert!(
+            (weighed - r * bill / (bill + e * r)).abs() < 1e-9 * r,
+            "{config:?}"
+        );
+        if e > 0.0 {
+            crossing += 1;
+            assert!(weighed < r, "{config:?}");
+        } else {
+            assert_eq!(weighed, r, "{config:?}");
+        }
+    }
+    assert!(crossing > 0, "some placement crosses zones");
+    // No bill, no weighing.
+    assert_eq!(plans.per_dollar(0.0), *plans.table);
+    assert_eq!(plans.per_dollar(f64::NAN), *plans.table);
+}
