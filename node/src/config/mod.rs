@@ -14,7 +14,7 @@ pub use device::{DeviceChoice, DeviceConfig, DeviceKind};
 pub use error::ConfigError;
 pub use placement::PlacementConfig;
 pub use sections::{
-    NetConfig, NoticeConfig, NoticeProvider, PlanStrategy, PlannerConfig, RaftConfig,
+    NetConfig, NoticeConfig, NoticeProvider, Objective, PlanStrategy, PlannerConfig, RaftConfig,
 };
 pub use train::{JobSource, ModelPreset, TokenDtypeName, TrainConfig};
 
@@ -128,6 +128,7 @@ impl NodeConfig {
             ));
         }
         self.placement.validate()?;
+        self.planner.validate_pricing()?;
         if self.net.max_control_frame < 1024 {
             return Err(ConfigError::Invalid(
                 "net.max_control_frame must be >= 1024".into(),

@@ -1,9 +1,12 @@
 //! The sections of the node's configuration besides `[train]` and `[device]`: raft timing,
 //! planning, notices and network bounds.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
+
+use super::error::ConfigError;
 
 use crate::net::swarm::NetLimits;
 
@@ -48,6 +51,54 @@ pub struct PlannerConfig {
     /// from it instead of the nodes' own two-run measurements, so the first plan needs no
     /// report and uses warmed-up medians.
     pub profile: Option<PathBuf>,
+    /// What plans over zones are after: `samples` (the most) or `samples-per-dollar` (the
+    /// most per dollar of the nodes held, at `zone_prices`, and of the egress between zones).
+    pub objective: Objective,
+    /// Spot price of a node-hour in each zone, USD (`samples-per-dollar` plans over zones
+    /// whose every zone has one; others are planned for samples).
+    pub zone_prices: BTreeMap<String, f64>,
+}
+
+/// See [`PlannerConfig::objective`].
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    /// The most samples.
+    #[default]
+    Samples,
+    /// The most samples per dollar.
+    SamplesPerDollar,
+}
+
+/// Most zones `planner.zone_prices` names.
+pub const MAX_ZONE_PRICES: usize = 64;
+
+impl PlannerConfig {
+    /// Refuses prices that are not finite and non-negative, too many of them, or a
+    /// samples-per-dollar objective with none.
+    pub fn validate_pricing(&self) -> Result<(), ConfigError> {
+        if self.zone_prices.len() > MAX_ZONE_PRICES {
+            return Err(ConfigError::Invalid(format!(
+                "planner.zone_prices: {} zones, at most {MAX_ZONE_PRICES}",
+                self.zone_prices.len()
+            )));
+        }
+        if let Some((zone, usd)) = self
+            .zone_prices
+            .iter()
+            .find(|(_, usd)| !(usd.is_finite() && **usd >= 0.0))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "planner.zone_prices.{zone:?}: {usd} is not a price (USD per node-hour, >= 0)"
+            )));
+        }
+        if self.objective == Objective::SamplesPerDollar && self.zone_prices.is_empty() {
+            return Err(ConfigError::Invalid(
+                "planner.objective = \"samples-per-dollar\" needs planner.zone_prices".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// See [`PlannerConfig::strategy`].
@@ -133,6 +184,8 @@ impl Default for PlannerConfig {
             max_nodes: 64,
             pin: None,
             profile: None,
+            objective: Objective::Samples,
+            zone_prices: BTreeMap::new(),
         }
     }
 }

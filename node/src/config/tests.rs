@@ -342,3 +342,28 @@ fn the_node_says_its_zone_instance_type_and_device() {
     let e = NodeConfig::parse("[placement]\nrack = \"r1\"\n", "x").unwrap_err();
     assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
 }
+
+#[test]
+fn a_dollar_objective_needs_sound_zone_prices() {
+    let c = NodeConfig::parse(
+        "[planner]\nobjective = \"samples-per-dollar\"\n\
+         zone_prices = { \"us-east-1a\" = 0.918, \"us-east-1b\" = 1.2 }\n",
+        "x",
+    )
+    .unwrap();
+    assert_eq!(c.planner.objective, Objective::SamplesPerDollar);
+    assert_eq!(c.planner.zone_prices["us-east-1b"], 1.2);
+    assert_eq!(NodeConfig::default().planner.objective, Objective::Samples);
+    for (text, needle) in [
+        (
+            "objective = \"samples-per-dollar\"\n",
+            "needs planner.zone_prices",
+        ),
+        ("zone_prices = { a = -1.0 }\n", "planner.zone_prices.\"a\""),
+        ("zone_prices = { a = nan }\n", "is not a price"),
+        ("objective = \"cheapest\"\n", "objective"),
+    ] {
+        let e = NodeConfig::parse(&format!("[planner]\n{text}"), "x").unwrap_err();
+        assert!(e.to_string().contains(needle), "{text}: {e}");
+    }
+}

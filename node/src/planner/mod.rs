@@ -87,7 +87,7 @@ impl Planner {
             interval: Duration::from_secs_f64(config.planner.interval_secs),
             shape: JobShape::of(config),
             strategy: strategy_for(config),
-            fleets: FleetCache::default(),
+            fleets: FleetCache::new(config.planner.objective, config.planner.zone_prices.clone()),
             clock: IntervalClock::default(),
             next_tick: None,
             proposed: None,

@@ -15,13 +15,14 @@ use std::sync::Arc;
 use parcae_api::{FleetView, LinkView, ZoneView};
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
-use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
+use parcae_strategies::cost::fleet::{self, Fleet, Layout, MAX_ZONES, Plans, Zone};
 use parcae_strategies::cost::links::{Link, Links};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::spec::LayerCost;
 use parcae_strategies::cost::transfer::TransferModel;
 
 use super::costs::{JobShape, reported_layers};
+use crate::config::Objective;
 
 /// The workers as a fleet of zones at this moment.
 pub struct Zoned {
@@ -29,7 +30,8 @@ pub struct Zoned {
     pub node_zones: Vec<usize>,
     /// Every configuration's placement on the zones' counts.
     pub plans: Arc<Plans>,
-    /// The measured cost model with this composition's table: what the strategy chooses on.
+    /// The measured cost model with this composition's table, weighed for the objective (each
+    /// rate by its egress, for samples per dollar): what the strategy chooses on.
     pub cost: Arc<CostModel>,
     /// The zones and links as priced, for `/status`.
     pub view: FleetView,
@@ -54,9 +56,36 @@ impl Zoned {
 #[derive(Default)]
 pub struct FleetCache {
     fleet: Option<Fleet>,
+    objective: Objective,
+    zone_prices: BTreeMap<String, f64>,
 }
 
 impl FleetCache {
+    /// A cache whose plans are after `objective`, zones priced at `zone_prices` (USD per
+    /// node-hour by zone name).
+    pub fn new(objective: Objective, zone_prices: BTreeMap<String, f64>) -> Self {
+        Self {
+            fleet: None,
+            objective,
+            zone_prices,
+        }
+    }
+
+    /// What the plans over `names` are after: samples per dollar where asked and every zone
+    /// has a price; else samples.
+    fn objective(&self, names: &[&str]) -> fleet::Objective {
+        let prices: Option<Vec<f64>> = names
+            .iter()
+            .map(|n| self.zone_prices.get(*n).copied())
+            .collect();
+        match (self.objective, prices) {
+            (Objective::SamplesPerDollar, Some(usd_per_node_hour)) => {
+                fleet::Objective::SamplesPerDollar { usd_per_node_hour }
+            }
+            _ => fleet::Objective::Samples,
+        }
+    }
+
     /// The zone-aware view of `workers` under the measured `cost`, or `None` when they are in
     /// one zone, in more than [`MAX_ZONES`], or when any of them has not said its zone.
     pub fn zoned(
@@ -112,7 +141,16 @@ impl FleetCache {
                     "planning over zones"
                 );
             }
+            if self.objective == Objective::SamplesPerDollar
+                && self.objective(&names) == fleet::Objective::Samples
+            {
+                tracing::warn!(
+                    zones = ?names,
+                    "planning for samples: planner.zone_prices does not price every zone"
+                );
+            }
         }
+        let objective = self.objective(&names);
         let fleet = self.fleet.as_mut()?;
         let node_zones: Vec<usize> = workers
             .iter()
@@ -125,7 +163,7 @@ impl FleetCache {
         let view = fleet_view(fleet, &counts);
         let cost = CostModel::new(
             cost.spec.clone(),
-            plans.table.as_ref().clone(),
+            objective.table(&plans, &counts).as_ref().clone(),
             cost.transfer.clone(),
         )
         .with_repartition(cost.repartition);

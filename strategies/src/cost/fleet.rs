@@ -87,6 +87,38 @@ impl Plans {
     }
 }
 
+/// What a zone-aware planner plans for: the user's choice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Objective {
+    /// The most samples.
+    #[default]
+    Samples,
+    /// The most samples per dollar, the nodes of zone `z` billed at `usd_per_node_hour[z]`
+    /// and egress at the links' prices ([`Plans::per_dollar`]).
+    SamplesPerDollar {
+        /// Spot price of a node-hour in each zone, in the fleet's zone order.
+        usd_per_node_hour: Vec<f64>,
+    },
+}
+
+impl Objective {
+    /// The table a zone-aware planner plans by on `plans`, with `counts[z]` nodes held in
+    /// zone `z`.
+    pub fn table(&self, plans: &Plans, counts: &[u32]) -> Arc<ThroughputTable> {
+        match self {
+            Self::Samples => plans.table.clone(),
+            Self::SamplesPerDollar { usd_per_node_hour } => {
+                let per_hour: f64 = counts
+                    .iter()
+                    .zip(usd_per_node_hour)
+                    .map(|(&n, usd)| f64::from(n) * usd)
+                    .sum();
+                Arc::new(plans.per_dollar(per_hour / 3600.0))
+            }
+        }
+    }
+}
+
 /// Which planner lays the plans out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {

@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::cost::CostModel;
-use crate::cost::fleet::{Fleet, Layout, Plans};
+pub use crate::cost::fleet::Objective;
+use crate::cost::fleet::{Fleet, Layout};
 use crate::cost::money::machine_hours;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
@@ -31,38 +32,6 @@ use crate::trace::{Interval, Trace};
 /// The strategies of a fleet run, in report order.
 pub const FLEET_STRATEGIES: [&str; 4] =
     ["liveput-zone", "zone-blind", "reactive", "single-zone-best"];
-
-/// What the zone-aware strategies plan for: the user's choice.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub enum Objective {
-    /// The most samples.
-    #[default]
-    Samples,
-    /// The most samples per dollar, the nodes of zone `z` billed at `usd_per_node_hour[z]`
-    /// and egress at the links' prices ([`crate::cost::fleet::Plans::per_dollar`]).
-    SamplesPerDollar {
-        /// Spot price of a node-hour in each zone, in the fleet's zone order.
-        usd_per_node_hour: Vec<f64>,
-    },
-}
-
-impl Objective {
-    /// The table a zone-aware planner plans by on `plans`, with `counts[z]` nodes held in
-    /// zone `z`.
-    fn believed(&self, plans: &Plans, counts: &[u32]) -> Arc<ThroughputTable> {
-        match self {
-            Self::Samples => plans.table.clone(),
-            Self::SamplesPerDollar { usd_per_node_hour } => {
-                let per_hour: f64 = counts
-                    .iter()
-                    .zip(usd_per_node_hour)
-                    .map(|(&n, usd)| f64::from(n) * usd)
-                    .sum();
-                Arc::new(plans.per_dollar(per_hour / 3600.0))
-            }
-        }
-    }
-}
 
 /// Why zone traces were refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -162,7 +131,7 @@ impl Speeds for FleetSpeeds<'_> {
         let plans = self.fleet.plans(self.layout, &self.counts[i]);
         let believed = match &self.believed {
             Some(table) => table.clone(),
-            None => self.objective.believed(&plans, &self.counts[i]),
+            None => self.objective.table(&plans, &self.counts[i]),
         };
         (believed, plans.table.clone())
     }

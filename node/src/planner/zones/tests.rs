@@ -209,3 +209,37 @@ fn links_are_priced_at_the_rates_measured_within_and_across_zones() {
     let z = zoned(&state, &mut fleets).unwrap();
     assert_eq!(gbit(&z), (120.0, 20.0));
 }
+
+#[test]
+fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
+    let state = cluster(&[
+        "fast", "fast", "fast", "fast", "slow", "slow", "slow", "slow",
+    ]);
+    let prices = |zones: &[(&str, f64)]| -> BTreeMap<String, f64> {
+        zones.iter().map(|(z, p)| ((*z).to_string(), *p)).collect()
+    };
+    let both = prices(&[("fast", 3.0), ("slow", 1.0)]);
+    let mut dollars = FleetCache::new(Objective::SamplesPerDollar, both.clone());
+    let z = zoned(&state, &mut dollars).expect("two named zones");
+    let mut crossing = 0;
+    for (config, placed) in &z.plans.placements {
+        let chosen_on = z.cost.samples_per_sec(*config);
+        if placed.egress_usd_per_sample > 0.0 {
+            crossing += 1;
+            assert!(chosen_on < placed.samples_per_sec, "{config:?}");
+        } else {
+            assert_eq!(chosen_on, placed.samples_per_sec, "{config:?}");
+        }
+    }
+    assert!(crossing > 0, "some placement crosses zones");
+    // Planning for samples, or with a zone unpriced, the strategy chooses on the plans' rates.
+    for mut fleets in [
+        FleetCache::new(Objective::Samples, both),
+        FleetCache::new(Objective::SamplesPerDollar, prices(&[("fast", 3.0)])),
+    ] {
+        let z = zoned(&state, &mut fleets).expect("two named zones");
+        for (config, placed) in &z.plans.placements {
+            assert_eq!(z.cost.samples_per_sec(*config), placed.samples_per_sec);
+        }
+    }
+}
