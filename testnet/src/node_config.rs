@@ -50,6 +50,9 @@ pub struct NodeSettings {
     /// The zones of a run over zones (`run --zones`), each with its emulated device's speed
     /// against the profiled one: each node is started in one of them.
     pub zones: Vec<(String, f64)>,
+    /// Each zone's price of a node-hour: when given, the nodes plan over zones for samples
+    /// per dollar (`[planner] objective` and `zone_prices`).
+    pub zone_prices: Vec<(String, f64)>,
 }
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
@@ -124,6 +127,17 @@ pub fn render(
         lost = s.lost_timeout_ms,
         interval = s.interval_secs,
     );
+    if !s.zone_prices.is_empty() {
+        let prices: Vec<String> = s
+            .zone_prices
+            .iter()
+            .map(|(zone, usd)| format!("{zone:?} = {usd:?}"))
+            .collect();
+        out.push_str(&format!(
+            "objective = \"samples-per-dollar\"\nzone_prices = {{ {} }}\n",
+            prices.join(", ")
+        ));
+    }
     let zone = zone.and_then(|z| s.zones.get(z));
     if dialect.training {
         out.push_str(&training_keys(s));
@@ -317,6 +331,7 @@ mod tests {
             keep_checkpoints: None,
             pin: None,
             zones: Vec::new(),
+            zone_prices: Vec::new(),
         }
     }
 
@@ -409,6 +424,28 @@ mod tests {
             "{fast}"
         );
         assert!(!render(&s, training, 3, None, None).contains("[placement]"));
+    }
+
+    #[test]
+    fn priced_zones_make_the_planner_after_samples_per_dollar() {
+        let s = NodeSettings {
+            zones: vec![("us-east-1a".into(), 1.0), ("us-east-1b".into(), 1.5)],
+            zone_prices: vec![("us-east-1a".into(), 0.918), ("us-east-1b".into(), 1.2)],
+            ..settings()
+        };
+        let text = render(&s, Dialect { training: true }, 0, None, Some(0));
+        let priced = text
+            .find(
+                "objective = \"samples-per-dollar\"\n\
+                 zone_prices = { \"us-east-1a\" = 0.918, \"us-east-1b\" = 1.2 }\n",
+            )
+            .unwrap_or_else(|| panic!("{text}"));
+        // Inside the [planner] table, before the next table starts.
+        let planner = text.find("[planner]").unwrap();
+        let train = text.find("[train]").unwrap();
+        assert!(planner < priced && priced < train, "{text}");
+        let unpriced = render(&settings(), Dialect { training: true }, 0, None, None);
+        assert!(!unpriced.contains("objective"), "{unpriced}");
     }
 
     #[test]

@@ -25,8 +25,9 @@ use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
 use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
-use crate::simulate::zones::parse_zone;
+use crate::simulate::zones::{parse_zone, zone_prices};
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
+use parcae_strategies::cost::fleet::Objective;
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::Ports;
 
@@ -228,9 +229,21 @@ fn simulate_zoned_session(outcome: &mut Outcome, node: &NodeArgs, profile: &str,
     let interval_secs = node.interval_secs as f64 * node.time_scale;
     let zones = replay.replayed_zones();
     let strategy = outcome.report.strategy.clone();
-    if let Some(run) =
-        predicted::zones::simulate(profile, &zones, interval_secs, node.seed, &strategy)
-    {
+    let names: Vec<&str> = zones.iter().map(|z| z.name).collect();
+    // The run's zones were checked priced when it was planned.
+    let objective = match zone_prices(&node.zone_price, &names) {
+        Ok(Some(usd_per_node_hour)) => Objective::SamplesPerDollar { usd_per_node_hour },
+        _ => Objective::Samples,
+    };
+    let account = predicted::zones::simulate(
+        profile,
+        &zones,
+        interval_secs,
+        node.seed,
+        &strategy,
+        &objective,
+    );
+    if let Some(run) = account {
         outcome.report.compare_with_simulator(run.samples, 0.0);
         outcome.simulated = Some(run);
     }
@@ -340,6 +353,9 @@ pub fn replay_of(
     if !zones.is_empty() {
         return zoned_replay(zones, trace, node);
     }
+    if !node.zone_price.is_empty() {
+        bail!("--zone-price prices the zones of a run: give them with --zones");
+    }
     let planned = plan_trace(trace)?;
     let replay = Replay::new(
         planned.counts.clone(),
@@ -412,6 +428,8 @@ fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<
     {
         bail!("--zones names a zone twice");
     }
+    let names: Vec<&str> = zones.iter().map(|(n, _)| n.as_str()).collect();
+    zone_prices(&node.zone_price, &names)?;
     let replay = Replay::zoned(
         zones,
         speeds,

@@ -130,6 +130,38 @@ fn missing_and_malformed_trace_files_are_named() {
 }
 
 #[test]
+fn a_dollar_objective_is_priced_for_every_zone_before_any_node_starts() {
+    let dir = scratch("objective");
+    let out = testnet(&["run", "--objective", "samples-per-dollar"], dir.path());
+    assert_error(&out, &["samples-per-dollar needs --zone-price"]);
+    let out = testnet(
+        &[
+            "run",
+            "--objective",
+            "samples-per-dollar",
+            "--zone-price",
+            "a=1",
+        ],
+        dir.path(),
+    );
+    assert_error(&out, &["--zone-price", "--zones"]);
+    let out = testnet(
+        &[
+            "run",
+            "--zones",
+            "a=synthetic:quiet:1,b=synthetic:quiet:2",
+            "--objective",
+            "samples-per-dollar",
+            "--zone-price",
+            "a=1",
+        ],
+        dir.path(),
+    );
+    assert_error(&out, &["zone \"b\" has no price"]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
 fn a_device_the_nodes_cannot_train_on_is_named_before_any_node_starts() {
     let dir = scratch("device");
     let out = testnet(&["run", "--device", "tpu"], dir.path());

@@ -37,7 +37,8 @@ fn fleet_strategy(node_strategy: &str) -> Option<&'static str> {
 }
 
 /// `node_strategy` simulated over `zones` of the emulated `profile`, intervals of
-/// `interval_secs` emulated seconds, scenarios seeded with `seed`; `None` for a profile or a
+/// `interval_secs` emulated seconds, scenarios seeded with `seed`, the zone-aware strategies
+/// planning for `objective` as the nodes did; `None` for a profile or a
 /// strategy the fleet simulator cannot take, or zones it refuses (the reason is logged).
 pub fn simulate(
     profile: &str,
@@ -45,6 +46,7 @@ pub fn simulate(
     interval_secs: f64,
     seed: u64,
     node_strategy: &str,
+    objective: &Objective,
 ) -> Option<StrategyRun> {
     let name = fleet_strategy(node_strategy)?;
     let emulated = profile::emulated(profile).ok()?;
@@ -65,16 +67,9 @@ pub fn simulate(
         .map(|z| replayed_trace(z.name, z.counts, interval))
         .collect();
     let len = traces.iter().map(|t| t.len()).min().unwrap_or(0);
-    let runs = simulate_fleet(
-        &mut fleet,
-        &traces,
-        0..len,
-        LOOKAHEAD,
-        seed,
-        &Objective::Samples,
-    )
-    .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
-    .ok()?;
+    let runs = simulate_fleet(&mut fleet, &traces, 0..len, LOOKAHEAD, seed, objective)
+        .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
+        .ok()?;
     runs.into_iter()
         .find(|r| r.run.name == name && r.zone.is_none())
         .map(|r| r.run)
@@ -102,8 +97,24 @@ mod tests {
                 },
             ]
         };
-        let even = simulate("gpt-1.5b", &zones(1.0), 60.0, 1, "liveput").unwrap();
-        let faster = simulate("gpt-1.5b", &zones(2.0), 60.0, 1, "liveput").unwrap();
+        let even = simulate(
+            "gpt-1.5b",
+            &zones(1.0),
+            60.0,
+            1,
+            "liveput",
+            &Objective::Samples,
+        )
+        .unwrap();
+        let faster = simulate(
+            "gpt-1.5b",
+            &zones(2.0),
+            60.0,
+            1,
+            "liveput",
+            &Objective::Samples,
+        )
+        .unwrap();
         assert_eq!(even.name, "liveput-zone");
         assert!(even.samples > 0.0);
         assert!(
@@ -113,12 +124,39 @@ mod tests {
             even.samples
         );
         assert_eq!(
-            simulate("gpt-1.5b", &zones(1.0), 60.0, 1, "reactive")
-                .unwrap()
-                .name,
+            simulate(
+                "gpt-1.5b",
+                &zones(1.0),
+                60.0,
+                1,
+                "reactive",
+                &Objective::Samples
+            )
+            .unwrap()
+            .name,
             "reactive"
         );
-        assert!(simulate("gpt-1.5b", &zones(1.0), 60.0, 1, "liveput-predict").is_none());
-        assert!(simulate("no-such-model", &zones(1.0), 60.0, 1, "liveput").is_none());
+        assert!(
+            simulate(
+                "gpt-1.5b",
+                &zones(1.0),
+                60.0,
+                1,
+                "liveput-predict",
+                &Objective::Samples
+            )
+            .is_none()
+        );
+        assert!(
+            simulate(
+                "no-such-model",
+                &zones(1.0),
+                60.0,
+                1,
+                "liveput",
+                &Objective::Samples
+            )
+            .is_none()
+        );
     }
 }

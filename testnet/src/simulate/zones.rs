@@ -168,7 +168,8 @@ pub fn run(args: FleetArgs) -> Result<()> {
     for link in args.links {
         links.set(link)?;
     }
-    let prices = zone_prices(args.prices, &specs)?;
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let prices = zone_prices(args.prices, &names)?;
     let objective = match (args.objective, &prices) {
         (ObjectiveArg::Samples, _) => Objective::Samples,
         (ObjectiveArg::SamplesPerDollar, Some(p)) => Objective::SamplesPerDollar {
@@ -254,35 +255,42 @@ pub fn run(args: FleetArgs) -> Result<()> {
     Ok(())
 }
 
-/// Each zone's price per node-hour from `NAME=USD` entries: every zone priced, or none.
-fn zone_prices(entries: &[String], specs: &[ZoneSpec]) -> Result<Option<Vec<f64>>> {
+/// Each zone's price per node-hour from `NAME=USD` entries, in the order of `names`: every
+/// zone priced, or none.
+pub fn zone_prices(entries: &[String], names: &[&str]) -> Result<Option<Vec<f64>>> {
     if entries.is_empty() {
         return Ok(None);
     }
-    let mut prices = vec![None; specs.len()];
+    let mut prices = vec![None; names.len()];
     for entry in entries {
-        let (name, usd) = entry
-            .split_once('=')
-            .with_context(|| format!("--zone-price {entry:?}: expected NAME=USD_PER_NODE_HOUR"))?;
-        let z = specs
+        let (name, usd) = parse_price(entry)?;
+        let z = names
             .iter()
-            .position(|s| s.name == name)
+            .position(|n| *n == name)
             .with_context(|| format!("--zone-price {entry:?}: no zone {name:?} in --zones"))?;
-        let usd: f64 = usd
-            .parse()
-            .ok()
-            .filter(|v: &f64| v.is_finite() && *v >= 0.0 && *v <= 1e6)
-            .with_context(|| {
-                format!("--zone-price {entry:?}: the price must be a number from 0 to 1e6")
-            })?;
         prices[z] = Some(usd);
     }
     prices
         .iter()
-        .zip(specs)
-        .map(|(p, s)| p.with_context(|| format!("--zone-price: zone {:?} has no price", s.name)))
+        .zip(names)
+        .map(|(p, n)| p.with_context(|| format!("--zone-price: zone {n:?} has no price")))
         .collect::<Result<Vec<_>>>()
         .map(Some)
+}
+
+/// One `--zone-price` entry, `NAME=USD` (USD per node-hour, 0 to 1e6).
+pub fn parse_price(entry: &str) -> Result<(String, f64)> {
+    let (name, usd) = entry
+        .split_once('=')
+        .with_context(|| format!("--zone-price {entry:?}: expected NAME=USD_PER_NODE_HOUR"))?;
+    let usd: f64 = usd
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0 && *v <= 1e6)
+        .with_context(|| {
+            format!("--zone-price {entry:?}: the price must be a number from 0 to 1e6")
+        })?;
+    Ok((name.to_string(), usd))
 }
 
 fn rows(runs: &[FleetRun], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
@@ -403,21 +411,25 @@ mod tests {
         }
     }
 
+    fn names(specs: &[ZoneSpec]) -> Vec<&str> {
+        specs.iter().map(|s| s.name.as_str()).collect()
+    }
+
     #[test]
     fn every_zone_is_priced_or_none() {
         let specs = vec![parse_zone("a=t").unwrap(), parse_zone("b=t").unwrap()];
-        let both = zone_prices(&["a=0.9".into(), "b=1.2".into()], &specs).unwrap();
+        let both = zone_prices(&["a=0.9".into(), "b=1.2".into()], &names(&specs)).unwrap();
         assert_eq!(both, Some(vec![0.9, 1.2]));
-        assert_eq!(zone_prices(&[], &specs).unwrap(), None);
-        let err = zone_prices(&["a=0.9".into()], &specs)
+        assert_eq!(zone_prices(&[], &names(&specs)).unwrap(), None);
+        let err = zone_prices(&["a=0.9".into()], &names(&specs))
             .unwrap_err()
             .to_string();
         assert!(err.contains("zone \"b\" has no price"), "{err}");
-        let err = zone_prices(&["c=1".into()], &specs)
+        let err = zone_prices(&["c=1".into()], &names(&specs))
             .unwrap_err()
             .to_string();
         assert!(err.contains("no zone \"c\""), "{err}");
-        let err = zone_prices(&["a=-1".into()], &specs)
+        let err = zone_prices(&["a=-1".into()], &names(&specs))
             .unwrap_err()
             .to_string();
         assert!(err.contains("from 0 to 1e6"), "{err}");
