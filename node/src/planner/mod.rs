@@ -87,7 +87,11 @@ impl Planner {
             interval: Duration::from_secs_f64(config.planner.interval_secs),
             shape: JobShape::of(config),
             strategy: strategy_for(config),
-            fleets: FleetCache::new(config.planner.objective, config.planner.zone_prices.clone()),
+            fleets: FleetCache::new(
+                config.planner.objective,
+                config.planner.zone_prices.clone(),
+                config.device.emulated_time_scale(),
+            ),
             clock: IntervalClock::default(),
             next_tick: None,
             proposed: None,

@@ -58,25 +58,37 @@ pub struct FleetCache {
     fleet: Option<Fleet>,
     objective: Objective,
     zone_prices: BTreeMap<String, f64>,
+    /// Device hours per wall-clock hour: an emulated device's time scale, else 1.
+    time_scale: f64,
 }
 
 impl FleetCache {
     /// A cache whose plans are after `objective`, zones priced at `zone_prices` (USD per
-    /// node-hour by zone name).
-    pub fn new(objective: Objective, zone_prices: BTreeMap<String, f64>) -> Self {
+    /// node-hour by zone name), on devices that run `time_scale` device hours per wall-clock
+    /// hour (an emulated one's time scale; 1 on a real one).
+    pub fn new(objective: Objective, zone_prices: BTreeMap<String, f64>, time_scale: f64) -> Self {
         Self {
             fleet: None,
             objective,
             zone_prices,
+            time_scale,
         }
     }
 
     /// What the plans over `names` are after: samples per dollar where asked and every zone
     /// has a price; else samples.
     fn objective(&self, names: &[&str]) -> fleet::Objective {
+        // A node-hour is priced in the device's time: an emulated cluster at time scale k
+        // lives k of them per wall-clock hour, while its rates and egress per second are wall
+        // clock ones, so the bill per wall second is k times the price's.
+        let scale = if self.time_scale.is_finite() && self.time_scale > 0.0 {
+            self.time_scale
+        } else {
+            1.0
+        };
         let prices: Option<Vec<f64>> = names
             .iter()
-            .map(|n| self.zone_prices.get(*n).copied())
+            .map(|n| self.zone_prices.get(*n).map(|usd| usd * scale))
             .collect();
         match (self.objective, prices) {
             (Objective::SamplesPerDollar, Some(usd_per_node_hour)) => {

@@ -82,7 +82,7 @@ impl Plans {
         let c = held_usd_per_sec;
         ThroughputTable::from_rows(self.placements.iter().map(|(config, placed)| {
             let r = placed.samples_per_sec;
-            (*config, r * c / (c + placed.egress_usd_per_sample * r))
+            (*config, r / (1.0 + placed.egress_usd_per_sample * r / c))
         }))
     }
 }

@@ -219,7 +219,7 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
         zones.iter().map(|(z, p)| ((*z).to_string(), *p)).collect()
     };
     let both = prices(&[("fast", 3.0), ("slow", 1.0)]);
-    let mut dollars = FleetCache::new(Objective::SamplesPerDollar, both.clone());
+    let mut dollars = FleetCache::new(Objective::SamplesPerDollar, both.clone(), 1.0);
     let z = zoned(&state, &mut dollars).expect("two named zones");
     let mut crossing = 0;
     for (config, placed) in &z.plans.placements {
@@ -232,10 +232,33 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
         }
     }
     assert!(crossing > 0, "some placement crosses zones");
+    // On a device emulated at time scale 6, a wall-clock second holds the nodes for six of
+    // theirs: the bill weighs six times as much against the same egress, as at six times
+    // the prices.
+    let six = |zones: &[(&'static str, f64)]| -> Vec<(&'static str, f64)> {
+        zones.iter().map(|(z, p)| (*z, p * 6.0)).collect()
+    };
+    let mut scaled = FleetCache::new(Objective::SamplesPerDollar, both.clone(), 6.0);
+    let mut pricier = FleetCache::new(
+        Objective::SamplesPerDollar,
+        prices(&six(&[("fast", 3.0), ("slow", 1.0)])),
+        1.0,
+    );
+    let (a, b) = (
+        zoned(&state, &mut scaled).unwrap(),
+        zoned(&state, &mut pricier).unwrap(),
+    );
+    for config in z.plans.placements.keys() {
+        assert_eq!(
+            a.cost.samples_per_sec(*config),
+            b.cost.samples_per_sec(*config)
+        );
+        assert!(a.cost.samples_per_sec(*config) >= z.cost.samples_per_sec(*config));
+    }
     // Planning for samples, or with a zone unpriced, the strategy chooses on the plans' rates.
     for mut fleets in [
-        FleetCache::new(Objective::Samples, both),
-        FleetCache::new(Objective::SamplesPerDollar, prices(&[("fast", 3.0)])),
+        FleetCache::new(Objective::Samples, both.clone(), 1.0),
+        FleetCache::new(Objective::SamplesPerDollar, prices(&[("fast", 3.0)]), 1.0),
     ] {
         let z = zoned(&state, &mut fleets).expect("two named zones");
         for (config, placed) in &z.plans.placements {
