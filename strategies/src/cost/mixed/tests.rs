@@ -212,6 +212,17 @@ fn what_cannot_be_split_is_refused() {
     );
 }
 
+/// Layers of `(forward ms, MiB of parameters)` each, the backward twice the forward.
+fn random_layers(costs: &[(f64, u32)]) -> ModelSpec {
+    let mut spec = even_layers(costs.len());
+    for (l, (ms, mib)) in spec.layers.iter_mut().zip(costs) {
+        l.forward_ms = *ms;
+        l.backward_ms = 2.0 * ms;
+        l.params = 1024.0 * 1024.0 * f64::from(*mib);
+    }
+    spec
+}
+
 /// Every split of `layers` layers into `p` non-empty stages, as bounds.
 fn every_split(layers: usize, p: usize) -> Vec<Vec<usize>> {
     if p == 1 {
@@ -237,12 +248,7 @@ proptest::proptest! {
         costs in proptest::collection::vec((0.1f64..10.0, 1u32..3), 4..10),
     ) {
         let layers = costs.len();
-        let mut spec = even_layers(layers);
-        for (l, (ms, mib)) in spec.layers.iter_mut().zip(&costs) {
-            l.forward_ms = *ms;
-            l.backward_ms = 2.0 * ms;
-            l.params = 1024.0 * 1024.0 * f64::from(*mib);
-        }
+        let spec = random_layers(&costs);
         let base = DeviceCosts::profiled(&spec, "base", 1024.0);
         let devices: Vec<DeviceCosts> = speeds
             .iter()
@@ -288,12 +294,7 @@ proptest::proptest! {
         costs in proptest::collection::vec((0.1f64..10.0, 1u32..3), 4..10),
     ) {
         let layers = costs.len();
-        let mut spec = even_layers(layers);
-        for (l, (ms, mib)) in spec.layers.iter_mut().zip(&costs) {
-            l.forward_ms = *ms;
-            l.backward_ms = 2.0 * ms;
-            l.params = 1024.0 * 1024.0 * f64::from(*mib);
-        }
+        let spec = random_layers(&costs);
         let base = DeviceCosts::profiled(&spec, "base", 1024.0);
         let a = base.derived("a", speeds.0, memories.0);
         let b = base.derived("b", speeds.1, memories.1);
