@@ -27,7 +27,7 @@ use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
 use crate::simulate::zones::{parse_zone, zone_prices};
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
-use parcae_strategies::cost::fleet::Objective;
+use parcae_strategies::cost::objective::Objective;
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::Ports;
 

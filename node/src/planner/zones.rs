@@ -15,9 +15,10 @@ use std::sync::Arc;
 use parcae_api::{FleetView, LinkView, ZoneView};
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
-use parcae_strategies::cost::fleet::{self, Fleet, Layout, MAX_ZONES, Plans, Zone};
+use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
 use parcae_strategies::cost::links::{Link, Links};
 use parcae_strategies::cost::mixed::DeviceCosts;
+use parcae_strategies::cost::objective;
 use parcae_strategies::cost::spec::LayerCost;
 use parcae_strategies::cost::transfer::TransferModel;
 
@@ -77,7 +78,7 @@ impl FleetCache {
 
     /// What the plans over `names` are after: samples per dollar where asked and every zone
     /// has a price; else samples.
-    fn objective(&self, names: &[&str]) -> fleet::Objective {
+    fn objective(&self, names: &[&str]) -> objective::Objective {
         // A node-hour is priced in the device's time: an emulated cluster at time scale k
         // lives k of them per wall-clock hour, while its rates and egress per second are wall
         // clock ones, so the bill per wall second is k times the price's.
@@ -92,9 +93,9 @@ impl FleetCache {
             .collect();
         match (self.objective, prices) {
             (Objective::SamplesPerDollar, Some(usd_per_node_hour)) => {
-                fleet::Objective::SamplesPerDollar { usd_per_node_hour }
+                objective::Objective::SamplesPerDollar { usd_per_node_hour }
             }
-            _ => fleet::Objective::Samples,
+            _ => objective::Objective::Samples,
         }
     }
 
@@ -154,7 +155,7 @@ impl FleetCache {
                 );
             }
             if self.objective == Objective::SamplesPerDollar
-                && self.objective(&names) == fleet::Objective::Samples
+                && self.objective(&names) == objective::Objective::Samples
             {
                 tracing::warn!(
                     zones = ?names,

@@ -68,57 +68,6 @@ pub struct Plans {
     pub placements: BTreeMap<ParallelConfig, Placement>,
 }
 
-impl Plans {
-    /// The table of a planner that wants the most samples per dollar, where the fleet's nodes
-    /// cost `held_usd_per_sec` (billed held, used or not) and each placement pays its egress:
-    /// every rate `r` becomes `r C / (C + e r)`, its samples per dollar at that bill `C` scaled
-    /// back to samples per second (so a placement that crosses no zone keeps its rate, and the
-    /// planner's migration and look-ahead arithmetic stays in samples). Without a bill the
-    /// table is unchanged.
-    pub fn per_dollar(&self, held_usd_per_sec: f64) -> ThroughputTable {
-        if !(held_usd_per_sec.is_finite() && held_usd_per_sec > 0.0) {
-            return (*self.table).clone();
-        }
-        let c = held_usd_per_sec;
-        ThroughputTable::from_rows(self.placements.iter().map(|(config, placed)| {
-            let r = placed.samples_per_sec;
-            (*config, r / (1.0 + placed.egress_usd_per_sample * r / c))
-        }))
-    }
-}
-
-/// What a zone-aware planner plans for: the user's choice.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub enum Objective {
-    /// The most samples.
-    #[default]
-    Samples,
-    /// The most samples per dollar, the nodes of zone `z` billed at `usd_per_node_hour[z]`
-    /// and egress at the links' prices ([`Plans::per_dollar`]).
-    SamplesPerDollar {
-        /// Spot price of a node-hour in each zone, in the fleet's zone order.
-        usd_per_node_hour: Vec<f64>,
-    },
-}
-
-impl Objective {
-    /// The table a zone-aware planner plans by on `plans`, with `counts[z]` nodes held in
-    /// zone `z`.
-    pub fn table(&self, plans: &Plans, counts: &[u32]) -> Arc<ThroughputTable> {
-        match self {
-            Self::Samples => plans.table.clone(),
-            Self::SamplesPerDollar { usd_per_node_hour } => {
-                let per_hour: f64 = counts
-                    .iter()
-                    .zip(usd_per_node_hour)
-                    .map(|(&n, usd)| f64::from(n) * usd)
-                    .sum();
-                Arc::new(plans.per_dollar(per_hour / 3600.0))
-            }
-        }
-    }
-}
-
 /// Which planner lays the plans out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
@@ -454,154 +403,6 @@ impl Fleet {
         mixed::rate_after(spec, stages, &ends, d, mib_per_ms(ring))
     }
 
-    /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two
-    /// zones that the counts allow; the fastest (the first of `pair_splits` on a tie), unless
-    /// it trains less than `floor`. Pipelines over three zones or more are not tried: each more
-    /// zone is one more boundary crossing and one more zone's preemptions on every pipeline,
-    /// and the orders of `arrange` and the splits grow as a power of the zones.
-    ///
-    /// The candidates are simulated in the order of a bound on their rate that needs no
-    /// schedule ([`Self::mixed_bound`]), and no further once the bound cannot beat the best
-    /// found.
-    fn mixed_pipelines(&mut self, counts: &[u32], d: u32, p: u32, floor: f64) -> Option<Placement> {
-        let mut candidates: Vec<(f64, usize, Shares)> = pair_splits(p as usize, counts, d)
-            .into_iter()
-            .enumerate()
-            .filter_map(|(rank, k)| Some((self.mixed_bound(&k, d)?, rank, k)))
-            .collect();
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut best: Option<(f64, usize, Shares)> = None;
-        for (bound, rank, k) in candidates {
-            // The bound and the schedule sum the same times in other orders.
-            let reach = bound * (1.0 + 1e-9);
-            if reach < floor || best.as_ref().is_some_and(|(rate, ..)| reach < *rate) {
-                break;
-            }
-            let Some(rate) = self.mixed_rate(&k, d) else {
-                continue;
-            };
-            let better = best
-                .as_ref()
-                .is_none_or(|(b, r, _)| rate > *b || (rate == *b && rank < *r));
-            if better {
-                best = Some((rate, rank, k));
-            }
-        }
-        let (rate, _, k) = best.filter(|(rate, ..)| *rate >= floor)?;
-        let arranged = self.arranged(&k)?;
-        let zones = vec![arranged.order.clone(); d as usize];
-        Some(self.placement(zones, arranged.bounds.clone(), rate, d))
-    }
-
-    /// At least the rate of `d` pipelines holding `k[z]` stages in zone `z`, with no schedule
-    /// simulated.
-    fn mixed_bound(&mut self, k: &Shares, d: u32) -> Option<f64> {
-        let a = self.arranged(k)?;
-        let bound = mixed::samples_per_sec_bound(
-            &self.spec,
-            &a.stages,
-            d,
-            mib_per_ms(a.ring),
-            &transfer_over(a.boundary),
-        );
-        Some(bound)
-    }
-
-    /// Samples per second of `d` pipelines holding `k[z]` stages in zone `z` (memoised: it
-    /// depends on `k` and `d` alone, not on the rest of the composition).
-    fn mixed_rate(&mut self, k: &Shares, d: u32) -> Option<f64> {
-        let key = (*k, d);
-        if let Some(rate) = self.mixed_rates.get(&key) {
-            return *rate;
-        }
-        let rate = self.arranged(k).map(|a| {
-            let pipeline = Pipeline::Mixed(*k);
-            self.scheduled_rate(pipeline, &a.stages, d, a.ring, a.boundary)
-        });
-        self.mixed_rates.insert(key, rate);
-        rate
-    }
-
-    /// The pipeline holding `k[z]` stages in zone `z`, over two zones (memoised: the same `k`
-    /// recurs for many `d` and compositions).
-    fn arranged(&mut self, k: &Shares) -> Option<Arc<Arranged>> {
-        if let Some(found) = self.arranged.get(k) {
-            return found.clone();
-        }
-        let found = self.arrange(k).map(Arc::new);
-        self.arranged.insert(*k, found.clone());
-        found
-    }
-
-    /// [`Self::arranged`], searched: the two zones' blocks joined in the better order
-    /// ([`mixed::arrange_two`]) from split searches shared by every `k` of the same depth.
-    fn arrange(&mut self, k: &Shares) -> Option<Arranged> {
-        let kinds: Vec<(usize, usize)> = k
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(z, &n)| (z, n))
-            .collect();
-        let [(a, ka), (b, kb)] = kinds[..] else {
-            return None;
-        };
-        let p = ka + kb;
-        let (heads_a, heads_b) = (self.heads(a, p), self.heads(b, p));
-        let (tails_a, tails_b) = (self.tails(a), self.tails(b));
-        let part = |heads, tails, stages| mixed::Part {
-            heads,
-            tails,
-            stages,
-        };
-        let (a_first, bounds) =
-            mixed::arrange_two(part(&heads_a, &tails_a, ka), part(&heads_b, &tails_b, kb))?;
-        let (first, second) = if a_first {
-            ((a, ka), (b, kb))
-        } else {
-            ((b, kb), (a, ka))
-        };
-        let order: Vec<usize> = std::iter::repeat_n(first.0, first.1)
-            .chain(std::iter::repeat_n(second.0, second.1))
-            .collect();
-        let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
-        let stages = mixed::stages_of(&self.spec, &devices, &bounds)?;
-        // Each stage all-reduces inside its zone; the activations take every link between
-        // neighbouring stages, the slowest pacing them.
-        let between =
-            |x: usize, y: usize| self.links.between(&self.zones[x].name, &self.zones[y].name);
-        let slowest = |links: &mut dyn Iterator<Item = Link>| {
-            links.min_by(|x, y| x.gbit_per_s.total_cmp(&y.gbit_per_s))
-        };
-        let ring = slowest(&mut [a, b].into_iter().map(|z| between(z, z)))?;
-        let boundary = slowest(&mut order.windows(2).map(|w| between(w[0], w[1]))).unwrap_or(ring);
-        Some(Arranged {
-            order,
-            bounds,
-            stages,
-            ring,
-            boundary,
-        })
-    }
-
-    /// Zone `z`'s device as the first block of a `p`-stage pipeline (memoised).
-    fn heads(&mut self, z: usize, p: usize) -> Arc<Splits> {
-        let (spec, device) = (&self.spec, &self.zones[z].device);
-        self.heads
-            .entry((z, p))
-            .or_insert_with(|| Arc::new(mixed::heads(spec, device, p)))
-            .clone()
-    }
-
-    /// Zone `z`'s device as the last block of a pipeline of any depth (memoised).
-    fn tails(&mut self, z: usize) -> Arc<Splits> {
-        let (spec, device) = (&self.spec, &self.zones[z].device);
-        let stages = spec.depths.iter().max().map_or(0, |&p| p as usize);
-        self.tails
-            .entry(z)
-            .or_insert_with(|| Arc::new(mixed::tails(spec, device, stages)))
-            .clone()
-    }
-
     /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
     /// present in turn, paced by the slowest kind present.
     fn zone_blind(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
@@ -716,31 +517,6 @@ fn fill(counts: &[u32], order: &[usize], d: u32, p: u32) -> Option<Vec<u32>> {
     (left == 0).then_some(per_zone)
 }
 
-/// Every way to give `p` stages to two zones, at least one each, such that `d` pipelines fit
-/// the zones' `counts`: one stage count per zone, zero outside the pair.
-fn pair_splits(p: usize, counts: &[u32], d: u32) -> Vec<Shares> {
-    let caps: Vec<usize> = counts
-        .iter()
-        .take(MAX_ZONES)
-        .map(|&n| (n / d.max(1)) as usize)
-        .collect();
-    let mut out = Vec::new();
-    for a in 0..caps.len() {
-        for b in a + 1..caps.len() {
-            for ka in 1..p {
-                let kb = p - ka;
-                if ka <= caps[a] && kb <= caps[b] {
-                    let mut k = [0; MAX_ZONES];
-                    k[a] = ka;
-                    k[b] = kb;
-                    out.push(k);
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Each layer as slow as the slowest kind runs it, with the least memory of any kind.
 fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
     let layers = (0..spec.layers.len())
@@ -769,6 +545,8 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
         memory_mb,
     }
 }
+
+mod two_zones;
 
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,7 @@ pub mod links;
 pub mod migration;
 pub mod mixed;
 pub mod money;
+pub mod objective;
 pub mod profile;
 pub mod restart;
 pub mod spec;

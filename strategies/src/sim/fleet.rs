@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::cost::CostModel;
-pub use crate::cost::fleet::Objective;
 use crate::cost::fleet::{Fleet, Layout};
 use crate::cost::money::machine_hours;
+pub use crate::cost::objective::Objective;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
 use crate::trace::{Interval, Trace};

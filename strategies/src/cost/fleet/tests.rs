@@ -1,3 +1,4 @@
+use super::two_zones::pair_splits;
 use super::*;
 use crate::cost::builtin::builtin;
 
