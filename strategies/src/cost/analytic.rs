@@ -38,6 +38,14 @@ pub(crate) struct StageCost {
     pub(crate) params: f64,
 }
 
+impl StageCost {
+    /// The time the stage holds its device for one micro-batch, forward and backward: what
+    /// paces a pipeline.
+    pub(crate) fn pace_ms(&self) -> f64 {
+        self.forward_ms + self.backward_ms
+    }
+}
+
 /// Builds the throughput table of every `(d, p)` with `d * p <= max_nodes` that fits in memory.
 pub fn throughput_table(
     spec: &ModelSpec,
@@ -193,7 +201,7 @@ pub(crate) fn samples_per_sec_bound(
     let m = micro_batches(spec, d) as usize;
     let comm = boundary_ms(spec, transfer, stages);
     let p = stages.len();
-    let work = |c: &StageCost| c.forward_ms + c.backward_ms;
+    let work = StageCost::pace_ms;
     // Stage s works no sooner than micro-batch 0 reaches it, then m forwards and backwards;
     // once it is past its warm-up, every two of its backwards also wait on a forward and a
     // backward of the next stage, with a hop each way (its backward i + 1 follows its forward

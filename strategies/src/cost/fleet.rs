@@ -9,7 +9,7 @@
 //!   the step waits for the slowest pipeline, and each stage's all-reduce ring crosses every
 //!   zone used, at the pace of its slowest link;
 //! * **mixed pipelines**: every pipeline holds `k_a` stages in zone `a` and `k_b` in zone `b` (the same for every
-//!   pipeline), its layers split unevenly over the kinds by [`mixed::arrange`], so each
+//!   pipeline), its layers split unevenly over the kinds by [`mixed::arrange_two`], so each
 //!   stage's replicas share a zone and its all-reduce never leaves it; only the activations
 //!   cross zones, once per zone boundary of a pipeline.
 //!
@@ -31,7 +31,7 @@ use super::throughput::ThroughputTable;
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
 
-/// Most zones a fleet spans (each a block of [`mixed::arrange`]'s orders).
+/// Most zones a fleet spans.
 pub const MAX_ZONES: usize = 4;
 
 /// Most compositions whose plans are kept; the memo starts over past it.
@@ -91,9 +91,8 @@ pub enum FleetError {
     Layers(String, usize, usize),
 }
 
-/// A pipeline over two zones as [`mixed::arrange`] lays it: its zone per stage, its stage
+/// A pipeline over two zones as [`mixed::arrange_two`] lays it: its zone per stage, its stage
 /// bounds and sums, and the links its all-reduce and its activations take.
-#[derive(Clone)]
 struct Arranged {
     order: Vec<usize>,
     bounds: Vec<usize>,
@@ -113,7 +112,6 @@ pub struct Fleet {
     paces: Vec<f64>,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Shares, Option<Arc<Arranged>>>,
-    mixed_rates: HashMap<(Shares, u32), Option<f64>>,
     heads: HashMap<(usize, usize), Arc<Splits>>,
     schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
     tails: HashMap<usize, Arc<Splits>>,
@@ -175,7 +173,6 @@ impl Fleet {
             paces,
             memo: HashMap::new(),
             arranged: HashMap::new(),
-            mixed_rates: HashMap::new(),
             heads: HashMap::new(),
             schedules: HashMap::new(),
             tails: HashMap::new(),

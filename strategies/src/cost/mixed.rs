@@ -77,11 +77,6 @@ fn stage_on(
     )
 }
 
-/// The time a stage holds its device for one micro-batch, which paces the whole pipeline.
-fn pace_ms(c: &StageCost) -> f64 {
-    c.forward_ms + c.backward_ms
-}
-
 /// Stage bounds `[0, b1, ..., L]` of one pipeline whose stage `s` runs on `devices[s]`: each
 /// stage holds at least one layer and fits its device, and the slowest stage's forward plus
 /// backward of one micro-batch is the least any such split gives ([`Splits::search`]). `None`
@@ -234,7 +229,7 @@ fn slowest_pace(spec: &ModelSpec, devices: &[&DeviceCosts], bounds: &[usize]) ->
         .windows(2)
         .enumerate()
         .filter_map(|(s, w)| stage_on(spec, devices, s, w[0], w[1]))
-        .map(|c| pace_ms(&c))
+        .map(|c| c.pace_ms())
         .fold(0.0, f64::max)
 }
 

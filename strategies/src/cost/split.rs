@@ -68,7 +68,7 @@ impl Splits {
                     let Some(c) = stage.cost(spec, on.memory_mb, on.in_flight) else {
                         break;
                     };
-                    let own = c.forward_ms + c.backward_ms;
+                    let own = c.pace_ms();
                     let best = slowest[s * row + j];
                     if own > best {
                         break;

@@ -14,7 +14,7 @@ impl Fleet {
     /// zones that the counts allow; the fastest (the first of `pair_splits` on a tie), unless
     /// it trains less than `floor`. Pipelines over three zones or more are not tried: each more
     /// zone is one more boundary crossing and one more zone's preemptions on every pipeline,
-    /// and the orders of `arrange` and the splits grow as a power of the zones.
+    /// and the block orders and the splits grow as a power of the zones.
     ///
     /// The candidates are simulated in the order of a bound on their rate that needs no
     /// schedule ([`Self::mixed_bound`]), and no further once the bound cannot beat the best
@@ -69,19 +69,12 @@ impl Fleet {
         Some(bound)
     }
 
-    /// Samples per second of `d` pipelines holding `k[z]` stages in zone `z` (memoised: it
-    /// depends on `k` and `d` alone, not on the rest of the composition).
+    /// Samples per second of `d` pipelines holding `k[z]` stages in zone `z` (its arrangement
+    /// and schedule memoised: it depends on `k` and `d` alone, not on the rest of the
+    /// composition).
     fn mixed_rate(&mut self, k: &Shares, d: u32) -> Option<f64> {
-        let key = (*k, d);
-        if let Some(rate) = self.mixed_rates.get(&key) {
-            return *rate;
-        }
-        let rate = self.arranged(k).map(|a| {
-            let pipeline = Pipeline::Mixed(*k);
-            self.scheduled_rate(pipeline, &a.stages, d, a.ring, a.boundary)
-        });
-        self.mixed_rates.insert(key, rate);
-        rate
+        let a = self.arranged(k)?;
+        Some(self.scheduled_rate(Pipeline::Mixed(*k), &a.stages, d, a.ring, a.boundary))
     }
 
     /// The pipeline holding `k[z]` stages in zone `z`, over two zones (memoised: the same `k`
