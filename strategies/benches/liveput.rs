@@ -72,11 +72,13 @@ fn decisions(c: &mut Criterion) {
                 probability: 0.3,
                 nodes: 31,
                 stay_ms: 600_000.0,
+                table: None,
             },
             NextChange {
                 probability: 0.7,
                 nodes: 29,
                 stay_ms: 600_000.0,
+                table: None,
             },
         ],
     };
@@ -126,11 +128,13 @@ fn decisions(c: &mut Criterion) {
                 probability: 0.5,
                 nodes: 520,
                 stay_ms: 600_000.0,
+                table: None,
             },
             NextChange {
                 probability: 0.5,
                 nodes: 500,
                 stay_ms: 600_000.0,
+                table: None,
             },
         ],
     };

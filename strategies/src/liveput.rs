@@ -81,7 +81,7 @@ pub struct Terminal {
 }
 
 /// One outcome of the availability change expected after a look-ahead's horizon.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NextChange {
     /// Its probability.
     pub probability: f64,
@@ -89,6 +89,21 @@ pub struct NextChange {
     pub nodes: u32,
     /// Expected time until the change after it, ms.
     pub stay_ms: f64,
+    /// What each configuration trains after it, where that depends on more than `nodes`
+    /// (which zone the change hits); `None`: the table the horizon ends in.
+    pub table: Option<Arc<ThroughputTable>>,
+}
+
+/// A look-ahead from a forecast of each zone of a fleet, pooled
+/// ([`crate::predict::ZoneForecasts`]).
+pub struct Lookahead {
+    /// The fleet's count, step by step, the upcoming event observed.
+    pub future: Vec<Interval>,
+    /// What each configuration is planned to train at each step (the composition forecast),
+    /// for [`LiveputOptimizer::decide_with_tables`].
+    pub tables: Vec<Arc<ThroughputTable>>,
+    /// The look-ahead's value past its horizon: the first change of any zone.
+    pub terminal: Terminal,
 }
 
 /// The look-ahead optimizer with its memoised migration costs.
@@ -138,13 +153,27 @@ impl LiveputOptimizer {
         future: &[Interval],
         terminal: Terminal,
     ) -> Decision {
+        self.decide_with_tables(now, future, terminal, &[])
+    }
+
+    /// [`Self::decide_with_terminal`] with what each configuration trains at each step of the
+    /// look-ahead: `tables[k]` at `future[k]` (the last for the steps after it; the throughput
+    /// set by [`Self::set_throughput`] for all when empty). On a fleet the forecast is of each
+    /// zone, and a step that takes nodes from one zone changes what a configuration trains.
+    pub fn decide_with_tables(
+        &mut self,
+        now: PlanState,
+        future: &[Interval],
+        terminal: Terminal,
+        tables: &[Arc<ThroughputTable>],
+    ) -> Decision {
         let model = self.costs.model().clone();
         let cands = model.candidates();
         let considered = considered(cands, now, future);
-        let throughput: Vec<f64> = cands
-            .iter()
-            .map(|&c| self.throughput.samples_per_sec(c))
-            .collect();
+        let rates = |table: &ThroughputTable| -> Vec<f64> {
+            cands.iter().map(|&c| table.samples_per_sec(c)).collect()
+        };
+        let mut throughput = rates(tables.first().unwrap_or(&self.throughput));
         let idle_slot = cands.len();
         let stay_ms = if terminal.stay_ms.is_finite() {
             terminal.stay_ms.max(0.0)
@@ -164,7 +193,10 @@ impl LiveputOptimizer {
             parent: usize::MAX,
         }]);
         let mut nodes = now.nodes;
-        for step in future {
+        for (k, step) in future.iter().enumerate() {
+            if k > 0 && k < tables.len() && !Arc::ptr_eq(&tables[k], &tables[k - 1]) {
+                throughput = rates(&tables[k]);
+            }
             let (added, removed) = event_between(nodes, *step);
             let after = step.nodes;
             let prev = stages.last().map(Vec::as_slice).unwrap_or(&[]);
@@ -213,7 +245,11 @@ impl LiveputOptimizer {
             nodes = after;
         }
         let last = stages.last().map(Vec::as_slice).unwrap_or(&[]);
-        let values = self.final_values(last, nodes, stay_ms, &terminal.next);
+        let end = match tables.get(future.len().min(tables.len()).saturating_sub(1)) {
+            Some(table) => table.clone(),
+            None => self.throughput.clone(),
+        };
+        let values = self.final_values(last, nodes, stay_ms, &terminal.next, &end);
         let Some(best) = best_index(last, &values) else {
             return Decision {
                 config: now.config,
@@ -241,8 +277,9 @@ impl LiveputOptimizer {
         }
     }
 
-    /// The value of each final state (on `nodes` nodes): its samples, plus with a terminal
-    /// value the samples of staying for `stay_ms` less the expected loss of the `next` change.
+    /// The value of each final state (on `nodes` nodes, training at `end`'s rates): its
+    /// samples, plus with a terminal value the samples of staying for `stay_ms` less the
+    /// expected loss of the `next` change.
     /// The loss is priced (migration costs of new events) only for states that can still
     /// matter: in order of their value before the loss, until that falls below the best value
     /// found by more than any move margin; the others are worth `-inf`.
@@ -252,6 +289,7 @@ impl LiveputOptimizer {
         nodes: u32,
         stay_ms: f64,
         next: &[NextChange],
+        end: &Arc<ThroughputTable>,
     ) -> Vec<f64> {
         if stay_ms <= 0.0 {
             return last.iter().map(|n| n.samples).collect();
@@ -260,7 +298,7 @@ impl LiveputOptimizer {
             .iter()
             .map(|n| {
                 let running_ms = (stay_ms - n.leftover_ms).max(0.0);
-                n.samples + self.throughput.samples_per_sec(n.config) * running_ms / 1000.0
+                n.samples + end.samples_per_sec(n.config) * running_ms / 1000.0
             })
             .collect();
         let margin = MOVE_MARGIN * last.iter().map(|n| n.samples).fold(0.0, f64::max);
@@ -274,7 +312,7 @@ impl LiveputOptimizer {
             }
             let loss: f64 = next
                 .iter()
-                .map(|&o| o.probability * self.next_change_loss(last[i].config, nodes, o))
+                .map(|o| o.probability * self.next_change_loss(last[i].config, nodes, o, end))
                 .sum();
             values[i] = before_loss[i] - loss;
             best = best.max(values[i]);
@@ -286,10 +324,16 @@ impl LiveputOptimizer {
     /// the throughput-optimal configuration for the count it brings: the cheaper of migrating
     /// there (at its throughput, in expectation over which nodes a preemption hits) and
     /// running on in `config` as far as it still fits, short of the optimum's throughput until
-    /// the change after.
-    fn next_change_loss(&mut self, config: ParallelConfig, nodes: u32, next: NextChange) -> f64 {
+    /// the change after. Rates are the change's own table, else `end`'s.
+    fn next_change_loss(
+        &mut self,
+        config: ParallelConfig,
+        nodes: u32,
+        next: &NextChange,
+        end: &Arc<ThroughputTable>,
+    ) -> f64 {
         let model = self.costs.model().clone();
-        let table = self.throughput.clone();
+        let table = next.table.as_ref().unwrap_or(end).clone();
         let best = table.best(next.nodes);
         if best.is_idle() {
             return 0.0;
@@ -537,5 +581,35 @@ mod tests {
         future[0].removed = 3;
         let d = o.decide(now, &future);
         assert_eq!(d.config, ParallelConfig::IDLE);
+    }
+
+    #[test]
+    fn each_step_is_valued_by_its_own_table() {
+        // On 32 nodes 4 x 8 trains the most now; if from the second interval on it is
+        // forecast to train a tenth of that (its nodes' zone is slowed), the look-ahead
+        // starts on another configuration, and without the step tables on 4 x 8.
+        let model = CostModel::builtin("gpt-1.5b").unwrap();
+        let wide = ParallelConfig::new(4, 8);
+        let now_table = Arc::new(model.throughput.clone());
+        let later = Arc::new(ThroughputTable::from_rows(model.throughput.configs().map(
+            |(c, r)| {
+                let r = if c == wide { r / 10.0 } else { r };
+                (c, r)
+            },
+        )));
+        let mut future = steady(32, 8);
+        future[0].added = 32;
+        let start = PlanState {
+            nodes: 0,
+            config: ParallelConfig::IDLE,
+            leftover_ms: 0.0,
+        };
+        let mut tables = vec![later; 8];
+        tables[0] = now_table;
+        let planned = opt().decide_with_tables(start, &future, Terminal::default(), &tables);
+        assert_ne!(planned.config, wide);
+        assert!(!planned.config.is_idle());
+        let blind = opt().decide_with_tables(start, &future, Terminal::default(), &[]);
+        assert_eq!(blind.config, wide);
     }
 }

@@ -13,7 +13,7 @@ use crate::cost::CostModel;
 use crate::cost::migration::{MigrationEvent, MigrationKind};
 use crate::cost::spec::RestartKind;
 use crate::cost::throughput::ThroughputTable;
-use crate::liveput::{LiveputOptimizer, PlanState, Terminal};
+use crate::liveput::{LiveputOptimizer, Lookahead, PlanState, Terminal};
 use crate::predict::{self, Bounds, ForecastInput, NoticeAware, Predictor, ZoneModel};
 use crate::trace::{Interval, Trace};
 
@@ -32,6 +32,10 @@ pub enum Forecast {
     /// The zone model's own forecast (persistence plus its time-of-day drift, notices folded
     /// in), with the upcoming event observed as in [`Forecast::Observed`].
     Zone,
+    /// A zone model per zone of a fleet, each forecasting its zone as [`Forecast::Zone`] does,
+    /// and each step valued at what the forecast composition trains ([`Speeds::lookahead`]);
+    /// where the speeds know no zones, [`Forecast::Zone`].
+    Zones,
 }
 
 /// How a strategy picks configurations and pays for changes.
@@ -182,6 +186,12 @@ impl Ledger {
 pub trait Speeds {
     /// `(planned, actual)` tables of interval `i`.
     fn at(&mut self, i: usize) -> (Arc<ThroughputTable>, Arc<ThroughputTable>);
+
+    /// The look-ahead of interval `i` (the run's `first`) over `horizon` intervals from a
+    /// forecast of each zone, where these speeds know the zones; `None` where they do not.
+    fn lookahead(&mut self, _i: usize, _first: bool, _horizon: usize) -> Option<Lookahead> {
+        None
+    }
 }
 
 /// The model's own table, planned and booked, at every interval.
@@ -273,18 +283,35 @@ pub fn simulate_with(
                 } else {
                     real
                 };
-                let future =
-                    forecast.future(trace, i, first, real_event, setup.lookahead, &mut zone);
-                let value = if terminal {
-                    zone.observe(trace.history(i));
-                    let end = future.last().map_or(real.nodes, |s| s.nodes);
-                    zone.terminal(i + future.len(), end, interval_ms)
-                } else {
-                    Terminal::default()
+                let zoned = match forecast {
+                    Forecast::Zones => speeds.lookahead(i, first, setup.lookahead),
+                    _ => None,
                 };
+                let (future, value, tables) = match zoned {
+                    Some(ahead) => (ahead.future, ahead.terminal, ahead.tables),
+                    None => {
+                        let future = forecast.future(
+                            trace,
+                            i,
+                            first,
+                            real_event,
+                            setup.lookahead,
+                            &mut zone,
+                        );
+                        let value = if terminal {
+                            zone.observe(trace.history(i));
+                            let end = future.last().map_or(real.nodes, |s| s.nodes);
+                            zone.terminal(i + future.len(), end, interval_ms)
+                        } else {
+                            Terminal::default()
+                        };
+                        (future, value, Vec::new())
+                    }
+                };
+                let value = if terminal { value } else { Terminal::default() };
                 let (planned, actual) = speeds.at(i);
                 opt.set_throughput(planned);
-                let decision = opt.decide_with_terminal(now, &future, value);
+                let decision = opt.decide_with_tables(now, &future, value, &tables);
                 let to = decision.config.clamp_to(real.nodes);
                 let ev = MigrationEvent {
                     nodes: now.nodes,
@@ -348,7 +375,7 @@ impl Forecast {
             Forecast::Observed(p) => {
                 predict::observed(p.as_mut(), trace.history(i), 0, event, horizon)
             }
-            Forecast::Zone => {
+            Forecast::Zone | Forecast::Zones => {
                 let mut notice_aware = NoticeAware::new(zone);
                 predict::observed(&mut notice_aware, trace.history(i), 0, event, horizon)
             }

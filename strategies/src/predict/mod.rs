@@ -39,6 +39,7 @@ mod notice;
 mod predictor;
 mod rules;
 mod zone;
+mod zones;
 
 use std::fmt;
 use std::str::FromStr;
@@ -52,6 +53,7 @@ pub use rules::{
     RuleConfig, RulePredictor, SeriesModel, flatten_turn_point, history_window, remove_outliers,
 };
 pub use zone::{Regime, ZoneModel};
+pub use zones::{ZoneForecasts, ZoneNow};
 
 /// A predictor choice, as named on the command line: a model (`arima`, `es` or `last`)
 /// followed by any of the modifiers `+notices` (fold in preemption notices), `+nopoisson` (no

@@ -349,6 +349,7 @@ impl ZoneModel {
             probability: o.probability,
             nodes: o.nodes,
             stay_ms: self.expected_stay_intervals(then, o.nodes) * interval_ms,
+            table: None,
         });
         Terminal {
             stay_ms: stay * interval_ms,

@@ -12,8 +12,10 @@
 //! * `single-zone-best`: `liveput-zone` on each zone alone, its own nodes and device; the best
 //!   zone in hindsight.
 //!
-//! All four forecast the fleet's total count (a single-zone run its zone's), and pay the same
-//! migration costs for the same events.
+//! `liveput-zone` forecasts each zone apart and values each step of its look-ahead at the
+//! composition forecast ([`ZoneForecasts`]); the zone-blind planner forecasts the fleet's total
+//! count as it would one zone's, the best single zone its zone's. All pay the same migration
+//! costs for the same events.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -27,6 +29,8 @@ use crate::cost::money::machine_hours;
 pub use crate::cost::objective::Objective;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
+use crate::liveput::Lookahead;
+use crate::predict::{ZoneForecasts, ZoneNow};
 use crate::trace::{Interval, Trace};
 
 /// The strategies of a fleet run, in report order.
@@ -64,6 +68,19 @@ pub struct FleetRun {
     pub egress_usd: f64,
     /// For `single-zone-best`, the zone it ran in.
     pub zone: Option<String>,
+}
+
+impl FleetRun {
+    /// What the run paid: its node-hours in zone `z` at `usd_per_node_hour[z]`, and its egress.
+    pub fn cost_usd(&self, usd_per_node_hour: &[f64]) -> f64 {
+        let held: f64 = self
+            .node_hours
+            .iter()
+            .zip(usd_per_node_hour)
+            .map(|(hours, usd)| hours * usd)
+            .sum();
+        held + self.egress_usd
+    }
 }
 
 /// One interval of every zone: the fleet's composition over time and its pooled trace.
@@ -124,6 +141,9 @@ struct FleetSpeeds<'a> {
     /// the composition's own, as `objective` weighs it.
     believed: Option<Arc<ThroughputTable>>,
     objective: &'a Objective,
+    /// The zones' traces and the planner's model of each.
+    traces: &'a [Trace],
+    forecasts: ZoneForecasts,
 }
 
 impl Speeds for FleetSpeeds<'_> {
@@ -134,6 +154,38 @@ impl Speeds for FleetSpeeds<'_> {
             None => self.objective.table(&plans, &self.counts[i]),
         };
         (believed, plans.table.clone())
+    }
+
+    fn lookahead(&mut self, i: usize, first: bool, horizon: usize) -> Option<Lookahead> {
+        if self.believed.is_some() {
+            return None;
+        }
+        let now: Vec<ZoneNow<'_>> = self
+            .traces
+            .iter()
+            .map(|trace| {
+                let real = trace.intervals[i];
+                ZoneNow {
+                    history: trace.history(i),
+                    first: 0,
+                    // The run's first interval brings every node.
+                    event: if first {
+                        Interval {
+                            nodes: real.nodes,
+                            added: real.nodes,
+                            removed: 0,
+                        }
+                    } else {
+                        real
+                    },
+                }
+            })
+            .collect();
+        let (fleet, layout, objective) = (&mut *self.fleet, self.layout, self.objective);
+        let ahead = self.forecasts.lookahead(&now, horizon, |counts| {
+            objective.table(&fleet.plans(layout, counts), counts)
+        });
+        Some(ahead)
     }
 }
 
@@ -190,10 +242,10 @@ pub fn simulate_fleet(
         ("zone-blind", Layout::ZoneBlind, Some(believed)),
         ("reactive", Layout::ZoneAware, None),
     ] {
-        let strategy = if name == "reactive" {
-            Strategy::new(name, Plan::Reactive)
-        } else {
-            liveput_zone(name)
+        let strategy = match name {
+            "reactive" => Strategy::new(name, Plan::Reactive),
+            "zone-blind" => liveput_zone(name, Forecast::Zone),
+            _ => liveput_zone(name, Forecast::Zones),
         };
         let mut speeds = FleetSpeeds {
             fleet,
@@ -201,6 +253,8 @@ pub fn simulate_fleet(
             layout,
             believed: belief,
             objective,
+            traces,
+            forecasts: ZoneForecasts::new(traces.len(), comps.pooled.interval_secs as f64),
         };
         let run = simulate_with(&setup, &comps.pooled, range.clone(), strategy, &mut speeds);
         let egress_usd = egress(fleet, layout, &comps.counts, &run, range.start);
@@ -233,7 +287,7 @@ fn best_single_zone(
             .unwrap_or(0);
         let table = fleet.uniform_table(&zone.device, most);
         let setup = setup(fleet, table, lookahead, seed);
-        let strategy = liveput_zone("single-zone-best");
+        let strategy = liveput_zone("single-zone-best", Forecast::Zone);
         let run = super::simulate(&setup, trace, range.clone(), strategy);
         if best.as_ref().is_none_or(|b| run.samples > b.run.samples) {
             let mut node_hours = vec![0.0; traces.len()];
@@ -263,12 +317,12 @@ fn setup(fleet: &Fleet, table: ThroughputTable, lookahead: usize, seed: u64) -> 
     }
 }
 
-/// `liveput-zone`'s rule (the node's default) reported as `name`.
-fn liveput_zone(name: &str) -> Strategy {
+/// `liveput-zone`'s rule (the node's default) reported as `name`, with `forecast`.
+fn liveput_zone(name: &str, forecast: Forecast) -> Strategy {
     Strategy::new(
         name,
         Plan::Liveput {
-            forecast: Forecast::Zone,
+            forecast,
             terminal: true,
         },
     )

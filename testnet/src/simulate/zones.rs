@@ -302,14 +302,7 @@ fn rows(runs: &[FleetRun], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
     let ratio = |x: f64, base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| x / b);
     runs.iter()
         .map(|r| {
-            let cost = prices.map(|p| {
-                r.node_hours
-                    .iter()
-                    .zip(p)
-                    .map(|(h, usd)| h * usd)
-                    .sum::<f64>()
-                    + r.egress_usd
-            });
+            let cost = prices.map(|p| r.cost_usd(p));
             FleetStrategyJson {
                 name: r.run.name.clone(),
                 samples: r.run.samples,
