@@ -15,6 +15,16 @@ pub enum TestnetError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The node binary ran on where a `parcae-node` stops at once (its configuration probe).
+    #[error(
+        "{path} did not stop within {secs} s of reading a configuration with a missing cluster key, as a parcae-node does at once: is it a parcae-node?"
+    )]
+    NodeHung {
+        /// The binary.
+        path: PathBuf,
+        /// How long it was given.
+        secs: u64,
+    },
     /// A node process exited on its own while starting.
     #[error("{node} crashed at start ({exit}); last lines of {log}:\n{tail}")]
     NodeCrashed {

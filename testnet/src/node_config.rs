@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use parcae_testnet::error::TestnetError;
 
@@ -281,10 +282,22 @@ pub fn probe(
     Ok(chosen)
 }
 
+/// Longest a node may take to parse its configuration and stop at the missing key: a real
+/// one takes well under a second; a binary that runs on (not a `parcae-node`, or one that
+/// ignores its key) would hold the testnet forever.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Runs the node on `config` with a missing key file; returns its error output.
 fn run_probe(bin: &Path, dir: &Path, config: &Path) -> Result<String, TestnetError> {
     let missing_key: PathBuf = dir.join("probe-no-such.key");
-    let out = Command::new(bin)
+    let output = dir.join("probe-output.log");
+    let io = |what: &str, source: std::io::Error| TestnetError::Io {
+        what: format!("{what} {}", output.display()),
+        source,
+    };
+    let log = std::fs::File::create(&output).map_err(|e| io("creating", e))?;
+    let log_err = log.try_clone().map_err(|e| io("opening", e))?;
+    let mut child = Command::new(bin)
         .args(["run", "--data-dir"])
         .arg(dir.join("probe-data"))
         .args([
@@ -299,14 +312,31 @@ fn run_probe(bin: &Path, dir: &Path, config: &Path) -> Result<String, TestnetErr
         .arg(config)
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
-        .output()
+        .stdout(log)
+        .stderr(log_err)
+        .spawn()
         .map_err(|e| TestnetError::NodeBinary {
             path: bin.to_path_buf(),
             reason: format!("cannot run it: {e}"),
         })?;
-    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stdout));
-    Ok(text.trim().to_string())
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(TestnetError::NodeHung {
+                    path: bin.to_path_buf(),
+                    secs: PROBE_TIMEOUT.as_secs(),
+                });
+            }
+        }
+    }
+    let text = std::fs::read(&output).map_err(|e| io("reading", e))?;
+    let _ = std::fs::remove_file(&output);
+    Ok(String::from_utf8_lossy(&text).trim().to_string())
 }
 
 #[cfg(test)]

@@ -295,9 +295,33 @@ fn a_node_that_crashes_at_start_is_reported_with_its_log() {
 }
 
 #[test]
+fn a_node_binary_that_runs_on_at_the_probe_is_stopped_and_named() {
+    let dir = scratch("hung");
+    let bin = fake_node(dir.path(), "sleep 120");
+    let started = std::time::Instant::now();
+    let out = testnet(
+        &[
+            "run",
+            "--intervals",
+            "2",
+            "--node-bin",
+            bin.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_error(&out, &["did not stop within 15 s", "is it a parcae-node?"]);
+    // `output()` returns once every holder of the pipes is gone: the probe was killed.
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+}
+
+#[test]
 fn a_port_in_use_is_named() {
     let dir = scratch("port");
-    let bin = fake_node(dir.path(), "sleep 30");
+    // Stops at the configuration probe (as a real node does), runs on when started.
+    let bin = fake_node(
+        dir.path(),
+        "case \"$*\" in *probe-no-such.key*) exit 1;; esac\nsleep 30",
+    );
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let out = testnet(
