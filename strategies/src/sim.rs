@@ -274,15 +274,7 @@ pub fn simulate_with(
             for i in range.clone() {
                 let first = i == range.start;
                 let real = trace.intervals[i];
-                let real_event = if first {
-                    Interval {
-                        nodes: real.nodes,
-                        added: real.nodes,
-                        removed: 0,
-                    }
-                } else {
-                    real
-                };
+                let real_event = trace.seen_at(i, first);
                 let zoned = match forecast {
                     Forecast::Zones => speeds.lookahead(i, first, setup.lookahead),
                     _ => None,

@@ -163,22 +163,10 @@ impl Speeds for FleetSpeeds<'_> {
         let now: Vec<ZoneNow<'_>> = self
             .traces
             .iter()
-            .map(|trace| {
-                let real = trace.intervals[i];
-                ZoneNow {
-                    history: trace.history(i),
-                    first: 0,
-                    // The run's first interval brings every node.
-                    event: if first {
-                        Interval {
-                            nodes: real.nodes,
-                            added: real.nodes,
-                            removed: 0,
-                        }
-                    } else {
-                        real
-                    },
-                }
+            .map(|trace| ZoneNow {
+                history: trace.history(i),
+                first: 0,
+                event: trace.seen_at(i, first),
             })
             .collect();
         let (fleet, layout, objective) = (&mut *self.fleet, self.layout, self.objective);

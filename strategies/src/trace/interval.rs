@@ -117,6 +117,20 @@ impl Trace {
         &self.intervals[..i.min(self.len())]
     }
 
+    /// Interval `i` as a job sees it: in its `first` interval every node arrives.
+    pub fn seen_at(&self, i: usize, first: bool) -> Interval {
+        let real = self.intervals[i];
+        if first {
+            Interval {
+                nodes: real.nodes,
+                added: real.nodes,
+                removed: 0,
+            }
+        } else {
+            real
+        }
+    }
+
     /// The true intervals `i..i+horizon`, cut at the trace end (the oracle's forecast).
     pub fn future(&self, i: usize, horizon: usize) -> &[Interval] {
         let start = i.min(self.len());
