@@ -58,7 +58,11 @@ fn run(dir: PathBuf, count: u64) -> Result<(), Box<dyn std::error::Error>> {
     out.flush()?;
     let start = intervals.last().map_or(0, |v| v + 1);
     for interval in start..start + count {
-        let mut handle = node.propose(&Command::AvailabilityTick { interval, count: 1 })?;
+        let mut handle = node.propose(&Command::AvailabilityTick {
+            interval,
+            count: 1,
+            zones: Vec::new(),
+        })?;
         let outcome = loop {
             node.drive()?;
             if let Some(outcome) = handle.try_outcome() {

@@ -10,8 +10,8 @@ use super::training::{
     StepReport, activate_due_plan, adopt_cut, checkpointed, restore_cut, roll_back, step_committed,
 };
 use super::types::{
-    AvailabilitySample, CutPart, Job, KeyId, LayerCost, Member, MemberStatus, NodeCosts, PeerInfo,
-    Plan, RaftRole, Retired, StageSlot,
+    AvailabilitySample, Capabilities, CutPart, Job, KeyId, LayerCost, Member, MemberStatus,
+    NodeCosts, PeerInfo, Plan, RaftRole, Retired, StageSlot, ZoneCount,
 };
 use crate::ids::NodeId;
 
@@ -24,7 +24,11 @@ pub(super) fn apply(
         Command::Notice { node, deadline_ms } => notice(state, *node, *deadline_ms),
         Command::Lost { node } => lost(state, *node),
         Command::Leave { node } => leave(state, *node),
-        Command::AvailabilityTick { interval, count } => availability(state, *interval, *count),
+        Command::AvailabilityTick {
+            interval,
+            count,
+            zones,
+        } => availability(state, *interval, *count, zones),
         Command::Reconfigure { plan } => reconfigure(state, plan),
         Command::StepCommitted {
             step,
@@ -291,7 +295,9 @@ fn availability(
     state: &mut ControlState,
     interval: u64,
     count: u32,
+    zones: &[ZoneCount],
 ) -> Result<Vec<StateEvent>, Rejection> {
+    check_zone_counts(count, zones).map_err(|reason| Rejection::invalid("zones", reason))?;
     if let Some(last) = state.availability.back()
         && interval <= last.interval
     {
@@ -303,10 +309,44 @@ fn availability(
     if state.availability.len() >= limits::MAX_AVAILABILITY {
         state.availability.pop_front();
     }
-    state
-        .availability
-        .push_back(AvailabilitySample { interval, count });
+    state.availability.push_back(AvailabilitySample {
+        interval,
+        count,
+        zones: zones.to_vec(),
+    });
     Ok(vec![StateEvent::AvailabilityRecorded { interval }])
+}
+
+/// Why `zones` are not `count` nodes by zone, if they are not: at most
+/// [`limits::MAX_SAMPLE_ZONES`] named zones in ascending order, adding up to `count`.
+fn check_zone_counts(count: u32, zones: &[ZoneCount]) -> Result<(), String> {
+    if zones.is_empty() {
+        return Ok(());
+    }
+    if zones.len() > limits::MAX_SAMPLE_ZONES {
+        return Err(format!(
+            "{} zones (at most {})",
+            zones.len(),
+            limits::MAX_SAMPLE_ZONES
+        ));
+    }
+    for z in zones {
+        if z.zone.is_empty() {
+            return Err("a zone without a name".into());
+        }
+        Capabilities::check_label(&z.zone)?;
+    }
+    if let Some(pair) = zones.windows(2).find(|w| w[0].zone >= w[1].zone) {
+        return Err(format!(
+            "{:?} before {:?}: zones go in ascending order, once each",
+            pair[0].zone, pair[1].zone
+        ));
+    }
+    let sum: u64 = zones.iter().map(|z| u64::from(z.nodes)).sum();
+    if sum != u64::from(count) {
+        return Err(format!("{sum} nodes by zone for a count of {count}"));
+    }
+    Ok(())
 }
 
 fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::types::{
-    Cut, Digest32, Job, KeyId, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan,
+    Cut, Digest32, Job, KeyId, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan, ZoneCount,
 };
 use crate::codec::{self, CodecError};
 use crate::ids::NodeId;
@@ -13,7 +13,7 @@ use crate::ids::NodeId;
 pub const MAX_COMMAND_BYTES: usize = 1 << 20;
 
 /// Current version of the command encoding.
-pub const COMMAND_VERSION: u16 = 2;
+pub const COMMAND_VERSION: u16 = 3;
 
 /// A change to the control state. Every node applies the committed sequence of commands in the
 /// same order; [`ControlState::apply`](super::ControlState::apply) is deterministic.
@@ -50,6 +50,9 @@ pub enum Command {
         interval: u64,
         /// Nodes available.
         count: u32,
+        /// The same nodes by zone, in ascending order of name, adding up to `count`; empty when
+        /// some node did not say its zone.
+        zones: Vec<ZoneCount>,
     },
     /// A new plan, effective from `plan.at_step`.
     Reconfigure {

@@ -22,7 +22,7 @@ pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateE
 pub use types::{
     AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LayerRange,
     LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan, Progress,
-    RaftRole, Retired, StageSlot, StepEnd,
+    RaftRole, Retired, StageSlot, StepEnd, ZoneCount,
 };
 
 use crate::codec::{self, CodecError};
@@ -31,7 +31,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 7;
+pub const SNAPSHOT_VERSION: u16 = 8;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {
@@ -47,6 +47,8 @@ pub mod limits {
     pub const MAX_LABEL_BYTES: usize = 64;
     /// Availability samples kept (oldest dropped first).
     pub const MAX_AVAILABILITY: usize = 4096;
+    /// Zones of one availability sample.
+    pub const MAX_SAMPLE_ZONES: usize = 16;
     /// Losses kept (oldest dropped first).
     pub const MAX_RECENT_LOSSES: usize = 256;
     /// Pipeline stages and data-parallel width of a plan.

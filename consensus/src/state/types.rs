@@ -107,22 +107,22 @@ impl Capabilities {
             ("caps.instance_type", &self.instance_type),
             ("caps.device", &self.device),
         ] {
-            if value.len() > super::limits::MAX_LABEL_BYTES {
-                return Err((
-                    field,
-                    format!(
-                        "{} bytes (at most {})",
-                        value.len(),
-                        super::limits::MAX_LABEL_BYTES
-                    ),
-                ));
-            }
-            if let Some(c) = value.chars().find(|c| !Self::allows(*c)) {
-                return Err((
-                    field,
-                    format!("{value:?} has {c:?} (only A-Z a-z 0-9 . _ : / -)"),
-                ));
-            }
+            Self::check_label(value).map_err(|reason| (field, reason))?;
+        }
+        Ok(())
+    }
+
+    /// Why `value` may not be a zone, instance type or device name, if it may not.
+    pub fn check_label(value: &str) -> Result<(), String> {
+        if value.len() > super::limits::MAX_LABEL_BYTES {
+            return Err(format!(
+                "{} bytes (at most {})",
+                value.len(),
+                super::limits::MAX_LABEL_BYTES
+            ));
+        }
+        if let Some(c) = value.chars().find(|c| !Self::allows(*c)) {
+            return Err(format!("{value:?} has {c:?} (only A-Z a-z 0-9 . _ : / -)"));
         }
         Ok(())
     }
@@ -187,12 +187,24 @@ pub struct Member {
 }
 
 /// Number of nodes available during one planning interval.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AvailabilitySample {
     /// Interval number (strictly increasing).
     pub interval: u64,
     /// Nodes available in that interval.
     pub count: u32,
+    /// The same nodes by zone, zones in ascending order of name (empty when some node did not
+    /// say its zone): what a planner over zones forecasts each zone from.
+    pub zones: Vec<ZoneCount>,
+}
+
+/// Nodes available in one zone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneCount {
+    /// The zone's name (`caps.zone` of its members).
+    pub zone: String,
+    /// Its nodes.
+    pub nodes: u32,
 }
 
 /// A node's place in a plan.

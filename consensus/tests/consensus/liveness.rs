@@ -5,7 +5,11 @@ use parcae_consensus::{Command, ReadError, Role};
 use crate::sim::{NetFaults, Sim, test_config};
 
 fn tick_cmd(interval: u64) -> Command {
-    Command::AvailabilityTick { interval, count: 3 }
+    Command::AvailabilityTick {
+        interval,
+        count: 3,
+        zones: Vec::new(),
+    }
 }
 
 /// Proposes `count` commands on the leader, one per tick, and waits until all are acknowledged.

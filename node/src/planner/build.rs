@@ -2,7 +2,9 @@
 //! to the layers each node holds, so survivors keep their stage when they can), and the
 //! availability tick of the next interval.
 
-use parcae_consensus::state::{Plan, StageSlot};
+use std::collections::BTreeMap;
+
+use parcae_consensus::state::{Plan, StageSlot, ZoneCount, limits};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
@@ -119,16 +121,36 @@ pub fn next_interval(state: &ControlState) -> u64 {
     state.availability.back().map_or(0, |s| s.interval + 1)
 }
 
-/// The availability command for the next interval: the count of healthy members, continuing
-/// the replicated sequence (so a new leader goes on where the old one stopped).
+/// The availability command for the next interval: the count of healthy members, and their
+/// count by zone when every one said its zone (what a planner over zones forecasts each zone
+/// from), continuing the replicated sequence (so a new leader goes on where the old one
+/// stopped).
 pub fn availability_tick(state: &ControlState) -> Command {
+    let healthy: Vec<&str> = state
+        .members
+        .values()
+        .filter(|m| m.status.is_healthy())
+        .map(|m| m.peer.caps.zone.as_str())
+        .collect();
+    let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
+    for zone in &healthy {
+        *by_zone.entry(zone).or_default() += 1;
+    }
+    let named = !by_zone.contains_key("") && by_zone.len() <= limits::MAX_SAMPLE_ZONES;
     Command::AvailabilityTick {
         interval: next_interval(state),
-        count: state
-            .members
-            .values()
-            .filter(|m| m.status.is_healthy())
-            .count() as u32,
+        count: healthy.len() as u32,
+        zones: if named {
+            by_zone
+                .into_iter()
+                .map(|(zone, nodes)| ZoneCount {
+                    zone: zone.into(),
+                    nodes,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -178,7 +200,8 @@ mod tests {
             first,
             Command::AvailabilityTick {
                 interval: 0,
-                count: 4
+                count: 4,
+                zones: Vec::new(),
             }
         );
         state.apply(&first).unwrap();
@@ -191,7 +214,59 @@ mod tests {
             availability_tick(&state),
             Command::AvailabilityTick {
                 interval: 1,
-                count: 3
+                count: 3,
+                zones: Vec::new(),
+            }
+        );
+    }
+
+    #[test]
+    fn the_tick_counts_healthy_members_by_zone_when_every_one_names_its_zone() {
+        let mut state = ControlState::default();
+        for (n, zone) in [(1u8, "b"), (2, "a"), (3, "b"), (4, "b")] {
+            let peer = PeerInfo {
+                peer_id: vec![n],
+                caps: parcae_consensus::state::Capabilities {
+                    zone: zone.into(),
+                    ..Default::default()
+                },
+                ..PeerInfo::default()
+            };
+            let node = NodeId::from_peer_bytes(&[n]);
+            state.apply(&Command::Join { node, peer }).unwrap();
+        }
+        state
+            .members
+            .get_mut(&NodeId::from_peer_bytes(&[3]))
+            .unwrap()
+            .status = MemberStatus::Lost;
+        let zone = |zone: &str, nodes| ZoneCount {
+            zone: zone.into(),
+            nodes,
+        };
+        let tick = availability_tick(&state);
+        assert_eq!(
+            tick,
+            Command::AvailabilityTick {
+                interval: 0,
+                count: 3,
+                zones: vec![zone("a", 1), zone("b", 2)],
+            }
+        );
+        state.apply(&tick).unwrap();
+        // A member that does not say its zone: the count alone.
+        let peer = PeerInfo {
+            peer_id: vec![5],
+            ..PeerInfo::default()
+        };
+        let node = NodeId::from_peer_bytes(&[5]);
+        state.apply(&Command::Join { node, peer }).unwrap();
+        assert_eq!(
+            availability_tick(&state),
+            Command::AvailabilityTick {
+                interval: 1,
+                count: 4,
+                zones: Vec::new(),
             }
         );
     }

@@ -1,6 +1,7 @@
 //! The leader's decision, a function of the replicated state and the costs measured in it:
 //! whether the plan must change and, if so, the plan that runs the strategy's choice.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use parcae_consensus::ControlState;
@@ -11,7 +12,7 @@ use parcae_strategies::cost::CostModel;
 use super::build::{build_plan, workers};
 use super::costs::{JobShape, measured};
 use super::settle::departing_from_plan;
-use super::strategy::{Situation, Strategy};
+use super::strategy::{Situation, Strategy, ZonesAt};
 use super::zones::{FleetCache, Zoned};
 use crate::status::{EstimateView, FleetView};
 
@@ -60,6 +61,8 @@ pub fn decide(
     let running = current.map_or(ParallelConfig::IDLE, |p| {
         ParallelConfig::new(p.data_parallel, p.pipeline_stages)
     });
+    let fleets = RefCell::new(fleets);
+    let table_of = |counts: &[u32]| fleets.borrow_mut().table(counts);
     let situation = Situation {
         state,
         cost: &cost,
@@ -67,6 +70,11 @@ pub fn decide(
         running,
         planned: current.is_some(),
         broken,
+        zones: zoned.as_ref().map(|z| ZonesAt {
+            names: z.view.zones.iter().map(|v| v.name.as_str()).collect(),
+            workers: z.view.zones.iter().map(|v| v.nodes).collect(),
+            table_of: &table_of,
+        }),
     };
     let plan = strategy
         .choose(&situation)

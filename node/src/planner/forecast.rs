@@ -1,12 +1,18 @@
 //! What the strategies forecast from: the availability the replicated state records, the
 //! upcoming interval as the cluster observes it, and the two predictors' forecasts after it.
 
-use parcae_consensus::ControlState;
-use parcae_strategies::liveput::Terminal;
-use parcae_strategies::predict::{ForecastInput, NoticeAware, Predictor, ZoneModel, observed};
-use parcae_strategies::trace::Interval;
+use std::sync::Arc;
 
-use super::settle::departing_members;
+use parcae_consensus::ControlState;
+use parcae_strategies::cost::throughput::ThroughputTable;
+use parcae_strategies::liveput::Terminal;
+use parcae_strategies::predict::{
+    ForecastInput, NoticeAware, Predictor, ZoneForecasts, ZoneModel, ZoneNow, observed,
+};
+use parcae_strategies::trace::{Interval, intervals_from_counts};
+
+use super::settle::{departing_members, departure};
+use super::strategy::ZonesAt;
 
 /// A forecast: the count before the upcoming event, the next intervals, and the value of the
 /// cluster past them.
@@ -17,6 +23,9 @@ pub struct Forecast {
     pub future: Vec<Interval>,
     /// What the cluster is worth past the last forecast interval.
     pub terminal: Terminal,
+    /// What each configuration trains at each step, where that depends on more than the
+    /// count (a forecast of each zone); empty: the cost model's table throughout.
+    pub tables: Vec<Arc<ThroughputTable>>,
 }
 
 /// The count before the upcoming event, and the next `lookahead` intervals as the
@@ -54,7 +63,91 @@ pub fn zone_forecast(
         before: n + departing,
         future,
         terminal,
+        tables: Vec::new(),
     }
+}
+
+/// [`zone_forecast`] for workers in several zones (`zones`): each zone forecast by its own model
+/// (`forecasts`, one per zone in `zones`' order) from its recorded availability, with its
+/// upcoming interval observed (its workers present, its members leaving or lost as the
+/// removals), summed, each step valued at the forecast composition's table and the first change
+/// of any zone as the terminal value (`predict::ZoneForecasts`, the simulator's `liveput-zone`
+/// over zones).
+pub fn zones_forecast(
+    forecasts: &mut ZoneForecasts,
+    state: &ControlState,
+    zones: &ZonesAt<'_>,
+    lookahead: usize,
+) -> Option<Forecast> {
+    let (first, histories) = zone_histories(state, &zones.names);
+    let mut before = 0;
+    let mut now = Vec::with_capacity(zones.names.len());
+    for ((name, &nodes), history) in zones.names.iter().zip(&zones.workers).zip(&histories) {
+        let removed = state
+            .members
+            .values()
+            .filter(|m| m.peer.caps.zone == *name && departure(m.status).is_some())
+            .count() as u32;
+        before += nodes + removed;
+        now.push(ZoneNow {
+            history,
+            first,
+            event: Interval {
+                nodes,
+                added: 0,
+                removed,
+            },
+        });
+    }
+    let mut missing = false;
+    let ahead = forecasts.lookahead(&now, lookahead, |counts| {
+        (zones.table_of)(counts).unwrap_or_else(|| {
+            missing = true;
+            Arc::new(ThroughputTable::from_rows([]))
+        })
+    });
+    (!missing).then_some(Forecast {
+        before,
+        future: ahead.future,
+        terminal: ahead.terminal,
+        tables: ahead.tables,
+    })
+}
+
+/// Each of the zones `names`' recorded availability, from the latest run of samples that
+/// count their nodes by zone (a zone a sample does not name had none), and the index of its
+/// first interval.
+pub fn zone_histories(state: &ControlState, names: &[&str]) -> (usize, Vec<Vec<Interval>>) {
+    let by_zone: Vec<_> = state
+        .availability
+        .iter()
+        .rev()
+        .take_while(|s| !s.zones.is_empty())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let first = by_zone
+        .first()
+        .map_or(first_recorded(state) + state.availability.len(), |s| {
+            s.interval as usize
+        });
+    let histories = names
+        .iter()
+        .map(|name| {
+            let counts: Vec<u32> = by_zone
+                .iter()
+                .map(|s| {
+                    s.zones
+                        .iter()
+                        .find(|z| z.zone == *name)
+                        .map_or(0, |z| z.nodes)
+                })
+                .collect();
+            intervals_from_counts(counts.first().copied().unwrap_or(0), counts)
+        })
+        .collect();
+    (first, histories)
 }
 
 /// Parcae's forecast of the next `horizon` intervals from the recorded availability alone:
@@ -118,7 +211,11 @@ mod tests {
         for interval in 0..total as u64 {
             let count = 8 + u32::from(interval >= 3000 && interval % 2 == 1);
             state
-                .apply(&Command::AvailabilityTick { interval, count })
+                .apply(&Command::AvailabilityTick {
+                    interval,
+                    count,
+                    zones: Vec::new(),
+                })
                 .unwrap();
             if interval % 1000 == 0 {
                 zone_forecast(&mut zone, &state, count, 4, 60.0);
@@ -137,7 +234,11 @@ mod tests {
         );
         for interval in total as u64..total as u64 + 30 {
             state
-                .apply(&Command::AvailabilityTick { interval, count: 9 })
+                .apply(&Command::AvailabilityTick {
+                    interval,
+                    count: 9,
+                    zones: Vec::new(),
+                })
                 .unwrap();
         }
         assert!(
@@ -160,7 +261,11 @@ mod tests {
         assert_eq!(first[0].nodes, 12);
         for (interval, count) in [(0, 20), (1, 18), (2, 16), (3, 14)] {
             state
-                .apply(&Command::AvailabilityTick { interval, count })
+                .apply(&Command::AvailabilityTick {
+                    interval,
+                    count,
+                    zones: Vec::new(),
+                })
                 .unwrap();
         }
         assert_eq!(
@@ -179,5 +284,88 @@ mod tests {
             "{later:?}"
         );
         assert!(later[0].nodes <= 16, "{later:?}");
+    }
+
+    #[test]
+    fn each_zone_is_forecast_from_its_own_record_and_its_own_departures() {
+        use parcae_consensus::NodeId;
+        use parcae_consensus::state::{Capabilities, PeerInfo, ZoneCount};
+        let mut state = ControlState::default();
+        let zone = |zone: &str, nodes| ZoneCount {
+            zone: zone.into(),
+            nodes,
+        };
+        // A sample of a cluster not yet named by zone, then three by zone.
+        let ticks = [
+            (6, vec![]),
+            (6, vec![zone("a", 4), zone("b", 2)]),
+            (7, vec![zone("a", 4), zone("b", 3)]),
+            (4, vec![zone("a", 4)]),
+        ];
+        for (interval, (count, zones)) in ticks.into_iter().enumerate() {
+            let tick = Command::AvailabilityTick {
+                interval: interval as u64,
+                count,
+                zones,
+            };
+            state.apply(&tick).unwrap();
+        }
+        let (first, histories) = zone_histories(&state, &["a", "b"]);
+        assert_eq!(first, 1, "from the first sample by zone");
+        let counts = |h: &[Interval]| h.iter().map(|i| i.nodes).collect::<Vec<_>>();
+        assert_eq!(counts(&histories[0]), [4, 4, 4]);
+        assert_eq!(counts(&histories[1]), [2, 3, 0]);
+        assert_eq!(histories[1][2].removed, 3);
+        // Zone b's one member has noticed its preemption; a's four stay.
+        for (n, name) in [(1u8, "a"), (2, "a"), (3, "a"), (4, "a"), (5, "b")] {
+            let peer = PeerInfo {
+                peer_id: vec![n],
+                caps: Capabilities {
+                    zone: name.into(),
+                    ..Capabilities::default()
+                },
+                ..PeerInfo::default()
+            };
+            let node = NodeId::from_peer_bytes(&[n]);
+            state.apply(&Command::Join { node, peer }).unwrap();
+        }
+        let leaving = Command::Notice {
+            node: NodeId::from_peer_bytes(&[5]),
+            deadline_ms: 10_000,
+        };
+        state.apply(&leaving).unwrap();
+        let asked = std::cell::RefCell::new(Vec::new());
+        let table_of = |counts: &[u32]| {
+            asked.borrow_mut().push(counts.to_vec());
+            Some(Arc::new(ThroughputTable::from_rows([])))
+        };
+        let zones = ZonesAt {
+            names: vec!["a", "b"],
+            workers: vec![4, 0],
+            table_of: &table_of,
+        };
+        let mut models = ZoneForecasts::new(2, 60.0);
+        let forecast = zones_forecast(&mut models, &state, &zones, 4).unwrap();
+        assert_eq!(forecast.before, 5);
+        assert_eq!(forecast.future.len(), 4);
+        assert_eq!(
+            (forecast.future[0].nodes, forecast.future[0].removed),
+            (4, 1)
+        );
+        assert_eq!(forecast.tables.len(), 4);
+        assert_eq!(
+            asked.borrow()[0],
+            [4, 0],
+            "the steps are valued at a's four alone"
+        );
+        let gone = |_: &[u32]| -> Option<Arc<ThroughputTable>> { None };
+        let zones = ZonesAt {
+            table_of: &gone,
+            ..zones
+        };
+        assert!(
+            zones_forecast(&mut models, &state, &zones, 4).is_none(),
+            "no fleet to value the steps: the pooled forecast"
+        );
     }
 }

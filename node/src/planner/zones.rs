@@ -20,6 +20,7 @@ use parcae_strategies::cost::links::{Link, Links};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective;
 use parcae_strategies::cost::spec::LayerCost;
+use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::cost::transfer::TransferModel;
 
 use super::costs::{JobShape, reported_layers};
@@ -61,6 +62,8 @@ pub struct FleetCache {
     zone_prices: BTreeMap<String, f64>,
     /// Device hours per wall-clock hour: an emulated device's time scale, else 1.
     time_scale: f64,
+    /// What the plans of the zones seen last are after.
+    planned_for: Option<objective::Objective>,
 }
 
 impl FleetCache {
@@ -73,7 +76,17 @@ impl FleetCache {
             objective,
             zone_prices,
             time_scale,
+            planned_for: None,
         }
+    }
+
+    /// What each configuration trains with `counts[z]` nodes in zone `z` of the zones seen
+    /// last, weighed as their plans are (`None` before any fleet): a look-ahead over zones
+    /// values each step at the composition forecast for it.
+    pub fn table(&mut self, counts: &[u32]) -> Option<Arc<ThroughputTable>> {
+        let objective = self.planned_for.as_ref()?;
+        let fleet = self.fleet.as_mut()?;
+        Some(objective.table(&fleet.plans(Layout::ZoneAware, counts), counts))
     }
 
     /// What the plans over `names` are after: samples per dollar where asked and every zone
@@ -164,6 +177,7 @@ impl FleetCache {
             }
         }
         let objective = self.objective(&names);
+        self.planned_for = Some(objective.clone());
         let fleet = self.fleet.as_mut()?;
         let node_zones: Vec<usize> = workers
             .iter()

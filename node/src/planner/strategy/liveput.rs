@@ -1,18 +1,21 @@
 //! `liveput`: the simulator's node default (`liveput-zone` in `docs/strategies.md`), Parcae's
 //! look-ahead optimizer on the zone model's forecast (persistence plus its time-of-day drift,
 //! known notices folded in), its look-ahead valued past the horizon by the zone's expected
-//! stay.
+//! stay. Over zones, each zone has its own model and each step of the look-ahead is valued at
+//! the composition forecast for it.
 
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::liveput::LiveputOptimizer;
-use parcae_strategies::predict::{NoticeAware, ZoneModel};
+use parcae_strategies::predict::{NoticeAware, ZoneForecasts, ZoneModel};
 
 use super::{Situation, Strategy, look_ahead};
-use crate::planner::forecast::zone_forecast;
+use crate::planner::forecast::{zone_forecast, zones_forecast};
 
 /// The strategy and what it remembers.
 pub struct Liveput {
     zone: NoticeAware<ZoneModel>,
+    /// One model per zone, for the zones named (while the workers are planned over them).
+    zones: Option<(Vec<String>, ZoneForecasts)>,
     optimizer: Option<LiveputOptimizer>,
     lookahead: usize,
     interval_secs: f64,
@@ -23,6 +26,7 @@ impl Liveput {
     pub fn new(lookahead: usize, interval_secs: f64) -> Self {
         Self {
             zone: NoticeAware::new(ZoneModel::new(interval_secs)),
+            zones: None,
             optimizer: None,
             lookahead,
             interval_secs,
@@ -36,13 +40,29 @@ impl Strategy for Liveput {
     }
 
     fn choose(&mut self, at: &Situation<'_>) -> Option<ParallelConfig> {
-        let forecast = zone_forecast(
+        let by_zone = at.zones.as_ref().and_then(|zones| {
+            let known = self
+                .zones
+                .as_ref()
+                .is_some_and(|(names, _)| names.iter().eq(zones.names.iter()));
+            if !known {
+                let names = zones.names.iter().map(|n| n.to_string()).collect();
+                let models = ZoneForecasts::new(zones.names.len(), self.interval_secs);
+                self.zones = Some((names, models));
+            }
+            let (_, models) = self.zones.as_mut()?;
+            zones_forecast(models, at.state, zones, self.lookahead)
+        });
+        // The pooled model learns from every interval, zoned or not, so a cluster that falls
+        // back to one zone goes on with what it knows.
+        let pooled = zone_forecast(
             &mut self.zone,
             at.state,
             at.workers,
             self.lookahead,
             self.interval_secs,
         );
+        let forecast = by_zone.unwrap_or(pooled);
         Some(look_ahead(
             &mut self.optimizer,
             at,
@@ -87,6 +107,7 @@ mod tests {
             let tick = Command::AvailabilityTick {
                 interval: interval as u64,
                 count,
+                zones: Vec::new(),
             };
             state.apply(&tick).unwrap();
         }
@@ -95,6 +116,7 @@ mod tests {
                 before,
                 future,
                 terminal,
+                ..
             } = zone_forecast(&mut zone, state, n, 8, interval_secs);
             assert_eq!(
                 future[0].nodes, n,

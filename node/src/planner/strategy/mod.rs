@@ -13,6 +13,7 @@ use std::sync::Arc;
 use parcae_consensus::ControlState;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::liveput::{LiveputOptimizer, PlanState};
 
 use super::forecast::Forecast;
@@ -31,6 +32,19 @@ pub struct Situation<'a> {
     pub planned: bool,
     /// Whether departures broke the plan in force.
     pub broken: bool,
+    /// The workers' zones, when they are planned over zones.
+    pub zones: Option<ZonesAt<'a>>,
+}
+
+/// The zones the workers are planned over.
+pub struct ZonesAt<'a> {
+    /// Their names, in the fleet's order.
+    pub names: Vec<&'a str>,
+    /// Workers in each.
+    pub workers: Vec<u32>,
+    /// What each configuration trains, as the plans weigh it, with `counts[z]` nodes in zone
+    /// `z` (`None` once the fleet is gone).
+    pub table_of: &'a dyn Fn(&[u32]) -> Option<Arc<ThroughputTable>>,
 }
 
 /// A way of choosing the configuration.
@@ -53,7 +67,7 @@ pub fn look_ahead(
     interval_secs: f64,
 ) -> ParallelConfig {
     let optimizer = optimizer_for(kept, at.cost, interval_secs);
-    let decision = optimizer.decide_with_terminal(
+    let decision = optimizer.decide_with_tables(
         PlanState {
             nodes: forecast.before,
             config: at.running,
@@ -61,6 +75,7 @@ pub fn look_ahead(
         },
         &forecast.future,
         forecast.terminal,
+        &forecast.tables,
     );
     decision.config.clamp_to(at.workers)
 }

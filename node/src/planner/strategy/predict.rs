@@ -52,6 +52,7 @@ impl Strategy for LiveputPredict {
             before: at.workers,
             future: parcae_forecast(arima, at.state, at.workers, self.lookahead),
             terminal: Terminal::default(),
+            tables: Vec::new(),
         };
         Some(look_ahead(
             &mut self.optimizer,
