@@ -11,8 +11,9 @@ use parcae_strategies::cost::CostModel;
 
 use super::build::{build_plan, workers};
 use super::costs::{JobShape, measured};
+use super::forecast::ZonesAt;
 use super::settle::departing_from_plan;
-use super::strategy::{Situation, Strategy, ZonesAt};
+use super::strategy::{Situation, Strategy};
 use super::zones::{FleetCache, Zoned};
 use crate::status::{EstimateView, FleetView};
 

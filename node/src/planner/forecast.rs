@@ -12,7 +12,6 @@ use parcae_strategies::predict::{
 use parcae_strategies::trace::{Interval, intervals_from_counts};
 
 use super::settle::{departing_members, departure};
-use super::strategy::ZonesAt;
 
 /// A forecast: the count before the upcoming event, the next intervals, and the value of the
 /// cluster past them.
@@ -65,6 +64,17 @@ pub fn zone_forecast(
         terminal,
         tables: Vec::new(),
     }
+}
+
+/// The zones the workers are planned over.
+pub struct ZonesAt<'a> {
+    /// Their names, in the fleet's order.
+    pub names: Vec<&'a str>,
+    /// Workers in each.
+    pub workers: Vec<u32>,
+    /// What each configuration trains, as the plans weigh it, with `counts[z]` nodes in zone
+    /// `z` (`None` once the fleet is gone).
+    pub table_of: &'a dyn Fn(&[u32]) -> Option<Arc<ThroughputTable>>,
 }
 
 /// [`zone_forecast`] for workers in several zones (`zones`): each zone forecast by its own model

@@ -13,10 +13,9 @@ use std::sync::Arc;
 use parcae_consensus::ControlState;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
-use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::liveput::{LiveputOptimizer, PlanState};
 
-use super::forecast::Forecast;
+use super::forecast::{Forecast, ZonesAt};
 
 /// What a strategy decides from.
 pub struct Situation<'a> {
@@ -34,17 +33,6 @@ pub struct Situation<'a> {
     pub broken: bool,
     /// The workers' zones, when they are planned over zones.
     pub zones: Option<ZonesAt<'a>>,
-}
-
-/// The zones the workers are planned over.
-pub struct ZonesAt<'a> {
-    /// Their names, in the fleet's order.
-    pub names: Vec<&'a str>,
-    /// Workers in each.
-    pub workers: Vec<u32>,
-    /// What each configuration trains, as the plans weigh it, with `counts[z]` nodes in zone
-    /// `z` (`None` once the fleet is gone).
-    pub table_of: &'a dyn Fn(&[u32]) -> Option<Arc<ThroughputTable>>,
 }
 
 /// A way of choosing the configuration.
