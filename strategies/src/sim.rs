@@ -280,7 +280,14 @@ pub fn simulate_with(
                     _ => None,
                 };
                 let (future, value, tables) = match zoned {
-                    Some(ahead) => (ahead.future, ahead.terminal, ahead.tables),
+                    Some(ahead) => {
+                        let value = if terminal {
+                            ahead.terminal
+                        } else {
+                            Terminal::default()
+                        };
+                        (ahead.future, value, ahead.tables)
+                    }
                     None => {
                         let future = forecast.future(
                             trace,
@@ -300,7 +307,6 @@ pub fn simulate_with(
                         (future, value, Vec::new())
                     }
                 };
-                let value = if terminal { value } else { Terminal::default() };
                 let (planned, actual) = speeds.at(i);
                 opt.set_throughput(planned);
                 let decision = opt.decide_with_tables(now, &future, value, &tables);

@@ -128,25 +128,19 @@ pub fn zones_forecast(
 /// count their nodes by zone (a zone a sample does not name had none), and the index of its
 /// first interval.
 pub fn zone_histories(state: &ControlState, names: &[&str]) -> (usize, Vec<Vec<Interval>>) {
-    let by_zone: Vec<_> = state
+    // The latest run of samples by zone: after the last one without zones.
+    let start = state
         .availability
         .iter()
-        .rev()
-        .take_while(|s| !s.zones.is_empty())
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    let first = by_zone
-        .first()
-        .map_or(first_recorded(state) + state.availability.len(), |s| {
-            s.interval as usize
-        });
+        .rposition(|s| s.zones.is_empty())
+        .map_or(0, |i| i + 1);
+    let by_zone = state.availability.range(start..);
+    let first = first_recorded(state) + start;
     let histories = names
         .iter()
         .map(|name| {
             let counts: Vec<u32> = by_zone
-                .iter()
+                .clone()
                 .map(|s| {
                     s.zones
                         .iter()

@@ -9,7 +9,7 @@
 //!   the step waits for the slowest pipeline, and each stage's all-reduce ring crosses every
 //!   zone used, at the pace of its slowest link;
 //! * **mixed pipelines**: every pipeline holds `k_a` stages in zone `a` and `k_b` in zone `b` (the same for every
-//!   pipeline), its layers split unevenly over the kinds by [`mixed::arrange_two`], so each
+//!   pipeline), its layers split unevenly over the kinds by `mixed::arrange_two`, so each
 //!   stage's replicas share a zone and its all-reduce never leaves it; only the activations
 //!   cross zones, once per zone boundary of a pipeline.
 //!

@@ -79,7 +79,7 @@ fn stage_on(
 
 /// Stage bounds `[0, b1, ..., L]` of one pipeline whose stage `s` runs on `devices[s]`: each
 /// stage holds at least one layer and fits its device, and the slowest stage's forward plus
-/// backward of one micro-batch is the least any such split gives ([`Splits::search`]). `None`
+/// backward of one micro-batch is the least any such split gives (`Splits::search`). `None`
 /// when no split fits, or with more stages than layers.
 pub fn balanced_bounds(spec: &ModelSpec, devices: &[&DeviceCosts]) -> Option<Vec<usize>> {
     let (layers, p) = (spec.layers.len(), devices.len());
@@ -163,7 +163,7 @@ pub(crate) fn arrange_two(a: Part<'_>, b: Part<'_>) -> Option<(bool, Vec<usize>)
 }
 
 /// The stage order and bounds of one pipeline of `a.1` stages on `a.0` and `b.1` on `b.0`, in
-/// the better block order ([`arrange_two`]), each kind at least one stage; `None` when neither
+/// the better block order (`arrange_two`), each kind at least one stage; `None` when neither
 /// order fits. What [`arrange`] finds for two kinds, with two split searches per kind instead
 /// of one per order.
 pub fn arrange_pair<'a>(
