@@ -100,6 +100,18 @@ pub trait Collective {
     /// Replaces `values` by their element-wise mean over every replica (each replica ends with
     /// identical values).
     fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error>;
+
+    /// The same reduction, entered at `entered` on an emulated accelerator's timeline: returns
+    /// the latest entry of any replica, where the emulated reduction starts (a replica that
+    /// arrives last holds up the others). Replicas that cannot tell answer their own entry.
+    fn all_reduce_mean_entered(
+        &mut self,
+        values: &mut [f32],
+        entered: u64,
+    ) -> Result<u64, Self::Error> {
+        self.all_reduce_mean(values)?;
+        Ok(entered)
+    }
 }
 
 /// What one step of a stage trains on: micro-batch `i` is `batch(i)` (asked for only by the

@@ -1,5 +1,10 @@
 //! Ring all-reduce (reduce-scatter then all-gather) of f32 gradients over data-plane channels,
 //! so each replica sends and receives `2 (n - 1) / n` of the buffer whatever the group size.
+//!
+//! Every chunk also carries the latest entry into the reduction its sender has heard of: each
+//! member enters with its place on an emulated accelerator's timeline (0 on a real device), and
+//! after the `n - 1` steps of the reduce-scatter every member knows the latest of them, where
+//! the emulated ring starts (`crate::emulate::PacedCollective`).
 
 use tokio::try_join;
 
@@ -35,43 +40,54 @@ fn header(round: Round, seq: u32) -> Header {
     }
 }
 
-fn frame(round: Round, seq: u32, values: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + values.len() * 4);
+/// Bytes of the latest entry a chunk carries after its header.
+const ENTRY_LEN: usize = 8;
+
+fn frame(round: Round, seq: u32, latest: u64, values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + ENTRY_LEN + values.len() * 4);
     header(round, seq).encode_into(&mut out);
+    out.extend_from_slice(&latest.to_le_bytes());
     for v in values {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out
 }
 
+/// The latest entry and the values of chunk `seq` of `round`, which must hold `want` values.
 fn unframe(
     round: Round,
     seq: u32,
     bytes: &[u8],
     want: usize,
-) -> Result<impl Iterator<Item = f32> + '_, DataplaneError> {
+) -> Result<(u64, impl Iterator<Item = f32> + '_), DataplaneError> {
     let payload = header(round, seq).expect(bytes)?;
-    if payload.len() != want * 4 {
+    if payload.len() != ENTRY_LEN + want * 4 {
         return Err(DataplaneError::Protocol(format!(
             "all-reduce chunk of {} bytes, expected {}",
             payload.len(),
-            want * 4
+            ENTRY_LEN + want * 4
         )));
     }
-    Ok(payload
+    let (entry, values) = payload.split_at(ENTRY_LEN);
+    let mut latest = [0u8; ENTRY_LEN];
+    latest.copy_from_slice(entry);
+    let values = values
         .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    Ok((u64::from_le_bytes(latest), values))
 }
 
 /// Replace `values` by their mean over the ring (every member ends with identical bytes).
+/// This member enters at `entered` on its timeline; returns the latest entry of any member.
 pub async fn all_reduce_mean(
     values: &mut [f32],
     links: RingLinks<'_>,
     round: Round,
-) -> Result<(), DataplaneError> {
+    entered: u64,
+) -> Result<u64, DataplaneError> {
     let n = links.size;
     if n <= 1 {
-        return Ok(());
+        return Ok(entered);
     }
     let RingLinks {
         rank, next, prev, ..
@@ -82,6 +98,7 @@ pub async fn all_reduce_mean(
         round,
         seq: 0,
         parts: n,
+        latest: entered,
     };
     // Reduce-scatter: after n-1 steps member r holds the full sum of chunk (r + 1) mod n.
     for k in 0..n - 1 {
@@ -97,7 +114,7 @@ pub async fn all_reduce_mean(
     for v in values.iter_mut() {
         *v *= scale;
     }
-    Ok(())
+    Ok(ring.latest)
 }
 
 /// One member's position in a running all-reduce.
@@ -107,6 +124,8 @@ struct Ring<'a, 'b> {
     round: Round,
     seq: u32,
     parts: usize,
+    /// The latest entry heard of so far.
+    latest: u64,
 }
 
 impl Ring<'_, '_> {
@@ -120,15 +139,17 @@ impl Ring<'_, '_> {
         combine: impl Fn(&mut f32, f32),
     ) -> Result<(), DataplaneError> {
         let len = values.len();
-        let max = (HEADER_LEN + (len / self.parts + 1) * 4) as u64;
+        let max = (HEADER_LEN + ENTRY_LEN + (len / self.parts + 1) * 4) as u64;
         let out = frame(
             self.round,
             self.seq,
+            self.latest,
             &values[chunk_range(len, self.parts, send)],
         );
         let (_, got) = try_join!(self.next.send(&out), self.prev.recv(max))?;
         let r = chunk_range(len, self.parts, recv);
-        let incoming = unframe(self.round, self.seq, &got, r.len())?;
+        let (latest, incoming) = unframe(self.round, self.seq, &got, r.len())?;
+        self.latest = self.latest.max(latest);
         for (v, x) in values[r].iter_mut().zip(incoming) {
             combine(v, x);
         }
@@ -200,13 +221,18 @@ mod tests {
                         next: &mut next,
                         prev: &mut prev,
                     };
-                    all_reduce_mean(&mut v, l, round).await.unwrap();
-                    v
+                    // Entries 100, 107, 101, 108, ...: every member learns the latest.
+                    let entered = 100 + (rank as u64 % 2) * 7 + rank as u64 / 2;
+                    let latest = all_reduce_mean(&mut v, l, round, entered).await.unwrap();
+                    (v, latest)
                 }));
             }
             let mut results = Vec::new();
             for t in tasks {
-                results.push(t.await.unwrap());
+                let (v, latest) = t.await.unwrap();
+                let expected = (0..n as u64).map(|r| 100 + (r % 2) * 7 + r / 2).max();
+                assert_eq!(Some(latest), expected, "latest entry of {n}");
+                results.push(v);
             }
             for r in &results {
                 assert_eq!(r, &results[0], "replicas differ");

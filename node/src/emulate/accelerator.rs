@@ -123,6 +123,10 @@ impl Pacing for Accelerator {
         })
     }
 
+    fn committed(&self, ended: u64) {
+        self.pacer.received(ended);
+    }
+
     fn optimizer(
         &self,
         layers: Range<usize>,
@@ -244,6 +248,21 @@ mod tests {
         assert_eq!(slow.forward_ms, 100.0);
         assert!(device.measured(&cpu(50, 0.1), 1).is_err());
         assert_eq!(device.view().busy_secs, 0.0);
+    }
+
+    #[test]
+    fn a_commit_seen_late_is_owed_from_the_step_s_end() {
+        let device = Accelerator::new(Emulation::new("gpt-1.5b", 2.0).unwrap());
+        let pacer = device.pacer();
+        pacer.after(Duration::ZERO, Duration::ZERO);
+        let ended = pacer.stamp();
+        // The host took 60 ms to commit the step: owed, not added to the emulated step.
+        std::thread::sleep(Duration::from_millis(60));
+        device.committed(ended);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now = u64::try_from(now.unwrap().as_nanos()).unwrap();
+        let owed = Duration::from_nanos(now.saturating_sub(pacer.stamp()));
+        assert!(owed >= Duration::from_millis(50), "{owed:?}");
     }
 
     #[test]

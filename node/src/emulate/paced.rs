@@ -8,7 +8,10 @@
 //! Every activation and gradient carries its sender's place on the emulated timeline (the
 //! last 8 bytes, [`Pacer::stamp`]), and its receiver resumes from there ([`Pacer::received`]):
 //! the time the host takes to deliver a message between processes is owed and repaid from
-//! the next waits rather than added to every pipeline crossing.
+//! the next waits rather than added to every pipeline crossing. The same holds for the other
+//! exchanges of a step: the clipping norm's messages along the pipeline are stamped
+//! ([`StepPacing::stamped`]), and the emulated ring starts at the latest replica's entry
+//! (`Collective::all_reduce_mean_entered`), not when the host's exchange ends.
 
 use std::time::Duration;
 
@@ -38,6 +41,28 @@ impl<'a> StepPacing<'a> {
         PacedCollective {
             inner,
             clock: self.clock,
+        }
+    }
+
+    /// This node's place on the emulated timeline now (`None` on a real device).
+    pub fn stamp(&self) -> Option<u64> {
+        self.clock.map(|(_, pacer)| pacer.stamp())
+    }
+
+    /// `bytes` to send to a neighbour outside the 1F1B schedule, stamped on an emulated device.
+    pub fn stamped(&self, bytes: Vec<u8>) -> Vec<u8> {
+        match self.clock {
+            Some((_, pacer)) => stamped(bytes, pacer),
+            None => bytes,
+        }
+    }
+
+    /// `bytes` received from a neighbour outside the 1F1B schedule, unstamped and the receipt
+    /// reported on an emulated device.
+    pub fn unstamped(&self, bytes: Vec<u8>) -> Result<Vec<u8>, ModelError> {
+        match self.clock {
+            Some((_, pacer)) => unstamped(bytes, pacer),
+            None => Ok(bytes),
         }
     }
 }
@@ -156,10 +181,12 @@ impl<C: Collective> Collective for PacedCollective<'_, C> {
     type Error = C::Error;
 
     fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error> {
-        self.inner.all_reduce_mean(values)?;
-        if let Some((stage, pacer)) = self.clock {
-            pacer.after_sync(stage.all_reduce);
-        }
+        let Some((stage, pacer)) = self.clock else {
+            return self.inner.all_reduce_mean(values);
+        };
+        let latest = self.inner.all_reduce_mean_entered(values, pacer.stamp())?;
+        pacer.received(latest);
+        pacer.after_sync(stage.all_reduce);
         Ok(())
     }
 }
@@ -261,6 +288,54 @@ mod tests {
             .recv_activation(0)
             .unwrap_err();
         assert!(err.to_string().contains("is every node emulated"), "{err}");
+    }
+
+    /// A ring whose latest replica entered at a given place on the emulated timeline.
+    struct EnteredAt(u64);
+
+    impl Collective for EnteredAt {
+        type Error = ModelError;
+        fn all_reduce_mean(&mut self, _: &mut [f32]) -> Result<(), ModelError> {
+            Ok(())
+        }
+        fn all_reduce_mean_entered(&mut self, _: &mut [f32], _: u64) -> Result<u64, ModelError> {
+            Ok(self.0)
+        }
+    }
+
+    fn now_nanos() -> u64 {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        u64::try_from(now.unwrap().as_nanos()).unwrap()
+    }
+
+    #[test]
+    fn the_ring_starts_at_the_latest_entry_and_what_the_host_added_is_owed() {
+        let pacer = Pacer::new(Arc::new(Overrun::default()));
+        pacer.after(Duration::ZERO, Duration::ZERO);
+        // Every replica entered 100 ms ago and the host's exchange took until now: the 25 ms
+        // ring ended 75 ms ago on the emulated cluster, so nothing is waited and 75 ms is owed
+        // to the next waits (waiting out the ring from now would lose 100 ms a step).
+        let entered = now_nanos() - 100_000_000;
+        std::thread::sleep(Duration::from_millis(100));
+        PacedCollective::new(&mut EnteredAt(entered), stage(), &pacer)
+            .all_reduce_mean(&mut [1.0])
+            .unwrap();
+        let owed = Duration::from_nanos(now_nanos().saturating_sub(pacer.stamp()));
+        assert!(owed >= Duration::from_millis(60), "{owed:?}");
+    }
+
+    #[test]
+    fn a_message_outside_the_schedule_is_stamped_only_on_an_emulated_device() {
+        let pacer = Pacer::new(Arc::new(Overrun::default()));
+        let clock = Some((stage(), &pacer));
+        let emulated = StepPacing { clock };
+        let sent = emulated.stamped(vec![4, 2]);
+        assert_eq!(sent.len(), 2 + STAMP_LEN);
+        assert_eq!(emulated.unstamped(sent).unwrap(), vec![4, 2]);
+        let real = StepPacing::default();
+        assert_eq!(real.stamped(vec![4, 2]), vec![4, 2]);
+        assert_eq!(real.unstamped(vec![4, 2]).unwrap(), vec![4, 2]);
+        assert_eq!(real.stamp(), None);
     }
 
     #[test]

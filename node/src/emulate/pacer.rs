@@ -179,9 +179,10 @@ impl Pacer {
         clock.last_end = Some(woke);
     }
 
-    /// After an exchange with peers, whose real time is mostly waiting for the slowest of them
-    /// (as on the emulated cluster, where the exchange starts when the last one arrives): the
-    /// exchange's emulated time in full. Waiting is not work, so it is never an overrun.
+    /// After an exchange with peers, which on the emulated cluster starts when the last of them
+    /// arrives: its emulated time, from where the node resumed once the real exchange ended
+    /// (the receipt of the latest entry, [`Pacer::received`], owes what the host added).
+    /// Waiting is not work, so it is never an overrun.
     pub fn after_sync(&self, emulated: Duration) {
         Overrun::add(&self.overrun.busy_ns, emulated);
         self.wait(Instant::now(), emulated);

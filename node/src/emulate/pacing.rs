@@ -54,6 +54,14 @@ pub trait Pacing: Send + Sync {
         crossings: Crossings,
     ) -> Result<StepPacing<'_>, EmulationError>;
 
+    /// A step that ended at `ended` on this device's emulated timeline ([`StepPacing::stamp`])
+    /// has just been seen committed. On the emulated cluster the commit takes a raft round
+    /// trip within a zone, milliseconds that the cost model leaves out beside a step's
+    /// seconds; where many nodes share the host's cores it takes tens of them, so the node
+    /// resumes from the step's end as from a message's stamp ([`Pacer::received`]), owing the
+    /// difference to its next waits.
+    fn committed(&self, ended: u64);
+
     /// After the optimizer update of `layers`, which took `real`.
     fn optimizer(
         &self,
@@ -99,6 +107,8 @@ impl Pacing for RealTime {
     ) -> Result<StepPacing<'_>, EmulationError> {
         Ok(StepPacing::default())
     }
+
+    fn committed(&self, _: u64) {}
 
     fn optimizer(&self, _: Range<usize>, _: u32, _: Duration) -> Result<(), EmulationError> {
         Ok(())

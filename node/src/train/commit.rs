@@ -102,6 +102,9 @@ pub fn train_step<M: PipelineModel>(
         current.stage.clear_grads();
         return Err(TrainError::Superseded(k));
     }
+    if let Some(ended) = result.ended {
+        setup.pacing.committed(ended);
+    }
     let committed = started.elapsed();
     current.stage.optimizer_step(result.global_sq_norm)?;
     setup.pacing.optimizer(

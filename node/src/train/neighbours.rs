@@ -114,13 +114,23 @@ impl Collective for RingCollective<'_, '_> {
     type Error = TrainError;
 
     fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), TrainError> {
+        self.all_reduce_mean_entered(values, 0).map(drop)
+    }
+
+    fn all_reduce_mean_entered(
+        &mut self,
+        values: &mut [f32],
+        entered: u64,
+    ) -> Result<u64, TrainError> {
         let links = RingLinks {
             rank: self.ring.rank,
             size: self.ring.size,
             next: &mut self.ring.next,
             prev: &mut self.ring.prev,
         };
-        self.waiter
-            .wait("all-reduce", all_reduce_mean(values, links, self.round))
+        self.waiter.wait(
+            "all-reduce",
+            all_reduce_mean(values, links, self.round, entered),
+        )
     }
 }

@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parcae_consensus::ControlState;
 use parcae_consensus::state::{Digest32, StageSlot};
@@ -58,6 +58,8 @@ pub struct StepResult {
     pub global_sq_norm: f64,
     /// At the last stage of pipeline 0: what to commit.
     pub report: Option<StepReport>,
+    /// Where the step ended on an emulated device's timeline ([`StepPacing::stamp`]).
+    pub ended: Option<u64>,
 }
 
 /// What the last stage of pipeline 0 reports of a step.
@@ -131,6 +133,7 @@ fn run_inner<M: PipelineModel>(
         spec.crossings,
     )?;
     let links = &mut *io.links;
+    let began = Instant::now();
     let mut neighbours = LinkNeighbours {
         waiter: &w,
         round,
@@ -143,6 +146,7 @@ fn run_inner<M: PipelineModel>(
         position,
         &mut batches,
     )?;
+    let scheduled = began.elapsed();
     let validation_loss = (!samples.held_out.is_empty()).then_some(losses.validation);
     let last = position.is_last();
     let loss = match links.ring.as_mut() {
@@ -156,7 +160,18 @@ fn run_inner<M: PipelineModel>(
         }
         None => Some(losses.train),
     };
-    let (global_sq_norm, digests) = global_norm(&mut neighbours, stage, spec, position)?;
+    let reduced = began.elapsed();
+    let (global_sq_norm, digests) = global_norm(&mut neighbours, stage, spec, position, pacing)?;
+    // Where a step's wall time goes outside its paced work: the exchanges after the schedule
+    // wait on every replica and every stage, and on the emulated accelerator on the host too.
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    tracing::debug!(
+        step = spec.step,
+        schedule_ms = ms(scheduled),
+        all_reduce_ms = ms(reduced - scheduled),
+        norm_ms = ms(began.elapsed() - reduced),
+        "step parts"
+    );
     Ok(StepResult {
         global_sq_norm,
         report: (last && spec.slot.pipeline == 0).then(|| StepReport {
@@ -164,6 +179,7 @@ fn run_inner<M: PipelineModel>(
             validation_loss,
             stage_digests: digests,
         }),
+        ended: pacing.stamp(),
     })
 }
 
@@ -263,20 +279,22 @@ fn reduce_gradients<M: PipelineModel>(
     Ok(loss)
 }
 
-/// The global norm: partial sums (and digests) towards the last stage, the total back. Returns
-/// the total and, at the last stage, every stage's digest (none when some stage had none).
+/// The global norm: partial sums (and digests) towards the last stage, the total back, each
+/// message stamped on an emulated device. Returns the total and, at the last stage, every
+/// stage's digest (none when some stage had none).
 fn global_norm<M: PipelineModel>(
     neighbours: &mut LinkNeighbours<'_, '_>,
     stage: &Stage<M>,
     spec: &StepSpec,
     position: StagePosition,
+    pacing: StepPacing<'_>,
 ) -> Result<(f64, Vec<Digest32>), TrainError> {
     let s = spec.slot.stage as usize;
     let (first, last) = (position.is_first(), position.is_last());
     let (partial, mut digests) = if first {
         (0.0, Vec::new())
     } else {
-        let up = neighbours.recv(Side::Prev, MsgKind::NormUp, 0)?;
+        let up = pacing.unstamped(neighbours.recv(Side::Prev, MsgKind::NormUp, 0)?)?;
         parse_norm_up(&up, s)?
     };
     match spec.digest {
@@ -287,16 +305,13 @@ fn global_norm<M: PipelineModel>(
     let total = if last {
         partial
     } else {
-        neighbours.send(
-            Side::Next,
-            MsgKind::NormUp,
-            0,
-            &norm_up_payload(partial, &digests),
-        )?;
-        parse_norm(&neighbours.recv(Side::Next, MsgKind::NormDown, 0)?)?
+        let up = pacing.stamped(norm_up_payload(partial, &digests));
+        neighbours.send(Side::Next, MsgKind::NormUp, 0, &up)?;
+        parse_norm(&pacing.unstamped(neighbours.recv(Side::Next, MsgKind::NormDown, 0)?)?)?
     };
     if !first {
-        neighbours.send(Side::Prev, MsgKind::NormDown, 0, &total.to_le_bytes())?;
+        let down = pacing.stamped(total.to_le_bytes().to_vec());
+        neighbours.send(Side::Prev, MsgKind::NormDown, 0, &down)?;
     }
     Ok((total, digests))
 }
