@@ -259,8 +259,7 @@ mod tests {
         // The host took 60 ms to commit the step: owed, not added to the emulated step.
         std::thread::sleep(Duration::from_millis(60));
         device.committed(ended);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        let now = u64::try_from(now.unwrap().as_nanos()).unwrap();
+        let now = crate::emulate::pacer::wall_nanos();
         let owed = Duration::from_nanos(now.saturating_sub(pacer.stamp()));
         assert!(owed >= Duration::from_millis(50), "{owed:?}");
     }

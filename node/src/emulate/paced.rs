@@ -195,6 +195,7 @@ impl<C: Collective> Collective for PacedCollective<'_, C> {
 mod tests {
     use super::*;
     use crate::emulate::Overrun;
+    use crate::emulate::pacer::wall_nanos;
     use parcae_model::ModelError;
     use std::sync::Arc;
     use std::time::Instant;
@@ -303,11 +304,6 @@ mod tests {
         }
     }
 
-    fn now_nanos() -> u64 {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        u64::try_from(now.unwrap().as_nanos()).unwrap()
-    }
-
     #[test]
     fn the_ring_starts_at_the_latest_entry_and_what_the_host_added_is_owed() {
         let pacer = Pacer::new(Arc::new(Overrun::default()));
@@ -315,12 +311,12 @@ mod tests {
         // Every replica entered 100 ms ago and the host's exchange took until now: the 25 ms
         // ring ended 75 ms ago on the emulated cluster, so nothing is waited and 75 ms is owed
         // to the next waits (waiting out the ring from now would lose 100 ms a step).
-        let entered = now_nanos() - 100_000_000;
+        let entered = wall_nanos() - 100_000_000;
         std::thread::sleep(Duration::from_millis(100));
         PacedCollective::new(&mut EnteredAt(entered), stage(), &pacer)
             .all_reduce_mean(&mut [1.0])
             .unwrap();
-        let owed = Duration::from_nanos(now_nanos().saturating_sub(pacer.stamp()));
+        let owed = Duration::from_nanos(wall_nanos().saturating_sub(pacer.stamp()));
         assert!(owed >= Duration::from_millis(60), "{owed:?}");
     }
 

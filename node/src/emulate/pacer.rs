@@ -60,7 +60,7 @@ pub fn lag_on_receipt(lag: Duration, gap: Duration, late: Duration) -> Duration 
 
 /// The wall clock as nanoseconds since the Unix epoch: the one clock that the nodes of a host
 /// share (and hosts share as well as they are synchronised).
-fn wall_nanos() -> u64 {
+pub(crate) fn wall_nanos() -> u64 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
