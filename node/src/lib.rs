@@ -42,14 +42,15 @@
 //! because its TLS handshake would bypass the admission upgrade.
 //!
 //! Behaviours: connection limits, identify, ping, gossipsub (signed, strict validation, 100 ms
-//! heartbeat; a notice is accepted only if its signer is the node it names) and
-//! request-response on `/parcae/control/1.0.0` carrying [`wire::ControlMessage`]s (raft bytes,
-//! proposals from non-leaders/non-members) in length-prefixed frames bounded before allocation
+//! heartbeat; a notice is accepted only if its signer is the node it names) and one
+//! long-lived stream per peer and direction on `/parcae/control/2.0.0` ([`net::control_streams`],
+//! on `libp2p-stream`) carrying [`wire::ControlMessage`]s (raft bytes, proposals from
+//! non-leaders/non-members) in length-prefixed frames bounded before allocation
 //! ([`net::codec`]). Oversized frames, undecodable messages and malformed or forged raft
 //! messages disconnect the sender.
 //!
-//! Bulk tensors do not share these connections: a bulk transfer raised request-response round
-//! trips 20x in the prototype, and noise+yamux tops out far below the 1.25 GB/s goal. They go
+//! Bulk tensors do not share these connections: a bulk transfer raised control round trips 20x
+//! in the prototype, and noise+yamux tops out far below the 1.25 GB/s goal. They go
 //! over the data plane ([`dataplane`]: raw TCP with AES-GCM records keyed by a Noise handshake
 //! that proves the cluster key), leaving this swarm to control traffic.
 //!

@@ -51,6 +51,7 @@ metrics! {
     control_frames_in_total: Counter => "Control frames received.",
     control_frames_out_total: Counter => "Control frames sent.",
     control_send_failures_total: Counter => "Control frames that could not be delivered.",
+    control_streams_in_total: Counter => "Control streams peers opened to this node (one a peer while its stream lasts).",
     bad_input_disconnects_total: Counter => "Peers disconnected for malformed or oversized input.",
     notices_published_total: Counter => "Preemption notices this node gossiped.",
     notices_received_total: Counter => "Valid preemption notices received from peers.",

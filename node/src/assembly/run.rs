@@ -209,8 +209,9 @@ impl Actors {
     ) {
         let events = self.handle.driver().clone().recipient();
         let (listen, seeds, net_metrics) = (self.listen, self.seeds, self.metrics.clone());
+        let limits = self.config.net_limits();
         let net = Network::start_in_arbiter(&net_arbiter.handle(), move |_| {
-            Network::new(swarm, listen, seeds, events, net_metrics)
+            Network::new(swarm, listen, seeds, events, net_metrics, &limits)
         });
         let (driver_config, driver_status, metrics) =
             (self.config.clone(), self.status.clone(), self.metrics);

@@ -159,7 +159,8 @@ pub struct NetConfig {
     pub max_connections: u32,
     /// Milliseconds allowed for a connection handshake.
     pub handshake_timeout_ms: u64,
-    /// Milliseconds allowed for one control request.
+    /// Milliseconds allowed to open a control stream to a peer, or to write the frames waiting
+    /// for it; past this they are dropped and the peer reported unreachable to raft.
     pub request_timeout_ms: u64,
 }
 

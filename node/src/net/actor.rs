@@ -18,17 +18,18 @@ use futures::StreamExt;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify, request_response};
+use libp2p::{Multiaddr, PeerId, Swarm, gossipsub, identify};
 
 use super::admission::AdmissionError;
-use super::codec::{ControlAck, ControlRequest};
+use super::codec::CONTROL_PROTOCOL;
+use super::control_streams::{OversizedFrame, Readers, Senders, StreamLimits};
 use super::log_limit::LogLimit;
 use super::messages::{
     DialBack, DisconnectPeer, KeepConnected, NetEvent, PublishNotice, RefusePeers, SendControl,
 };
 use super::seed_dialer::{REDIAL_MAX, REDIAL_MIN, SeedDialer, SeedSource, ip_port};
 use super::seeds::{MAX_RESOLVED, Seed, SeedHost};
-use super::swarm::{Behaviour, BehaviourEvent, NOTICE_TOPIC};
+use super::swarm::{Behaviour, BehaviourEvent, NOTICE_TOPIC, NetLimits};
 use crate::metrics::Metrics;
 use crate::notices::Notice;
 use crate::retry::Retry;
@@ -61,6 +62,10 @@ pub struct Network {
     refused_log: LogLimit<IpAddr>,
     /// Dials refused for another cluster key logged, per address.
     wrong_key_log: LogLimit<Multiaddr>,
+    /// The control streams' writers.
+    senders: Senders,
+    /// The largest control frame accepted.
+    max_control_frame: u32,
 }
 
 /// Whether a transport error is the admission handshake's verdict that the keys differ.
@@ -94,8 +99,16 @@ impl Network {
         seeds: SeedSource,
         events: Recipient<NetEvent>,
         metrics: Arc<Metrics>,
+        limits: &NetLimits,
     ) -> Self {
+        let streams = StreamLimits {
+            max_frame: limits.max_control_frame,
+            timeout: limits.request_timeout,
+        };
+        let control = swarm.behaviour().control.new_control();
         Self {
+            senders: Senders::new(control, streams, events.clone(), metrics.clone()),
+            max_control_frame: limits.max_control_frame,
             swarm,
             listen,
             events,
@@ -245,6 +258,7 @@ impl Network {
                 tracing::debug!(peer = %peer_id, ?cause, "connection closed");
                 if num_established == 0 {
                     self.connected.remove(&peer_id);
+                    self.senders.forget(&peer_id);
                     self.metrics
                         .peers_connected
                         .set(self.connected.len() as u64);
@@ -291,30 +305,6 @@ impl Network {
 
     fn on_behaviour_event(&mut self, event: BehaviourEvent) {
         match event {
-            BehaviourEvent::Control(request_response::Event::Message { peer, message, .. }) => {
-                match message {
-                    request_response::Message::Request {
-                        request, channel, ..
-                    } => self.on_control_request(peer, request, channel),
-                    request_response::Message::Response { .. } => {}
-                }
-            }
-            BehaviourEvent::Control(request_response::Event::OutboundFailure {
-                peer,
-                error,
-                ..
-            }) => {
-                self.metrics.control_send_failures_total.inc();
-                tracing::debug!(%peer, "control frame not delivered: {error}");
-                self.events.do_send(NetEvent::SendFailed(peer));
-            }
-            BehaviourEvent::Control(request_response::Event::InboundFailure {
-                peer,
-                error,
-                ..
-            }) => {
-                tracing::debug!(%peer, "inbound control stream failed: {error}");
-            }
             BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 propagation_source,
                 message_id,
@@ -326,33 +316,6 @@ impl Network {
                 tracing::warn!(peer = %peer_id, version = %info.protocol_version, "peer runs another protocol version");
             }
             _ => {}
-        }
-    }
-
-    fn on_control_request(
-        &mut self,
-        peer: PeerId,
-        request: ControlRequest,
-        channel: request_response::ResponseChannel<ControlAck>,
-    ) {
-        match request {
-            ControlRequest::Frame(frame) => {
-                self.metrics.control_frames_in_total.inc();
-                let _ = self
-                    .swarm
-                    .behaviour_mut()
-                    .control
-                    .send_response(channel, ControlAck::Accepted);
-                self.events.do_send(NetEvent::Control { from: peer, frame });
-            }
-            ControlRequest::Oversized { len } => {
-                let _ = self
-                    .swarm
-                    .behaviour_mut()
-                    .control
-                    .send_response(channel, ControlAck::Rejected);
-                self.disconnect(peer, &format!("oversized control frame of {len} bytes"));
-            }
         }
     }
 
@@ -432,6 +395,27 @@ impl Actor for Network {
             }
         }
         ctx.spawn(SwarmDriver);
+        match self
+            .swarm
+            .behaviour()
+            .control
+            .new_control()
+            .accept(CONTROL_PROTOCOL)
+        {
+            Ok(incoming) => {
+                let readers = Readers {
+                    events: self.events.clone(),
+                    oversized: ctx.address().recipient(),
+                    metrics: self.metrics.clone(),
+                    max_frame: self.max_control_frame,
+                };
+                actix::spawn(readers.accept(incoming));
+            }
+            Err(e) => {
+                tracing::error!("cannot accept control streams: {e}");
+                System::current().stop_with_code(2);
+            }
+        }
         self.redial(ctx);
         ctx.run_interval(REDIAL_CHECK, |act, ctx| act.redial(ctx));
     }
@@ -442,11 +426,24 @@ impl Handler<SendControl> for Network {
 
     fn handle(&mut self, msg: SendControl, _: &mut Context<Self>) {
         self.metrics.control_frames_out_total.inc();
-        let addrs = self.wanted.get(&msg.to).cloned().unwrap_or_default();
-        self.swarm
-            .behaviour_mut()
-            .control
-            .send_request_with_addresses(&msg.to, ControlRequest::Frame(msg.frame), addrs);
+        if self.connected.contains(&msg.to) {
+            self.senders.send(msg.to, msg.frame);
+        } else {
+            // The redial of wanted peers brings the connection back; raft sends again.
+            self.metrics.control_send_failures_total.inc();
+            self.events.do_send(NetEvent::SendFailed(msg.to));
+        }
+    }
+}
+
+impl Handler<OversizedFrame> for Network {
+    type Result = ();
+
+    fn handle(&mut self, msg: OversizedFrame, _: &mut Context<Self>) {
+        self.disconnect(
+            msg.from,
+            &format!("oversized control frame of {} bytes", msg.len),
+        );
     }
 }
 

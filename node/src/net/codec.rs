@@ -1,183 +1,104 @@
-//! Length-prefixed raw frames for the control request-response protocol.
+//! Length-prefixed frames of the control protocol (raft messages and forwarded proposals).
 //!
-//! A request is a 4-byte big-endian length and that many bytes; the length is checked against
-//! the configured maximum *before* anything is allocated. An oversized frame is not an I/O error
-//! (libp2p would drop the stream silently, without telling the behaviour who sent it): it is
-//! returned as [`ControlRequest::Oversized`] so that the network actor can log it and disconnect
-//! the sender. The response is a single status byte.
+//! A frame is a 4-byte big-endian length and that many bytes; a control stream carries one
+//! frame after another. The length is checked against the configured maximum *before* anything
+//! is allocated. An oversized frame is not an I/O error: it is returned as
+//! [`Inbound::Oversized`] so that the network actor can log it and disconnect the sender.
 
 use std::io;
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::StreamProtocol;
 
-/// Protocol id of the control channel (raft messages and forwarded proposals).
-pub const CONTROL_PROTOCOL: StreamProtocol = StreamProtocol::new("/parcae/control/1.0.0");
+/// Protocol id of the control channel: one long-lived stream per peer and direction, frames
+/// back to back (version 1 was a request-response exchange per frame).
+pub const CONTROL_PROTOCOL: StreamProtocol = StreamProtocol::new("/parcae/control/2.0.0");
 
-/// An inbound or outbound control request.
+/// What the next frame on a control stream turned out to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ControlRequest {
+pub enum Inbound {
     /// A frame within the size limit.
     Frame(Vec<u8>),
-    /// A frame whose announced length exceeds the limit; its body was not read. Only produced
-    /// when reading; writing it is refused.
+    /// A frame whose announced length exceeds the limit; its body was not read.
     Oversized {
         /// The length the peer announced.
         len: u32,
     },
 }
 
-/// The single-byte answer to a control request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlAck {
-    /// The frame was received and handed to the node.
-    Accepted,
-    /// The frame was refused (oversized or unparsable).
-    Rejected,
+/// Reads the next frame of at most `max_frame` bytes; a stream that ends between frames or
+/// within one is an error (`UnexpectedEof`).
+pub async fn read_frame<T>(io: &mut T, max_frame: u32) -> io::Result<Inbound>
+where
+    T: AsyncRead + Unpin,
+{
+    let mut len = [0u8; 4];
+    io.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len);
+    if len > max_frame {
+        return Ok(Inbound::Oversized { len });
+    }
+    let mut buf = vec![0u8; len as usize];
+    io.read_exact(&mut buf).await?;
+    Ok(Inbound::Frame(buf))
 }
 
-/// The codec; cloned per connection by libp2p.
-#[derive(Debug, Clone)]
-pub struct ControlCodec {
-    max_frame: u32,
-}
-
-impl ControlCodec {
-    /// A codec accepting frames up to `max_frame` bytes.
-    pub fn new(max_frame: u32) -> Self {
-        Self { max_frame }
-    }
-}
-
-#[async_trait::async_trait]
-impl libp2p::request_response::Codec for ControlCodec {
-    type Protocol = StreamProtocol;
-    type Request = ControlRequest;
-    type Response = ControlAck;
-
-    async fn read_request<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-    ) -> io::Result<ControlRequest>
-    where
-        T: AsyncRead + Unpin + Send,
-    {
-        let mut len = [0u8; 4];
-        io.read_exact(&mut len).await?;
-        let len = u32::from_be_bytes(len);
-        if len > self.max_frame {
-            return Ok(ControlRequest::Oversized { len });
-        }
-        let mut buf = vec![0u8; len as usize];
-        io.read_exact(&mut buf).await?;
-        Ok(ControlRequest::Frame(buf))
-    }
-
-    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<ControlAck>
-    where
-        T: AsyncRead + Unpin + Send,
-    {
-        let mut status = [0u8; 1];
-        io.read_exact(&mut status).await?;
-        match status[0] {
-            0 => Ok(ControlAck::Accepted),
-            1 => Ok(ControlAck::Rejected),
-            other => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unknown control ack {other}"),
-            )),
-        }
-    }
-
-    async fn write_request<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: ControlRequest,
-    ) -> io::Result<()>
-    where
-        T: AsyncWrite + Unpin + Send,
-    {
-        let ControlRequest::Frame(bytes) = req else {
-            return Err(io::Error::new(
+/// Writes one frame (not flushed); a frame over `max_frame` bytes is refused before anything
+/// is written.
+pub async fn write_frame<T>(io: &mut T, frame: &[u8], max_frame: u32) -> io::Result<()>
+where
+    T: AsyncWrite + Unpin,
+{
+    let len = u32::try_from(frame.len())
+        .ok()
+        .filter(|len| *len <= max_frame)
+        .ok_or_else(|| {
+            io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "an oversized marker cannot be sent",
-            ));
-        };
-        let len = u32::try_from(bytes.len())
-            .ok()
-            .filter(|len| *len <= self.max_frame)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("frame of {} bytes exceeds {}", bytes.len(), self.max_frame),
-                )
-            })?;
-        io.write_all(&len.to_be_bytes()).await?;
-        io.write_all(&bytes).await?;
-        io.close().await
-    }
-
-    async fn write_response<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: ControlAck,
-    ) -> io::Result<()>
-    where
-        T: AsyncWrite + Unpin + Send,
-    {
-        let status = match res {
-            ControlAck::Accepted => 0u8,
-            ControlAck::Rejected => 1u8,
-        };
-        io.write_all(&[status]).await?;
-        io.close().await
-    }
+                format!("frame of {} bytes exceeds {max_frame}", frame.len()),
+            )
+        })?;
+    io.write_all(&len.to_be_bytes()).await?;
+    io.write_all(frame).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use futures::io::Cursor;
-    use libp2p::request_response::Codec;
 
     fn run<F: std::future::Future>(f: F) -> F::Output {
         futures::executor::block_on(f)
     }
 
     #[test]
-    fn frame_round_trip_and_limit() {
-        let mut codec = ControlCodec::new(8);
+    fn frames_follow_one_another_and_the_limit_holds() {
         let mut wire = Cursor::new(Vec::new());
-        run(codec.write_request(
-            &CONTROL_PROTOCOL,
-            &mut wire,
-            ControlRequest::Frame(b"hello".to_vec()),
-        ))
-        .unwrap();
+        run(write_frame(&mut wire, b"hello", 8)).unwrap();
+        run(write_frame(&mut wire, b"", 8)).unwrap();
+        run(write_frame(&mut wire, b"world!", 8)).unwrap();
+        assert!(run(write_frame(&mut wire, &[0; 9], 8)).is_err());
         wire.set_position(0);
-        let got = run(codec.read_request(&CONTROL_PROTOCOL, &mut wire)).unwrap();
-        assert_eq!(got, ControlRequest::Frame(b"hello".to_vec()));
-
-        let too_big = ControlRequest::Frame(vec![0; 9]);
-        assert!(
-            run(codec.write_request(&CONTROL_PROTOCOL, &mut Cursor::new(Vec::new()), too_big))
-                .is_err()
-        );
+        for want in [&b"hello"[..], b"", b"world!"] {
+            assert_eq!(
+                run(read_frame(&mut wire, 8)).unwrap(),
+                Inbound::Frame(want.to_vec())
+            );
+        }
+        let end = run(read_frame(&mut wire, 8)).unwrap_err();
+        assert_eq!(end.kind(), io::ErrorKind::UnexpectedEof);
 
         let mut header = Cursor::new(u32::MAX.to_be_bytes().to_vec());
-        let got = run(codec.read_request(&CONTROL_PROTOCOL, &mut header)).unwrap();
-        assert_eq!(got, ControlRequest::Oversized { len: u32::MAX });
+        assert_eq!(
+            run(read_frame(&mut header, 8)).unwrap(),
+            Inbound::Oversized { len: u32::MAX }
+        );
     }
 
     #[test]
-    fn truncated_frame_and_bad_ack_are_errors() {
-        let mut codec = ControlCodec::new(64);
+    fn a_truncated_frame_is_an_error() {
         let mut wire = Cursor::new(vec![0, 0, 0, 10, 1, 2]);
-        assert!(run(codec.read_request(&CONTROL_PROTOCOL, &mut wire)).is_err());
-        let mut ack = Cursor::new(vec![7]);
-        assert!(run(codec.read_response(&CONTROL_PROTOCOL, &mut ack)).is_err());
+        let err = run(read_frame(&mut wire, 64)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 }

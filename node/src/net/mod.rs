@@ -3,6 +3,7 @@
 pub mod actor;
 pub mod admission;
 pub mod codec;
+pub mod control_streams;
 pub mod log_limit;
 pub mod messages;
 pub mod seed_dialer;

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
-use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{
     Swarm, SwarmBuilder, Transport, allow_block_list, connection_limits, gossipsub, identify,
@@ -16,7 +15,6 @@ use libp2p::{
 };
 
 use super::admission::AdmitThenMux;
-use super::codec::{CONTROL_PROTOCOL, ControlCodec};
 use crate::keyring::KeyRing;
 
 /// Gossipsub topic of preemption notices.
@@ -40,7 +38,7 @@ pub struct NetLimits {
     pub max_pending_incoming: u32,
     /// Time allowed for TCP connect + noise + admission + yamux.
     pub handshake_timeout: Duration,
-    /// Time allowed for one control request round trip.
+    /// Time allowed to open a control stream, or to write the frames waiting for it.
     pub request_timeout: Duration,
     /// Gossipsub heartbeat: drives mesh repair after peers vanish.
     pub gossip_heartbeat: Duration,
@@ -75,8 +73,9 @@ pub struct Behaviour {
     pub ping: ping::Behaviour,
     /// Signed notices.
     pub gossipsub: gossipsub::Behaviour,
-    /// Raft messages and forwarded proposals.
-    pub control: request_response::Behaviour<ControlCodec>,
+    /// Raft messages and forwarded proposals, on one stream per peer and direction
+    /// ([`super::control_streams`]).
+    pub control: libp2p_stream::Behaviour,
 }
 
 /// Why the swarm could not be built.
@@ -131,13 +130,6 @@ fn behaviour(key: &Keypair, limits: &NetLimits) -> Result<Behaviour, Box<dyn Err
     )?;
     gossipsub.subscribe(&gossipsub::IdentTopic::new(NOTICE_TOPIC))?;
 
-    let control = request_response::Behaviour::with_codec(
-        ControlCodec::new(limits.max_control_frame),
-        [(CONTROL_PROTOCOL, ProtocolSupport::Full)],
-        request_response::Config::default()
-            .with_request_timeout(limits.request_timeout)
-            .with_max_concurrent_streams(256),
-    );
     let conn_limits = connection_limits::ConnectionLimits::default()
         .with_max_established(Some(limits.max_connections))
         .with_max_established_per_peer(Some(limits.max_connections_per_peer))
@@ -151,7 +143,7 @@ fn behaviour(key: &Keypair, limits: &NetLimits) -> Result<Behaviour, Box<dyn Err
         ),
         ping: ping::Behaviour::new(ping::Config::new()),
         gossipsub,
-        control,
+        control: libp2p_stream::Behaviour::new(),
     })
 }
 
