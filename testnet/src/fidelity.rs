@@ -11,6 +11,9 @@
 //!   plan to ready, as the slowest node measured it) and the refill (ready to the first step of
 //!   the new plan committed, less one steady step of it), beside the simulator's charge for
 //!   that interval.
+//! * The job's start: the replay's start to the first committed step, less one steady step (the
+//!   cluster forming and entering its first plan), booked to the first interval, where the
+//!   simulator charges the start as a restart.
 //! * Per configuration: the steady throughput measured (spans of one plan after its first
 //!   committed step) and the cost model's.
 //! * The gap, in samples, as a sum of terms: the configuration (the model's rate of the
@@ -63,6 +66,10 @@ pub struct Fidelity {
     pub time_scale: f64,
     /// Every replayed interval.
     pub intervals: Vec<IntervalLedger>,
+    /// The job's start: seconds from the replay's start to the first committed step, less one
+    /// steady step of its configuration (a stall of the first interval).
+    #[serde(default)]
+    pub start_secs: f64,
     /// Every reconfiguration of the running job.
     pub reconfigurations: Vec<StallLedger>,
     /// Every configuration the cluster trained in.
@@ -182,6 +189,7 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         let per_sec = steady.get(&c).map_or_else(|| rate(c), |&(s, t)| s / t);
         if per_sec > 0.0 { batch / per_sec } else { 0.0 }
     };
+    let start_secs = start_secs(inputs.timeline, step_secs).min(inputs.interval_secs);
     let charged = |i: usize| {
         inputs
             .simulated
@@ -213,10 +221,11 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         simulated_before = inputs.simulated.cumulative[i];
         let held = held_longest(inputs.timeline, start, end);
         let chosen = inputs.simulated.configs[i];
+        let started = if i == 0 { start_secs } else { 0.0 };
         let stalled_secs = stalls
             .iter()
             .filter(|s| s.interval == i as u64)
-            .fold(0.0, |sum, s| sum + s.stalled_secs)
+            .fold(started, |sum, s| sum + s.stalled_secs)
             .min(interval);
         let charged_secs = charged(i);
         let model_rate = held.map_or(0.0, rate);
@@ -253,6 +262,7 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
     Fidelity {
         time_scale: inputs.time_scale,
         intervals,
+        start_secs,
         reconfigurations: stalls,
         throughput,
         gap,
@@ -367,6 +377,19 @@ fn steady_throughput(
     acc
 }
 
+/// Seconds from the replay's start to its first committed step, less one steady step of the
+/// configuration that committed it (`step_secs`); 0 without a step.
+fn start_secs(timeline: &[Sample], step_secs: impl Fn(ParallelConfig) -> f64) -> f64 {
+    let Some(first) = timeline.iter().find(|s| s.samples > 0) else {
+        return 0.0;
+    };
+    let step = first
+        .config
+        .filter(|&(d, _)| d > 0)
+        .map_or(0.0, |(d, p)| step_secs(ParallelConfig::new(d, p)));
+    (first.t - step).max(0.0)
+}
+
 /// Samples per committed step over the timeline (the global batch; 0 without steps).
 fn samples_per_step(timeline: &[Sample]) -> f64 {
     let (samples, steps) = training_pairs(timeline)
@@ -418,10 +441,11 @@ pub fn summary(strategy: &str, f: &Fidelity) -> String {
     // A fold from +0.0: an empty `sum()` of floats is -0.0, which would print as such.
     let sum = |g: fn(&StallLedger) -> f64| f.reconfigurations.iter().map(g).fold(0.0, |a, v| a + v);
     format!(
-        "fidelity ({strategy}): measured - simulated = {:+.0} samples = {}; stalls: detection \
-         {:.1} s, restart {:.1} s, refill {:.1} s against {:.1} s charged",
+        "fidelity ({strategy}): measured - simulated = {:+.0} samples = {}; stalls: start {:.1} s, \
+         detection {:.1} s, restart {:.1} s, refill {:.1} s against {:.1} s charged",
         f.gap.gap,
         terms.join(", "),
+        f.start_secs,
         sum(|s| s.detection_secs),
         sum(|s| s.restart_secs),
         sum(|s| s.refill_secs),

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use parcae_strategies::ParallelConfig;
-use parcae_strategies::cost::analytic::Hardware;
+use parcae_strategies::cost::analytic::{Hardware, stage_allreduce_ms};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::profile::{ProfileError, emulated};
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
@@ -41,10 +41,6 @@ pub enum EmulationError {
         end: usize,
     },
 }
-
-/// Bytes per parameter of the gradients the emulated replicas all-reduce: Parcae's runs train
-/// in mixed precision and reduce fp16 gradients (as `strategies::cost::analytic` does).
-const GRAD_BYTES_PER_PARAM: f64 = 2.0;
 
 /// The emulated model on the emulated hardware, at a time scale.
 #[derive(Debug, Clone)]
@@ -266,13 +262,14 @@ impl Emulation {
         replicas: u32,
         crossings: Crossings,
     ) -> Result<EmulatedStage, EmulationError> {
+        // The first stage of several also reduces the tied embedding with the last one's.
+        let first_of_several = layers.start == 0 && layers.end < self.layers();
         let entries = self.entries(layers)?;
         let per_sample = self.per_sample(micro_batch);
         let sum = |f: fn(&parcae_strategies::cost::spec::LayerCost) -> f64| {
             entries.iter().map(f).sum::<f64>()
         };
         let params = sum(|l| l.params);
-        let grad_bytes = params * GRAD_BYTES_PER_PARAM;
         let boundary = |across: bool| {
             self.ms(self
                 .link_for(across)
@@ -284,13 +281,26 @@ impl Emulation {
             optimizer: self.ms(sum(|l| l.optimizer_ms)),
             to_next: boundary(crossings.next),
             to_prev: boundary(crossings.prev),
-            all_reduce: self.ms(ring_all_reduce_ms(
-                self.link_for(crossings.ring),
-                grad_bytes,
+            all_reduce: self.ms(stage_allreduce_ms(
+                &self.spec,
+                params,
                 replicas,
+                first_of_several,
+                self.allreduce_mb_per_ms(crossings.ring),
             )),
             state: self.ms(self.link.cost_ms(self.spec.state_bytes(params))),
         })
+    }
+
+    /// The all-reduce rate of a ring within a zone (the hardware's, as the simulator has it),
+    /// or of one that spans zones (the cloud's link between them, as the zone-aware planner
+    /// has it), MiB per ms.
+    fn allreduce_mb_per_ms(&self, across: bool) -> f64 {
+        if across {
+            Links::default().across.mib_per_ms()
+        } else {
+            self.hardware.allreduce_mb_per_ms
+        }
     }
 
     /// The link within a zone, or the one between zones.
@@ -419,19 +429,11 @@ fn across_zones() -> TransferModel {
     }
 }
 
-/// A ring all-reduce of `bytes` among `replicas`: `2 (n - 1)` rounds, each moving a `1/n`
-/// chunk between neighbours (reduce-scatter, then all-gather); nothing for one replica.
-fn ring_all_reduce_ms(link: &TransferModel, bytes: f64, replicas: u32) -> f64 {
-    if replicas <= 1 {
-        return 0.0;
-    }
-    let n = f64::from(replicas);
-    2.0 * (n - 1.0) * link.cost_ms(bytes / n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIB: f64 = 1024.0 * 1024.0;
 
     fn ms(d: Duration) -> f64 {
         d.as_secs_f64() * 1000.0
@@ -447,13 +449,17 @@ mod tests {
         assert!((ms(s.forward) - (0.752 + 6.0 * 6.51)).abs() < 1e-6);
         assert!((ms(s.backward) - (0.798 + 6.0 * 13.448)).abs() < 1e-6);
         assert!((ms(s.optimizer) - (5.655 + 6.0 * 2.117)).abs() < 1e-6);
-        assert_eq!(s.all_reduce, Duration::ZERO);
+        // Without replicas the first stage still reduces its gradients with the last stage's
+        // (the tied embedding, spec 2.4): a ring of two at 1.25 MiB/ms; a middle stage not.
+        let params = 82_124_800.0 + 6.0 * 30_740_800.0;
+        let tied = params * 2.0 / MIB / 1.25;
+        assert!((ms(s.all_reduce) - tied).abs() < 1e-6);
+        assert_eq!(e.stage(7..13, 1, 1).unwrap().all_reduce, Duration::ZERO);
         // The boundary activation (1024 x 1600 f32 = 6.25 MiB) on the 10 Gb/s curve.
         let link = TransferModel::Profiled10Gbps.cost_ms(1024.0 * 1600.0 * 4.0);
         assert!((ms(s.to_next) - link).abs() < 1e-6);
         assert_eq!(s.to_prev, s.to_next);
         // Weights and two Adam moments, f32.
-        let params = 82_124_800.0 + 6.0 * 30_740_800.0;
         let state = TransferModel::Profiled10Gbps.cost_ms(params * 12.0);
         assert!((ms(s.state) - state).abs() < 1e-6);
     }
@@ -467,9 +473,11 @@ mod tests {
         assert!((ms(a.forward) / ms(b.forward) - 4.0).abs() < 1e-9);
         let double = one.stage(1..2, 2, 1).unwrap();
         assert!((ms(double.forward) / ms(a.forward) - 2.0).abs() < 1e-9);
+        // Four replicas of one block: 2 (n - 1) / n of its fp16 gradients at 1.25 MiB/ms, the
+        // cost model's ring (spec 2.4).
         let ring = one.stage(1..2, 1, 4).unwrap();
-        let chunk = TransferModel::Profiled10Gbps.cost_ms(30_740_800.0 * 2.0 / 4.0);
-        assert!((ms(ring.all_reduce) - 6.0 * chunk).abs() < 1e-6);
+        let reduced = 30_740_800.0 * 2.0 / MIB / 1.25 * 1.5;
+        assert!((ms(ring.all_reduce) - reduced).abs() < 1e-6);
     }
 
     #[test]
@@ -483,12 +491,13 @@ mod tests {
         };
         let s = e.stage_crossing(1..9, 1, 3, crossing).unwrap();
         let across = across_zones();
-        // 5 Gb/s and 0.5 ms: the activation, and every round of the ring's.
+        // 5 Gb/s and 0.5 ms: the activation; the ring at 5 Gb/s.
         let activation = across.cost_ms(1024.0 * 1600.0 * 4.0) / 2.0;
         assert!((ms(s.to_next) - activation).abs() < 1e-6);
         assert_eq!(s.to_prev, within.to_prev);
-        let chunk = 8.0 * 30_740_800.0 * 2.0 / 3.0;
-        assert!((ms(s.all_reduce) - 4.0 * across.cost_ms(chunk) / 2.0).abs() < 1e-6);
+        let five_gbit = 5e9 / 8.0 / MIB / 1000.0;
+        let reduced = 8.0 * 30_740_800.0 * 2.0 / MIB / five_gbit * 4.0 / 3.0;
+        assert!((ms(s.all_reduce) - reduced / 2.0).abs() < 1e-6);
         assert!(s.to_next > within.to_next && s.all_reduce > within.all_reduce);
         assert_eq!((s.forward, s.backward), (within.forward, within.backward));
         // A holder in another zone sends its state over that link too.

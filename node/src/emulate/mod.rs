@@ -1,7 +1,8 @@
 //! The emulated accelerator: a node trains a real (narrow) Burn stage and waits out the rest
 //! of what the emulated model would take on the emulated GPU cluster, from the profiled tables
 //! that `parcae-strategies` embeds (per-layer forward, backward and optimizer times, the
-//! 10 Gb/s transfer curve).
+//! 10 Gb/s transfer curve, the cost model's ring all-reduce): the hardware the simulator plans
+//! for.
 //!
 //! Real work runs first; pacing waits only for the remainder, and a remainder below zero is
 //! an overrun, counted and never hidden ([`Overrun`]). Every emulated duration is divided by

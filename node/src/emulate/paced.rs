@@ -1,14 +1,16 @@
 //! The pacing decorators: a stage's neighbours and its collective as the emulated hardware
 //! would serve them (on a real device, [`StepPacing`] without a clock, they pass straight
-//! through). Computation is paced when the driver reports it (`computed`), transfers
-//! before they leave, the all-reduce after the real one: the real exchange ends when the last
+//! through). Computation is paced when the driver reports it (`computed`), transfers by
+//! their receiver, the all-reduce after the real one: the real exchange ends when the last
 //! replica arrived, where the emulated ring starts, so each replica then waits the ring's
 //! whole time.
 //!
-//! Every activation and gradient carries its sender's place on the emulated timeline (the
-//! last 8 bytes, [`Pacer::stamp`]), and its receiver resumes from there ([`Pacer::received`]):
-//! the time the host takes to deliver a message between processes is owed and repaid from
-//! the next waits rather than added to every pipeline crossing. The same holds for the other
+//! Every activation and gradient carries its emulated arrival (the last 8 bytes: its
+//! sender's place on the emulated timeline, [`Pacer::stamp`], plus the link's time,
+//! [`arrival`]), and its receiver resumes from there ([`Pacer::received`]): the sender goes on
+//! computing while the link carries it, and the time the host takes to deliver a message
+//! between processes is owed and repaid from the next waits rather than added to every
+//! pipeline crossing. The same holds for the other
 //! exchanges of a step: the clipping norm's messages along the pipeline are stamped
 //! ([`StepPacing::stamped`]), and the emulated ring starts at the latest replica's entry
 //! (`Collective::all_reduce_mean_entered`), not when the host's exchange ends.
@@ -18,7 +20,7 @@ use std::time::Duration;
 use parcae_model::{Collective, ModelError, Neighbours, Op};
 
 use super::costs::EmulatedStage;
-use super::pacer::Pacer;
+use super::pacer::{Pacer, arrival};
 use super::pacing::StepPacing;
 
 impl<'a> StepPacing<'a> {
@@ -30,6 +32,7 @@ impl<'a> StepPacing<'a> {
         PacedNeighbours {
             inner,
             clock: self.clock,
+            free: LinksFree::default(),
         }
     }
 
@@ -41,6 +44,17 @@ impl<'a> StepPacing<'a> {
         PacedCollective {
             inner,
             clock: self.clock,
+        }
+    }
+
+    /// The reduction of a stage without replicas: the first stage of several still reduces the
+    /// tied embedding with the last stage on the emulated hardware (its `all_reduce`; nothing
+    /// for any other stage), which this node's model, untied, does not exchange.
+    pub fn reduced_alone(&self) {
+        if let Some((stage, pacer)) = self.clock
+            && !stage.all_reduce.is_zero()
+        {
+            pacer.after_sync(stage.all_reduce);
         }
     }
 
@@ -71,6 +85,15 @@ impl<'a> StepPacing<'a> {
 pub struct PacedNeighbours<'a, N> {
     inner: &'a mut N,
     clock: Option<(EmulatedStage, &'a Pacer)>,
+    free: LinksFree,
+}
+
+/// Until when each emulated link to a neighbour carries what was last sent on it (wall-clock
+/// nanoseconds, as [`Pacer::stamp`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct LinksFree {
+    next: u64,
+    prev: u64,
 }
 
 impl<'a, N> PacedNeighbours<'a, N> {
@@ -79,6 +102,7 @@ impl<'a, N> PacedNeighbours<'a, N> {
         Self {
             inner,
             clock: Some((stage, pacer)),
+            free: LinksFree::default(),
         }
     }
 }
@@ -87,9 +111,21 @@ impl<'a, N> PacedNeighbours<'a, N> {
 const STAMP_LEN: usize = 8;
 
 /// `bytes` with the sender's emulated time appended.
-fn stamped(mut bytes: Vec<u8>, pacer: &Pacer) -> Vec<u8> {
-    bytes.extend_from_slice(&pacer.stamp().to_le_bytes());
+fn stamped(bytes: Vec<u8>, pacer: &Pacer) -> Vec<u8> {
+    stamped_at(bytes, pacer.stamp())
+}
+
+/// `bytes` with their emulated arrival `at` appended.
+fn stamped_at(mut bytes: Vec<u8>, at: u64) -> Vec<u8> {
+    bytes.extend_from_slice(&at.to_le_bytes());
     bytes
+}
+
+/// `bytes` sent now by `pacer`'s node over a link that takes `link` and carries earlier
+/// messages until `free`, stamped with their emulated arrival (which then holds the link).
+fn sent_over(bytes: Vec<u8>, pacer: &Pacer, link: Duration, free: &mut u64) -> Vec<u8> {
+    *free = arrival(pacer.stamp(), *free, link);
+    stamped_at(bytes, *free)
 }
 
 /// A received message without its stamp, the receipt reported to `pacer`.
@@ -125,13 +161,11 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     }
 
     fn send_activation(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
-        let inner = &mut *self.inner;
-        match self.clock {
-            Some((stage, pacer)) => pacer.transfer(stage.to_next, || {
-                inner.send_activation(mb, stamped(bytes, pacer))
-            }),
-            None => inner.send_activation(mb, bytes),
-        }
+        let bytes = match self.clock {
+            Some((stage, pacer)) => sent_over(bytes, pacer, stage.to_next, &mut self.free.next),
+            None => bytes,
+        };
+        self.inner.send_activation(mb, bytes)
     }
 
     fn recv_grad(&mut self, mb: usize) -> Result<Option<Vec<u8>>, Self::Error> {
@@ -140,13 +174,11 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     }
 
     fn send_grad(&mut self, mb: usize, bytes: Vec<u8>) -> Result<(), Self::Error> {
-        let inner = &mut *self.inner;
-        match self.clock {
-            Some((stage, pacer)) => {
-                pacer.transfer(stage.to_prev, || inner.send_grad(mb, stamped(bytes, pacer)))
-            }
-            None => inner.send_grad(mb, bytes),
-        }
+        let bytes = match self.clock {
+            Some((stage, pacer)) => sent_over(bytes, pacer, stage.to_prev, &mut self.free.prev),
+            None => bytes,
+        };
+        self.inner.send_grad(mb, bytes)
     }
 
     fn computed(&mut self, op: Op, real: Duration) -> Result<(), Self::Error> {
@@ -249,26 +281,42 @@ mod tests {
     }
 
     #[test]
-    fn a_forward_then_its_activation_take_the_emulated_times() {
+    fn a_forward_holds_its_sender_and_the_activation_only_its_receiver() {
         let overrun = Arc::new(Overrun::default());
         let pacer = Pacer::new(overrun.clone());
         let mut inner = Clocked::default();
+        let link = Duration::from_millis(500);
+        let slow_link = EmulatedStage {
+            to_next: link,
+            ..stage()
+        };
         let started = Instant::now();
-        {
-            let mut paced = PacedNeighbours::new(&mut inner, stage(), &pacer);
-            paced
-                .computed(Op::Forward(0), Duration::from_millis(1))
-                .unwrap();
-            paced.send_activation(0, vec![1]).unwrap();
-        }
-        let (mb, at) = inner.sent[0];
-        assert_eq!(mb, 0);
-        // 30 ms of forward (1 of them real, reported as already spent) and 20 ms of link.
-        assert!(at.duration_since(started) >= Duration::from_millis(49));
+        let mut paced = PacedNeighbours::new(&mut inner, slow_link, &pacer);
+        paced
+            .computed(Op::Forward(0), Duration::from_millis(1))
+            .unwrap();
+        paced.send_activation(0, vec![1]).unwrap();
+        paced.send_activation(1, vec![2]).unwrap();
+        // 30 ms of forward (1 of them real, reported as already spent); the link carries the
+        // activations while the sender goes on (it used to wait the link's 500 ms first).
+        let sent = started.elapsed();
+        assert!(sent >= Duration::from_millis(29), "{sent:?}");
+        assert!(sent < Duration::from_millis(400), "{sent:?}");
         let s = overrun.snapshot();
-        assert!((s.busy_secs - 0.050).abs() < 1e-9, "{s:?}");
+        assert!((s.busy_secs - 0.030).abs() < 1e-9, "{s:?}");
+        // The link carries one at a time: the second arrives a link's time after the first.
+        let arrival = |bytes: &Vec<u8>| {
+            u64::from_le_bytes(bytes[bytes.len() - STAMP_LEN..].try_into().unwrap())
+        };
+        let (first, second) = (arrival(&inner.wire[0]), arrival(&inner.wire[1]));
+        assert_eq!(second - first, link.as_nanos() as u64);
+        // Its receiver, asking at once, waits for the emulated arrival.
+        inner.wire.truncate(1);
+        let mut paced = PacedNeighbours::new(&mut inner, slow_link, &pacer);
+        assert_eq!(paced.recv_activation(0).unwrap(), Some(vec![1]));
+        assert!(started.elapsed() >= Duration::from_millis(529));
         // A slow backward is an overrun, not hidden.
-        PacedNeighbours::new(&mut inner, stage(), &pacer)
+        paced
             .computed(Op::Backward(0), Duration::from_millis(45))
             .unwrap();
         let s = overrun.snapshot();
@@ -332,6 +380,29 @@ mod tests {
         assert_eq!(real.stamped(vec![4, 2]), vec![4, 2]);
         assert_eq!(real.unstamped(vec![4, 2]).unwrap(), vec![4, 2]);
         assert_eq!(real.stamp(), None);
+    }
+
+    #[test]
+    fn a_stage_without_replicas_waits_only_for_what_its_emulated_model_ties() {
+        let pacer = Pacer::new(Arc::new(Overrun::default()));
+        let started = Instant::now();
+        StepPacing {
+            clock: Some((stage(), &pacer)),
+        }
+        .reduced_alone();
+        assert!(started.elapsed() >= Duration::from_millis(25));
+        // A real device, and an emulated stage that ties nothing, wait for nothing.
+        let untied = EmulatedStage {
+            all_reduce: Duration::ZERO,
+            ..stage()
+        };
+        let started = Instant::now();
+        StepPacing::default().reduced_alone();
+        StepPacing {
+            clock: Some((untied, &pacer)),
+        }
+        .reduced_alone();
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[test]

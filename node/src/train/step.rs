@@ -158,7 +158,10 @@ fn run_inner<M: PipelineModel>(
             };
             reduce_gradients(stage, ring, pacing, last.then_some(losses.train))?
         }
-        None => Some(losses.train),
+        None => {
+            pacing.reduced_alone();
+            Some(losses.train)
+        }
     };
     let reduced = began.elapsed();
     let (global_sq_norm, digests) = global_norm(&mut neighbours, stage, spec, position, pacing)?;

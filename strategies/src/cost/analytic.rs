@@ -296,7 +296,7 @@ fn boundary_ms(spec: &ModelSpec, transfer: &TransferModel, stages: &[StageCost])
 }
 
 /// What stage `s` does after its last backward: all-reduce its gradients over its replicas
-/// (the first stage of a transformer also with the last's tied embedding), then step.
+/// ([`stage_allreduce_ms`]), then step.
 fn finish_ms(
     spec: &ModelSpec,
     hw: Hardware,
@@ -305,21 +305,41 @@ fn finish_ms(
     c: &StageCost,
     d: u32,
 ) -> f64 {
-    let group = if s == 0 && spec.family == Family::Transformer && stages.len() > 1 {
+    let first_of_several = s == 0 && stages.len() > 1;
+    stage_allreduce_ms(spec, c.params, d, first_of_several, hw.allreduce_mb_per_ms) + c.optimizer_ms
+}
+
+/// The ring all-reduce of a stage's gradients (`params` parameters) over its `d` replicas at
+/// `allreduce_mb_per_ms`, ms: the first stage of a transformer split into several reduces
+/// with the last stage's replicas too, a ring of `2 d`, for the tied embedding (spec 2.4). The
+/// emulated accelerator paces its ring by this, so that the emulated cluster and the
+/// simulator run the same hardware.
+pub fn stage_allreduce_ms(
+    spec: &ModelSpec,
+    params: f64,
+    d: u32,
+    first_of_several: bool,
+    allreduce_mb_per_ms: f64,
+) -> f64 {
+    let group = if first_of_several && spec.family == Family::Transformer {
         2 * d
     } else {
         d
     };
-    allreduce_ms(c.params * GRADIENT_BYTES_PER_PARAM, group, hw) + c.optimizer_ms
+    allreduce_ms(
+        params * GRADIENT_BYTES_PER_PARAM,
+        group,
+        allreduce_mb_per_ms,
+    )
 }
 
-/// Ring all-reduce of `bytes` over `width` replicas, ms.
-fn allreduce_ms(bytes: f64, width: u32, hw: Hardware) -> f64 {
+/// Ring all-reduce of `bytes` over `width` replicas at `mb_per_ms`, ms.
+fn allreduce_ms(bytes: f64, width: u32, mb_per_ms: f64) -> f64 {
     if width <= 1 {
         return 0.0;
     }
     let w = f64::from(width);
-    bytes / MIB / hw.allreduce_mb_per_ms * 2.0 * (w - 1.0) / w
+    bytes / MIB / mb_per_ms * 2.0 * (w - 1.0) / w
 }
 
 /// Per-stage finish time of a 1F1B schedule of `m` micro-batches; `comm` is the transfer time
@@ -398,6 +418,17 @@ fn ready_after(end: f64, comm: f64) -> Option<f64> {
 mod tests {
     use super::*;
     use crate::cost::builtin::builtin;
+
+    #[test]
+    fn the_first_stage_of_several_reduces_with_the_last_stage_s_replicas() {
+        let (spec, _) = builtin("gpt-1.5b").unwrap();
+        let mib = 1e8 * GRADIENT_BYTES_PER_PARAM / MIB;
+        let ms = |d, first| stage_allreduce_ms(&spec, 1e8, d, first, 1.25);
+        assert!((ms(4, false) - mib / 1.25 * 2.0 * 3.0 / 4.0).abs() < 1e-9);
+        assert!((ms(4, true) - mib / 1.25 * 2.0 * 7.0 / 8.0).abs() < 1e-9);
+        assert_eq!(ms(1, false), 0.0);
+        assert!((ms(1, true) - mib / 1.25).abs() < 1e-9);
+    }
 
     #[test]
     fn one_stage_is_sum_of_micro_batches() {

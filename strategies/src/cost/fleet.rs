@@ -278,7 +278,7 @@ impl Fleet {
         boundary: Link,
     ) -> Option<f64> {
         let transfer = transfer_over(boundary);
-        mixed::samples_per_sec(&self.spec, devices, bounds, d, mib_per_ms(ring), &transfer)
+        mixed::samples_per_sec(&self.spec, devices, bounds, d, ring.mib_per_ms(), &transfer)
     }
 
     /// The balanced split of a `p`-stage pipeline on zone `z`'s device (memoised).
@@ -397,7 +397,7 @@ impl Fleet {
                 analytic::schedule_ends(spec, &transfer_over(boundary), stages, m).into()
             })
             .clone();
-        mixed::rate_after(spec, stages, &ends, d, mib_per_ms(ring))
+        mixed::rate_after(spec, stages, &ends, d, ring.mib_per_ms())
     }
 
     /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
@@ -486,11 +486,6 @@ impl Fleet {
     pub fn pace(&self, z: usize) -> f64 {
         self.paces[z]
     }
-}
-
-/// All-reduce rate of a link, MiB per ms.
-fn mib_per_ms(link: Link) -> f64 {
-    link.gbit_per_s * 1e9 / 8.0 / (1024.0 * 1024.0) / 1000.0
 }
 
 /// Activations and gradients between stages over `link`.

@@ -40,6 +40,11 @@ impl Link {
     pub fn transfer_ms(&self, bytes: f64) -> f64 {
         self.latency_ms + bytes.max(0.0) * 8.0 / (self.gbit_per_s * 1e9) * 1000.0
     }
+
+    /// The all-reduce rate of a ring over it, MiB per ms.
+    pub fn mib_per_ms(&self) -> f64 {
+        self.gbit_per_s * 1e9 / 8.0 / (1024.0 * 1024.0) / 1000.0
+    }
 }
 
 /// Why a zone pair's link was refused.

@@ -203,3 +203,38 @@ fn the_longest_held_configuration_names_an_interval() {
     assert_eq!(cursor(&timeline, -1.0), 0.0);
     assert_eq!(samples_per_step(&timeline), 8.0);
 }
+
+#[test]
+fn the_job_s_start_is_a_stall_of_the_first_interval() {
+    // The cluster formed for 3 s: its first step (8 samples at 8 a second) committed at 4 s.
+    let mut timeline = timeline();
+    for s in &mut timeline[..4] {
+        (s.step, s.samples) = (0, 0);
+    }
+    timeline[4] = sample(4.0, 1, WIDE, 1, 8);
+    let mut simulated = simulated();
+    simulated.charged_secs = vec![2.5, 2.0];
+    let f = ledger(&Inputs {
+        timeline: &timeline,
+        events: &[],
+        reconfigurations: &[restart(2, 11, 14.0, 1.0)],
+        simulated: &simulated,
+        model: &model(),
+        interval_secs: 10.0,
+        time_scale: 1.0,
+        samples: 112,
+    });
+    // Less one steady step of WIDE (8 samples at the rate measured in it).
+    let wide = f.throughput.iter().find(|c| c.config == [2, 1]).unwrap();
+    let start = 4.0 - 8.0 / wide.measured_per_sec;
+    assert!(start > 2.0 && start < 4.0, "{start}");
+    assert_eq!(f.start_secs, start);
+    assert_eq!(f.intervals[0].stalled_secs, start);
+    // The start at WIDE's 10/s against the simulator's 2.5 s charge; the restart at NARROW's
+    // 5/s, 1 s against its 2 s.
+    let stalls = -(10.0 * start - 10.0 * 2.5) - (5.0 * 1.0 - 5.0 * 2.0);
+    assert!((f.gap.stalls - stalls).abs() < 1e-9, "{:?}", f.gap);
+    assert!(summary("reactive", &f).contains(&format!("stalls: start {start:.1} s")));
+    // Without a committed step there is no start to measure.
+    assert_eq!(start_secs(&timeline[..4], |_| 1.0), 0.0);
+}

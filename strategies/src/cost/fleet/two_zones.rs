@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Arranged, Fleet, MAX_ZONES, Pipeline, Placement, Shares, mib_per_ms, transfer_over};
+use super::{Arranged, Fleet, MAX_ZONES, Pipeline, Placement, Shares, transfer_over};
 use crate::cost::links::Link;
 use crate::cost::mixed::{self, DeviceCosts};
 use crate::cost::split::Splits;
@@ -63,7 +63,7 @@ impl Fleet {
             &self.spec,
             &a.stages,
             d,
-            mib_per_ms(a.ring),
+            a.ring.mib_per_ms(),
             &transfer_over(a.boundary),
         );
         Some(bound)
