@@ -249,8 +249,15 @@ impl Pacer {
         let now = wall_nanos();
         if stamp > now {
             let early = Duration::from_nanos(stamp - now).min(MAX_LAG);
-            self.clock.lock().unwrap_or_else(|e| e.into_inner()).lag = Duration::ZERO;
-            self.wait(Instant::now(), early);
+            let asked = Instant::now();
+            {
+                // Idle until the message arrives: nothing owed, and the time since the last
+                // paced work was idle too, not host time to repay from this wait.
+                let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+                clock.lag = Duration::ZERO;
+                clock.last_end = Some(asked);
+            }
+            self.wait(asked, early);
             return;
         }
         let late = Duration::from_nanos(now - stamp);
@@ -376,6 +383,19 @@ mod tests {
         let asked = Instant::now();
         pacer.received(wall_nanos() + 60_000_000_000);
         assert!(asked.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_message_still_on_the_link_is_waited_for_whatever_idled_before() {
+        let pacer = Pacer::default();
+        pacer.after(Duration::ZERO, Duration::ZERO);
+        // The node idled 100 ms for the message, which the host delivered 50 ms before its
+        // emulated arrival: it waits the 50 ms (the idle time used to be repaid from them).
+        std::thread::sleep(Duration::from_millis(100));
+        let asked = Instant::now();
+        pacer.received(wall_nanos() + 50_000_000);
+        let waited = asked.elapsed();
+        assert!(waited >= Duration::from_millis(49), "{waited:?}");
     }
 
     #[test]
