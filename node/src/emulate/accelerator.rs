@@ -143,6 +143,7 @@ impl Pacing for Accelerator {
     /// as Parcae's profiled rebuild of the groups (or restart) plus the state they moved.
     fn reconfiguration(&self, change: &Change<'_>, real: Duration) -> Result<(), EmulationError> {
         if !paced_on_the_device(change.previous, change.plan, change.next) {
+            self.pacer.idled();
             return Ok(());
         }
         let to = ParallelConfig::new(change.plan.data_parallel, change.plan.pipeline_stages);
@@ -342,5 +343,31 @@ mod tests {
         assert!(paced_on_the_device(Some(&before), &after, 5));
         // The same plan again after an abandoned step.
         assert!(!paced_on_the_device(Some(&after), &after, 5));
+    }
+
+    #[test]
+    fn a_retry_starts_from_idle_and_owes_nothing_from_the_step_it_abandoned() {
+        let device = Accelerator::new(Emulation::new("gpt-1.5b", 2.0).unwrap());
+        let pacer = device.pacer();
+        pacer.after(Duration::ZERO, Duration::ZERO);
+        // The abandoned step waited 80 ms for neighbours that never sent.
+        std::thread::sleep(Duration::from_millis(80));
+        let mut retried = plan(&[1, 2]);
+        retried.epoch = 2;
+        let change = Change {
+            previous: Some(&retried),
+            plan: &retried,
+            next: 5,
+            kind: MigrationKind::Intra,
+            reactive: false,
+            fetched: Vec::new(),
+            restored: Vec::new(),
+        };
+        device.reconfiguration(&change, Duration::ZERO).unwrap();
+        // The retry's first 30 ms of work takes its 30 ms (owing the 80 it would take none).
+        let started = std::time::Instant::now();
+        pacer.after(Duration::ZERO, Duration::from_millis(30));
+        assert!(started.elapsed() >= Duration::from_millis(29));
+        assert_eq!(device.view().overrun_count, 0);
     }
 }

@@ -221,11 +221,7 @@ impl Pacer {
         let began = Instant::now()
             .checked_sub(real)
             .unwrap_or_else(Instant::now);
-        {
-            let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
-            clock.lag = Duration::ZERO;
-            clock.last_end = Some(began);
-        }
+        self.idle_until(began);
         let rest = match pace(real, emulated) {
             Pace::Wait(rest) => rest,
             Pace::Overrun(_) => Duration::ZERO,
@@ -249,14 +245,10 @@ impl Pacer {
         let now = wall_nanos();
         if stamp > now {
             let early = Duration::from_nanos(stamp - now).min(MAX_LAG);
+            // Idle until the message arrives: nothing owed, and the time since the last paced
+            // work was idle too, not host time to repay from this wait.
             let asked = Instant::now();
-            {
-                // Idle until the message arrives: nothing owed, and the time since the last
-                // paced work was idle too, not host time to repay from this wait.
-                let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
-                clock.lag = Duration::ZERO;
-                clock.last_end = Some(asked);
-            }
+            self.idle_until(asked);
             self.wait(asked, early);
             return;
         }
@@ -268,6 +260,20 @@ impl Pacer {
             .map_or(Duration::ZERO, |end| now.saturating_duration_since(end));
         clock.lag = lag_on_receipt(clock.lag, gap, late);
         clock.last_end = Some(now);
+    }
+
+    /// The node enters a plan, or retries a step in the plan it is in, without emulated work
+    /// to pace: it idled until now, so it owes nothing from before (a wait for a step that
+    /// timed out, or the measuring before the first plan, is not host time to repay).
+    pub fn idled(&self) {
+        self.idle_until(Instant::now());
+    }
+
+    /// The device idled until `at`: nothing owed, and the next gap counts from there.
+    fn idle_until(&self, at: Instant) {
+        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+        clock.lag = Duration::ZERO;
+        clock.last_end = Some(at);
     }
 
     fn record(&self, excess: Duration) {
