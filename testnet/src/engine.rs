@@ -19,6 +19,10 @@ const POLL_SECS: f64 = 1.0;
 /// Seconds between polls while a killed leader has no successor yet (the failover's
 /// resolution).
 const FAILOVER_POLL_SECS: f64 = 0.2;
+/// The least time a poll is given: a poll ends by the next action, so that a slow node's read
+/// cannot delay it (a slow link restored seconds late would last longer than asked), and one
+/// due sooner than this waits until after the action.
+const MIN_POLL_SECS: f64 = 0.5;
 
 /// A zone of a run: its name (`[placement] zone` of its nodes), its emulated device's speed,
 /// and how many of the initial nodes start in it.
@@ -187,8 +191,17 @@ pub fn execute(
             }
             continue;
         }
-        if t >= next_poll {
-            monitor.poll(cluster, t, scenario.target(t));
+        // The next action or notice deadline, which a poll must not delay: a poll ends by it,
+        // and waits until after it when it is too close.
+        let due = [scenario.next_action(), next_deadline(cluster, start)]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min);
+        let within = due.map_or(f64::INFINITY, |due| due - t);
+        let poll_now = t >= next_poll && within >= MIN_POLL_SECS;
+        if poll_now {
+            let within = Duration::try_from_secs_f64(within).unwrap_or(Duration::MAX);
+            monitor.poll(cluster, t, scenario.target(t), within);
             if let Some(sample) = monitor.last() {
                 let (pos, len) = scenario.interval_at(t);
                 progress.update(pos, len, sample);
@@ -202,15 +215,10 @@ pub fn execute(
                 next_poll += every;
             }
         }
-        let wake = [
-            Some(next_poll),
-            scenario.next_action(),
-            Some(end),
-            next_deadline(cluster, start),
-        ]
-        .into_iter()
-        .flatten()
-        .fold(f64::INFINITY, f64::min);
+        let wake = [(next_poll > t).then_some(next_poll), due, Some(end)]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min);
         interrupt.sleep_until(start + Duration::from_secs_f64(wake.max(0.0)))?;
     }
     // A node the scenario froze would answer none of the final reads.

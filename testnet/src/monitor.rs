@@ -3,6 +3,7 @@
 //! and a timeline of what the leader reports for the progress line and the plots.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,8 @@ const ALL_STEPS_EVERY: u64 = 5;
 /// Timeout of the final reads: busy nodes on a small machine may take seconds to answer, and
 /// a missed answer would make the final sequence look shorter than what was committed.
 const FINAL_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest a poll waits for a node (polls come once a second).
+const POLL_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// One point of the timeline.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,19 +88,28 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Polls the cluster at time `t` while the trace asks for `target` nodes.
-    pub fn poll(&mut self, cluster: &Cluster, t: f64, target: u32) {
+    /// Polls the cluster at time `t` while the trace asks for `target` nodes, reading every
+    /// node at once and giving up on what has not answered `within` (a node behind a slow link
+    /// may take seconds; the scenario's next fault waits for the poll to end).
+    pub fn poll(&mut self, cluster: &Cluster, t: f64, target: u32, within: Duration) {
         let started = Instant::now();
+        let deadline = started + within.min(POLL_TIMEOUT);
         let running = cluster.running();
         let pids: Vec<u32> = running
             .iter()
             .filter_map(|&i| cluster.node(i).pid())
             .collect();
         self.resources.observe(&pids);
-        let statuses: Vec<(usize, StatusSnapshot)> = cluster
-            .answering()
+        let answering = cluster.answering();
+        let addrs: Vec<SocketAddr> = answering
             .iter()
-            .filter_map(|&i| Some((i, cluster.status(i)?)))
+            .map(|&i| cluster.node(i).status_addr)
+            .collect();
+        let client = client_until(deadline);
+        let statuses: Vec<(usize, StatusSnapshot)> = answering
+            .into_iter()
+            .zip(read_each(&addrs, |a| client.status(a).ok()))
+            .filter_map(|(i, s)| Some((i, s?)))
             .collect();
         for (_, s) in &statuses {
             self.migrations.observe(&s.migrations, t);
@@ -111,10 +123,17 @@ impl Monitor {
         let leader = leader_of(&statuses);
         let all = self.polls.is_multiple_of(ALL_STEPS_EVERY);
         let leader_index = leader.map(|(l, _)| l);
-        for (i, _) in &statuses {
-            if all || Some(*i) == leader_index {
-                self.observe_steps_of(cluster, *i);
-            }
+        let steps_of: Vec<SocketAddr> = statuses
+            .iter()
+            .filter(|(i, _)| all || Some(*i) == leader_index)
+            .map(|(i, _)| cluster.node(*i).status_addr)
+            .collect();
+        let client = client_until(deadline);
+        for list in read_each(&steps_of, |a| client.steps(a).ok())
+            .into_iter()
+            .flatten()
+        {
+            self.steps.observe(&list);
         }
         self.polls += 1;
         let view = leader.map(|(_, s)| s);
@@ -206,6 +225,23 @@ impl Monitor {
         cluster.kill(i);
         true
     }
+}
+
+/// A client whose requests give up at `deadline` (at once when it passed).
+fn client_until(deadline: Instant) -> Client {
+    Client::with_timeout(deadline.saturating_duration_since(Instant::now()))
+}
+
+/// `read` of every address, each in its own thread, so that one slow node holds up no other.
+fn read_each<T: Send>(
+    addrs: &[SocketAddr],
+    read: impl Fn(SocketAddr) -> Option<T> + Sync,
+) -> Vec<Option<T>> {
+    let read = &read;
+    std::thread::scope(|s| {
+        let reads: Vec<_> = addrs.iter().map(|&a| s.spawn(move || read(a))).collect();
+        reads.into_iter().map(|r| r.join().ok().flatten()).collect()
+    })
 }
 
 /// The node that the most nodes name as leader and that answered, with its status; when no

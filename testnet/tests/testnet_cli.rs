@@ -997,9 +997,11 @@ fn assert_replayed(history_check: &Value) {
 }
 
 /// Two slow links on nodes in namespaces (1 Mbit/s for 4 s at 6 s and 12 s): listed with their
-/// rate, and training goes on without losing or repeating a step; the replay passes. A slow
-/// node slows the whole ring, which would starve the combined run's full disks of the
-/// checkpoints they must fail, so slow links run apart from it. As another user: skipped.
+/// rate, each restored on time (the polls read the slowed node over its slow link, and a read
+/// that held up the run's loop made a slow link last up to 3 s longer), and training goes on
+/// without losing or repeating a step; the replay passes. A slow node slows the whole ring,
+/// which would starve the combined run's full disks of the checkpoints they must fail, so slow
+/// links run apart from it. As another user: skipped.
 #[test]
 fn chaos_slows_links_of_nodes_in_namespaces() {
     let _serial = serial();
@@ -1039,7 +1041,7 @@ fn chaos_slows_links_of_nodes_in_namespaces() {
         let start = link["start_secs"].as_f64().unwrap();
         let secs = link["end_secs"].as_f64().unwrap() - start;
         assert!(
-            (start - at).abs() < 1.5 && (secs - 4.0).abs() < 1.5,
+            (start - at).abs() < 0.75 && (secs - 4.0).abs() < 0.75,
             "{link}"
         );
         assert_eq!(link["link_kbit"], 1000, "{link}");
