@@ -2,15 +2,16 @@
 //! to the layers each node holds, so survivors keep their stage when they can), and the
 //! availability tick of the next interval.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use parcae_consensus::state::{Plan, StageSlot, ZoneCount, limits};
+use parcae_consensus::state::{Member, Plan, StageSlot, ZoneCount, limits};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::spec::partition;
 
+use super::settle::{Departure, departure};
 use super::zones::Zoned;
 
 /// Members that can take a slot: healthy, with a data plane, training the cluster's job, most
@@ -19,13 +20,30 @@ pub fn workers(state: &ControlState) -> Vec<NodeId> {
     let mut w: Vec<(NodeId, u64)> = state
         .members
         .iter()
-        .filter(|(_, m)| {
-            m.status.is_healthy() && m.peer.data_addr.is_some() && state.trains_the_job(&m.peer)
-        })
+        .filter(|(_, m)| m.status.is_healthy() && trains(state, m))
         .map(|(id, m)| (*id, m.join_seq))
         .collect();
     w.sort_by_key(|(_, seq)| *seq);
     w.into_iter().map(|(id, _)| id).collect()
+}
+
+/// The workers and the members training the job that announced they leave (they work until
+/// they are gone): the nodes a checkpoint-restart system counts as its own.
+pub fn present(state: &ControlState) -> BTreeSet<NodeId> {
+    state
+        .members
+        .iter()
+        .filter(|(_, m)| {
+            let leaving = departure(m.status) == Some(Departure::Announced);
+            (m.status.is_healthy() || leaving) && trains(state, m)
+        })
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// Whether `m` can train the cluster's job: it has a data plane and trains that job.
+fn trains(state: &ControlState, m: &Member) -> bool {
+    m.peer.data_addr.is_some() && state.trains_the_job(&m.peer)
 }
 
 /// What `node` holds under `current`: its slot and that slot's layers.

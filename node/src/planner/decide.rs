@@ -79,7 +79,10 @@ pub fn decide(
     };
     let plan = strategy
         .choose(&situation)
-        .filter(|target| target.nodes() > 0 && (*target != running || broken))
+        .filter(|target| {
+            let restart = broken || strategy.restarts_in_place();
+            target.nodes() > 0 && (*target != running || restart)
+        })
         .and_then(|target| {
             let plan = build_plan(state, &workers, target, &cost, zoned.as_ref())?;
             tracing::info!(

@@ -54,7 +54,7 @@ pub fn strategy_for(config: &NodeConfig) -> Box<dyn Strategy> {
             lookahead,
             interval_secs,
         )),
-        PlanStrategy::Reactive => Box::new(Reactive),
+        PlanStrategy::Reactive => Box::new(Reactive::default()),
     };
     match p.pin {
         Some([d, p]) => Box::new(Pinned::new(ParallelConfig::new(d, p), chosen)),

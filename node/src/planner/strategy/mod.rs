@@ -41,6 +41,13 @@ pub trait Strategy {
     /// before its deadline), or works on until it is gone.
     fn acts_on_notices(&self) -> bool;
 
+    /// Whether a choice is run under a new plan even when it is the configuration running:
+    /// the strategy chooses only when a restart is due (a checkpoint-restart system restarts
+    /// on every change of its nodes). Otherwise choosing what runs keeps the plan in force.
+    fn restarts_in_place(&self) -> bool {
+        false
+    }
+
     /// The configuration to run, or `None` to keep the plan in force.
     fn choose(&mut self, at: &Situation<'_>) -> Option<ParallelConfig>;
 }

@@ -135,7 +135,13 @@ fn the_plan_puts_every_slot_in_its_zone_with_the_placements_bounds() {
         "fast", "slow", "fast", "slow", "fast", "slow", "fast", "slow",
     ]);
     let mut fleets = FleetCache::default();
-    let decision = decide(&state, &mut Reactive, &shape(), &mut fleets, true);
+    let decision = decide(
+        &state,
+        &mut Reactive::default(),
+        &shape(),
+        &mut fleets,
+        true,
+    );
     let plan = decision.plan.expect("a first plan");
     let z = zoned(&state, &mut fleets).unwrap();
     let config = parcae_strategies::ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
@@ -161,7 +167,13 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
     assert!(zoned(&cluster(&["a", "a", "", "b"]), &mut fleets).is_none());
     assert!(zoned(&cluster(&["a", "b", "c", "d", "e"]), &mut fleets).is_none());
     let state = cluster(&["a", "a", "a", "a"]);
-    let decision = decide(&state, &mut Reactive, &shape(), &mut fleets, true);
+    let decision = decide(
+        &state,
+        &mut Reactive::default(),
+        &shape(),
+        &mut fleets,
+        true,
+    );
     let plan = decision.plan.unwrap();
     let even =
         parcae_strategies::cost::spec::partition(LAYERS as usize, plan.pipeline_stages as usize);
