@@ -83,7 +83,15 @@ pub(super) fn apply(
             layers,
             bandwidth,
             reconfiguration_s,
-        } => cost_report(state, *node, *step, layers, bandwidth, *reconfiguration_s),
+            allreduce_bytes_per_sec,
+        } => cost_report(
+            state,
+            *node,
+            *step,
+            layers,
+            bandwidth,
+            (*reconfiguration_s, *allreduce_bytes_per_sec),
+        ),
         Command::DefineJob { job } => define_job(state, job),
         Command::RestoreCut {
             node,
@@ -426,7 +434,7 @@ fn cost_report(
     step: u64,
     layers: &[(u32, LayerCost)],
     bandwidth: &[(NodeId, f64)],
-    reconfiguration_s: Option<f64>,
+    (reconfiguration_s, allreduce_bytes_per_sec): (Option<f64>, Option<f64>),
 ) -> Result<Vec<StateEvent>, Rejection> {
     if !state.members.contains_key(&node) {
         return Err(Rejection::UnknownNode(node));
@@ -453,11 +461,16 @@ fn cost_report(
             format!("rate to {peer} is negative or non-finite"),
         ));
     }
-    if reconfiguration_s.is_some_and(|s| !valid(s)) {
-        return Err(Rejection::invalid(
-            "reconfiguration_s",
-            "negative or non-finite".to_string(),
-        ));
+    for (field, value) in [
+        ("reconfiguration_s", reconfiguration_s),
+        ("allreduce_bytes_per_sec", allreduce_bytes_per_sec),
+    ] {
+        if value.is_some_and(|v| !valid(v)) {
+            return Err(Rejection::invalid(
+                field,
+                "negative or non-finite".to_string(),
+            ));
+        }
     }
     // A report replaces the node's previous one (it measures what it runs now), which also keeps
     // the stored costs bounded by the per-report limits.
@@ -468,6 +481,7 @@ fn cost_report(
             layers: layers.iter().copied().collect(),
             bandwidth: bandwidth.iter().copied().collect(),
             reconfiguration_s,
+            allreduce_bytes_per_sec,
         },
     );
     Ok(vec![StateEvent::CostsRecorded { node }])

@@ -138,6 +138,10 @@ pub enum Command {
         /// What the node's latest reconfiguration took beyond moving state (links, groups,
         /// building the stage), seconds: the planner's price of a reconfiguration.
         reconfiguration_s: Option<f64>,
+        /// The rate of the node's gradient all-reduce within its zone, bytes per second as
+        /// the cost model's ring counts it (`2 (n - 1) / n` of the gradient's bytes a member
+        /// sends, over the time the ring took), when the node knows it.
+        allreduce_bytes_per_sec: Option<f64>,
     },
     /// Training stopped (some layers have no live holder and no complete cut the cluster
     /// holds restores them) and a complete cut the cluster does not hold was given in the

@@ -834,6 +834,7 @@ fn cost_reports_replace_and_validate() {
         layers: vec![(0, cost), (1, cost)],
         bandwidth: vec![(id(2), 1e9)],
         reconfiguration_s: None,
+        allreduce_bytes_per_sec: Some(1.3e9),
     })
     .unwrap();
     s.apply(&Command::CostReport {
@@ -842,18 +843,25 @@ fn cost_reports_replace_and_validate() {
         layers: vec![(2, cost)],
         bandwidth: vec![],
         reconfiguration_s: Some(2.5),
+        allreduce_bytes_per_sec: None,
     })
     .unwrap();
     let c = &s.costs[&id(1)];
     assert_eq!((c.step, c.layers.len(), c.bandwidth.len()), (6, 1, 0));
     assert_eq!(c.reconfiguration_s, Some(2.5));
+    assert_eq!(
+        c.allreduce_bytes_per_sec, None,
+        "replaced by the later report"
+    );
     let bad = LayerCost {
         forward_s: f64::NAN,
         ..cost
     };
-    for (layers, reconfiguration_s, field) in [
-        (vec![], Some(f64::INFINITY), "reconfiguration_s"),
-        (vec![(0, bad)], None, "layers"),
+    for (layers, reconfiguration_s, allreduce_bytes_per_sec, field) in [
+        (vec![], Some(f64::INFINITY), None, "reconfiguration_s"),
+        (vec![(0, bad)], None, None, "layers"),
+        (vec![], None, Some(-1.0), "allreduce_bytes_per_sec"),
+        (vec![], None, Some(f64::NAN), "allreduce_bytes_per_sec"),
     ] {
         let report = Command::CostReport {
             node: id(1),
@@ -861,6 +869,7 @@ fn cost_reports_replace_and_validate() {
             layers,
             bandwidth: vec![],
             reconfiguration_s,
+            allreduce_bytes_per_sec,
         };
         assert!(
             matches!(rejected(&mut s, &report), Rejection::Invalid { field: f, .. } if f == field),

@@ -409,4 +409,6 @@ pub struct NodeCosts {
     pub bandwidth: BTreeMap<NodeId, f64>,
     /// What its latest reconfiguration took beyond moving state, seconds.
     pub reconfiguration_s: Option<f64>,
+    /// The rate of its gradient all-reduce within its zone, bytes per second.
+    pub allreduce_bytes_per_sec: Option<f64>,
 }

@@ -127,6 +127,7 @@ fn oversized_proposal_is_refused_and_counted() {
         layers,
         bandwidth: vec![],
         reconfiguration_s: None,
+        allreduce_bytes_per_sec: None,
     };
     let err = sim.node_mut(leader).propose(&cmd).unwrap_err();
     assert!(matches!(err, ProposeError::TooLarge { max, .. } if max == MAX_COMMAND_BYTES));

@@ -176,6 +176,10 @@ impl Pacing for Accelerator {
         Accelerator::measured_fetch(self, fetched, real_secs)
     }
 
+    fn allreduce_rate(&self) -> Option<f64> {
+        Some(self.emulation.allreduce_rate())
+    }
+
     fn report(&self, metrics: &Metrics) -> Option<EmulatedView> {
         let view = self.view();
         metrics.emulated_overruns.set(view.overrun_count);

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use parcae_strategies::ParallelConfig;
-use parcae_strategies::cost::analytic::{Hardware, stage_allreduce_ms};
+use parcae_strategies::cost::analytic::{Hardware, MIB, stage_allreduce_ms};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::profile::{ProfileError, emulated};
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
@@ -292,6 +292,13 @@ impl Emulation {
         })
     }
 
+    /// The rate at which the emulated ring within a zone runs, bytes per second of the paced
+    /// (time-scaled) clock, as a node timing it would find: the hardware's, as the simulator
+    /// has it.
+    pub fn allreduce_rate(&self) -> f64 {
+        self.hardware.allreduce_mb_per_ms * MIB * 1000.0 * self.time_scale
+    }
+
     /// The all-reduce rate of a ring within a zone (the hardware's, as the simulator has it),
     /// or of one that spans zones (the cloud's link between them, as the zone-aware planner
     /// has it), MiB per ms.
@@ -433,10 +440,27 @@ fn across_zones() -> TransferModel {
 mod tests {
     use super::*;
 
-    const MIB: f64 = 1024.0 * 1024.0;
-
     fn ms(d: Duration) -> f64 {
         d.as_secs_f64() * 1000.0
+    }
+
+    #[test]
+    fn the_ring_s_rate_is_the_hardware_s_on_the_paced_clock() {
+        let e = Emulation::new("gpt-1.5b", 6.0).unwrap();
+        let rate = 1.25 * MIB * 1000.0 * 6.0;
+        assert!(
+            (e.allreduce_rate() / rate - 1.0).abs() < 1e-9,
+            "{}",
+            e.allreduce_rate()
+        );
+        // A node timing its ring finds it: the paced ring of two replicas sends each member
+        // half the gradient's bytes at that rate.
+        let stage = e.stage(1..2, 1, 2).unwrap();
+        let (params, _) = e.layer_size(1, 1).unwrap();
+        let gradient = params * parcae_strategies::cost::links::GRADIENT_BYTES_PER_PARAM;
+        let sent = gradient * 2.0 * (2.0 - 1.0) / 2.0;
+        let secs = stage.all_reduce.as_secs_f64();
+        assert!((sent / secs / e.allreduce_rate() - 1.0).abs() < 1e-5);
     }
 
     #[test]

@@ -89,6 +89,11 @@ pub trait Pacing: Send + Sync {
         real_secs: f64,
     ) -> Result<MeasuredFetch, EmulationError>;
 
+    /// The rate of this device's gradient all-reduce within its zone, bytes/s as the cost
+    /// model's ring counts it, when the device knows it (`None`: the planner takes the rate of
+    /// the measured state fetches).
+    fn allreduce_rate(&self) -> Option<f64>;
+
     /// The pacing so far, into `metrics` and for `/status` (`None` on a real device).
     fn report(&self, metrics: &Metrics) -> Option<EmulatedView>;
 }
@@ -134,6 +139,10 @@ impl Pacing for RealTime {
             secs: real_secs,
             rates: vec![rate; fetched.len()],
         })
+    }
+
+    fn allreduce_rate(&self) -> Option<f64> {
+        None
     }
 
     fn report(&self, _: &Metrics) -> Option<EmulatedView> {

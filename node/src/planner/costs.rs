@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
-use parcae_strategies::cost::analytic::{Hardware, throughput_table};
+use parcae_strategies::cost::analytic::{Hardware, MIB, throughput_table};
 use parcae_strategies::cost::profile::DeviceProfile;
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::transfer::TransferModel;
@@ -99,6 +99,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The median of `v`, or `otherwise` when it is empty (nothing measured yet).
+fn median_or(v: Vec<f64>, otherwise: f64) -> f64 {
+    if v.is_empty() { otherwise } else { median(v) }
+}
+
 /// Every layer's costs at the job's micro-batch: the profile's, else the medians of what the
 /// nodes reported (`None` until some node reported every layer).
 fn layer_costs(state: &ControlState, shape: &JobShape) -> Option<Vec<LayerCost>> {
@@ -167,28 +172,21 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
         .iter()
         .map(|l| l.activation_mb * 1024.0 * 1024.0)
         .fold(0.0, f64::max);
-    let rates: Vec<f64> = state
+    let rate = |r: &f64| r.is_finite() && *r > 0.0;
+    let rates = state.costs.values().flat_map(|c| c.bandwidth.values());
+    let bytes_per_sec = median_or(rates.copied().filter(rate).collect(), DEFAULT_BYTES_PER_SEC);
+    // The ring's rate where the nodes know it (an emulated device's is its profile's), else
+    // the links' as the state fetches found them.
+    let rings = state
         .costs
         .values()
-        .flat_map(|c| c.bandwidth.values().copied())
-        .filter(|r| r.is_finite() && *r > 0.0)
-        .collect();
-    let bytes_per_sec = if rates.is_empty() {
-        DEFAULT_BYTES_PER_SEC
-    } else {
-        median(rates)
-    };
-    let reconfigurations: Vec<f64> = state
-        .costs
-        .values()
-        .filter_map(|c| c.reconfiguration_s)
-        .map(|s| s * 1e3)
-        .collect();
-    let restart_ms = if reconfigurations.is_empty() {
-        shape.restart_ms
-    } else {
-        median(reconfigurations)
-    };
+        .filter_map(|c| c.allreduce_bytes_per_sec);
+    let ring_bytes_per_sec = median_or(rings.filter(rate).collect(), bytes_per_sec);
+    let reconfigurations = state.costs.values().filter_map(|c| c.reconfiguration_s);
+    let restart_ms = median_or(
+        reconfigurations.map(|s| s * 1e3).collect(),
+        shape.restart_ms,
+    );
     let spec = ModelSpec {
         name: "measured".into(),
         family: Family::Transformer,
@@ -207,7 +205,7 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
     };
     let hw = Hardware {
         memory_mb: shape.memory_mb,
-        allreduce_mb_per_ms: bytes_per_sec / (1024.0 * 1024.0) / 1000.0,
+        allreduce_mb_per_ms: ring_bytes_per_sec / MIB / 1000.0,
     };
     let max_nodes = shape.max_nodes.min(shape.global_batch).max(1);
     let table = throughput_table(&spec, hw, &transfer, max_nodes);
@@ -220,6 +218,7 @@ mod tests {
     use crate::job::Identity;
     use parcae_consensus::Command;
     use parcae_consensus::state::PeerInfo;
+    use parcae_strategies::ParallelConfig;
 
     #[test]
     fn a_reconfiguration_is_priced_at_what_the_nodes_measured() {
@@ -258,6 +257,7 @@ mod tests {
                     layers: vec![(0, cost), (1, cost)],
                     bandwidth: Vec::new(),
                     reconfiguration_s,
+                    allreduce_bytes_per_sec: None,
                 })
                 .unwrap();
             if n == 1 {
@@ -274,6 +274,54 @@ mod tests {
             model.candidates().iter().all(|c| c.p == 2),
             "only depth 2 fits"
         );
+    }
+
+    #[test]
+    fn the_all_reduce_is_priced_at_the_ring_rate_the_nodes_report() {
+        let shape = JobShape {
+            global_batch: 16,
+            micro_batch: 2,
+            max_nodes: 4,
+            restart_ms: 2000.0,
+            memory_mb: CPU_MEMORY_MB,
+            min_depth: 1,
+            profile: None,
+        };
+        let cost = parcae_consensus::state::LayerCost {
+            forward_s: 0.01,
+            backward_s: 0.02,
+            optimizer_s: 0.001,
+            params: 10_000_000,
+            output_bytes: 4096,
+        };
+        let model = |ring: Option<f64>| {
+            let mut state = ControlState::default();
+            for n in [1u8, 2] {
+                let node = NodeId::from_peer_bytes(&[n]);
+                let peer = PeerInfo {
+                    peer_id: vec![n],
+                    ..PeerInfo::default()
+                };
+                state.apply(&Command::Join { node, peer }).unwrap();
+                let other = NodeId::from_peer_bytes(&[3 - n]);
+                state
+                    .apply(&Command::CostReport {
+                        node,
+                        step: 0,
+                        layers: vec![(0, cost), (1, cost)],
+                        bandwidth: vec![(other, 1e9)],
+                        reconfiguration_s: None,
+                        allreduce_bytes_per_sec: ring,
+                    })
+                    .unwrap();
+            }
+            measured(&state, &shape).unwrap()
+        };
+        let (fetched, fast, slow) = (model(None), model(Some(1e9)), model(Some(1e8)));
+        let rate = |m: &CostModel, d, p| m.samples_per_sec(ParallelConfig::new(d, p));
+        assert_eq!(rate(&fetched, 2, 1), rate(&fast, 2, 1), "the fetches' rate");
+        assert!(rate(&slow, 2, 1) < 0.9 * rate(&fast, 2, 1));
+        assert_eq!(rate(&slow, 1, 1), rate(&fast, 1, 1), "no ring, no change");
     }
 
     #[test]

@@ -264,6 +264,7 @@ fn spawn_worker<M: PipelineModel>(
                         layers,
                         bandwidth: Vec::new(),
                         reconfiguration_s: None,
+                        allreduce_bytes_per_sec: setup.pacing.allreduce_rate(),
                     });
                 }
                 Err(e) => tracing::warn!("cannot measure layer costs: {e}"),

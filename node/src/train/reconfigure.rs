@@ -289,6 +289,7 @@ fn report_costs<M: PipelineModel>(
             layers: setup.layer_costs.clone(),
             bandwidth: measured.bandwidth.clone(),
             reconfiguration_s: measured.reconfiguration_s,
+            allreduce_bytes_per_sec: setup.pacing.allreduce_rate(),
         });
     }
     Ok(())

@@ -9,7 +9,8 @@ use super::throughput::ThroughputTable;
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
 
-const MIB: f64 = 1024.0 * 1024.0;
+/// Bytes in a MiB (the profiles give sizes and rates in MiB).
+pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// Per-node limits of the cluster the analytic model plans for.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -60,6 +60,7 @@ fn cluster(zones: &[&str]) -> ControlState {
             layers: (0..LAYERS).map(|l| (l, cost)).collect(),
             bandwidth: Vec::new(),
             reconfiguration_s: None,
+            allreduce_bytes_per_sec: None,
         };
         state.apply(&report).unwrap();
     }
@@ -195,6 +196,7 @@ fn measured_rates(state: &mut ControlState, from: u8, sources: &[u8], rate: f64)
             .map(|s| (NodeId::from_peer_bytes(&[*s]), rate))
             .collect(),
         reconfiguration_s: None,
+        allreduce_bytes_per_sec: None,
     };
     state.apply(&report).unwrap();
 }
