@@ -469,6 +469,12 @@ impl ControlDriver {
         };
         if self.join_retry.due(now) {
             self.join_retry.attempted(now);
+            // Our clock again, ahead of the `Join` on the same stream: the one sent when the
+            // connection came up is lost with a duplicate connection that closes (a dial each
+            // way), and without it a peer whose clock is minutes off refuses every `Join`.
+            for &peer in &self.connected {
+                self.send_control(peer, ControlMessage::Clock(clock::now_ms()));
+            }
             self.propose_logged(join, ctx);
         }
     }
