@@ -41,12 +41,7 @@ fn a_user_model_trains_across_two_processes() {
     let client = Client::with_timeout(Duration::from_secs(1));
     spawn(0, None);
     let founder = wait_for(Duration::from_secs(20), || {
-        let s = client
-            .status(status[0])
-            .ok()
-            .filter(|s| !s.peer_id.is_empty())?;
-        let addr = s.listen_addrs.first()?;
-        Some(format!("{addr}/p2p/{}", s.peer_id))
+        client.status(status[0]).ok()?.p2p_addr()
     })
     .expect("first process serves /status");
     spawn(1, Some(founder));

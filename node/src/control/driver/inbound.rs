@@ -169,8 +169,6 @@ impl Handler<NetEvent> for ControlDriver {
                 let mut base = addr.clone();
                 base.pop();
                 if !self.listen_addrs.contains(&base) {
-                    // Replace configured addresses (port 0, unspecified IPs) with real ones.
-                    self.listen_addrs.retain(|a| !is_placeholder(a));
                     self.listen_addrs.push(base);
                     self.join_retry.reset();
                     self.maintain_membership(ctx);
@@ -213,7 +211,7 @@ impl Handler<NetEvent> for ControlDriver {
 }
 
 /// Whether a configured listen address cannot be dialled as is (port 0 or unspecified IP).
-fn is_placeholder(addr: &Multiaddr) -> bool {
+pub(super) fn is_placeholder(addr: &Multiaddr) -> bool {
     use libp2p::multiaddr::Protocol;
     addr.iter().any(|p| match p {
         Protocol::Tcp(0) => true,

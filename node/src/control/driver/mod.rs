@@ -47,6 +47,7 @@ use crate::status::{
     ClockRefusalView, NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound, StepsSkipped,
 };
 use crate::wire::ControlMessage;
+use inbound::is_placeholder;
 
 /// How often this node's membership record is checked against what it should say.
 const JOIN_CHECK: Duration = Duration::from_millis(250);
@@ -144,7 +145,13 @@ impl ControlDriver {
             config,
             net,
             out,
-            listen_addrs: setup.listen,
+            // Configured addresses with port 0 or an unspecified IP are no way to reach this
+            // node: it shows and announces the real ones as the swarm reports them.
+            listen_addrs: setup
+                .listen
+                .into_iter()
+                .filter(|a| !is_placeholder(a))
+                .collect(),
             data_dir: setup.data_dir,
             connected: HashSet::new(),
             peer_clocks: PeerClocks::default(),
