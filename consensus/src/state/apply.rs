@@ -10,8 +10,8 @@ use super::training::{
     StepReport, activate_due_plan, adopt_cut, checkpointed, restore_cut, roll_back, step_committed,
 };
 use super::types::{
-    AvailabilitySample, Capabilities, CutPart, Job, KeyId, LayerCost, Member, MemberStatus,
-    NodeCosts, PeerInfo, Plan, RaftRole, Retired, StageSlot, ZoneCount,
+    AvailabilitySample, Capabilities, CutPart, Job, KeyId, LayerCost, LinkTime, Member,
+    MemberStatus, NodeCosts, PeerInfo, Plan, RaftRole, Retired, StageSlot, ZoneCount,
 };
 use crate::ids::NodeId;
 
@@ -84,13 +84,14 @@ pub(super) fn apply(
             bandwidth,
             reconfiguration_s,
             allreduce_bytes_per_sec,
+            boundary_link,
         } => cost_report(
             state,
             *node,
             *step,
             layers,
             bandwidth,
-            (*reconfiguration_s, *allreduce_bytes_per_sec),
+            (*reconfiguration_s, *allreduce_bytes_per_sec, *boundary_link),
         ),
         Command::DefineJob { job } => define_job(state, job),
         Command::RestoreCut {
@@ -434,7 +435,11 @@ fn cost_report(
     step: u64,
     layers: &[(u32, LayerCost)],
     bandwidth: &[(NodeId, f64)],
-    (reconfiguration_s, allreduce_bytes_per_sec): (Option<f64>, Option<f64>),
+    (reconfiguration_s, allreduce_bytes_per_sec, boundary_link): (
+        Option<f64>,
+        Option<f64>,
+        Option<LinkTime>,
+    ),
 ) -> Result<Vec<StateEvent>, Rejection> {
     if !state.members.contains_key(&node) {
         return Err(Rejection::UnknownNode(node));
@@ -464,6 +469,7 @@ fn cost_report(
     for (field, value) in [
         ("reconfiguration_s", reconfiguration_s),
         ("allreduce_bytes_per_sec", allreduce_bytes_per_sec),
+        ("boundary_link", boundary_link.map(|l| l.secs)),
     ] {
         if value.is_some_and(|v| !valid(v)) {
             return Err(Rejection::invalid(
@@ -482,6 +488,7 @@ fn cost_report(
             bandwidth: bandwidth.iter().copied().collect(),
             reconfiguration_s,
             allreduce_bytes_per_sec,
+            boundary_link,
         },
     );
     Ok(vec![StateEvent::CostsRecorded { node }])

@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::types::{
-    Cut, Digest32, Job, KeyId, LayerCost, LayerRange, OptimizerScalars, PeerInfo, Plan, ZoneCount,
+    Cut, Digest32, Job, KeyId, LayerCost, LayerRange, LinkTime, OptimizerScalars, PeerInfo, Plan,
+    ZoneCount,
 };
 use crate::codec::{self, CodecError};
 use crate::ids::NodeId;
@@ -13,7 +14,7 @@ use crate::ids::NodeId;
 pub const MAX_COMMAND_BYTES: usize = 1 << 20;
 
 /// Current version of the command encoding.
-pub const COMMAND_VERSION: u16 = 3;
+pub const COMMAND_VERSION: u16 = 4;
 
 /// A change to the control state. Every node applies the committed sequence of commands in the
 /// same order; [`ControlState::apply`](super::ControlState::apply) is deterministic.
@@ -142,6 +143,9 @@ pub enum Command {
         /// the cost model's ring counts it (`2 (n - 1) / n` of the gradient's bytes a member
         /// sends, over the time the ring took), when the node knows it.
         allreduce_bytes_per_sec: Option<f64>,
+        /// What one activation at a stage boundary takes on the node's link to a neighbouring
+        /// stage (its size is the output of the node's stage), when the node knows it.
+        boundary_link: Option<LinkTime>,
     },
     /// Training stopped (some layers have no live holder and no complete cut the cluster
     /// holds restores them) and a complete cut the cluster does not hold was given in the

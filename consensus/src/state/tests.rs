@@ -835,6 +835,10 @@ fn cost_reports_replace_and_validate() {
         bandwidth: vec![(id(2), 1e9)],
         reconfiguration_s: None,
         allreduce_bytes_per_sec: Some(1.3e9),
+        boundary_link: Some(LinkTime {
+            bytes: 64,
+            secs: 1e-4,
+        }),
     })
     .unwrap();
     s.apply(&Command::CostReport {
@@ -844,24 +848,35 @@ fn cost_reports_replace_and_validate() {
         bandwidth: vec![],
         reconfiguration_s: Some(2.5),
         allreduce_bytes_per_sec: None,
+        boundary_link: None,
     })
     .unwrap();
     let c = &s.costs[&id(1)];
     assert_eq!((c.step, c.layers.len(), c.bandwidth.len()), (6, 1, 0));
     assert_eq!(c.reconfiguration_s, Some(2.5));
     assert_eq!(
-        c.allreduce_bytes_per_sec, None,
+        (c.allreduce_bytes_per_sec, c.boundary_link),
+        (None, None),
         "replaced by the later report"
     );
     let bad = LayerCost {
         forward_s: f64::NAN,
         ..cost
     };
-    for (layers, reconfiguration_s, allreduce_bytes_per_sec, field) in [
-        (vec![], Some(f64::INFINITY), None, "reconfiguration_s"),
-        (vec![(0, bad)], None, None, "layers"),
-        (vec![], None, Some(-1.0), "allreduce_bytes_per_sec"),
-        (vec![], None, Some(f64::NAN), "allreduce_bytes_per_sec"),
+    let link = |secs| Some(LinkTime { bytes: 64, secs });
+    for (layers, reconfiguration_s, allreduce_bytes_per_sec, boundary_link, field) in [
+        (vec![], Some(f64::INFINITY), None, None, "reconfiguration_s"),
+        (vec![(0, bad)], None, None, None, "layers"),
+        (vec![], None, Some(-1.0), None, "allreduce_bytes_per_sec"),
+        (
+            vec![],
+            None,
+            Some(f64::NAN),
+            None,
+            "allreduce_bytes_per_sec",
+        ),
+        (vec![], None, None, link(-1e-3), "boundary_link"),
+        (vec![], None, None, link(f64::INFINITY), "boundary_link"),
     ] {
         let report = Command::CostReport {
             node: id(1),
@@ -870,6 +885,7 @@ fn cost_reports_replace_and_validate() {
             bandwidth: vec![],
             reconfiguration_s,
             allreduce_bytes_per_sec,
+            boundary_link,
         };
         assert!(
             matches!(rejected(&mut s, &report), Rejection::Invalid { field: f, .. } if f == field),

@@ -411,4 +411,16 @@ pub struct NodeCosts {
     pub reconfiguration_s: Option<f64>,
     /// The rate of its gradient all-reduce within its zone, bytes per second.
     pub allreduce_bytes_per_sec: Option<f64>,
+    /// What one boundary activation took on its link to a neighbouring stage.
+    pub boundary_link: Option<LinkTime>,
+}
+
+/// The time a link took to carry one message of a size: a point of its transfer curve, from
+/// which the planner takes the link's latency beside the rate its state fetches measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkTime {
+    /// Bytes of the message.
+    pub bytes: u64,
+    /// Seconds from the send to the receipt.
+    pub secs: f64,
 }

@@ -128,6 +128,7 @@ fn oversized_proposal_is_refused_and_counted() {
         bandwidth: vec![],
         reconfiguration_s: None,
         allreduce_bytes_per_sec: None,
+        boundary_link: None,
     };
     let err = sim.node_mut(leader).propose(&cmd).unwrap_err();
     assert!(matches!(err, ProposeError::TooLarge { max, .. } if max == MAX_COMMAND_BYTES));

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parcae_consensus::state::Plan;
+use parcae_consensus::state::{LinkTime, Plan};
 use parcae_model::LayerCost;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::spec::RestartKind;
@@ -178,6 +178,10 @@ impl Pacing for Accelerator {
 
     fn allreduce_rate(&self) -> Option<f64> {
         Some(self.emulation.allreduce_rate())
+    }
+
+    fn boundary_link(&self, micro_batch: u32) -> Option<LinkTime> {
+        Some(self.emulation.boundary_link(micro_batch))
     }
 
     fn report(&self, metrics: &Metrics) -> Option<EmulatedView> {

@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use parcae_consensus::state::LinkTime;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::analytic::{Hardware, MIB, stage_allreduce_ms};
 use parcae_strategies::cost::links::Links;
@@ -213,10 +214,23 @@ impl Emulation {
     /// `micro_batch` samples, as the emulated model has them.
     pub fn layer_size(&self, layer: usize, micro_batch: u32) -> Option<(f64, f64)> {
         let l = self.spec.layers.get(layer)?;
-        Some((
-            l.params,
-            self.spec.boundary_bytes * self.per_sample(micro_batch),
-        ))
+        Some((l.params, self.boundary_bytes(micro_batch)))
+    }
+
+    /// Bytes of the activation that crosses a stage boundary for a micro-batch of
+    /// `micro_batch` samples.
+    fn boundary_bytes(&self, micro_batch: u32) -> f64 {
+        self.spec.boundary_bytes * self.per_sample(micro_batch)
+    }
+
+    /// What one boundary activation takes on the link within a zone, on the paced clock, as a
+    /// node timing its sends would find: the profiled curve at the activation's size.
+    pub fn boundary_link(&self, micro_batch: u32) -> LinkTime {
+        let bytes = self.boundary_bytes(micro_batch);
+        LinkTime {
+            bytes: bytes as u64,
+            secs: self.ms(self.link.cost_ms(bytes)).as_secs_f64(),
+        }
     }
 
     fn per_sample(&self, micro_batch: u32) -> f64 {
@@ -273,7 +287,7 @@ impl Emulation {
         let boundary = |across: bool| {
             self.ms(self
                 .link_for(across)
-                .cost_ms(self.spec.boundary_bytes * per_sample))
+                .cost_ms(self.boundary_bytes(micro_batch)))
         };
         Ok(EmulatedStage {
             forward: self.ms(sum(|l| l.forward_ms) * per_sample),

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use parcae_consensus::state::Plan;
+use parcae_consensus::state::{LinkTime, Plan};
 use parcae_model::LayerCost;
 
 use super::costs::{Crossings, EmulatedStage, EmulationError, Fetched};
@@ -94,6 +94,11 @@ pub trait Pacing: Send + Sync {
     /// the measured state fetches).
     fn allreduce_rate(&self) -> Option<f64>;
 
+    /// What one boundary activation of a micro-batch of `micro_batch` samples takes on this
+    /// device's link to a neighbouring stage, when the device knows it (`None`: the planner
+    /// assumes a fixed latency beside the measured fetch rate).
+    fn boundary_link(&self, micro_batch: u32) -> Option<LinkTime>;
+
     /// The pacing so far, into `metrics` and for `/status` (`None` on a real device).
     fn report(&self, metrics: &Metrics) -> Option<EmulatedView>;
 }
@@ -142,6 +147,10 @@ impl Pacing for RealTime {
     }
 
     fn allreduce_rate(&self) -> Option<f64> {
+        None
+    }
+
+    fn boundary_link(&self, _: u32) -> Option<LinkTime> {
         None
     }
 

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use parcae_consensus::state::LinkTime;
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, MIB, throughput_table};
@@ -26,6 +27,10 @@ use crate::job::JobSpec;
 /// Data-plane rate assumed until nodes report measured ones (the 10 Gb/s of Parcae's cluster;
 /// the encrypted data plane measured 1.3-1.5 GB/s on loopback).
 pub const DEFAULT_BYTES_PER_SEC: f64 = 1.25e9;
+
+/// Latency of a link assumed until nodes report the time of a boundary activation's crossing
+/// (`CostReport::boundary_link`), ms.
+pub const DEFAULT_LATENCY_MS: f64 = 1.0;
 
 /// Memory planned for on CPU hosts, MiB.
 pub const CPU_MEMORY_MB: f64 = 64.0 * 1024.0;
@@ -173,8 +178,20 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
         .map(|l| l.activation_mb * 1024.0 * 1024.0)
         .fold(0.0, f64::max);
     let rate = |r: &f64| r.is_finite() && *r > 0.0;
-    let rates = state.costs.values().flat_map(|c| c.bandwidth.values());
-    let bytes_per_sec = median_or(rates.copied().filter(rate).collect(), DEFAULT_BYTES_PER_SEC);
+    let crossings: Vec<LinkTime> = state
+        .costs
+        .values()
+        .filter_map(|c| c.boundary_link)
+        .filter(|l| rate(&(l.bytes as f64 / l.secs)))
+        .collect();
+    // The links' rate as the state fetches found it; until one was timed, the rate of the
+    // boundary activations' crossings (a crossing is a transfer over the same link).
+    let fetches = state.costs.values().flat_map(|c| c.bandwidth.values());
+    let crossed = crossings.iter().map(|l| l.bytes as f64 / l.secs);
+    let bytes_per_sec = median_or(
+        fetches.copied().filter(rate).collect(),
+        median_or(crossed.collect(), DEFAULT_BYTES_PER_SEC),
+    );
     // The ring's rate where the nodes know it (an emulated device's is its profile's), else
     // the links' as the state fetches found them.
     let rings = state
@@ -182,6 +199,16 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
         .values()
         .filter_map(|c| c.allreduce_bytes_per_sec);
     let ring_bytes_per_sec = median_or(rings.filter(rate).collect(), bytes_per_sec);
+    // The links' latency: what a boundary activation's crossing took beyond its bytes at the
+    // fetches' rate, where the nodes timed one (an emulated device's is its profiled curve's),
+    // so that a crossing is priced at what it takes.
+    let latency_ms = median_or(
+        crossings
+            .iter()
+            .map(|l| (l.secs - l.bytes as f64 / bytes_per_sec).max(0.0) * 1e3)
+            .collect(),
+        DEFAULT_LATENCY_MS,
+    );
     let reconfigurations = state.costs.values().filter_map(|c| c.reconfiguration_s);
     let restart_ms = median_or(
         reconfigurations.map(|s| s * 1e3).collect(),
@@ -200,7 +227,7 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
         restart: RestartCost::Fixed { ms: restart_ms },
     };
     let transfer = TransferModel::Linear {
-        latency_ms: 1.0,
+        latency_ms,
         bytes_per_sec,
     };
     let hw = Hardware {
@@ -213,171 +240,4 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::job::Identity;
-    use parcae_consensus::Command;
-    use parcae_consensus::state::PeerInfo;
-    use parcae_strategies::ParallelConfig;
-
-    #[test]
-    fn a_reconfiguration_is_priced_at_what_the_nodes_measured() {
-        let shape = JobShape {
-            global_batch: 16,
-            micro_batch: 2,
-            max_nodes: 4,
-            restart_ms: 2000.0,
-            memory_mb: CPU_MEMORY_MB,
-            min_depth: 1,
-            profile: None,
-        };
-        let cost = parcae_consensus::state::LayerCost {
-            forward_s: 0.01,
-            backward_s: 0.02,
-            optimizer_s: 0.001,
-            params: 1000,
-            output_bytes: 4096,
-        };
-        let mut state = ControlState::default();
-        let restart = |state: &ControlState| match measured(state, &shape).unwrap().spec.restart {
-            RestartCost::Fixed { ms } => ms,
-            other => panic!("{other:?}"),
-        };
-        for (n, reconfiguration_s) in [(1u8, None), (2, Some(12.0)), (3, Some(20.0))] {
-            let node = NodeId::from_peer_bytes(&[n]);
-            let peer = PeerInfo {
-                peer_id: vec![n],
-                ..PeerInfo::default()
-            };
-            state.apply(&Command::Join { node, peer }).unwrap();
-            state
-                .apply(&Command::CostReport {
-                    node,
-                    step: 0,
-                    layers: vec![(0, cost), (1, cost)],
-                    bandwidth: Vec::new(),
-                    reconfiguration_s,
-                    allreduce_bytes_per_sec: None,
-                })
-                .unwrap();
-            if n == 1 {
-                assert_eq!(restart(&state), 2000.0, "nothing measured yet");
-            }
-        }
-        assert_eq!(restart(&state), 20_000.0);
-        let deep = JobShape {
-            min_depth: 2,
-            ..shape.clone()
-        };
-        let model = measured(&state, &deep).unwrap();
-        assert!(
-            model.candidates().iter().all(|c| c.p == 2),
-            "only depth 2 fits"
-        );
-    }
-
-    #[test]
-    fn the_all_reduce_is_priced_at_the_ring_rate_the_nodes_report() {
-        let shape = JobShape {
-            global_batch: 16,
-            micro_batch: 2,
-            max_nodes: 4,
-            restart_ms: 2000.0,
-            memory_mb: CPU_MEMORY_MB,
-            min_depth: 1,
-            profile: None,
-        };
-        let cost = parcae_consensus::state::LayerCost {
-            forward_s: 0.01,
-            backward_s: 0.02,
-            optimizer_s: 0.001,
-            params: 10_000_000,
-            output_bytes: 4096,
-        };
-        let model = |ring: Option<f64>| {
-            let mut state = ControlState::default();
-            for n in [1u8, 2] {
-                let node = NodeId::from_peer_bytes(&[n]);
-                let peer = PeerInfo {
-                    peer_id: vec![n],
-                    ..PeerInfo::default()
-                };
-                state.apply(&Command::Join { node, peer }).unwrap();
-                let other = NodeId::from_peer_bytes(&[3 - n]);
-                state
-                    .apply(&Command::CostReport {
-                        node,
-                        step: 0,
-                        layers: vec![(0, cost), (1, cost)],
-                        bandwidth: vec![(other, 1e9)],
-                        reconfiguration_s: None,
-                        allreduce_bytes_per_sec: ring,
-                    })
-                    .unwrap();
-            }
-            measured(&state, &shape).unwrap()
-        };
-        let (fetched, fast, slow) = (model(None), model(Some(1e9)), model(Some(1e8)));
-        let rate = |m: &CostModel, d, p| m.samples_per_sec(ParallelConfig::new(d, p));
-        assert_eq!(rate(&fetched, 2, 1), rate(&fast, 2, 1), "the fetches' rate");
-        assert!(rate(&slow, 2, 1) < 0.9 * rate(&fast, 2, 1));
-        assert_eq!(rate(&slow, 1, 1), rate(&fast, 1, 1), "no ring, no change");
-    }
-
-    #[test]
-    fn the_leader_plans_the_batch_of_the_cluster_s_job() {
-        let own = JobShape {
-            global_batch: 16,
-            micro_batch: 2,
-            max_nodes: 32,
-            restart_ms: 2000.0,
-            memory_mb: CPU_MEMORY_MB,
-            min_depth: 1,
-            profile: None,
-        };
-        let spec = JobSpec {
-            global_batch: 64,
-            micro_batch: 0,
-            ..JobSpec::default()
-        };
-        let job = spec.job(&Identity::default(), &[]).unwrap();
-        let shape = own.for_job(Some(&job));
-        assert_eq!((shape.global_batch, shape.micro_batch), (64, 2));
-        assert_eq!(shape.max_nodes, 32);
-        let shape = own.for_job(None);
-        assert_eq!((shape.global_batch, shape.micro_batch), (16, 2));
-    }
-
-    #[test]
-    fn a_profile_prices_the_layers_before_any_node_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("tiny.json");
-        let profile = crate::profile::profile(&crate::profile::tests::tiny(&out)).unwrap();
-        let shape = JobShape {
-            global_batch: 16,
-            micro_batch: 4,
-            max_nodes: 4,
-            restart_ms: 2000.0,
-            memory_mb: CPU_MEMORY_MB,
-            min_depth: 1,
-            profile: None,
-        };
-        let state = ControlState::default();
-        assert!(measured(&state, &shape).is_none(), "nothing reported");
-        let shape = JobShape {
-            profile: Some(Arc::new(profile.clone())),
-            ..shape
-        };
-        let model = measured(&state, &shape).unwrap();
-        assert_eq!(model.spec.layers.len(), 4);
-        let block = &model.spec.layers[1];
-        assert_eq!(block.forward_ms, 2.0 * profile.layers[1].forward_ms);
-        assert_eq!(block.optimizer_ms, profile.layers[1].optimizer_ms);
-        assert_eq!(
-            model.spec.boundary_bytes,
-            2.0 * profile.layers[1].output_bytes as f64,
-            "the hidden state at the job's micro-batch of 4, not the head's logits"
-        );
-        assert!(!model.candidates().is_empty());
-    }
-}
+mod tests;

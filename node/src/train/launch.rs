@@ -265,6 +265,7 @@ fn spawn_worker<M: PipelineModel>(
                         bandwidth: Vec::new(),
                         reconfiguration_s: None,
                         allreduce_bytes_per_sec: setup.pacing.allreduce_rate(),
+                        boundary_link: setup.pacing.boundary_link(setup.spec.micro_batch),
                     });
                 }
                 Err(e) => tracing::warn!("cannot measure layer costs: {e}"),
@@ -305,19 +306,25 @@ fn measure_costs<M: PipelineModel>(
     costs
         .into_iter()
         .map(|real| {
-            let c = s.pacing.measured_layer(real, s.spec.micro_batch)?;
-            Ok((
-                c.layer as u32,
-                ReportedCost {
-                    forward_s: c.forward_ms / 1e3,
-                    backward_s: c.backward_ms / 1e3,
-                    optimizer_s: c.optimizer_ms / 1e3,
-                    params: c.param_count as u64,
-                    output_bytes: c.output_bytes as u64,
-                },
+            Ok(reported(
+                &s.pacing.measured_layer(real, s.spec.micro_batch)?,
             ))
         })
         .collect()
+}
+
+/// A layer's measured costs as a `CostReport` carries them: by layer, in seconds.
+pub fn reported(c: &parcae_model::LayerCost) -> (u32, ReportedCost) {
+    (
+        c.layer as u32,
+        ReportedCost {
+            forward_s: c.forward_ms / 1e3,
+            backward_s: c.backward_ms / 1e3,
+            optimizer_s: c.optimizer_ms / 1e3,
+            params: c.param_count as u64,
+            output_bytes: c.output_bytes as u64,
+        },
+    )
 }
 
 /// Copies the newest complete checkpoint of the job from the store at `from` into the job's

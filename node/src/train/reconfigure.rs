@@ -290,6 +290,7 @@ fn report_costs<M: PipelineModel>(
             bandwidth: measured.bandwidth.clone(),
             reconfiguration_s: measured.reconfiguration_s,
             allreduce_bytes_per_sec: setup.pacing.allreduce_rate(),
+            boundary_link: setup.pacing.boundary_link(setup.spec.micro_batch),
         });
     }
     Ok(())

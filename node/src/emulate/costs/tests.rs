@@ -169,3 +169,14 @@ fn bad_settings_are_named() {
         assert!(err.to_string().contains("of gpt-1.5b"), "{err}");
     }
 }
+
+#[test]
+fn a_boundary_activation_takes_the_stage_s_crossing() {
+    let e = Emulation::new("gpt-1.5b", 6.0).unwrap();
+    let link = e.boundary_link(2);
+    assert_eq!(link.bytes, 2 * 1024 * 1600 * 4);
+    let stage = e.stage(3..9, 2, 4).unwrap();
+    assert!((link.secs - stage.to_next.as_secs_f64()).abs() < 1e-12);
+    // The profiled curve at 13.1 MB (14.7 ms at 10 Gb/s), on the paced clock.
+    assert!((link.secs * 6.0 - 0.014730).abs() < 1e-5, "{}", link.secs);
+}

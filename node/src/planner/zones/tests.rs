@@ -61,6 +61,7 @@ fn cluster(zones: &[&str]) -> ControlState {
             bandwidth: Vec::new(),
             reconfiguration_s: None,
             allreduce_bytes_per_sec: None,
+            boundary_link: None,
         };
         state.apply(&report).unwrap();
     }
@@ -197,6 +198,7 @@ fn measured_rates(state: &mut ControlState, from: u8, sources: &[u8], rate: f64)
             .collect(),
         reconfiguration_s: None,
         allreduce_bytes_per_sec: None,
+        boundary_link: None,
     };
     state.apply(&report).unwrap();
 }
