@@ -97,6 +97,21 @@ impl NoticesInFlight {
     }
 }
 
+/// The configured listen addresses a peer can dial: port 0 and unspecified IPs are no way to
+/// reach a node, which shows and announces the real ones as its swarm reports them.
+pub fn dialable(configured: Vec<Multiaddr>) -> Vec<Multiaddr> {
+    use libp2p::multiaddr::Protocol;
+    let placeholder = |addr: &Multiaddr| {
+        addr.iter().any(|p| match p {
+            Protocol::Tcp(0) => true,
+            Protocol::Ip4(ip) => ip.is_unspecified(),
+            Protocol::Ip6(ip) => ip.is_unspecified(),
+            _ => false,
+        })
+    };
+    configured.into_iter().filter(|a| !placeholder(a)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +135,20 @@ mod tests {
             vec![[1; 8]],
             Capabilities::default(),
         )
+    }
+
+    #[test]
+    fn only_addresses_a_peer_can_dial_are_announced() {
+        let addrs: Vec<Multiaddr> = [
+            "/ip4/127.0.0.1/tcp/0",
+            "/ip4/0.0.0.0/tcp/7001",
+            "/ip6/::/tcp/7001",
+            "/ip4/10.0.0.2/tcp/7001",
+        ]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+        assert_eq!(dialable(addrs.clone()), addrs[3..]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use actix::prelude::*;
-use libp2p::{Multiaddr, PeerId};
+use libp2p::PeerId;
 use parcae_consensus::{Command, StepError};
 
 use super::{
@@ -208,17 +208,6 @@ impl Handler<NetEvent> for ControlDriver {
             NetEvent::SendFailed(peer) => self.node.report_unreachable(node_id(&peer)),
         }
     }
-}
-
-/// Whether a configured listen address cannot be dialled as is (port 0 or unspecified IP).
-pub(super) fn is_placeholder(addr: &Multiaddr) -> bool {
-    use libp2p::multiaddr::Protocol;
-    addr.iter().any(|p| match p {
-        Protocol::Tcp(0) => true,
-        Protocol::Ip4(ip) => ip.is_unspecified(),
-        Protocol::Ip6(ip) => ip.is_unspecified(),
-        _ => false,
-    })
 }
 
 impl Handler<CloudPlacement> for ControlDriver {

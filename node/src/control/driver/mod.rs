@@ -30,7 +30,7 @@ use parcae_consensus::{Command, NodeEvent, NodeId, ProposalHandle, ProposeError,
 use super::authorize::authorize;
 use super::known_peers;
 use super::liveness::Liveness;
-use super::membership::{NoticesInFlight, join_needed, peer_info};
+use super::membership::{NoticesInFlight, dialable, join_needed, peer_info};
 use super::peer_clocks::PeerClocks;
 use super::project::{LocalView, PeerNames, project};
 use super::proof;
@@ -47,7 +47,6 @@ use crate::status::{
     ClockRefusalView, NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound, StepsSkipped,
 };
 use crate::wire::ControlMessage;
-use inbound::is_placeholder;
 
 /// How often this node's membership record is checked against what it should say.
 const JOIN_CHECK: Duration = Duration::from_millis(250);
@@ -145,13 +144,7 @@ impl ControlDriver {
             config,
             net,
             out,
-            // Configured addresses with port 0 or an unspecified IP are no way to reach this
-            // node: it shows and announces the real ones as the swarm reports them.
-            listen_addrs: setup
-                .listen
-                .into_iter()
-                .filter(|a| !is_placeholder(a))
-                .collect(),
+            listen_addrs: dialable(setup.listen),
             data_dir: setup.data_dir,
             connected: HashSet::new(),
             peer_clocks: PeerClocks::default(),
