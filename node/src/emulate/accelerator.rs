@@ -58,10 +58,14 @@ impl Accelerator {
     }
 
     /// What measuring a layer on this device finds, given what it took on the CPU (`real`,
-    /// micro-batches of `micro_batch` samples): the real work, waited out to the emulated
-    /// time, as the pacer does for every step, and the emulated model's parameters and output
-    /// bytes (the narrow stand-in's are not what the emulated cluster moves). This is the only
-    /// way the emulated costs reach the planner: as measurements.
+    /// micro-batches of `micro_batch` samples): the emulated device's times, and the emulated
+    /// model's parameters and output bytes (the narrow stand-in's are not what the emulated
+    /// cluster moves). This is the only way the emulated costs reach the planner: as
+    /// measurements. The host's time is not the device's: a node's probe runs cold, while every
+    /// node of the host starts, and the planner's rates from probes that counted it were 0.77
+    /// (8 nodes) and about half (32 nodes) of the emulated model's, where the same work in
+    /// training fit the emulated times (1-2 % overrun). Real work that outlasts the emulated
+    /// time in training is the pacer's overrun, counted, reported and checked, not a cost.
     pub fn measured(
         &self,
         real: &LayerCost,
@@ -70,7 +74,7 @@ impl Accelerator {
         let e = self
             .emulation
             .stage(real.layer..real.layer + 1, micro_batch, 1)?;
-        let at_least = |real_ms: f64, emulated: Duration| real_ms.max(emulated.as_secs_f64() * 1e3);
+        let ms = |emulated: Duration| emulated.as_secs_f64() * 1e3;
         let (params, output_bytes) = self
             .emulation
             .layer_size(real.layer, micro_batch)
@@ -78,9 +82,9 @@ impl Accelerator {
         Ok(LayerCost {
             param_count: params as usize,
             output_bytes: output_bytes as usize,
-            forward_ms: at_least(real.forward_ms, e.forward),
-            backward_ms: at_least(real.backward_ms, e.backward),
-            optimizer_ms: at_least(real.optimizer_ms, e.optimizer),
+            forward_ms: ms(e.forward),
+            backward_ms: ms(e.backward),
+            optimizer_ms: ms(e.optimizer),
             ..real.clone()
         })
     }
@@ -243,7 +247,7 @@ mod tests {
     }
 
     #[test]
-    fn measuring_finds_the_emulated_layer_unless_the_cpu_is_slower() {
+    fn measuring_finds_the_emulated_layer_whatever_the_host_took() {
         let device = Accelerator::new(Emulation::new("gpt-1.5b", 2.0).unwrap());
         let block = device.measured(&cpu(5, 0.1), 1).unwrap();
         assert!((block.forward_ms - 6.51 / 2.0).abs() < 1e-9);
@@ -252,9 +256,10 @@ mod tests {
         assert_eq!(block.param_count, 30_740_800);
         assert_eq!(block.output_bytes, 1024 * 1600 * 4);
         assert_eq!(block.name, "layer5");
-        // A CPU slower than the emulated GPU shows through (and overruns when training).
+        // A host slower than the emulated GPU overruns when training; the planner prices the
+        // device.
         let slow = device.measured(&cpu(5, 100.0), 1).unwrap();
-        assert_eq!(slow.forward_ms, 100.0);
+        assert_eq!(slow.forward_ms, block.forward_ms);
         assert!(device.measured(&cpu(50, 0.1), 1).is_err());
         assert_eq!(device.view().busy_secs, 0.0);
     }
