@@ -3,7 +3,10 @@
 //!
 //! * Per interval: the configuration the cluster ran (the one it held longest) and the one the
 //!   simulator chose, the samples each trained (the leader's sample cursor at the interval's
-//!   ends), the seconds the cluster stalled and the seconds the simulator charged.
+//!   ends), the seconds the cluster stalled and the seconds the simulator charged, both by
+//!   time: a stall that outlasts its interval stalls the next (the simulator's charge runs on
+//!   likewise), and stalls that overlap (a plan replaced before the cluster trained in it)
+//!   count once.
 //! * Per reconfiguration: what caused it (the last scenario action since the previous plan, at
 //!   most one interval before it), and
 //!   its stall split into detection (a kill to the plan committed; notices and arrivals stall
@@ -104,7 +107,8 @@ pub struct StallLedger {
     pub epoch: u64,
     /// How the nodes moved.
     pub kind: MigrationKind,
-    /// The interval it is booked to (the boundary nearest to its plan).
+    /// The interval whose charge it is held against (the boundary nearest to its plan; the
+    /// intervals' stalled seconds are booked by time).
     pub interval: u64,
     /// The scenario action that caused it (null: the planner moved on its own).
     pub cause: Option<EventKind>,
@@ -189,7 +193,7 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         let per_sec = steady.get(&c).map_or_else(|| rate(c), |&(s, t)| s / t);
         if per_sec > 0.0 { batch / per_sec } else { 0.0 }
     };
-    let start_secs = start_secs(inputs.timeline, step_secs).min(inputs.interval_secs);
+    let start_secs = start_secs(inputs.timeline, step_secs);
     let charged = |i: usize| {
         inputs
             .simulated
@@ -201,6 +205,7 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         .iter()
         .map(|s| s.ledger(s.config.map_or(0.0, step_secs), charged(s.interval)))
         .collect();
+    let stalled = stalled_spans(start_secs, &spans, &stalls);
     let interval = inputs.interval_secs;
     let mut gap = GapLedger {
         measured: inputs.samples as f64,
@@ -221,12 +226,7 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         simulated_before = inputs.simulated.cumulative[i];
         let held = held_longest(inputs.timeline, start, end);
         let chosen = inputs.simulated.configs[i];
-        let started = if i == 0 { start_secs } else { 0.0 };
-        let stalled_secs = stalls
-            .iter()
-            .filter(|s| s.interval == i as u64)
-            .fold(started, |sum, s| sum + s.stalled_secs)
-            .min(interval);
+        let stalled_secs = within(&stalled, start, end);
         let charged_secs = charged(i);
         let model_rate = held.map_or(0.0, rate);
         let measured_rate = held
@@ -356,6 +356,44 @@ fn stall_spans<'a>(inputs: &Inputs<'a>, intervals: usize) -> Vec<StallSpan<'a>> 
             }
         })
         .collect()
+}
+
+/// The seconds the cluster stalled, as disjoint spans of the timeline: the job's start and each
+/// reconfiguration's (from its kill or its plan, for as long as it stalled), overlapping ones
+/// merged. A stall that outlasts its interval stalls the next, as the simulator's charge runs
+/// on into the next interval, and a plan that replaces another before the cluster trained in it
+/// stalls the cluster once, not once per plan.
+fn stalled_spans(
+    start_secs: f64,
+    spans: &[StallSpan<'_>],
+    stalls: &[StallLedger],
+) -> Vec<(f64, f64)> {
+    let mut all: Vec<(f64, f64)> = std::iter::once((0.0, start_secs))
+        .chain(
+            spans
+                .iter()
+                .zip(stalls)
+                .map(|(s, l)| (s.start(), s.start() + l.stalled_secs)),
+        )
+        .filter(|(a, b)| b > a)
+        .collect();
+    all.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut merged: Vec<(f64, f64)> = Vec::with_capacity(all.len());
+    for (a, b) in all {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
+/// Seconds of the disjoint `spans` within `[start, end)`.
+fn within(spans: &[(f64, f64)], start: f64, end: f64) -> f64 {
+    spans
+        .iter()
+        .map(|&(a, b)| (b.min(end) - a.max(start)).max(0.0))
+        .sum()
 }
 
 /// Samples and seconds per configuration outside every stall (a kill or a plan to the plan's

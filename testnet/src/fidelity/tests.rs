@@ -238,3 +238,63 @@ fn the_job_s_start_is_a_stall_of_the_first_interval() {
     // Without a committed step there is no start to measure.
     assert_eq!(start_secs(&timeline[..4], |_| 1.0), 0.0);
 }
+
+#[test]
+fn a_stall_that_outlasts_its_interval_stalls_the_next_and_overlapping_stalls_count_once() {
+    // A kill at 10 s, its plan at 12 s restarting for 12 s; an arrival at 15 s, whose plan at
+    // 16 s replaces it before the cluster trained in it; the first step of both commits at
+    // 26 s, then one every 2 s.
+    let mut timeline: Vec<Sample> = (0..=11)
+        .map(|i| sample(i as f64, 1, WIDE, i.min(10), 8 * i.min(10)))
+        .collect();
+    timeline.extend((12..=15).map(|i| sample(i as f64, 2, NARROW, 10, 80)));
+    timeline.extend((16..=25).map(|i| sample(i as f64, 3, NARROW, 10, 80)));
+    timeline.extend((26..=31u64).map(|i| {
+        let step = 11 + (i - 26) / 2;
+        sample(i as f64, 3, NARROW, step, 8 * step)
+    }));
+    let events = [
+        Event {
+            t: 10.0,
+            kind: EventKind::Kill,
+        },
+        Event {
+            t: 15.0,
+            kind: EventKind::Arrival,
+        },
+    ];
+    let simulated = StrategyRun {
+        configs: vec![WIDE, NARROW, NARROW],
+        cumulative: vec![100.0, 100.0, 130.0],
+        charged_secs: vec![0.0, 10.0, 4.0],
+        samples: 130.0,
+        ..simulated()
+    };
+    let f = ledger(&Inputs {
+        timeline: &timeline,
+        events: &events,
+        reconfigurations: &[restart(2, 11, 13.0, 12.0), restart(3, 11, 17.0, 6.0)],
+        simulated: &simulated,
+        model: &model(),
+        interval_secs: 10.0,
+        time_scale: 1.0,
+        samples: 104,
+    });
+    let [killed, arrived] = f.reconfigurations.as_slice() else {
+        panic!("{:?}", f.reconfigurations)
+    };
+    assert_eq!(
+        (killed.cause, killed.stalled_secs),
+        (Some(EventKind::Kill), 14.0)
+    );
+    assert_eq!(arrived.cause, Some(EventKind::Arrival));
+    // The kill's 14 s stall runs from 10 s to 24 s, the arrival's lies within it.
+    let stalled: Vec<f64> = f.intervals.iter().map(|i| i.stalled_secs).collect();
+    assert_eq!(stalled, [0.0, 10.0, 4.0]);
+    let g = &f.gap;
+    let sum = g.configuration + g.stalls + g.throughput + g.outside_intervals + g.unexplained;
+    assert!((sum - g.gap).abs() < 1e-9, "{g:?}");
+    // Stalled as long as charged, in the same configurations: the stall costs nothing against
+    // the simulator.
+    assert_eq!(g.stalls, 0.0);
+}
