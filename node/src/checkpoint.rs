@@ -267,6 +267,7 @@ mod tests {
             .into_iter()
             .collect(),
             at_step: 0,
+            joins_before: 0,
         });
         state.progress.last_committed_step = Some(9);
         assert_eq!(may_store(&state, id(1), 10, &(0..3)), Ok(()));

@@ -35,11 +35,11 @@ use std::sync::Arc;
 use parcae_api::MigrationKind;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::baselines::CHECKPOINT_MS;
-use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::throughput_table;
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::cost::transfer::TransferModel;
+use parcae_strategies::cost::{CostModel, RepartitionRule};
 use parcae_strategies::sim::{self, SimSetup, StrategyRun};
 use parcae_strategies::trace::{Interval, Trace};
 
@@ -171,7 +171,7 @@ pub fn measured_model(model: &str, runs: &[&Observed]) -> Option<CostModel> {
             ms: (measured_restart_ms(runs) - CHECKPOINT_MS).max(0.0),
         },
     };
-    Some(CostModel::new(spec, table, LOOPBACK))
+    Some(CostModel::new(spec, table, LOOPBACK).with_repartition(RepartitionRule::Handoff))
 }
 
 /// A note when the simulator charges reactive restarts more than the testnet measured.
@@ -223,7 +223,8 @@ pub fn emulated_model(profile: &str, nodes_max: u32) -> Option<CostModel> {
     let emulated = parcae_strategies::cost::profile::emulated(profile).ok()?;
     let link = TransferModel::Profiled10Gbps;
     let table = throughput_table(&emulated.spec, emulated.hardware, &link, nodes_max);
-    Some(CostModel::new(emulated.spec, table, link))
+    // The nodes hand state off as `parcae-node` does, which the simulator prices so.
+    Some(CostModel::new(emulated.spec, table, link).with_repartition(RepartitionRule::Handoff))
 }
 
 /// `node_strategy` simulated on the whole of `trace` with `model` (`None` for a strategy the

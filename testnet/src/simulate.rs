@@ -46,8 +46,11 @@ pub struct Args {
     /// Comma-separated strategies (default: all).
     #[arg(long, value_delimiter = ',')]
     strategies: Option<Vec<String>>,
-    /// Repartition volume: `sum` of every stage's missing layers, or the artifact's `last`.
-    #[arg(long, default_value = "sum", value_parser = ["sum", "last"])]
+    /// How a repartition is priced: Parcae's formula with the `sum` of every stage's missing
+    /// layers, or the artifact's `last`; or `handoff`, what `parcae-node` does (every node
+    /// fetches what it lacks from the holders at once, each link carrying what it receives
+    /// and sends).
+    #[arg(long, default_value = "sum", value_parser = ["sum", "last", "handoff"])]
     repartition: String,
     /// Seed of the scenario sampling and of the predictors.
     #[arg(long, default_value_t = 1)]
@@ -223,6 +226,7 @@ fn cost_model(args: &Args) -> Result<CostModel> {
     }
     let rule = match args.repartition.as_str() {
         "last" => RepartitionRule::LastStage,
+        "handoff" => RepartitionRule::Handoff,
         _ => RepartitionRule::Sum,
     };
     Ok(model.with_repartition(rule))

@@ -408,6 +408,15 @@ fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {
             ));
         }
     }
+    if plan.joins_before > state.next_join_seq {
+        return Err(Rejection::invalid(
+            "joins_before",
+            format!(
+                "{} is past the next join sequence number {}",
+                plan.joins_before, state.next_join_seq
+            ),
+        ));
+    }
     let next_step = state.progress.next_step();
     if plan.at_step < next_step {
         return Err(Rejection::StepInPast {

@@ -31,7 +31,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 9;
+pub const SNAPSHOT_VERSION: u16 = 10;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {

@@ -66,6 +66,7 @@ fn plan(epoch: u64, d: u32, p: u32, at_step: u64) -> Plan {
         partition: (0..=p).map(|s| s * 4).collect(),
         assignment,
         at_step,
+        joins_before: 0,
     }
 }
 
@@ -513,6 +514,23 @@ fn invalid_plans_are_rejected() {
             ..
         }
     ));
+}
+
+#[test]
+fn a_plan_knows_at_most_the_members_that_joined() {
+    let mut s = state_with(4);
+    let mut p = plan(1, 2, 2, 0);
+    p.joins_before = s.next_join_seq + 1;
+    assert!(matches!(
+        rejected(&mut s, &Command::Reconfigure { plan: p.clone() }),
+        Rejection::Invalid {
+            field: "joins_before",
+            ..
+        }
+    ));
+    p.joins_before = s.next_join_seq;
+    s.apply(&Command::Reconfigure { plan: p }).unwrap();
+    assert_eq!(s.plan.map(|p| p.joins_before), Some(4));
 }
 
 fn part(step: u64, stage: u32, holders: Vec<NodeId>) -> Command {

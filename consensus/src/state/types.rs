@@ -232,6 +232,11 @@ pub struct Plan {
     pub assignment: BTreeMap<NodeId, StageSlot>,
     /// First training step run under this plan (the effective step).
     pub at_step: u64,
+    /// The join sequence number the next member would have taken when the plan was made
+    /// (`ControlState::next_join_seq`): members with a smaller `join_seq` were known to its
+    /// planner, the others joined after it (what tells a restart that answers an arrival from
+    /// one that answers a departure).
+    pub joins_before: u64,
 }
 
 impl Plan {

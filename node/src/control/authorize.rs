@@ -106,6 +106,7 @@ mod tests {
                 })
                 .collect(),
             at_step: 0,
+            joins_before: 0,
         });
         state
     }

@@ -5,12 +5,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parcae_consensus::ControlState;
 use parcae_consensus::state::{LinkTime, Plan};
 use parcae_model::LayerCost;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::spec::RestartKind;
 
-use super::costs::{Crossings, Emulation, EmulationError, Fetched};
+use super::costs::{Crossings, Emulation, EmulationError, Fetched, Rebuild};
 use super::pacer::{Overrun, Pacer};
 use super::pacing::{Change, MeasuredFetch, Pacing, StepPacing};
 use crate::metrics::Metrics;
@@ -90,22 +91,28 @@ impl Accelerator {
     }
 
     /// What timing a state fetch on this device's links finds, given what the real fetch of
-    /// the narrow stand-in's state took (`real_secs`): each source's emulated state bytes over
-    /// its emulated link (within the zone or across), the real fetch waited out to the slowest
-    /// one's time, as the pacer makes it. The rates the planner learns are the emulated links',
-    /// not loopback's for a model a thousand times smaller.
+    /// the narrow stand-in's state took (`real_secs`): the emulated state bytes over this
+    /// node's emulated link ([`Emulation::fetch`]), the real fetch waited out to that time, as
+    /// the pacer makes it; each source at the rate its link (within the zone or across)
+    /// carried, unless the real fetch was slower. The rates the planner learns are the
+    /// emulated links', not loopback's for a model a thousand times smaller.
     pub fn measured_fetch(
         &self,
         fetched: &[Fetched],
         real_secs: f64,
     ) -> Result<MeasuredFetch, EmulationError> {
-        let each = self.emulation.fetch_each(fetched)?;
-        let secs = each.iter().fold(real_secs, |m, (_, s)| m.max(*s));
+        let (bytes, emulated) = self.emulation.fetch(fetched)?;
+        let secs = emulated.max(real_secs);
+        let (within, across) = self.emulation.fetch_rates(fetched)?;
+        let real_rate = bytes / real_secs;
         Ok(MeasuredFetch {
             secs,
-            rates: each
+            rates: fetched
                 .iter()
-                .map(|(bytes, emulated)| bytes / real_secs.max(*emulated))
+                .map(|f| {
+                    let link = if f.across { across } else { within };
+                    link.map_or(real_rate, |r| r.min(real_rate))
+                })
                 .collect(),
         })
     }
@@ -151,13 +158,23 @@ impl Pacing for Accelerator {
             return Ok(());
         }
         let to = ParallelConfig::new(change.plan.data_parallel, change.plan.pipeline_stages);
-        let joined = restart_kind(change.previous, change.plan);
         let emulated = if change.reactive {
-            self.emulation.reactive_restart(to, joined)?
+            self.emulation.reactive_restart(to, change.restart)?
         } else {
-            let restart = change.kind == MigrationKind::Restart;
-            self.emulation
-                .switch(to, joined, restart, &change.fetched, &change.restored)?
+            let rebuild = if change.kind == MigrationKind::Restart {
+                Rebuild::Restart
+            } else if change.built {
+                Rebuild::Stage
+            } else {
+                Rebuild::Groups
+            };
+            self.emulation.switch(
+                to,
+                change.restart,
+                rebuild,
+                &change.fetched,
+                &change.restored,
+            )?
         };
         self.pacer.after_reconfiguration(real, emulated);
         Ok(())
@@ -199,14 +216,39 @@ impl Pacing for Accelerator {
     }
 }
 
-/// Whether a restart into `plan` brings in nodes that were not in `previous` (a full
-/// rendezvous in Parcae's restart cost).
+/// Whether a move into `plan` brings in nodes that were not in `previous`, spares or new ones
+/// (a full rendezvous in the restart cost of Parcae's migrations, spec 3.3).
 pub fn restart_kind(previous: Option<&Plan>, plan: &Plan) -> RestartKind {
     let joined = plan
         .assignment
         .keys()
         .any(|n| previous.is_none_or(|p| !p.assignment.contains_key(n)));
     if joined {
+        RestartKind::Add
+    } else {
+        RestartKind::Remove
+    }
+}
+
+/// Whether the reactive baseline's restart into `plan` after `previous` rendezvouses with new
+/// nodes: Parcae's throughput-optimised system restarts with a rendezvous when nodes arrived
+/// since its last restart (or at the job's start), and without one after departures alone,
+/// whichever nodes its new configuration takes (spec 5): a spare it takes in after a kill was
+/// in the job already, and an arrival it leaves idle joined all the same. A member arrived
+/// when its join came after `previous` was made (`Plan::joins_before`).
+pub fn reactive_restart_kind(
+    state: &ControlState,
+    previous: Option<&Plan>,
+    plan: &Plan,
+) -> RestartKind {
+    let arrived = previous.is_none_or(|p| {
+        let joined_since = p.joins_before..plan.joins_before;
+        state
+            .members
+            .values()
+            .any(|m| joined_since.contains(&m.join_seq))
+    });
+    if arrived {
         RestartKind::Add
     } else {
         RestartKind::Remove
@@ -284,14 +326,18 @@ mod tests {
         let far = Fetched {
             layers: 3..5,
             across: true,
+            beside: Vec::new(),
         };
         let fetched = [(1..3).into(), far.clone()];
         let (bytes, emulated) = device.emulation().fetch(&fetched).unwrap();
-        // Two blocks from a source in the zone, two from one in another: the bytes add up, the
-        // slower (the one across zones) counts.
+        // Two blocks from a source in the zone, two from one in another: the bytes add up and
+        // all four arrive over this node's link, which takes longer than the two that cross
+        // zones take over the slower link between them.
         let (near, near_secs) = device.emulation().fetch(&[(1..3).into()]).unwrap();
         let (_, far_secs) = device.emulation().fetch(&[far]).unwrap();
-        assert!(far_secs > near_secs && (emulated - far_secs).abs() < 1e-12);
+        let (_, four_secs) = device.emulation().fetch(&[(1..5).into()]).unwrap();
+        assert!(far_secs > near_secs && four_secs > far_secs);
+        assert!((emulated - four_secs).abs() < 1e-12);
         assert!((bytes - 2.0 * near).abs() < 1e-3);
         let quick = device.measured_fetch(&fetched, 0.001).unwrap();
         assert_eq!(quick.secs, emulated);
@@ -302,7 +348,7 @@ mod tests {
         assert!((1.1e9..1.3e9).contains(&quick.rates[1]), "{quick:?}");
         let slow = device.measured_fetch(&fetched, 100.0).unwrap();
         assert_eq!(slow.secs, 100.0);
-        assert_eq!(slow.rates, vec![near / 100.0; 2]);
+        assert_eq!(slow.rates, vec![bytes / 100.0; 2]);
         assert!(device.measured_fetch(&[(60..61).into()], 1.0).is_err());
     }
 
@@ -324,6 +370,7 @@ mod tests {
                 })
                 .collect(),
             at_step: 0,
+            joins_before: 0,
         }
     }
 
@@ -343,6 +390,54 @@ mod tests {
             RestartKind::Add
         );
         assert_eq!(restart_kind(None, &plan(&[1])), RestartKind::Add);
+    }
+
+    #[test]
+    fn the_reactive_baseline_rendezvouses_when_nodes_arrived_whichever_nodes_it_takes() {
+        let mut state = ControlState::default();
+        let join = |state: &mut ControlState, k: u8| {
+            let peer = parcae_consensus::state::PeerInfo {
+                peer_id: vec![k],
+                ..Default::default()
+            };
+            let node = NodeId::from_peer_bytes(&[k]);
+            state
+                .apply(&parcae_consensus::Command::Join { node, peer })
+                .unwrap();
+        };
+        for k in 1..=4 {
+            join(&mut state, k);
+        }
+        let known = |nodes: &[u64], joins_before: u64| Plan {
+            joins_before,
+            ..plan(nodes)
+        };
+        // Made when all four had joined: the first three train, the fourth is a spare.
+        let before = known(&[1, 2, 3], 4);
+        // A kill: the restart takes the spare in, without a rendezvous (spec 5), where a
+        // liveput migration would rendezvous with it (spec 3.3).
+        let after_kill = known(&[1, 2, 4], 4);
+        assert_eq!(
+            reactive_restart_kind(&state, Some(&before), &after_kill),
+            RestartKind::Remove
+        );
+        assert_eq!(restart_kind(Some(&before), &after_kill), RestartKind::Add);
+        // An arrival the restart leaves idle: a rendezvous all the same.
+        join(&mut state, 5);
+        let after_arrival = known(&[1, 2, 3], 5);
+        assert_eq!(
+            reactive_restart_kind(&state, Some(&before), &after_arrival),
+            RestartKind::Add
+        );
+        assert_eq!(
+            restart_kind(Some(&before), &after_arrival),
+            RestartKind::Remove
+        );
+        // The job's start, or a joiner's first plan.
+        assert_eq!(
+            reactive_restart_kind(&state, None, &after_arrival),
+            RestartKind::Add
+        );
     }
 
     #[test]
@@ -372,6 +467,8 @@ mod tests {
             plan: &retried,
             next: 5,
             kind: MigrationKind::Intra,
+            restart: RestartKind::Remove,
+            built: false,
             reactive: false,
             fetched: Vec::new(),
             restored: Vec::new(),

@@ -70,23 +70,39 @@ pub struct Crossings {
     pub ring: bool,
 }
 
-/// The layers fetched from one live holder, and whether that holder is in another zone.
+/// The layers fetched from one live holder, whether that holder is in another zone, and what
+/// else it sends at the same time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fetched {
     /// The layers it sent.
     pub layers: Range<usize>,
     /// It is in another zone: the state crossed the link between zones.
     pub across: bool,
+    /// The layers it sends to other nodes entering the same plan, one range a piece
+    /// (`crate::train::egress`): its link carries them beside this piece.
+    pub beside: Vec<Range<usize>>,
 }
 
 impl From<Range<usize>> for Fetched {
-    /// Layers fetched within the zone.
+    /// Layers fetched within the zone from a holder that sends nothing else.
     fn from(layers: Range<usize>) -> Self {
         Self {
             layers,
             across: false,
+            beside: Vec::new(),
         }
     }
+}
+
+/// What a reconfiguration rebuilds on the node besides moving state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebuild {
+    /// The communication groups only: the node kept its stage.
+    Groups,
+    /// The groups and the stage module: the node built a stage of other layers.
+    Stage,
+    /// Everything: Parcae's whole profiled restart.
+    Restart,
 }
 
 /// What the emulated hardware takes for one stage's work, divided by the time scale.
@@ -330,16 +346,17 @@ impl Emulation {
     }
 
     /// What a reconfiguration of this node into `to` takes on the emulated cluster: Parcae's
-    /// profiled rebuild of the communication groups, or for a `restart` its whole profiled
-    /// restart (process, rendezvous when nodes joined, groups, model build); then the state of
-    /// the layers `fetched` from live holders (one range per source; the sources send at once,
-    /// so the slowest one counts) and of the layers `restored` from checkpoints, at the
-    /// emulated state size over the link.
+    /// profiled rebuild of the communication groups, and the profiled build of the stage module
+    /// when the node `built` a new stage (its layers changed), or for a `restart` its whole
+    /// profiled restart (process, rendezvous when nodes joined, groups, model build); then the
+    /// state of the layers `fetched` from live holders (one range per source; the sources send
+    /// at once over this node's one link, [`Self::fetch`]) and of the layers `restored` from
+    /// checkpoints, at the emulated state size over the link.
     pub fn switch(
         &self,
         to: ParallelConfig,
         kind: RestartKind,
-        restart: bool,
+        rebuild: Rebuild,
         fetched: &[Fetched],
         restored: &[Range<usize>],
     ) -> Result<Duration, EmulationError> {
@@ -348,10 +365,11 @@ impl Emulation {
         for layers in restored {
             restore_ms += self.state_ms(layers)?.1;
         }
-        let rebuild_ms = if restart {
-            self.spec.restart.restart_ms(to, kind)
-        } else {
-            self.spec.restart.groups_ms(to, kind)
+        let restart = &self.spec.restart;
+        let rebuild_ms = match rebuild {
+            Rebuild::Restart => restart.restart_ms(to, kind),
+            Rebuild::Stage => restart.rebuild_ms(to, kind),
+            Rebuild::Groups => restart.groups_ms(to, kind),
         };
         Ok(self.ms(rebuild_ms + fetch_ms + restore_ms))
     }
@@ -377,33 +395,69 @@ impl Emulation {
     }
 
     /// What fetching the state of the layers `fetched` from live holders moves and takes on the
-    /// emulated link: (bytes, emulated seconds at the time scale). The sources send at once, so
-    /// the slowest one counts.
+    /// emulated links: (bytes, emulated seconds at the time scale). The sources send at once,
+    /// and everything they send arrives over this node's one link: the fetch takes the link's
+    /// time for all of it, or the time of what crosses zones over the slower link between them
+    /// where that is longer, or the time a holder's own link takes to carry its piece beside
+    /// the others it sends at once (shared fairly: a piece of `b` bytes is through once the
+    /// link has carried `b` of each piece, or each whole piece that is smaller). A node
+    /// receives no faster than its own link, however many holders send to it, and a holder
+    /// sends no faster than its own, however many nodes fetch from it.
     pub fn fetch(&self, fetched: &[Fetched]) -> Result<(f64, f64), EmulationError> {
         let (bytes, ms) = self.fetch_ms(fetched)?;
         Ok((bytes, self.ms(ms).as_secs_f64()))
     }
 
-    /// Each of `fetched` on its own link: (bytes, emulated seconds at the time scale).
-    pub fn fetch_each(&self, fetched: &[Fetched]) -> Result<Vec<(f64, f64)>, EmulationError> {
-        fetched
-            .iter()
-            .map(|f| {
-                let (bytes, ms) = self.fetch_ms(std::slice::from_ref(f))?;
-                Ok((bytes, self.ms(ms).as_secs_f64()))
-            })
-            .collect()
+    /// The rate each link carried in a fetch of `fetched`, bytes per second of the paced clock:
+    /// (within the zone, across zones), each over the bytes that took it (`None` where none
+    /// did). What a node timing the fetch learns of its links.
+    pub fn fetch_rates(
+        &self,
+        fetched: &[Fetched],
+    ) -> Result<(Option<f64>, Option<f64>), EmulationError> {
+        let (within, across) = self.fetched_bytes(fetched)?;
+        let rate = |link: &TransferModel, bytes: f64| {
+            (bytes > 0.0).then(|| bytes / self.ms(link.cost_ms(bytes)).as_secs_f64())
+        };
+        Ok((rate(&self.link, within), rate(&self.across, across)))
     }
 
     /// [`Self::fetch`] in unscaled emulated milliseconds.
     fn fetch_ms(&self, fetched: &[Fetched]) -> Result<(f64, f64), EmulationError> {
-        let (mut bytes, mut ms) = (0.0, 0.0f64);
+        let (within, across) = self.fetched_bytes(fetched)?;
+        let bytes = within + across;
+        if bytes == 0.0 {
+            return Ok((0.0, 0.0));
+        }
+        let crossing = if across > 0.0 {
+            self.across.cost_ms(across)
+        } else {
+            0.0
+        };
+        let mut ms = self.link.cost_ms(bytes).max(crossing);
         for f in fetched {
-            let b = self.state_bytes(&f.layers)?;
-            bytes += b;
-            ms = ms.max(self.link_for(f.across).cost_ms(b));
+            let piece = self.state_bytes(&f.layers)?;
+            let mut shared = piece;
+            for other in &f.beside {
+                shared += self.state_bytes(other)?.min(piece);
+            }
+            ms = ms.max(self.link_for(f.across).cost_ms(shared));
         }
         Ok((bytes, ms))
+    }
+
+    /// The emulated state bytes of `fetched`: (from holders within the zone, from across).
+    fn fetched_bytes(&self, fetched: &[Fetched]) -> Result<(f64, f64), EmulationError> {
+        let (mut within, mut across) = (0.0, 0.0);
+        for f in fetched {
+            let b = self.state_bytes(&f.layers)?;
+            if f.across {
+                across += b;
+            } else {
+                within += b;
+            }
+        }
+        Ok((within, across))
     }
 
     /// The emulated state bytes of `layers` and their time over the link within a zone, ms.

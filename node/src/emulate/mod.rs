@@ -22,9 +22,9 @@ pub mod paced;
 pub mod pacer;
 pub mod pacing;
 
-pub use accelerator::Accelerator;
+pub use accelerator::{Accelerator, reactive_restart_kind, restart_kind};
 pub use costs::{
-    Crossings, EmulatedStage, Emulation, EmulationError, Fetched, STAND_IN, StandInWidth,
+    Crossings, EmulatedStage, Emulation, EmulationError, Fetched, Rebuild, STAND_IN, StandInWidth,
 };
 pub use paced::{PacedCollective, PacedNeighbours};
 pub use pacer::{Overrun, OverrunSnapshot, Pacer};

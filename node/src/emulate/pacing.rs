@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use parcae_consensus::state::{LinkTime, Plan};
 use parcae_model::LayerCost;
+use parcae_strategies::cost::spec::RestartKind;
 
 use super::costs::{Crossings, EmulatedStage, EmulationError, Fetched};
 use super::pacer::Pacer;
@@ -24,6 +25,10 @@ pub struct Change<'a> {
     pub next: u64,
     /// What kind of reconfiguration it was.
     pub kind: MigrationKind,
+    /// Whether its restart, where it has one, rendezvouses with new nodes.
+    pub restart: RestartKind,
+    /// Whether the node built a stage of other layers (it did not keep its stage).
+    pub built: bool,
     /// The reactive strategy's restart (every change rebuilds from checkpoints).
     pub reactive: bool,
     /// Layers fetched from live holders, one entry per holder.

@@ -131,6 +131,7 @@ pub fn build_plan(
             })
             .collect(),
         at_step: state.progress.next_step(),
+        joins_before: state.next_join_seq,
     })
 }
 

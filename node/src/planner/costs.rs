@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use parcae_consensus::state::LinkTime;
 use parcae_consensus::{ControlState, NodeId};
-use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, MIB, throughput_table};
 use parcae_strategies::cost::profile::DeviceProfile;
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::transfer::TransferModel;
+use parcae_strategies::cost::{CostModel, RepartitionRule};
 
 use crate::job::JobSpec;
 
@@ -236,7 +236,8 @@ pub fn measured(state: &ControlState, shape: &JobShape) -> Option<CostModel> {
     };
     let max_nodes = shape.max_nodes.min(shape.global_batch).max(1);
     let table = throughput_table(&spec, hw, &transfer, max_nodes);
-    Some(CostModel::new(spec, table, transfer))
+    // The nodes hand state off as the handoff rule prices it, not as Parcae's engine does.
+    Some(CostModel::new(spec, table, transfer).with_repartition(RepartitionRule::Handoff))
 }
 
 #[cfg(test)]

@@ -170,6 +170,7 @@ mod tests {
             partition: vec![0, 1],
             assignment: Default::default(),
             at_step: 0,
+            joins_before: 0,
         });
         assert_eq!(
             first_plan_settles_until(&planned, t0, t0),
@@ -213,6 +214,7 @@ mod tests {
                 })
                 .collect(),
             at_step: 0,
+            joins_before: 0,
         });
         let t0 = Instant::now();
         let settle = |notices: bool, since: Instant, now: Instant, state: &ControlState| {

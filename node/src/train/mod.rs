@@ -24,6 +24,7 @@
 pub mod checkpointing;
 pub mod commit;
 pub mod context;
+pub mod egress;
 pub mod error;
 pub mod gate;
 pub mod handoff;

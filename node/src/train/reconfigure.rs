@@ -12,12 +12,13 @@ use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{PipelineModel, Stage};
 
 use super::context::{Board, Current, Io, WorkerSetup};
+use super::egress;
 use super::error::TrainError;
 use super::handoff::{self, Acquired, Acquisition, Missing};
 use super::waiter::Waiter;
 use crate::dataplane::links;
 use crate::dataplane::server::Held;
-use crate::emulate::{Change, Fetched};
+use crate::emulate::{self, Change, Fetched};
 use crate::status::{MigrationKind, MigrationView};
 
 /// Longest a reconfiguration may take before it is retried (state of the `small` preset moves
@@ -123,16 +124,14 @@ pub fn take_slot<M: PipelineModel>(
         plan: to.plan,
         next: to.next,
         kind,
+        restart: if setup.restart_on_change {
+            emulate::reactive_restart_kind(to.state, to.previous, to.plan)
+        } else {
+            emulate::restart_kind(to.previous, to.plan)
+        },
+        built: acquired.is_some(),
         reactive: setup.restart_on_change,
-        fetched: acquired.as_ref().map_or_else(Vec::new, |a| {
-            a.fetched
-                .iter()
-                .map(|f| Fetched {
-                    layers: f.layers.clone(),
-                    across: super::zones::crosses(to.state, &setup.me, &f.from),
-                })
-                .collect()
-        }),
+        fetched: paced_fetches(setup, &to, acquired.as_ref()),
         restored: acquired.as_ref().map_or_else(Vec::new, |a| {
             a.restored.iter().map(|p| p.layers.clone()).collect()
         }),
@@ -162,6 +161,39 @@ pub fn take_slot<M: PipelineModel>(
         links,
         digest: None,
     })))
+}
+
+/// The fetches of `acquired` as the device paces them: each with whether it crossed zones and
+/// the pieces its holder sent at the same time, to the other nodes entering the plan (as they
+/// plan their fetches) and to this one.
+fn paced_fetches<M: PipelineModel>(
+    setup: &WorkerSetup<M>,
+    to: &Move<'_>,
+    acquired: Option<&Acquired>,
+) -> Vec<Fetched> {
+    let Some(a) = acquired.filter(|a| !a.fetched.is_empty()) else {
+        return Vec::new();
+    };
+    let mut sends = to.previous.map_or_else(BTreeMap::new, |previous| {
+        egress::sends(to.state, previous, to.plan, to.next, setup.me)
+    });
+    for f in &a.fetched {
+        sends.entry(f.from).or_default().push(f.layers.clone());
+    }
+    a.fetched
+        .iter()
+        .map(|f| {
+            let mut beside = sends.get(&f.from).cloned().unwrap_or_default();
+            if let Some(mine) = beside.iter().rposition(|p| *p == f.layers) {
+                beside.swap_remove(mine);
+            }
+            Fetched {
+                layers: f.layers.clone(),
+                across: super::zones::crosses(to.state, &setup.me, &f.from),
+                beside,
+            }
+        })
+        .collect()
 }
 
 /// What obtaining a slot's layers came to.

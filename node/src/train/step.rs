@@ -407,6 +407,7 @@ mod wire_tests {
                 partition: vec![0, 1, 4],
                 assignment: Default::default(),
                 at_step: 0,
+                joins_before: 0,
             }),
             ..ControlState::default()
         };

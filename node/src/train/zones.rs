@@ -79,6 +79,7 @@ mod tests {
             partition: vec![0, 4, 8],
             assignment,
             at_step: 0,
+            joins_before: 0,
         };
         (state, plan)
     }

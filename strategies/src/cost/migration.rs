@@ -18,6 +18,8 @@ use super::spec::RestartKind;
 use super::{CostModel, RepartitionRule};
 use crate::config::ParallelConfig;
 
+mod handoff;
+
 /// Loss vectors are enumerated exactly up to this many, sampled beyond.
 const EXACT_SCENARIOS: u64 = 600;
 /// Monte Carlo samples per event when scenarios are many.
@@ -100,7 +102,9 @@ pub struct MigrationCosts {
     scenarios: FxHashMap<MigrationEvent, Arc<Vec<Scenario>>>,
     per_event: FxHashMap<MigrationEvent, Vec<(usize, f64)>>,
     preference: FxHashMap<(u32, u32), Preference>,
-    fetch: FxHashMap<(MigrationEvent, u32), f64>,
+    /// Expected fetch times by event, new depth and (for the handoff, whose fetch depends on
+    /// it) new width.
+    fetch: FxHashMap<(MigrationEvent, u32, u32), f64>,
 }
 
 impl MigrationCosts {
@@ -154,7 +158,7 @@ impl MigrationCosts {
                     .map(|s| s.weight * self.same_depth(ev, to, s).1)
                     .sum()
             }
-            Shape::Repartition { fixed_ms } => fixed_ms + self.expected_fetch_ms(ev, to.p),
+            Shape::Repartition { fixed_ms } => fixed_ms + self.expected_fetch_ms(ev, to),
         }
     }
 
@@ -255,9 +259,15 @@ impl MigrationCosts {
         if to.p == from.p {
             return Shape::SameDepth;
         }
-        Shape::Repartition {
-            fixed_ms: broadcast + m.spec.restart.restart_ms(to, restart_kind(ev, to)),
-        }
+        let restart = &m.spec.restart;
+        let kind = restart_kind(ev, to);
+        let fixed_ms = match m.repartition {
+            RepartitionRule::Handoff => restart.rebuild_ms(to, kind),
+            RepartitionRule::Sum | RepartitionRule::LastStage => {
+                broadcast + restart.restart_ms(to, kind)
+            }
+        };
+        Shape::Repartition { fixed_ms }
     }
 
     /// Same-depth move in one scenario: intra-stage when every stage kept `to.d` replicas,
@@ -299,22 +309,35 @@ impl MigrationCosts {
         (MigrationKind::Inter, stage_cost.max(redundant) + restart)
     }
 
-    /// Expected time to fetch the layers new stages of depth `to_p` lack, ms; the same for
-    /// every data-parallel degree, so memoised per depth.
-    fn expected_fetch_ms(&mut self, ev: MigrationEvent, to_p: u32) -> f64 {
-        let key = (MigrationEvent { added: 0, ..ev }, to_p);
+    /// Expected time to fetch the layers new stages of `to` lack, ms. Parcae's formula moves
+    /// the same for every data-parallel degree, so it is memoised per depth; the handoff per
+    /// depth and degree.
+    fn expected_fetch_ms(&mut self, ev: MigrationEvent, to: ParallelConfig) -> f64 {
+        let handoff = self.model.repartition == RepartitionRule::Handoff;
+        let key = (
+            MigrationEvent { added: 0, ..ev },
+            to.p,
+            if handoff { to.d } else { 0 },
+        );
         if let Some(v) = self.fetch.get(&key) {
             return *v;
         }
         let scenarios = self.scenarios(ev);
-        let pref = self.preference(ev.from.p, to_p);
+        let pref = self.preference(ev.from.p, to.p);
         let m = &self.model;
-        let stages = m.stage_params(to_p);
+        let stages = m.stage_params(to.p);
         // Most scenarios miss the same volume (every new stage gets its first choice), so the
-        // weights are summed per distinct volume before the transfer curve is read.
+        // weights are summed per distinct volume before the transfer curve is read; the
+        // handoff's volume is the most any link carries.
         let mut volumes: Vec<(f64, f64)> = Vec::new();
         for s in scenarios.iter() {
-            let missing = repartition_missing(m.repartition, &pref, &s.lost, ev.from.d, stages);
+            let missing = if handoff {
+                let (received, sent) =
+                    handoff::moved_params(&pref.lists, stages, &s.lost, ev.from.d, to.d);
+                received.max(sent)
+            } else {
+                repartition_missing(m.repartition, &pref, &s.lost, ev.from.d, stages)
+            };
             match volumes.iter_mut().find(|(v, _)| *v == missing) {
                 Some((_, w)) => *w += s.weight,
                 None => volumes.push((missing, s.weight)),
@@ -383,7 +406,7 @@ fn repartition_missing(
     new_stages: &[f64],
 ) -> f64 {
     let pick = |(sum, last): (f64, f64)| match rule {
-        RepartitionRule::Sum => sum,
+        RepartitionRule::Sum | RepartitionRule::Handoff => sum,
         RepartitionRule::LastStage => last,
     };
     // With enough survivors everywhere every new stage gets its first choice (at once when even
@@ -572,6 +595,36 @@ mod tests {
             let expect = f64::from(e.removed) * f64::from(e.from.nodes()) / f64::from(e.nodes);
             assert!((mean_lost - expect).abs() < 0.25, "{mean_lost} vs {expect}");
         }
+    }
+
+    #[test]
+    fn the_handoff_pays_groups_a_build_and_its_busiest_link_below_parcae_s_formula() {
+        let model = CostModel::builtin("gpt-1.5b").unwrap();
+        let restart = model.spec.restart.clone();
+        let mut sum = MigrationCosts::new(Arc::new(model.clone()), 3);
+        let handoff = model.with_repartition(RepartitionRule::Handoff);
+        let mut ours = MigrationCosts::new(Arc::new(handoff), 3);
+        for (e, to) in [
+            (ev(32, 4, 8, 0, 1), ParallelConfig::new(2, 13)),
+            (ev(26, 2, 13, 0, 1), ParallelConfig::new(4, 6)),
+            (ev(24, 4, 6, 0, 0), ParallelConfig::new(3, 8)),
+        ] {
+            let fixed = restart.rebuild_ms(to, restart_kind(e, to));
+            let (handoff, parcae) = (ours.expected(e, to), sum.expected(e, to));
+            assert!(
+                handoff > fixed && handoff < parcae,
+                "{e:?} -> {to}: {handoff} {parcae}"
+            );
+            // Intra-stage moves are priced alike.
+            let intra = ParallelConfig::new(e.from.d - 1, e.from.p);
+            assert_eq!(ours.expected(e, intra), sum.expected(e, intra));
+        }
+        // More pipelines of the new depth: more slots fetch what they lack, and the holders
+        // send more.
+        let from = ev(24, 4, 6, 0, 0);
+        let few = ours.expected(from, ParallelConfig::new(2, 8));
+        let many = ours.expected(from, ParallelConfig::new(3, 8));
+        assert!(many > few, "{few} {many}");
     }
 
     #[test]

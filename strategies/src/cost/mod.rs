@@ -36,14 +36,23 @@ use spec::ModelSpec;
 use throughput::ThroughputTable;
 use transfer::TransferModel;
 
-/// How the missing layers of a repartition are counted (spec 4.6).
+/// How a repartition is priced: Parcae's formula (spec 3.3: the missing layers of one node a
+/// new stage over one link, a broadcast to the replicas and a whole restart), counting the
+/// missing layers one of two ways (spec 4.6), or what `parcae-node`'s handoff does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RepartitionRule {
-    /// Sum the parameters every new stage lacks (what is really moved).
+    /// Parcae's formula, summing the parameters every new stage lacks.
     #[default]
     Sum,
-    /// Only the last new stage's missing parameters, as the artifact's code does.
+    /// Parcae's formula with only the last new stage's missing parameters, as the artifact's
+    /// code does.
     LastStage,
+    /// `parcae-node`'s handoff: every node of the new configuration fetches what it lacks
+    /// from the old configuration's holders at once, its link carrying what it receives and
+    /// each holder's what it sends ([`migration`]); the communication groups are rebuilt and
+    /// each new stage module built, and nothing restarts or rendezvouses (joiners joined
+    /// while the old configuration trained).
+    Handoff,
 }
 
 /// Throughput and migration costs of one job on one cluster.

@@ -56,6 +56,16 @@ impl RestartCost {
             }
     }
 
+    /// What a move into `to` that keeps every process rebuilds: the communication groups and
+    /// the stage module of a `to.p`-stage pipeline, ms; a fixed restart cost is the whole
+    /// price of any move (what the nodes measured beyond their state fetches).
+    pub fn rebuild_ms(&self, to: ParallelConfig, kind: RestartKind) -> f64 {
+        match self {
+            Self::Profiled { build, .. } => self.groups_ms(to, kind) + build.build_ms(to.p),
+            Self::Fixed { ms } => *ms,
+        }
+    }
+
     /// Process start time, ms (0 for a fixed restart cost).
     pub fn proc_ms(&self) -> f64 {
         match self {

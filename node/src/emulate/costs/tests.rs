@@ -90,6 +90,7 @@ fn what_crosses_zones_takes_the_link_between_zones() {
         .fetch(&[Fetched {
             layers: 1..3,
             across: true,
+            beside: Vec::new(),
         }])
         .unwrap();
     assert_eq!(near.0, far.0);
@@ -98,7 +99,7 @@ fn what_crosses_zones_takes_the_link_between_zones() {
 }
 
 #[test]
-fn a_switch_costs_its_slowest_source_its_restores_and_a_restart() {
+fn a_switch_costs_what_its_link_receives_its_restores_its_build_and_a_restart() {
     let e = Emulation::new("gpt-1.5b", 1.0).unwrap();
     let state = |params: f64| TransferModel::Profiled10Gbps.cost_ms(params * 12.0);
     let block = 30_740_800.0;
@@ -106,27 +107,51 @@ fn a_switch_costs_its_slowest_source_its_restores_and_a_restart() {
     let remove = RestartKind::Remove;
     // Groups rebuilt: 35 + 39.3 ms x (d + p + 1 + d p) (spec 3.2).
     let groups = 35.0 + 39.3 * (2.0 + 8.0 + 1.0 + 16.0);
-    assert!((ms(e.switch(to, remove, false, &[], &[]).unwrap()) - groups).abs() < 1e-6);
-    // Two sources in parallel: the one sending two blocks is the slower.
+    let kept = e.switch(to, remove, Rebuild::Groups, &[], &[]).unwrap();
+    assert!((ms(kept) - groups).abs() < 1e-6);
+    // Two sources at once: the three blocks they send share this node's link (the larger
+    // share alone would take the time of two).
+    let two_sources = [(1..3).into(), (3..4).into()];
     let t = e
-        .switch(to, remove, false, &[(1..3).into(), (3..4).into()], &[])
+        .switch(to, remove, Rebuild::Groups, &two_sources, &[])
         .unwrap();
-    assert!((ms(t) - (groups + state(2.0 * block))).abs() < 1e-6);
-    // A restore adds its state; a restart is Parcae's profiled restart: process 240 ms,
-    // the groups, the build of ceil(48 / p) blocks.
-    let restored = std::slice::from_ref(&(5..6));
-    let t = e.switch(to, remove, true, &[], restored).unwrap();
+    assert!((ms(t) - (groups + state(3.0 * block))).abs() < 1e-6);
+    // A holder that sends two blocks to other nodes at once shares its link between them:
+    // this node's one-block piece is through once the link carried a block of each, three
+    // blocks in all (more than the two its own link receives).
+    let shared = [
+        Fetched {
+            beside: vec![5..7, 7..8],
+            ..(1..2).into()
+        },
+        (2..3).into(),
+    ];
+    let t = e.switch(to, remove, Rebuild::Groups, &shared, &[]).unwrap();
+    assert!((ms(t) - (groups + state(3.0 * block))).abs() < 1e-6);
+    // A stage of other layers is built: Parcae's profiled build of ceil(48 / p) blocks.
     let build = TransferModel::Profiled10Gbps.cost_ms(50257.0 * 1024.0 * 4.0) + 430.0 * 6.0;
+    let built = e
+        .switch(to, remove, Rebuild::Stage, &two_sources, &[])
+        .unwrap();
+    assert!((ms(built) - (groups + build + state(3.0 * block))).abs() < 1e-6);
+    // A restore adds its state; a restart is Parcae's profiled restart: process 240 ms,
+    // the groups, the build.
+    let restored = std::slice::from_ref(&(5..6));
+    let t = e
+        .switch(to, remove, Rebuild::Restart, &[], restored)
+        .unwrap();
     assert!(
         (ms(t) - (240.0 + groups + build + state(block))).abs() < 1e-6,
         "{t:?}"
     );
     // Nodes joining add the rendezvous (6.6 s) and dearer groups (500 ms each).
-    let add = e.switch(to, RestartKind::Add, true, &[], &[]).unwrap();
+    let add = e
+        .switch(to, RestartKind::Add, Rebuild::Restart, &[], &[])
+        .unwrap();
     let joined = 6600.0 + 35.0 + 500.0 * 27.0 + 240.0 + build;
     assert!((ms(add) - joined).abs() < 1e-6, "{add:?}");
     let beyond = &[(49..51).into()];
-    assert!(e.switch(to, remove, false, beyond, &[]).is_err());
+    assert!(e.switch(to, remove, Rebuild::Groups, beyond, &[]).is_err());
 }
 
 #[test]
@@ -145,7 +170,7 @@ fn the_reactive_baseline_restarts_as_the_simulator_charges_it() {
                 "{emulated} {simulated}"
             );
             // The checkpoint round trip and the whole model's state, beyond the restart.
-            let restart = ms(e.switch(to, kind, true, &[], &[]).unwrap()) * scale;
+            let restart = ms(e.switch(to, kind, Rebuild::Restart, &[], &[]).unwrap()) * scale;
             assert!(emulated > restart + 14_000.0, "{emulated} {restart}");
         }
     }

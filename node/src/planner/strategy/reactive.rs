@@ -80,6 +80,7 @@ mod tests {
             partition: Vec::new(),
             assignment: Default::default(),
             at_step: 0,
+            joins_before: 0,
         });
         state
     }
