@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use parcae_consensus::state::{Member, Plan, StageSlot, ZoneCount, limits};
+use parcae_consensus::state::{Member, MemberStatus, Plan, StageSlot, ZoneCount, limits};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
@@ -66,7 +66,34 @@ fn holding(current: Option<&Plan>, node: NodeId) -> Holding<NodeId> {
     }
 }
 
-/// The plan running `target` from the next step, slots matched to what nodes hold; over zones
+/// The step a new plan takes effect at: the one after the step in flight when the plan in
+/// force trains and can finish it (it committed a step, none of its nodes is gone, and each of
+/// them that announced it leaves has `margin_ms` of its notice left at `now_unix_ms`), so that
+/// the step's work is committed rather than thrown away, as Parcae turns a notice into a
+/// failure two steps later (spec 7.2); the next step otherwise (nothing trains, or the step in
+/// flight cannot commit).
+pub fn effective_step(state: &ControlState, now_unix_ms: u64, margin_ms: u64) -> u64 {
+    let next = state.progress.next_step();
+    let Some(plan) = state.plan.as_ref() else {
+        return next;
+    };
+    let trains = state
+        .progress
+        .step_ends
+        .back()
+        .is_some_and(|e| e.epoch == plan.epoch);
+    let finishes = plan.assignment.keys().all(|id| {
+        state.members.get(id).is_some_and(|m| match m.status {
+            MemberStatus::Leaving { deadline_ms } => {
+                deadline_ms >= now_unix_ms.saturating_add(margin_ms)
+            }
+            status => departure(status).is_none(),
+        })
+    });
+    if trains && finishes { next + 1 } else { next }
+}
+
+/// The plan running `target` from step `at_step`, slots matched to what nodes hold; over zones
 /// (`zoned`), with the placement's stage bounds and every slot on a node of its zone. `None`
 /// (logged) when the workers cannot be assigned to it.
 pub fn build_plan(
@@ -75,6 +102,7 @@ pub fn build_plan(
     target: ParallelConfig,
     cost: &CostModel,
     zoned: Option<&Zoned>,
+    at_step: u64,
 ) -> Option<Plan> {
     let current = state.plan.as_ref();
     let holdings: Vec<Holding<NodeId>> = workers.iter().map(|id| holding(current, *id)).collect();
@@ -130,7 +158,7 @@ pub fn build_plan(
                 (id, slot)
             })
             .collect(),
-        at_step: state.progress.next_step(),
+        at_step,
         joins_before: state.next_join_seq,
     })
 }
@@ -199,6 +227,83 @@ mod tests {
         state.apply(&Command::DefineJob { job: job("3") }).unwrap();
         let ids: Vec<NodeId> = workers(&state);
         assert_eq!(ids, vec![NodeId::from_peer_bytes(&[1])]);
+    }
+
+    #[test]
+    fn a_plan_waits_for_the_step_in_flight_when_the_plan_in_force_can_finish_it() {
+        use parcae_consensus::state::StepEnd;
+        let mut state = ControlState::default();
+        let ids: Vec<NodeId> = (1..=2u8)
+            .map(|n| {
+                let node = NodeId::from_peer_bytes(&[n]);
+                let peer = PeerInfo {
+                    peer_id: vec![n],
+                    ..PeerInfo::default()
+                };
+                state.apply(&Command::Join { node, peer }).unwrap();
+                node
+            })
+            .collect();
+        assert_eq!(
+            effective_step(&state, 0, 0),
+            0,
+            "no plan: nothing in flight"
+        );
+        state.plan = Some(Plan {
+            epoch: 2,
+            data_parallel: 1,
+            pipeline_stages: 2,
+            partition: vec![0, 1, 2],
+            assignment: ids
+                .iter()
+                .enumerate()
+                .map(|(s, id)| {
+                    let slot = StageSlot {
+                        pipeline: 0,
+                        stage: s as u32,
+                    };
+                    (*id, slot)
+                })
+                .collect(),
+            at_step: 4,
+            joins_before: 2,
+        });
+        state.progress.last_committed_step = Some(4);
+        let end = |epoch: u64| StepEnd {
+            step: 4,
+            epoch,
+            sample_cursor: 0,
+            optimizer: Default::default(),
+        };
+        state.progress.step_ends.push_back(end(1));
+        assert_eq!(
+            effective_step(&state, 0, 0),
+            5,
+            "the plan in force has not trained yet: its move is replaced"
+        );
+        state.progress.step_ends.push_back(end(2));
+        assert_eq!(effective_step(&state, 0, 0), 6, "step 5 is in flight");
+        let member = |state: &mut ControlState, status: MemberStatus| {
+            state.members.get_mut(&ids[1]).unwrap().status = status;
+        };
+        member(
+            &mut state,
+            MemberStatus::Leaving {
+                deadline_ms: 10_000,
+            },
+        );
+        assert_eq!(effective_step(&state, 7_000, 3_000), 6, "time to finish it");
+        assert_eq!(
+            effective_step(&state, 7_001, 3_000),
+            5,
+            "not enough of the notice left"
+        );
+        member(&mut state, MemberStatus::Lost);
+        assert_eq!(
+            effective_step(&state, 0, 0),
+            5,
+            "a node of the plan is gone"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use parcae_consensus::state::Plan;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
 
-use super::build::{build_plan, workers};
+use super::build::{build_plan, effective_step, workers};
 use super::costs::{JobShape, measured};
 use super::forecast::ZonesAt;
 use super::settle::departing_from_plan;
@@ -30,19 +30,27 @@ pub struct Decision {
 }
 
 /// Decides at an interval boundary (`interval_boundary`) or on a change of the state: no new
-/// plan while one is pending, none while the plan in force is whole between boundaries, none
-/// before some node measured every layer; otherwise the plan that runs `strategy`'s choice,
-/// unless that is what runs already and nothing is broken. Workers in two zones or more are
-/// planned over their zones (`fleets`, [`super::zones`]).
+/// plan while one is pending (unless it waits for a step in flight that a node gone from the
+/// plan in force will never let commit), none while the plan in force is whole between
+/// boundaries, none before some node measured every layer; otherwise the plan that runs
+/// `strategy`'s choice, unless that is what runs already and nothing is broken, from the step
+/// after the one in flight when the plan in force can finish it by `now_unix_ms`
+/// ([`effective_step`], with two of its steps to spare before a deadline). Workers in two
+/// zones or more are planned over their zones (`fleets`, [`super::zones`]).
 pub fn decide(
     state: &ControlState,
     strategy: &mut dyn Strategy,
     shape: &JobShape,
     fleets: &mut FleetCache,
     interval_boundary: bool,
+    now_unix_ms: u64,
 ) -> Decision {
-    if state.pending_plan.is_some() {
-        return Decision::default();
+    if let Some(pending) = &state.pending_plan {
+        let waits_in_vain = pending.at_step > state.progress.next_step()
+            && !departing_from_plan(state, false).is_empty();
+        if !waits_in_vain {
+            return Decision::default();
+        }
     }
     let workers = workers(state);
     let n = workers.len() as u32;
@@ -84,7 +92,14 @@ pub fn decide(
             target.nodes() > 0 && (*target != running || restart)
         })
         .and_then(|target| {
-            let plan = build_plan(state, &workers, target, &cost, zoned.as_ref())?;
+            let step_ms = 1e3 * f64::from(cost.spec.global_batch) / cost.samples_per_sec(running);
+            let margin_ms = if step_ms.is_finite() {
+                (2.0 * step_ms) as u64
+            } else {
+                u64::MAX
+            };
+            let at_step = effective_step(state, now_unix_ms, margin_ms);
+            let plan = build_plan(state, &workers, target, &cost, zoned.as_ref(), at_step)?;
             tracing::info!(
                 epoch = plan.epoch,
                 d = target.d,

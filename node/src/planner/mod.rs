@@ -138,6 +138,7 @@ impl Planner {
                 &self.shape,
                 &mut self.fleets,
                 tick,
+                crate::clock::unix_ms(std::time::SystemTime::now()),
             );
             if let Some(estimates) = decision.estimates {
                 self.status.do_send(Estimates(estimates, decision.fleet));

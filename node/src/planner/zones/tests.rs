@@ -143,6 +143,7 @@ fn the_plan_puts_every_slot_in_its_zone_with_the_placements_bounds() {
         &shape(),
         &mut fleets,
         true,
+        0,
     );
     let plan = decision.plan.expect("a first plan");
     let z = zoned(&state, &mut fleets).unwrap();
@@ -175,6 +176,7 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
         &shape(),
         &mut fleets,
         true,
+        0,
     );
     let plan = decision.plan.unwrap();
     let even =
