@@ -186,6 +186,7 @@ fn every_strategy(c: &mut Criterion, name: &str, trace: &Trace, measurement_secs
                 model: model.clone(),
                 lookahead: 12,
                 seed: 1,
+                unannounced_kills: None,
             };
             STRATEGIES
                 .iter()

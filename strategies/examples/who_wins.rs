@@ -107,6 +107,7 @@ fn main() {
                     model: m.clone(),
                     lookahead: h,
                     seed: 1,
+                    unannounced_kills: None,
                 };
                 let samples: Vec<f64> = std::thread::scope(|scope| {
                     let handles: Vec<_> = RUNS

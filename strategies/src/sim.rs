@@ -136,6 +136,9 @@ pub struct SimSetup {
     pub lookahead: usize,
     /// Seed of the scenario sampling.
     pub seed: u64,
+    /// What the reactive baseline's kills cost beyond its restart, where its cluster is killed
+    /// without notice; `None` charges nothing for them, as Parcae's simulator does.
+    pub unannounced_kills: Option<baselines::UnannouncedKills>,
 }
 
 /// Books one interval of a run.
@@ -236,6 +239,7 @@ pub fn simulate_with(
         }
         Plan::Reactive => {
             let mut leftover_ms = 0.0;
+            let mut running = ParallelConfig::IDLE;
             for i in range.clone() {
                 let iv = trace.intervals[i];
                 let (planned, actual) = speeds.at(i);
@@ -247,7 +251,22 @@ pub fn simulate_with(
                     } else {
                         RestartKind::Remove
                     };
-                    let cost = baselines::restart_ms(model, c, kind, !first);
+                    // A cluster still restarting has no step in flight and no node in use.
+                    let training = if leftover_ms > 0.0 {
+                        ParallelConfig::IDLE
+                    } else {
+                        running
+                    };
+                    let killed_ms = setup.unannounced_kills.map_or(0.0, |kills| {
+                        let rate = actual.samples_per_sec(training);
+                        let step_ms = if rate > 0.0 {
+                            1000.0 * f64::from(model.spec.global_batch) / rate
+                        } else {
+                            0.0
+                        };
+                        kills.expected_ms(iv.nodes_before(), iv.removed, training, step_ms)
+                    });
+                    let cost = killed_ms + baselines::restart_ms(model, c, kind, !first);
                     leftover_ms = if leftover_ms > 0.0 {
                         cost + model.spec.restart.restart_ms(c, kind)
                     } else {
@@ -257,6 +276,7 @@ pub fn simulate_with(
                 }
                 ledger.book(c, actual.samples_per_sec(c), leftover_ms);
                 leftover_ms = (leftover_ms - interval_ms).max(0.0);
+                running = c;
             }
         }
         Plan::Liveput {

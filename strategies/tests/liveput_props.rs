@@ -101,7 +101,12 @@ proptest! {
         let t = trace::load(&format!("synthetic:{band}:{seed}"), 60).unwrap();
         let m = model();
         let bounds = sim::job_bounds(&m, t.max_nodes());
-        let setup = SimSetup { model: m.clone(), lookahead, seed };
+        let setup = SimSetup {
+            model: m.clone(),
+            lookahead,
+            seed,
+            unannounced_kills: None,
+        };
         let mut ideal = f64::INFINITY;
         for name in STRATEGIES {
             let r = sim::simulate(&setup, &t, 0..t.len(), sim::strategy_by_name(name, bounds, seed).unwrap());

@@ -27,6 +27,7 @@ fn run(
         model: Arc::new(model.clone()),
         lookahead,
         seed: 1,
+        unannounced_kills: None,
     };
     simulate(
         &setup,

@@ -31,6 +31,7 @@ fn samples(
         model: model.clone(),
         lookahead: h,
         seed: 1,
+        unannounced_kills: None,
     };
     let bounds = sim::job_bounds(model, trace.max_nodes());
     let strategy = sim::strategy_by_name(name, bounds, 1).unwrap();

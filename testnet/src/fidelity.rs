@@ -9,8 +9,10 @@
 //!   count once.
 //! * Per reconfiguration: what caused it (the last scenario action since the previous plan, at
 //!   most one interval before it), and
-//!   its stall split into detection (a kill to the plan committed; notices and arrivals stall
-//!   nothing before the plan, the old configuration keeps training), the nodes' restart (the
+//!   its stall split into the step a kill cut off (the last step committed before the kill to
+//!   the kill: the step in flight is lost with the killed node), detection (a kill to the plan
+//!   committed; notices and arrivals stall nothing before the plan, the old configuration keeps
+//!   training), the nodes' restart (the
 //!   plan to ready, as the slowest node measured it) and the refill (ready to the first step of
 //!   the new plan committed, less one steady step of it), beside the simulator's charge for
 //!   that interval.
@@ -23,6 +25,7 @@
 //!   configuration run against the simulator's choice, over each interval), the stalls (the
 //!   measured stall at the configuration's model rate against the simulator's charge at its
 //!   own), the throughput (measured steady rate against the model's, over the training time),
+//!   the steps a rollback to a checkpoint gave up (trained, counted, then trained again),
 //!   the samples of the final sequence outside the intervals (committed after the replay's end,
 //!   while the testnet collects), and what is left unexplained (poll resolution, commit granularity, stalls no reconfiguration
 //!   accounts for). The terms add up to the gap exactly.
@@ -60,6 +63,8 @@ pub struct Inputs<'a> {
     pub time_scale: f64,
     /// Samples of the final committed sequence.
     pub samples: u64,
+    /// Committed steps a rollback to a checkpoint gave up.
+    pub rolled_back_steps: u64,
 }
 
 /// The ledger.
@@ -116,13 +121,17 @@ pub struct StallLedger {
     pub cause_at_secs: Option<f64>,
     /// When the leader first showed the plan.
     pub plan_at_secs: f64,
+    /// The last step committed before a kill to the kill: the step in flight, lost with the
+    /// killed node (0 for other causes).
+    #[serde(default)]
+    pub cut_off_secs: f64,
     /// A kill to the plan (0 for other causes).
     pub detection_secs: f64,
     /// The plan to every node ready (the slowest node's measure).
     pub restart_secs: f64,
     /// Ready to the first step of the plan committed, less one steady step.
     pub refill_secs: f64,
-    /// `detection_secs + restart_secs + refill_secs`.
+    /// `cut_off_secs + detection_secs + restart_secs + refill_secs`.
     pub stalled_secs: f64,
     /// The simulator's charge in that interval.
     pub charged_secs: f64,
@@ -159,6 +168,10 @@ pub struct GapLedger {
     pub stalls: f64,
     /// The measured steady throughput against the model's.
     pub throughput: f64,
+    /// The samples of the committed steps a rollback to a checkpoint gave up: trained and
+    /// counted in their intervals, then trained again.
+    #[serde(default)]
+    pub rolled_back: f64,
     /// The final sequence against the samples counted in the intervals: steps committed after
     /// the replay's end (while the testnet collects the nodes' steps) are in the final sequence
     /// and in no interval.
@@ -174,6 +187,7 @@ impl GapLedger {
             ("configuration", self.configuration),
             ("stalls", self.stalls),
             ("throughput", self.throughput),
+            ("rolled back", self.rolled_back),
             ("outside the intervals", self.outside_intervals),
             ("unexplained", self.unexplained),
         ];
@@ -214,6 +228,7 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         configuration: 0.0,
         stalls: 0.0,
         throughput: 0.0,
+        rolled_back: -(inputs.rolled_back_steps as f64) * batch,
         outside_intervals: 0.0,
         unexplained: 0.0,
     };
@@ -247,8 +262,12 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
         });
     }
     gap.outside_intervals += gap.measured;
-    gap.unexplained =
-        gap.gap - gap.configuration - gap.stalls - gap.throughput - gap.outside_intervals;
+    gap.unexplained = gap.gap
+        - gap.configuration
+        - gap.stalls
+        - gap.throughput
+        - gap.rolled_back
+        - gap.outside_intervals;
     let throughput = steady
         .iter()
         .map(|(&c, &(samples, secs))| ConfigThroughput {
@@ -273,6 +292,10 @@ pub fn ledger(inputs: &Inputs<'_>) -> Fidelity {
 struct StallSpan<'a> {
     reconfiguration: &'a Reconfiguration,
     cause: Option<Event>,
+    /// When training stopped: the last step committed before the kill that caused the plan,
+    /// else the plan (after a notice or an arrival the old configuration trains until the plan
+    /// replaces it).
+    stopped: f64,
     plan_at: f64,
     first_step_at: f64,
     /// The configuration of the plan (null: the leader showed none).
@@ -281,9 +304,8 @@ struct StallSpan<'a> {
 }
 
 impl StallSpan<'_> {
-    /// When training stopped: at the kill that caused the plan, else at the plan (after a
-    /// notice or an arrival the old configuration trains until the plan replaces it).
-    fn start(&self) -> f64 {
+    /// When the kill that caused the plan came, else the plan.
+    fn killed_at(&self) -> f64 {
         match self.cause {
             Some(Event {
                 t,
@@ -297,7 +319,8 @@ impl StallSpan<'_> {
     /// charge for its interval.
     fn ledger(&self, step_secs: f64, charged_secs: f64) -> StallLedger {
         let r = self.reconfiguration;
-        let detection_secs = self.plan_at - self.start();
+        let cut_off_secs = self.killed_at() - self.stopped;
+        let detection_secs = self.plan_at - self.killed_at();
         let refill_secs = (self.first_step_at - self.plan_at - r.secs - step_secs).max(0.0);
         StallLedger {
             epoch: r.epoch,
@@ -306,10 +329,11 @@ impl StallSpan<'_> {
             cause: self.cause.map(|e| e.kind),
             cause_at_secs: self.cause.map(|e| e.t),
             plan_at_secs: self.plan_at,
+            cut_off_secs,
             detection_secs,
             restart_secs: r.secs,
             refill_secs,
-            stalled_secs: detection_secs + r.secs + refill_secs,
+            stalled_secs: cut_off_secs + detection_secs + r.secs + refill_secs,
             charged_secs,
         }
     }
@@ -337,6 +361,13 @@ fn stall_spans<'a>(inputs: &Inputs<'a>, intervals: usize) -> Vec<StallSpan<'a>> 
                 .find(|e| e.t > since && e.t <= plan_at)
                 .copied();
             previous_plan = plan_at;
+            let stopped = match cause {
+                Some(Event {
+                    t,
+                    kind: EventKind::Kill,
+                }) => last_commit(inputs.timeline, t),
+                _ => plan_at,
+            };
             let first_step_at = inputs
                 .timeline
                 .iter()
@@ -347,6 +378,7 @@ fn stall_spans<'a>(inputs: &Inputs<'a>, intervals: usize) -> Vec<StallSpan<'a>> 
             StallSpan {
                 reconfiguration: r,
                 cause,
+                stopped,
                 plan_at,
                 first_step_at,
                 config: first_view
@@ -373,7 +405,7 @@ fn stalled_spans(
             spans
                 .iter()
                 .zip(stalls)
-                .map(|(s, l)| (s.start(), s.start() + l.stalled_secs)),
+                .map(|(s, l)| (s.stopped, s.stopped + l.stalled_secs)),
         )
         .filter(|(a, b)| b > a)
         .collect();
@@ -402,7 +434,7 @@ fn steady_throughput(
     timeline: &[Sample],
     spans: &[StallSpan<'_>],
 ) -> BTreeMap<ParallelConfig, (f64, f64)> {
-    let stalled = |a: f64, b: f64| spans.iter().any(|s| a < s.first_step_at && b > s.start());
+    let stalled = |a: f64, b: f64| spans.iter().any(|s| a < s.first_step_at && b > s.stopped);
     let mut acc: BTreeMap<ParallelConfig, (f64, f64)> = BTreeMap::new();
     for (c, a, b) in training_pairs(timeline) {
         if c.d > 0 && a.step > 0 && !stalled(a.t, b.t) {
@@ -439,6 +471,19 @@ fn samples_per_step(timeline: &[Sample]) -> f64 {
             )
         });
     if steps > 0.0 { samples / steps } else { 0.0 }
+}
+
+/// When the last step committed by `t` was first seen (`t` without one), in the plan of `t`:
+/// a kill at `t` cuts off the step in flight, which trained from then on. Polls bound the
+/// resolution (the commit came up to one poll before it was seen).
+fn last_commit(timeline: &[Sample], t: f64) -> f64 {
+    let Some(at) = timeline.iter().take_while(|s| s.t <= t).last() else {
+        return t;
+    };
+    timeline
+        .iter()
+        .find(|s| s.epoch == at.epoch && s.step == at.step)
+        .map_or(t, |s| s.t.min(t))
 }
 
 /// The leader's sample cursor at `t` (the last poll at or before it; 0 before the first).
@@ -480,10 +525,11 @@ pub fn summary(strategy: &str, f: &Fidelity) -> String {
     let sum = |g: fn(&StallLedger) -> f64| f.reconfigurations.iter().map(g).fold(0.0, |a, v| a + v);
     format!(
         "fidelity ({strategy}): measured - simulated = {:+.0} samples = {}; stalls: start {:.1} s, \
-         detection {:.1} s, restart {:.1} s, refill {:.1} s against {:.1} s charged",
+         cut off {:.1} s, detection {:.1} s, restart {:.1} s, refill {:.1} s against {:.1} s charged",
         f.gap.gap,
         terms.join(", "),
         f.start_secs,
+        sum(|s| s.cut_off_secs),
         sum(|s| s.detection_secs),
         sum(|s| s.restart_secs),
         sum(|s| s.refill_secs),

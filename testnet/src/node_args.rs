@@ -14,6 +14,9 @@ use crate::simulate::zones::{ObjectiveArg, parse_price};
 pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
 /// The reactive baseline's name.
 pub const REACTIVE: &str = "reactive";
+/// How long a member may be unreachable before the leader declares it lost, ms: the nodes'
+/// failure detector, which finds a kill without notice.
+pub const LOST_TIMEOUT_MS: u64 = 2000;
 
 /// How the nodes are run (shared by every subcommand).
 #[derive(clap::Args, Debug, Clone)]
@@ -157,7 +160,7 @@ impl NodeArgs {
         Ok(NodeSettings {
             grace_secs: self.grace_secs,
             interval_secs: self.interval_secs as f64,
-            lost_timeout_ms: 2000,
+            lost_timeout_ms: LOST_TIMEOUT_MS,
             strategy: strategy.to_string(),
             max_nodes,
             model: self.model.clone(),

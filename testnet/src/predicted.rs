@@ -9,6 +9,11 @@
 //! times faster than its own per-layer profile (`docs/testnet.md`), so simulating the table
 //! would hold the cluster to hardware it does not emulate.
 //!
+//! Every cluster's reactive baseline is killed without notice, which Parcae's simulator does
+//! not charge: here each kill costs it, when it hits a node in use, the failure detection and
+//! the step in flight, and when it takes every replica of a stage, the steps since the newest
+//! checkpoint ([`UNANNOUNCED_KILLS`]); the liveput family acts on notices and loses none of it.
+//!
 //! A CPU cluster's costs are measured on the testnet itself ([`measured_model`]):
 //!
 //! * Throughput: for every `(D, P)` the runs trained in, committed samples over the seconds
@@ -34,7 +39,7 @@ use std::sync::Arc;
 
 use parcae_api::MigrationKind;
 use parcae_strategies::ParallelConfig;
-use parcae_strategies::baselines::CHECKPOINT_MS;
+use parcae_strategies::baselines::{CHECKPOINT_MS, UnannouncedKills};
 use parcae_strategies::cost::analytic::throughput_table;
 use parcae_strategies::cost::spec::{Family, LayerCost, ModelSpec, RestartCost};
 use parcae_strategies::cost::throughput::ThroughputTable;
@@ -45,6 +50,7 @@ use parcae_strategies::trace::{Interval, Trace};
 
 use crate::engine::Observed;
 use crate::monitor::Sample;
+use crate::node_args::LOST_TIMEOUT_MS;
 
 pub mod zones;
 
@@ -58,6 +64,23 @@ pub const LOOPBACK: TransferModel = TransferModel::Linear {
 /// The liveput variant a node's planner runs: the zone model's forecast with the notices and
 /// joins it sees before deciding, and the zone's terminal value.
 pub const LIVEPUT: &str = sim::NODE_DEFAULT;
+/// How long `parcae-node`'s planner waits after a departure for the others of the same
+/// boundary before it plans, ms (its `planner::settle::DEPARTURE_SETTLE`).
+pub const DEPARTURE_SETTLE_MS: f64 = 500.0;
+/// What a kill without notice costs the reactive baseline beyond its restart, as its nodes
+/// run: the failure detector's timeout ([`LOST_TIMEOUT_MS`]) and the planner's settle, the
+/// step in flight, and the steps since the newest checkpoint when a stage lost every replica
+/// ([`CHECKPOINT_EVERY`]). The
+/// emulated nodes floor their lost timeout at three heartbeats of wall time and do not scale
+/// the settle, so at a time scale above one they take longer (docs/testnet.md measures it);
+/// this is what a cluster of the emulated devices would take.
+pub const UNANNOUNCED_KILLS: UnannouncedKills = UnannouncedKills {
+    detection_ms: LOST_TIMEOUT_MS as f64 + DEPARTURE_SETTLE_MS,
+    checkpoint_every: CHECKPOINT_EVERY as f64,
+};
+/// Steps between a job's checkpoints: `parcae-node`'s default `checkpoint_every`, which the
+/// testnet keeps.
+pub const CHECKPOINT_EVERY: u64 = 20;
 /// Intervals the simulated strategies look ahead: the node planner's default
 /// (`[planner] lookahead`, Parcae's 8).
 pub const LOOKAHEAD: usize = 8;
@@ -242,6 +265,7 @@ pub fn simulate(
         model: model.clone(),
         lookahead: LOOKAHEAD,
         seed,
+        unannounced_kills: Some(UNANNOUNCED_KILLS),
     };
     Some(sim::simulate(&setup, trace, 0..trace.len(), strategy))
 }
@@ -311,6 +335,44 @@ mod tests {
             0.0,
             "1 s is too short to count"
         );
+    }
+
+    #[test]
+    fn the_reactive_baseline_pays_for_its_kills_without_notice_and_nothing_else_does() {
+        let model = Arc::new(emulated_model("gpt-1.5b", 8).unwrap());
+        // Eight nodes, two killed at the third boundary, and time for the charge to run out.
+        let trace = replayed_trace("test", &[8, 8, 6, 6, 6, 6, 6, 6, 6, 6], 60);
+        let ours = |name: &str| simulate(&model, &trace, 8, 1, name).unwrap();
+        let parcae = |name: &str| {
+            let setup = SimSetup {
+                model: model.clone(),
+                lookahead: LOOKAHEAD,
+                seed: 1,
+                unannounced_kills: None,
+            };
+            let bounds = sim::job_bounds(&model, 8);
+            let strategy = sim::strategy_by_name(simulated_strategy(name), bounds, 1).unwrap();
+            sim::simulate(&setup, &trace, 0..trace.len(), strategy)
+        };
+        let (with, without) = (ours("reactive"), parcae("reactive"));
+        let running = without.configs[1];
+        let rate = model.samples_per_sec(running);
+        let step_ms = 1000.0 * f64::from(model.spec.global_batch) / rate;
+        let extra_ms = UNANNOUNCED_KILLS.expected_ms(8, 2, running, step_ms);
+        assert!(extra_ms >= 2500.0, "{extra_ms}");
+        // Charged from the third interval on, as long as it lasts.
+        let charged = with.migration_secs - without.migration_secs;
+        assert!(
+            (charged - extra_ms / 1000.0).abs() < 1e-6,
+            "{charged} vs {extra_ms} ms"
+        );
+        assert_eq!(with.charged_secs[..2], without.charged_secs[..2]);
+        assert!(with.configs[2..].iter().all(|&c| c == with.configs[2]));
+        let lost = without.samples - with.samples;
+        let expected = model.samples_per_sec(with.configs[2]) * extra_ms / 1000.0;
+        assert!((lost - expected).abs() < 1e-6, "{lost} vs {expected}");
+        // The liveput family acts on notices: its kills cost what they did.
+        assert_eq!(ours("liveput").samples, parcae("liveput").samples);
     }
 
     #[test]

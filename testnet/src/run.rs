@@ -216,6 +216,7 @@ pub fn simulate_sessions(
                 interval_secs: node.interval_secs as f64,
                 time_scale,
                 samples: o.report.samples,
+                rolled_back_steps: o.report.rolled_back_steps,
             }));
             o.simulated = Some(run);
         }

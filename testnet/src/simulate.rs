@@ -177,6 +177,7 @@ pub fn run(args: Args) -> Result<()> {
         model: Arc::new(model),
         lookahead: usize::from(args.lookahead),
         seed: args.seed,
+        unannounced_kills: None,
     };
     let mut runs = Vec::with_capacity(names.len());
     for name in &names {

@@ -56,7 +56,9 @@ pub fn first_plan_settles_until(
 /// hh replay re-planned at every arriving notice, gossip and a commit apart; a notice comes 30 s,
 /// on AWS 120 s, before its deadline), and members killed together are marked lost a liveness
 /// check or two apart (the reactive hh replay: three killed at once, marked 0.1 s apart, cost
-/// two restarts). Planning at each would reconfigure as many times.
+/// two restarts). Planning at each would reconfigure as many times. The testnet's simulator
+/// charges it, with the lost timeout, to every kill without notice
+/// (`parcae-testnet`'s `predicted::DEPARTURE_SETTLE_MS`).
 pub const DEPARTURE_SETTLE: Duration = Duration::from_millis(500);
 
 /// How a member is on its way out, if it is.

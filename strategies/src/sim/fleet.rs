@@ -302,6 +302,7 @@ fn setup(fleet: &Fleet, table: ThroughputTable, lookahead: usize, seed: u64) -> 
         model: Arc::new(model),
         lookahead,
         seed,
+        unannounced_kills: None,
     }
 }
 

@@ -82,6 +82,7 @@ fn ledger_of(events: &[Event], simulated: &StrategyRun, time_scale: f64, samples
         interval_secs: 10.0,
         time_scale,
         samples,
+        rolled_back_steps: 0,
     })
 }
 
@@ -223,6 +224,7 @@ fn the_job_s_start_is_a_stall_of_the_first_interval() {
         interval_secs: 10.0,
         time_scale: 1.0,
         samples: 112,
+        rolled_back_steps: 0,
     });
     // Less one steady step of WIDE (8 samples at the rate measured in it).
     let wide = f.throughput.iter().find(|c| c.config == [2, 1]).unwrap();
@@ -279,6 +281,7 @@ fn a_stall_that_outlasts_its_interval_stalls_the_next_and_overlapping_stalls_cou
         interval_secs: 10.0,
         time_scale: 1.0,
         samples: 104,
+        rolled_back_steps: 0,
     });
     let [killed, arrived] = f.reconfigurations.as_slice() else {
         panic!("{:?}", f.reconfigurations)
@@ -297,4 +300,59 @@ fn a_stall_that_outlasts_its_interval_stalls_the_next_and_overlapping_stalls_cou
     // Stalled as long as charged, in the same configurations: the stall costs nothing against
     // the simulator.
     assert_eq!(g.stalls, 0.0);
+}
+
+#[test]
+fn a_kill_cuts_off_the_step_in_flight_and_a_rollback_gives_up_its_steps() {
+    // Steps of 16 samples every 2 s on two nodes; step 5 is seen at 10 s and a node is killed
+    // at 11 s, one second into step 6. The plan shows at 12 s, its nodes are ready a second
+    // later, and its first step commits at 15 s, then one every 2 s. A rollback gave up two
+    // committed steps.
+    let mut timeline: Vec<Sample> = (0..=11u64)
+        .map(|i| sample(i as f64, 1, WIDE, i / 2, 16 * (i / 2)))
+        .collect();
+    timeline.extend((12..=14).map(|i| sample(i as f64, 2, NARROW, 5, 80)));
+    timeline.extend((15..=21u64).map(|i| {
+        let step = 6 + (i - 15) / 2;
+        sample(i as f64, 2, NARROW, step, 16 * step)
+    }));
+    let events = [Event {
+        t: 11.0,
+        kind: EventKind::Kill,
+    }];
+    let f = ledger(&Inputs {
+        timeline: &timeline,
+        events: &events,
+        reconfigurations: &[restart(2, 6, 14.0, 1.0)],
+        simulated: &simulated(),
+        model: &model(),
+        interval_secs: 10.0,
+        time_scale: 1.0,
+        samples: 112,
+        rolled_back_steps: 2,
+    });
+    let [stall] = f.reconfigurations.as_slice() else {
+        panic!("{:?}", f.reconfigurations)
+    };
+    assert_eq!(
+        (stall.cut_off_secs, stall.detection_secs, stall.restart_secs),
+        (1.0, 1.0, 1.0)
+    );
+    // 15 s - 12 s - 1 s of restart - one 2 s step.
+    assert_eq!((stall.refill_secs, stall.stalled_secs), (0.0, 3.0));
+    // The second the killed step trained is the stall's, not the steady rate's: 64 samples in
+    // the 8 s from the first step to the last one committed (7.1/s with it).
+    let wide = f.throughput.iter().find(|c| c.config == [2, 1]).unwrap();
+    assert_eq!(wide.measured_per_sec, 8.0);
+    assert_eq!(f.intervals[1].stalled_secs, 3.0);
+    let g = &f.gap;
+    assert_eq!(g.rolled_back, -32.0, "two steps of 16 samples");
+    let sum = g.configuration
+        + g.stalls
+        + g.throughput
+        + g.rolled_back
+        + g.outside_intervals
+        + g.unexplained;
+    assert!((sum - g.gap).abs() < 1e-9, "{g:?}");
+    assert!(summary("reactive", &f).contains("cut off 1.0 s, detection 1.0 s"));
 }
