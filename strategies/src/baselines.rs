@@ -4,6 +4,7 @@
 
 use crate::config::ParallelConfig;
 use crate::cost::CostModel;
+use crate::cost::migration::choose;
 use crate::cost::spec::{ModelSpec, RestartKind};
 
 /// Saving and loading a checkpoint in the reactive baseline, ms.
@@ -79,14 +80,6 @@ fn any_stage_wiped(before: u32, running: ParallelConfig, removed: u32) -> f64 {
             sign * choose(p, k) * choose(before - k * d, removed - k * d) / all
         })
         .sum()
-}
-
-/// `n` choose `k`, as a float (0 when `k > n`).
-fn choose(n: u32, k: u32) -> f64 {
-    if k > n {
-        return 0.0;
-    }
-    (0..k.min(n - k)).fold(1.0, |acc, j| acc * f64::from(n - j) / f64::from(j + 1))
 }
 
 /// The chance that `removed` nodes drawn at random among `before` include one of `in_use`.
