@@ -165,7 +165,7 @@ impl MigrationCosts {
         if let Some(s) = self.scenarios.get(&key) {
             return s.clone();
         }
-        let s = Arc::new(build_scenarios(ev, self.seed));
+        let s = Arc::new(build_scenarios(ev.nodes, ev.from, ev.removed, self.seed));
         self.scenarios.insert(key, s.clone());
         s
     }
@@ -455,7 +455,7 @@ mod tests {
     #[test]
     fn weights_sum_to_one_exact_and_sampled() {
         for e in [ev(10, 2, 4, 0, 2), ev(32, 4, 8, 0, 5)] {
-            let s = build_scenarios(e, 1);
+            let s = build_scenarios(e.nodes, e.from, e.removed, 1);
             let w: f64 = s.iter().map(|s| s.weight).sum();
             assert!((w - 1.0).abs() < 1e-9, "{e:?}: {w}");
             let mean_lost: f64 = s

@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rustc_hash::FxHashMap;
 
-use super::MigrationEvent;
+use crate::config::ParallelConfig;
 
 /// Loss vectors are enumerated exactly up to this many, sampled beyond.
 const EXACT_SCENARIOS: u64 = 600;
@@ -64,21 +64,27 @@ fn count_vectors(groups: u32, size: u32, spares: u32, r: u32) -> u64 {
     ways[r as usize]
 }
 
-pub(super) fn build_scenarios(ev: MigrationEvent, seed: u64) -> Vec<Scenario> {
-    let (d, p) = (ev.from.d, ev.from.p);
-    let r = ev.removed.min(ev.nodes);
+/// The scenarios of `removed` preemptions among `nodes` alive running `from`.
+pub(super) fn build_scenarios(
+    nodes: u32,
+    from: ParallelConfig,
+    removed: u32,
+    seed: u64,
+) -> Vec<Scenario> {
+    let (d, p) = (from.d, from.p);
+    let r = removed.min(nodes);
     if p == 0 || r == 0 {
         return vec![Scenario::new(1.0, vec![0; p as usize])];
     }
-    let spares = ev.nodes.saturating_sub(d * p);
+    let spares = nodes.saturating_sub(d * p);
     if count_vectors(p, d, spares, r) <= EXACT_SCENARIOS {
-        let total = choose(ev.nodes, r);
+        let total = choose(nodes, r);
         let mut out = Vec::new();
         let mut lost = vec![0u32; p as usize];
         enumerate(0, r, d, spares, 1.0 / total, &mut lost, &mut out);
         return out;
     }
-    sample_scenarios(ev, r, seed)
+    sample_scenarios(nodes, from, r, seed)
 }
 
 fn enumerate(
@@ -103,16 +109,16 @@ fn enumerate(
     lost[stage] = 0;
 }
 
-fn sample_scenarios(ev: MigrationEvent, r: u32, seed: u64) -> Vec<Scenario> {
+fn sample_scenarios(nodes: u32, from: ParallelConfig, r: u32, seed: u64) -> Vec<Scenario> {
     let mut h = seed ^ 0x9E37_79B9_7F4A_7C15;
-    for v in [ev.nodes, ev.from.d, ev.from.p, r] {
+    for v in [nodes, from.d, from.p, r] {
         h = (h ^ u64::from(v)).wrapping_mul(0x1000_0000_01B3);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(h);
-    let (d, p) = (ev.from.d, ev.from.p);
+    let (d, p) = (from.d, from.p);
     let active = d * p;
     let mut counts: FxHashMap<Vec<u32>, usize> = FxHashMap::default();
-    let mut pool: Vec<u32> = (0..ev.nodes).collect();
+    let mut pool: Vec<u32> = (0..nodes).collect();
     let stage_of: Vec<usize> = (0..active).map(|node| (node % p) as usize).collect();
     let mut lost = vec![0u32; p as usize];
     for _ in 0..SAMPLES {
