@@ -154,23 +154,50 @@ pub fn zone_histories(state: &ControlState, names: &[&str]) -> (usize, Vec<Vec<I
     (first, histories)
 }
 
-/// Parcae's forecast of the next `horizon` intervals from the recorded availability alone:
-/// the count of the upcoming interval is told only before any was recorded (the job's
-/// initial allocation), and notices are not folded in (the simulator's `liveput-predict`).
-pub fn parcae_forecast(
-    predictor: &mut impl Predictor,
-    state: &ControlState,
-    n: u32,
-    horizon: usize,
-) -> Vec<Interval> {
-    let history = availability_history(state);
-    predictor.forecast(&ForecastInput {
-        history: &history,
-        first: first_recorded(state),
-        known_next: history.is_empty().then_some(n),
-        notices: &[],
-        horizon,
-    })
+/// Parcae's forecast of the next intervals from the recorded availability alone, made once an
+/// availability interval: the count of the upcoming interval is told only before any was
+/// recorded (the job's initial allocation), and notices are not folded in (the simulator's
+/// `liveput-predict`). Parcae calls its predictor once an interval, as the simulator does; a
+/// re-plan inside the interval (at a notice) decides on the forecast made at the interval's
+/// start. Called at every re-plan, the predictor forecast from the same record twice and drew
+/// its random preemptions again (six of the 18 re-plans of an lh round came in pairs).
+pub struct IntervalForecast<P> {
+    predictor: P,
+    /// The forecast made, and what it was made from: the last interval recorded, and the count
+    /// told when none was.
+    kept: Option<((Option<u64>, Option<u32>), Vec<Interval>)>,
+}
+
+impl<P: Predictor> IntervalForecast<P> {
+    /// Forecasts with `predictor`.
+    pub fn new(predictor: P) -> Self {
+        Self {
+            predictor,
+            kept: None,
+        }
+    }
+
+    /// The next `horizon` intervals, with `n` workers present: the forecast made in this
+    /// interval if there is one.
+    pub fn forecast(&mut self, state: &ControlState, n: u32, horizon: usize) -> Vec<Interval> {
+        let history = availability_history(state);
+        let known_next = history.is_empty().then_some(n);
+        let made_from = (state.availability.back().map(|s| s.interval), known_next);
+        match &self.kept {
+            Some((from, future)) if *from == made_from && future.len() == horizon => future.clone(),
+            _ => {
+                let future = self.predictor.forecast(&ForecastInput {
+                    history: &history,
+                    first: first_recorded(state),
+                    known_next,
+                    notices: &[],
+                    horizon,
+                });
+                self.kept = Some((made_from, future.clone()));
+                future
+            }
+        }
+    }
 }
 
 /// The recorded availability as intervals (each one's arrivals and departures against the
@@ -257,10 +284,10 @@ mod tests {
             min_nodes: 2,
             max_nodes: 32,
         };
-        let mut arima = RulePredictor::new(SeriesModel::Arima, bounds, 7);
+        let mut arima = IntervalForecast::new(RulePredictor::new(SeriesModel::Arima, bounds, 7));
         let mut state = ControlState::default();
         // Before any interval was recorded, the nodes present are the job's allocation.
-        let first = parcae_forecast(&mut arima, &state, 12, 4);
+        let first = arima.forecast(&state, 12, 4);
         assert_eq!(first.len(), 4);
         assert_eq!(first[0].nodes, 12);
         for (interval, count) in [(0, 20), (1, 18), (2, 16), (3, 14)] {
@@ -281,13 +308,56 @@ mod tests {
         );
         // Afterwards the present count is not told (30 here): the forecast continues the
         // recorded series from its last count, within the job's bounds.
-        let later = parcae_forecast(&mut arima, &state, 30, 4);
+        let later = arima.forecast(&state, 30, 4);
         assert_eq!(later.len(), 4);
         assert!(
             later.iter().all(|i| (2..=32).contains(&i.nodes)),
             "{later:?}"
         );
         assert!(later[0].nodes <= 16, "{later:?}");
+    }
+
+    #[test]
+    fn the_predictor_is_asked_once_an_interval() {
+        /// A predictor whose every forecast differs: it says how often it was asked.
+        struct Asked(u32);
+        impl Predictor for Asked {
+            fn forecast(&mut self, input: &ForecastInput<'_>) -> Vec<Interval> {
+                self.0 += 1;
+                let asked = Interval {
+                    nodes: self.0,
+                    added: 0,
+                    removed: 0,
+                };
+                vec![asked; input.horizon]
+            }
+        }
+        let mut parcae = IntervalForecast::new(Asked(0));
+        let mut state = ControlState::default();
+        let tick = |state: &mut ControlState, interval| {
+            let tick = Command::AvailabilityTick {
+                interval,
+                count: 8,
+                zones: Vec::new(),
+            };
+            state.apply(&tick).unwrap();
+        };
+        assert_eq!(parcae.forecast(&state, 8, 3)[0].nodes, 1);
+        assert_eq!(
+            parcae.forecast(&state, 9, 3)[0].nodes,
+            2,
+            "before any record, the count told is what it forecasts from"
+        );
+        tick(&mut state, 0);
+        assert_eq!(parcae.forecast(&state, 8, 3)[0].nodes, 3);
+        assert_eq!(
+            parcae.forecast(&state, 7, 3)[0].nodes,
+            3,
+            "a re-plan inside the interval: the same forecast"
+        );
+        tick(&mut state, 1);
+        assert_eq!(parcae.forecast(&state, 7, 3)[0].nodes, 4, "a new interval");
+        assert_eq!(parcae.forecast(&state, 7, 5).len(), 5);
     }
 
     #[test]

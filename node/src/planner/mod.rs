@@ -3,7 +3,8 @@
 //! Every planning interval it proposes `AvailabilityTick` (the predictors' history), and it
 //! proposes `Reconfigure` when there is no plan yet, when the plan names a node that is leaving
 //! or lost (re-planned at once, so a leaving node is drained before its deadline), or when at
-//! an interval boundary the strategy picks another `(D, P)`. The actor only moves data: when
+//! an interval boundary the strategy picks another `(D, P)`; one decision an interval, which a
+//! departure brings forward ([`settle::tick_decides`]). The actor only moves data: when
 //! it may plan is [`settle`]'s and [`clock`]'s, what it plans is [`decide`]'s, a pure function
 //! of the replicated state and the costs measured in it ([`costs`]) through the configured
 //! [`strategy`], which owns its caches; the plan itself is [`build`]'s. All inputs come from
@@ -32,8 +33,8 @@ use clock::IntervalClock;
 use costs::JobShape;
 use decide::decide;
 use settle::{
-    Proposed, Since, departing_from_plan, departures_settle_until, first_plan_settles_until,
-    plan_on_its_way,
+    DecidedEarly, Proposed, Since, departing_from_plan, departures_settle_until,
+    first_plan_settles_until, plan_on_its_way, tick_decides,
 };
 use strategy::Strategy;
 use strategy::liveput::Liveput;
@@ -76,6 +77,8 @@ pub struct Planner {
     workers_seen: Since<Vec<NodeId>>,
     /// The plan's departing members as last seen, and since when.
     departing_seen: Since<Vec<NodeId>>,
+    /// The last plan made between two ticks.
+    decided_early: Option<DecidedEarly>,
 }
 
 impl Planner {
@@ -97,6 +100,7 @@ impl Planner {
             proposed: None,
             workers_seen: Since::default(),
             departing_seen: Since::default(),
+            decided_early: None,
         }
     }
 
@@ -116,7 +120,8 @@ impl Planner {
             return;
         }
         let state = self.control.state().borrow().clone();
-        let workers_since = self.workers_seen.observe(workers(&state), now);
+        let workers_now = workers(&state);
+        let workers_since = self.workers_seen.observe(workers_now.clone(), now);
         let departing = departing_from_plan(&state, self.strategy.acts_on_notices());
         let departing_since = self.departing_seen.observe(departing.clone(), now);
         // While a new cluster settles, neither its availability nor a plan is recorded: both
@@ -132,12 +137,14 @@ impl Planner {
         self.arm_timer(ctx, now, settling.into_iter().chain(batching).min());
         if settling.is_none() && batching.is_none() && !plan_on_its_way(&state, self.proposed, now)
         {
+            let boundary =
+                tick && tick_decides(self.decided_early.as_ref(), recorded, &workers_now);
             let decision = decide(
                 &state,
                 self.strategy.as_mut(),
                 &self.shape,
                 &mut self.fleets,
-                tick,
+                boundary,
                 crate::clock::unix_ms(std::time::SystemTime::now()),
             );
             if let Some(estimates) = decision.estimates {
@@ -149,6 +156,12 @@ impl Planner {
                     at_step: plan.at_step,
                     at: now,
                 });
+                if !tick {
+                    self.decided_early = Some(DecidedEarly {
+                        recorded,
+                        workers: workers_now,
+                    });
+                }
                 out.push(Command::Reconfigure { plan });
             }
         }

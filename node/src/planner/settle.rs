@@ -121,6 +121,30 @@ pub fn departures_settle_until(
     (!departing.is_empty() && now < settled).then_some(settled)
 }
 
+/// A plan made between two ticks (a departure brought the interval's decision forward): the
+/// last interval recorded when it was made, and the workers it was made for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecidedEarly {
+    /// The last availability interval recorded then.
+    pub recorded: Option<u64>,
+    /// The workers then.
+    pub workers: Vec<NodeId>,
+}
+
+/// Whether the tick that ends the interval after `recorded` decides: the planner decides once
+/// an interval, as the simulator does, and a departure brings the decision forward; the tick
+/// decides again only if workers arrived since (`workers` not all among `early`'s). A boundary's
+/// notices come before it, its arrivals after, and the tick a few seconds later: deciding at the
+/// notice and again at the tick made two moves for one boundary, the second from a record one
+/// interval newer (the pairs of re-plans 1-9 s apart of the lh liveput-predict rounds).
+pub fn tick_decides(
+    early: Option<&DecidedEarly>,
+    recorded: Option<u64>,
+    workers: &[NodeId],
+) -> bool {
+    !early.is_some_and(|e| e.recorded == recorded && workers.iter().all(|w| e.workers.contains(w)))
+}
+
 /// A value as last seen and since when it has been so: the workers, the departing members.
 #[derive(Debug)]
 pub struct Since<T> {
@@ -257,6 +281,36 @@ mod tests {
             departing_from_plan(&state, true),
             noticed,
             "a member that left is still gone from the plan"
+        );
+    }
+
+    #[test]
+    fn an_interval_decided_at_its_departures_is_decided_again_only_for_arrivals() {
+        let id = |n: u8| NodeId::from_peer_bytes(&[n]);
+        let (a, b, c) = (id(1), id(2), id(3));
+        assert!(
+            tick_decides(None, Some(4), &[a, b]),
+            "nothing decided early"
+        );
+        let early = DecidedEarly {
+            recorded: Some(4),
+            workers: vec![a, b],
+        };
+        assert!(
+            !tick_decides(Some(&early), Some(4), &[a, b]),
+            "the notice made the interval's decision"
+        );
+        assert!(
+            !tick_decides(Some(&early), Some(4), &[a]),
+            "a departure since is the plan's to handle, not the tick's"
+        );
+        assert!(
+            tick_decides(Some(&early), Some(4), &[a, b, c]),
+            "a worker arrived since"
+        );
+        assert!(
+            tick_decides(Some(&early), Some(5), &[a, b]),
+            "decided in an earlier interval"
         );
     }
 

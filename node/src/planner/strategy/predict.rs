@@ -1,7 +1,8 @@
 //! `liveput-predict`: Parcae as published (the simulator's `liveput-predict`), the same
 //! optimizer on Parcae's ARIMA predictor of the recorded availability, nothing valued past the
 //! horizon, its choice shrunk to the nodes present as Parcae does. The predictor keeps its
-//! penalties and random draws across decisions, as Parcae's does; a new leader's starts afresh.
+//! penalties and random draws across decisions, as Parcae's does, and forecasts once an
+//! interval; a new leader's starts afresh.
 
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::liveput::{LiveputOptimizer, Terminal};
@@ -9,13 +10,14 @@ use parcae_strategies::predict::{RulePredictor, SeriesModel};
 use parcae_strategies::sim::job_bounds;
 
 use super::{Situation, Strategy, look_ahead};
-use crate::planner::forecast::{Forecast, parcae_forecast};
+use crate::planner::forecast::{Forecast, IntervalForecast};
+use crate::planner::settle::departing_members;
 
 /// The strategy and what it remembers.
 pub struct LiveputPredict {
     /// Parcae's predictor, made with the first cost model (its bounds are the smallest
     /// feasible configuration and the job's cluster size).
-    arima: Option<RulePredictor>,
+    arima: Option<IntervalForecast<RulePredictor>>,
     optimizer: Option<LiveputOptimizer>,
     seed: u64,
     max_nodes: u32,
@@ -45,12 +47,14 @@ impl Strategy for LiveputPredict {
 
     fn choose(&mut self, at: &Situation<'_>) -> Option<ParallelConfig> {
         let (seed, bounds) = (self.seed, job_bounds(at.cost, self.max_nodes));
-        let arima = self
-            .arima
-            .get_or_insert_with(|| RulePredictor::new(SeriesModel::Arima, bounds, seed));
+        let arima = self.arima.get_or_insert_with(|| {
+            IntervalForecast::new(RulePredictor::new(SeriesModel::Arima, bounds, seed))
+        });
+        // The optimizer plans from the nodes before the upcoming event, as the simulator's does:
+        // at a notice, those still here and those leaving.
         let forecast = Forecast {
-            before: at.workers,
-            future: parcae_forecast(arima, at.state, at.workers, self.lookahead),
+            before: at.workers + departing_members(at.state, |_| true),
+            future: arima.forecast(at.state, at.workers, self.lookahead),
             terminal: Terminal::default(),
             tables: Vec::new(),
         };
