@@ -135,8 +135,8 @@ pub struct DecidedEarly {
 /// an interval, as the simulator does, and a departure brings the decision forward; the tick
 /// decides again only if workers arrived since (`workers` not all among `early`'s). A boundary's
 /// notices come before it, its arrivals after, and the tick a few seconds later: deciding at the
-/// notice and again at the tick made two moves for one boundary, the second from a record one
-/// interval newer (the pairs of re-plans 1-9 s apart of the lh liveput-predict rounds).
+/// notice and again at the tick made two moves for one boundary where the simulator makes one
+/// (pairs of re-plans seconds apart in the lh liveput-predict rounds).
 pub fn tick_decides(
     early: Option<&DecidedEarly>,
     recorded: Option<u64>,
