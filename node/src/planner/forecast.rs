@@ -163,9 +163,17 @@ pub fn zone_histories(state: &ControlState, names: &[&str]) -> (usize, Vec<Vec<I
 /// its random preemptions again (six of the 18 re-plans of an lh round came in pairs).
 pub struct IntervalForecast<P> {
     predictor: P,
-    /// The forecast made, and what it was made from: the last interval recorded, and the count
-    /// told when none was.
-    kept: Option<((Option<u64>, Option<u32>), Vec<Interval>)>,
+    /// The forecast made, and what it was made from.
+    kept: Option<(MadeFrom, Vec<Interval>)>,
+}
+
+/// What a forecast was made from: the last interval recorded, and the count told when none was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MadeFrom {
+    /// The last interval recorded.
+    recorded: Option<u64>,
+    /// The count told, when none was recorded.
+    known_next: Option<u32>,
 }
 
 impl<P: Predictor> IntervalForecast<P> {
@@ -182,7 +190,10 @@ impl<P: Predictor> IntervalForecast<P> {
     pub fn forecast(&mut self, state: &ControlState, n: u32, horizon: usize) -> Vec<Interval> {
         let history = availability_history(state);
         let known_next = history.is_empty().then_some(n);
-        let made_from = (state.availability.back().map(|s| s.interval), known_next);
+        let made_from = MadeFrom {
+            recorded: state.availability.back().map(|s| s.interval),
+            known_next,
+        };
         match &self.kept {
             Some((from, future)) if *from == made_from && future.len() == horizon => future.clone(),
             _ => {
