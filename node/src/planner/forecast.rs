@@ -188,8 +188,7 @@ impl<P: Predictor> IntervalForecast<P> {
     /// The next `horizon` intervals, with `n` workers present: the forecast made in this
     /// interval if there is one.
     pub fn forecast(&mut self, state: &ControlState, n: u32, horizon: usize) -> Vec<Interval> {
-        let history = availability_history(state);
-        let known_next = history.is_empty().then_some(n);
+        let known_next = state.availability.is_empty().then_some(n);
         let made_from = MadeFrom {
             recorded: state.availability.back().map(|s| s.interval),
             known_next,
@@ -197,6 +196,7 @@ impl<P: Predictor> IntervalForecast<P> {
         match &self.kept {
             Some((from, future)) if *from == made_from && future.len() == horizon => future.clone(),
             _ => {
+                let history = availability_history(state);
                 let future = self.predictor.forecast(&ForecastInput {
                     history: &history,
                     first: first_recorded(state),
