@@ -280,10 +280,29 @@ fn iteration_after(
     ends: &[f64],
     d: u32,
 ) -> f64 {
+    iteration_after_rings(spec, hw, stages, ends, d, |_| hw.allreduce_mb_per_ms)
+}
+
+/// [`iteration_after`] with stage `s` all-reducing at `ring_mb_per_ms(s)`: stages whose
+/// replicas lie in different zones reduce over the slower link between them.
+pub(crate) fn iteration_after_rings(
+    spec: &ModelSpec,
+    hw: Hardware,
+    stages: &[StageCost],
+    ends: &[f64],
+    d: u32,
+    ring_mb_per_ms: impl Fn(usize) -> f64,
+) -> f64 {
     ends.iter()
         .zip(stages)
         .enumerate()
-        .map(|(s, (end, c))| end + finish_ms(spec, hw, stages, s, c, d))
+        .map(|(s, (end, c))| {
+            let ring = Hardware {
+                allreduce_mb_per_ms: ring_mb_per_ms(s),
+                ..hw
+            };
+            end + finish_ms(spec, ring, stages, s, c, d)
+        })
         .fold(0.0, f64::max)
 }
 

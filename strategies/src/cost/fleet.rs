@@ -2,7 +2,7 @@
 //! on the nodes each zone holds at a moment, laid out as a zone-aware planner lays it, and as a
 //! planner blind to zones and types lays it.
 //!
-//! A zone-aware plan is the faster of two layouts:
+//! A zone-aware plan is the fastest of three layouts:
 //!
 //! * **zone pipelines**: every pipeline inside one zone, the pipelines filled from the fastest
 //!   device kind first (or from the fullest zone first, where crossing fewer zones pays more);
@@ -11,7 +11,11 @@
 //! * **mixed pipelines**: every pipeline holds `k_a` stages in zone `a` and `k_b` in zone `b` (the same for every
 //!   pipeline), its layers split unevenly over the kinds by `mixed::arrange_two`, so each
 //!   stage's replicas share a zone and its all-reduce never leaves it; only the activations
-//!   cross zones, once per zone boundary of a pipeline.
+//!   cross zones, once per zone boundary of a pipeline;
+//! * **staggered pipelines**: where equal shares do not fit the two zones' counts but `d p`
+//!   of their nodes are there, some of the mixed pipelines hold their junction stage in the
+//!   second zone instead of the first (`staggered`), so that one stage's ring crosses the
+//!   zones and every other stage's stays inside one.
 //!
 //! The zone-blind planner (Parcae's, run over every zone at once) believes every node is the
 //! worst device of the fleet (the slowest layers, the least memory), so it splits the layers
@@ -112,6 +116,7 @@ pub struct Fleet {
     paces: Vec<f64>,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Shares, Option<Arc<Arranged>>>,
+    staggered: HashMap<Shares, Option<Arc<Staggered>>>,
     heads: HashMap<(usize, usize), Arc<Splits>>,
     schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
     tails: HashMap<usize, Arc<Splits>>,
@@ -121,11 +126,13 @@ pub struct Fleet {
 
 /// A pipeline whose 1F1B schedule is memoised: a zone pipeline on zone `z`'s device at zone
 /// `slowest`'s split of `p` stages (over `z`'s own link), or a pipeline holding `k[z]` stages in
-/// zone `z` (over its arranged links).
+/// zone `z` (over its arranged links), or that pipeline with its junction stage moved to the
+/// second zone.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Pipeline {
     Local { z: usize, slowest: usize, p: u32 },
     Mixed(Shares),
+    Staggered(Shares),
 }
 
 /// A pipeline's stages in each zone, by the zones' order (zero past the fleet's zones).
@@ -173,6 +180,7 @@ impl Fleet {
             paces,
             memo: HashMap::new(),
             arranged: HashMap::new(),
+            staggered: HashMap::new(),
             heads: HashMap::new(),
             schedules: HashMap::new(),
             tails: HashMap::new(),
@@ -294,10 +302,12 @@ impl Fleet {
 
     /// The better of zone pipelines and mixed pipelines for `(d, p)`.
     fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+        let rate = |placed: &Option<Placement>| placed.as_ref().map_or(0.0, |l| l.samples_per_sec);
         let local = self.zone_pipelines(counts, d, p);
-        let floor = local.as_ref().map_or(0.0, |l| l.samples_per_sec);
-        let mixed = self.mixed_pipelines(counts, d, p, floor);
-        [local, mixed]
+        let mixed = self.mixed_pipelines(counts, d, p, rate(&local));
+        let floor = rate(&local).max(rate(&mixed));
+        let staggered = self.staggered_pipelines(counts, d, p, floor);
+        [local, mixed, staggered]
             .into_iter()
             .flatten()
             .max_by(|a, b| a.samples_per_sec.total_cmp(&b.samples_per_sec))
@@ -388,16 +398,27 @@ impl Fleet {
         ring: Link,
         boundary: Link,
     ) -> f64 {
+        let ends = self.schedule(pipeline, stages, boundary, d);
+        mixed::rate_after(&self.spec, stages, &ends, d, ring.mib_per_ms())
+    }
+
+    /// When each of `pipeline`'s `stages` ends its part of the 1F1B schedule that each of `d`
+    /// copies runs, activations over `boundary` (memoised by the pipeline and its micro-batches).
+    fn schedule(
+        &mut self,
+        pipeline: Pipeline,
+        stages: &[StageCost],
+        boundary: Link,
+        d: u32,
+    ) -> Arc<[f64]> {
         let m = analytic::micro_batches(&self.spec, d);
         let spec = &self.spec;
-        let ends = self
-            .schedules
+        self.schedules
             .entry((pipeline, m))
             .or_insert_with(|| {
                 analytic::schedule_ends(spec, &transfer_over(boundary), stages, m).into()
             })
-            .clone();
-        mixed::rate_after(spec, stages, &ends, d, ring.mib_per_ms())
+            .clone()
     }
 
     /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
@@ -538,7 +559,10 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
     }
 }
 
+mod staggered;
 mod two_zones;
+
+use staggered::Staggered;
 
 #[cfg(test)]
 mod tests;

@@ -303,6 +303,24 @@ pub(crate) fn rate_after(
     analytic::samples_per_sec_after(spec, link(allreduce_mb_per_ms), stages, ends, d)
 }
 
+/// Samples per second of `d` pipelines of which each runs one of `pipelines` (its stages and
+/// the ends of their 1F1B schedule), stage `s` of every one all-reducing at
+/// `ring_mb_per_ms(s)`: the step waits for the slowest.
+pub(crate) fn rate_after_rings(
+    spec: &ModelSpec,
+    pipelines: &[(&[StageCost], &[f64])],
+    d: u32,
+    ring_mb_per_ms: impl Fn(usize) -> f64 + Copy,
+) -> f64 {
+    let iteration = pipelines
+        .iter()
+        .map(|(stages, ends)| {
+            analytic::iteration_after_rings(spec, link(0.0), stages, ends, d, ring_mb_per_ms)
+        })
+        .fold(0.0, f64::max);
+    analytic::rate_of(spec, d, iteration)
+}
+
 /// At least [`samples_per_sec`] of `d` pipelines over `stages` ([`stages_of`]), without
 /// simulating their schedule.
 pub(crate) fn samples_per_sec_bound(

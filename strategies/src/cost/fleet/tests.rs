@@ -1,3 +1,4 @@
+use super::staggered::arranged_pipelines;
 use super::two_zones::pair_splits;
 use super::*;
 use crate::cost::builtin::builtin;
@@ -174,4 +175,55 @@ fn a_dollar_table_weighs_each_rate_by_its_egress_against_the_bill() {
     // No bill, no weighing.
     assert_eq!(plans.per_dollar(0.0), *plans.table);
     assert_eq!(plans.per_dollar(f64::NAN), *plans.table);
+}
+
+#[test]
+fn staggered_pipelines_count_what_each_zone_holds() {
+    // 14 + 10 nodes, 3 x 8 as 5 + 3: two pipelines of 5 + 3 and one of 4 + 4 use 14 and 10.
+    assert_eq!(arranged_pipelines(14, 10, 5, 3, 3), Some(2));
+    // As 4 + 4 the second zone would need 12 (or 15 of the first with 5 + 3 everywhere).
+    assert_eq!(arranged_pipelines(14, 10, 4, 4, 3), None);
+    // Equal pipelines fit already: nothing to stagger.
+    assert_eq!(arranged_pipelines(15, 9, 5, 3, 3), None);
+    // One stage in the first zone has none to give up; one pipeline has no other to differ from.
+    assert_eq!(arranged_pipelines(14, 10, 1, 7, 3), None);
+    assert_eq!(arranged_pipelines(4, 4, 5, 3, 1), None);
+    // Too few nodes for any count.
+    assert_eq!(arranged_pipelines(12, 10, 5, 3, 3), None);
+}
+
+#[test]
+fn staggered_pipelines_hold_a_composition_that_equal_pipelines_do_not() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let zones = vec![zone("a", v100.clone()), zone("b", v100.clone())];
+    let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let c = ParallelConfig::new(3, 8);
+    let counts = [14, 10];
+    let aware = fleet.plans(Layout::ZoneAware, &counts);
+    let blind = fleet.plans(Layout::ZoneBlind, &counts);
+    let placed = &aware.placements[&c];
+    // Two orders of zones that differ only at one stage.
+    let mut orders = placed.zones.clone();
+    orders.sort();
+    orders.dedup();
+    assert_eq!(orders.len(), 2, "{:?}", placed.zones);
+    let differ: Vec<usize> = (0..8).filter(|&s| orders[0][s] != orders[1][s]).collect();
+    assert_eq!(differ.len(), 1, "{orders:?}");
+    // Each zone's nodes hold the stages placed in it.
+    for (z, &n) in counts.iter().enumerate() {
+        let used = placed.zones.iter().flatten().filter(|&&s| s == z).count();
+        assert!(used <= n as usize, "zone {z}: {used} of {n}");
+    }
+    // Faster than the zone-blind layout of the same nodes, no faster than one zone of them,
+    // and only the junction stage's ring crosses zones where the blind layout's every ring may.
+    let alone = fleet.uniform_table(&v100, 24).samples_per_sec(c);
+    let spread = &blind.placements[&c];
+    assert!(
+        placed.samples_per_sec > spread.samples_per_sec && placed.samples_per_sec <= alone,
+        "staggered {} blind {} one zone {alone}",
+        placed.samples_per_sec,
+        spread.samples_per_sec
+    );
+    assert!(placed.egress_usd_per_sample < spread.egress_usd_per_sample);
 }

@@ -79,7 +79,7 @@ impl Fleet {
 
     /// The pipeline holding `k[z]` stages in zone `z`, over two zones (memoised: the same `k`
     /// recurs for many `d` and compositions).
-    fn arranged(&mut self, k: &Shares) -> Option<Arc<Arranged>> {
+    pub(super) fn arranged(&mut self, k: &Shares) -> Option<Arc<Arranged>> {
         if let Some(found) = self.arranged.get(k) {
             return found.clone();
         }
@@ -161,24 +161,24 @@ impl Fleet {
 /// Every way to give `p` stages to two zones, at least one each, such that `d` pipelines fit
 /// the zones' `counts`: one stage count per zone, zero outside the pair.
 pub(super) fn pair_splits(p: usize, counts: &[u32], d: u32) -> Vec<Shares> {
-    let caps: Vec<usize> = counts
-        .iter()
-        .take(MAX_ZONES)
-        .map(|&n| (n / d.max(1)) as usize)
-        .collect();
-    let mut out = Vec::new();
-    for a in 0..caps.len() {
-        for b in a + 1..caps.len() {
-            for ka in 1..p {
-                let kb = p - ka;
-                if ka <= caps[a] && kb <= caps[b] {
-                    let mut k = [0; MAX_ZONES];
-                    k[a] = ka;
-                    k[b] = kb;
-                    out.push(k);
-                }
-            }
-        }
-    }
-    out
+    let caps: Vec<usize> = counts.iter().map(|&n| (n / d.max(1)) as usize).collect();
+    pair_shares(p, counts.len())
+        .filter(|k| k.iter().zip(&caps).all(|(k, cap)| k <= cap))
+        .collect()
+}
+
+/// Every way to give `p` stages to two of `zones` zones (at most [`MAX_ZONES`]), at least one
+/// each, pair by pair.
+pub(super) fn pair_shares(p: usize, zones: usize) -> impl Iterator<Item = Shares> {
+    let zones = zones.min(MAX_ZONES);
+    (0..zones).flat_map(move |a| {
+        (a + 1..zones).flat_map(move |b| {
+            (1..p).map(move |ka| {
+                let mut k = [0; MAX_ZONES];
+                k[a] = ka;
+                k[b] = p - ka;
+                k
+            })
+        })
+    })
 }
