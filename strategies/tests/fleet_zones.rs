@@ -6,11 +6,11 @@ mod common;
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::sim::fleet::{
-    FLEET_STRATEGIES, FleetRun, Objective, compositions, simulate_fleet,
+    FLEET_STRATEGIES, FleetRun, Objective, compositions, nodes_used, simulate_fleet,
 };
 use parcae_strategies::trace::{self, Trace};
 
@@ -166,4 +166,57 @@ fn zones_pool_into_one_cluster_interval_by_interval() {
     }
     let other = trace::load("synthetic:quiet:1:nodes=8:days=1", 30).unwrap();
     assert!(compositions(&[a, other]).is_err());
+}
+
+#[test]
+fn the_nodes_used_per_zone_are_the_placements_and_within_each_zone() {
+    let spec = builtin("gpt-1.5b").unwrap().0;
+    let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
+    let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
+    let zones = vec![
+        Zone {
+            name: "a".into(),
+            device: v100,
+        },
+        Zone {
+            name: "b".into(),
+            device: fast,
+        },
+    ];
+    let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let a = trace::load("synthetic:diurnal:1:nodes=16:days=1", 60).unwrap();
+    let b = trace::load("synthetic:shifting:2:nodes=12:days=1", 60).unwrap();
+    let traces = [a, b];
+    let range = 60..300;
+    let runs = simulate_fleet(
+        &mut fleet,
+        &traces,
+        range.clone(),
+        12,
+        1,
+        &Objective::Samples,
+    )
+    .unwrap();
+    let counts = compositions(&traces).unwrap().counts;
+    let ours = &runs[0].run;
+    let used = nodes_used(&mut fleet, Layout::ZoneAware, &counts, ours, range.start);
+    assert_eq!(used.len(), range.len());
+    let mut both = 0;
+    for (k, (used, config)) in used.iter().zip(&ours.configs).enumerate() {
+        let have = &counts[range.start + k];
+        assert!(
+            used.iter().zip(have).all(|(u, h)| u <= h),
+            "{k}: {used:?} of {have:?}"
+        );
+        let placed = fleet.plans(Layout::ZoneAware, have);
+        let expected = if placed.placements.contains_key(config) {
+            config.nodes()
+        } else {
+            0
+        };
+        assert_eq!(used.iter().sum::<u32>(), expected, "{k}: {config:?}");
+        both += u32::from(used.iter().all(|&u| u > 0));
+    }
+    // A faster zone beside a slower one: some intervals train on both.
+    assert!(both > 0);
 }

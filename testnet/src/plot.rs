@@ -17,6 +17,21 @@ fn fonts() {
     });
 }
 
+mod zones;
+
+pub use zones::{ZoneLine, fleet_simulation};
+
+/// A white PNG 1,200 pixels wide and `height` high at `path`, its fonts registered.
+fn canvas(
+    path: &Path,
+    height: u32,
+) -> Result<DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>> {
+    fonts();
+    let root = BitMapBackend::new(path, (1200, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    Ok(root)
+}
+
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plot: {e:?}")
 }
@@ -29,9 +44,7 @@ pub fn simulation(
     avail: &[u32],
     runs: &[StrategyRun],
 ) -> Result<()> {
-    fonts();
-    let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path, 1000)?;
     let panels = root.split_evenly((3, 1));
     let minutes = |i: usize| (i as u64 * interval_secs) as f64 / 60.0;
     let x_max = minutes(avail.len().max(1));
@@ -79,14 +92,7 @@ pub fn simulation(
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut chart = panel(
-        &panels[1],
-        "pipeline depth P chosen",
-        50,
-        0.0..x_max,
-        0.0..f64::from(p_max) * 1.1,
-    )?;
-    chart.configure_mesh().y_desc("P").draw().map_err(err)?;
+    let mut chart = count_panel(&panels[1], "pipeline depth P chosen", "P", x_max, p_max)?;
     for (k, r) in runs.iter().enumerate() {
         chart
             .draw_series(LineSeries::new(
@@ -99,12 +105,26 @@ pub fn simulation(
             .map_err(err)?;
     }
 
+    let runs: Vec<&StrategyRun> = runs.iter().collect();
+    cumulative(&panels[2], x_max, minutes, &runs)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Each run's cumulative samples, in the palette's order, over `x_max` minutes (`minutes` of an
+/// interval's index).
+fn cumulative(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    x_max: f64,
+    minutes: impl Fn(usize) -> f64,
+    runs: &[&StrategyRun],
+) -> Result<()> {
     let s_max = runs
         .iter()
         .filter_map(|r| r.cumulative.last().copied())
         .fold(1.0, f64::max)
         * 1.05;
-    let mut chart = panel(&panels[2], "cumulative samples", 70, 0.0..x_max, 0.0..s_max)?;
+    let mut chart = panel(area, "cumulative samples", 70, 0.0..x_max, 0.0..s_max)?;
     chart
         .configure_mesh()
         .x_desc("minutes")
@@ -112,18 +132,26 @@ pub fn simulation(
         .draw()
         .map_err(err)?;
     for (k, r) in runs.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
         chart
             .draw_series(LineSeries::new(
                 r.cumulative
                     .iter()
                     .enumerate()
                     .map(|(i, s)| (minutes(i + 1), *s)),
-                palette(k),
+                color,
             ))
-            .map_err(err)?;
+            .map_err(err)?
+            .label(r.name.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 15, y)], color));
     }
-    root.present().map_err(err)?;
-    Ok(())
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
 }
 
 /// A testnet run: nodes (running, asked for by the trace, used by the plan), the
@@ -136,10 +164,8 @@ pub fn testnet_run(
     obs: &crate::engine::Observed,
     simulated: Option<(&[ParallelConfig], f64)>,
 ) -> Result<()> {
-    fonts();
     let timeline = &obs.monitor.timeline;
-    let root = BitMapBackend::new(path, (1200, 1300)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
+    let root = canvas(path, 1300)?;
     let panels = root.split_evenly((4, 1));
     let x_max = timeline.last().map_or(1.0, |s| s.t).max(1.0);
     let marks: Vec<f64> = obs
@@ -156,14 +182,13 @@ pub fn testnet_run(
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut chart = panel(
+    let mut chart = count_panel(
         &panels[0],
         &format!("{title}: nodes (reconfigurations in red)"),
-        50,
-        0.0..x_max,
-        0.0..f64::from(n_max) * 1.15,
+        "nodes",
+        x_max,
+        n_max,
     )?;
-    chart.configure_mesh().y_desc("nodes").draw().map_err(err)?;
     // Drawn thick to thin so that equal lines stay visible.
     let lines: [NodeSeries; 3] = [
         ("running", BLUE.mix(0.5), 5, |s| f64::from(s.running)),
@@ -368,6 +393,19 @@ fn panel<'a, 'b>(
         .y_label_area_size(y_label)
         .build_cartesian_2d(x, y)
         .map_err(err)
+}
+
+/// A panel of counts (`y_desc`: nodes, `D`, `P`) up to `top`, with room above for the legend.
+fn count_panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    y_desc: &str,
+    x_max: f64,
+    top: u32,
+) -> Result<Chart<'a, 'b>> {
+    let mut chart = panel(area, caption, 50, 0.0..x_max, 0.0..f64::from(top) * 1.15)?;
+    chart.configure_mesh().y_desc(y_desc).draw().map_err(err)?;
+    Ok(chart)
 }
 
 /// The legend of a panel's labelled series.

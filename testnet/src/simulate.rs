@@ -58,7 +58,8 @@ pub struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Write a PNG plot here (availability, configurations, cumulative samples).
+    /// Write a PNG plot here (availability, configurations, cumulative samples; with --zones,
+    /// each zone's nodes and those the zone-aware plan trains on).
     #[arg(long)]
     plot: Option<PathBuf>,
     #[command(flatten)]
@@ -137,6 +138,7 @@ pub fn run(args: Args) -> Result<()> {
             lookahead: usize::from(args.lookahead),
             seed: args.seed,
             json: args.json.as_deref(),
+            plot: args.plot.as_deref(),
         });
     }
     if !args.links.is_empty()

@@ -189,6 +189,7 @@ fn prices_give_every_strategy_its_bill_against_on_demand() {
 
 #[test]
 fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
+    let png = std::env::temp_dir().join(format!("sim-zones-{}.png", std::process::id()));
     let (_, v) = simulate_json(
         &[
             "--zones",
@@ -197,9 +198,15 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
             "a=0.9,b=1.2",
             "--end-hour",
             "3",
+            "--plot",
+            png.to_str().unwrap(),
         ],
         "sim-zones",
     );
+    // The zones' plot: a PNG of 1200 x 1000 (the width and height of its IHDR chunk).
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(bytes[16..24], [0, 0, 4, 176, 0, 0, 3, 232]);
     assert_eq!(v["node_default"], "liveput-zone");
     assert_eq!(v["objective"], "samples");
     assert_eq!(v["intervals"], 180);

@@ -402,6 +402,22 @@ impl Fleet {
         mixed::rate_after(&self.spec, stages, &ends, d, ring.mib_per_ms())
     }
 
+    /// What `build` makes of shares `k`, kept in the map `cache` picks (`None` kept too: a
+    /// share that holds no pipeline is asked about again and again).
+    fn memoised<V>(
+        &mut self,
+        k: &Shares,
+        cache: fn(&mut Fleet) -> &mut HashMap<Shares, Option<Arc<V>>>,
+        build: fn(&mut Fleet, &Shares) -> Option<V>,
+    ) -> Option<Arc<V>> {
+        if let Some(found) = cache(self).get(k) {
+            return found.clone();
+        }
+        let found = build(self, k).map(Arc::new);
+        cache(self).insert(*k, found.clone());
+        found
+    }
+
     /// When each of `pipeline`'s `stages` ends its part of the 1F1B schedule that each of `d`
     /// copies runs, activations over `boundary` (memoised by the pipeline and its micro-batches).
     fn schedule(

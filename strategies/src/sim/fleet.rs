@@ -346,3 +346,30 @@ fn egress(
     }
     usd
 }
+
+/// The nodes of each zone that `run` (laid out as `layout`, first interval `start`) trains on,
+/// per interval: its configuration's placement on that interval's composition (none where the
+/// configuration has no placement there, as while it migrates).
+pub fn nodes_used(
+    fleet: &mut Fleet,
+    layout: Layout,
+    counts: &[Vec<u32>],
+    run: &StrategyRun,
+    start: usize,
+) -> Vec<Vec<u32>> {
+    let zones = fleet.zones().len();
+    run.configs
+        .iter()
+        .enumerate()
+        .map(|(k, config)| {
+            let mut used = vec![0; zones];
+            let plans = fleet.plans(layout, &counts[start + k]);
+            if let Some(placed) = plans.placements.get(config) {
+                for &z in placed.zones.iter().flatten() {
+                    used[z] += 1;
+                }
+            }
+            used
+        })
+        .collect()
+}

@@ -7,12 +7,16 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::Hardware;
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
 use parcae_strategies::cost::links::{Links, valid_zone_name};
 use parcae_strategies::cost::mixed::DeviceCosts;
-use parcae_strategies::sim::fleet::{FleetRun, Objective, simulate_fleet};
+use parcae_strategies::sim::fleet::{
+    FleetRun, Objective, compositions, nodes_used, simulate_fleet,
+};
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
+
+use crate::plot::ZoneLine;
 
 /// Fastest a zone's device may be against the profiled one, either way.
 const MAX_SPEED: f64 = 100.0;
@@ -112,6 +116,7 @@ pub struct FleetArgs<'a> {
     pub lookahead: usize,
     pub seed: u64,
     pub json: Option<&'a Path>,
+    pub plot: Option<&'a Path>,
 }
 
 /// The JSON document `--json` writes with `--zones`.
@@ -225,6 +230,17 @@ pub fn run(args: FleetArgs) -> Result<()> {
     )?;
     let rows = rows(&runs, prices.as_deref());
     print_rows(&specs, args.model_name, range.len(), &rows);
+    if let Some(path) = args.plot {
+        plot(
+            path,
+            args.model_name,
+            &mut fleet,
+            &traces,
+            range.clone(),
+            &runs,
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+    }
     if let Some(path) = args.json {
         let report = FleetReport {
             model: args.model_name.into(),
@@ -253,6 +269,35 @@ pub fn run(args: FleetArgs) -> Result<()> {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The plot of `runs` over `range`: each zone's nodes and those the zone-aware strategy (the
+/// first run) trains on.
+fn plot(
+    path: &Path,
+    model: &str,
+    fleet: &mut Fleet,
+    traces: &[Trace],
+    range: std::ops::Range<usize>,
+    runs: &[FleetRun],
+) -> Result<()> {
+    let counts = compositions(traces)?.counts;
+    let ours = &runs.first().context("no strategy ran")?.run;
+    let used = nodes_used(fleet, Layout::ZoneAware, &counts, ours, range.start);
+    let zones: Vec<ZoneLine> = fleet
+        .zones()
+        .iter()
+        .enumerate()
+        .map(|(z, zone)| ZoneLine {
+            name: &zone.name,
+            held: counts[range.clone()].iter().map(|c| c[z]).collect(),
+            used: used.iter().map(|u| u[z]).collect(),
+        })
+        .collect();
+    let runs: Vec<_> = runs.iter().map(|r| &r.run).collect();
+    let title = format!("{model} over {} zones", zones.len());
+    let interval_secs = traces.first().map_or(60, |t| t.interval_secs);
+    crate::plot::fleet_simulation(path, &title, interval_secs, &zones, &runs)
 }
 
 /// Each zone's price per node-hour from `NAME=USD` entries, in the order of `names`: every

@@ -120,12 +120,7 @@ impl Fleet {
     /// The staggered shape of shares `k` (memoised; `None` when the first zone holds a single
     /// stage or the junction stage does not fit the second zone's device).
     fn staggered(&mut self, k: &Shares) -> Option<Arc<Staggered>> {
-        if let Some(found) = self.staggered.get(k) {
-            return found.clone();
-        }
-        let found = self.stagger(k).map(Arc::new);
-        self.staggered.insert(*k, found.clone());
-        found
+        self.memoised(k, |fleet| &mut fleet.staggered, Self::stagger)
     }
 
     /// [`Self::staggered`], built.

@@ -80,12 +80,7 @@ impl Fleet {
     /// The pipeline holding `k[z]` stages in zone `z`, over two zones (memoised: the same `k`
     /// recurs for many `d` and compositions).
     pub(super) fn arranged(&mut self, k: &Shares) -> Option<Arc<Arranged>> {
-        if let Some(found) = self.arranged.get(k) {
-            return found.clone();
-        }
-        let found = self.arrange(k).map(Arc::new);
-        self.arranged.insert(*k, found.clone());
-        found
+        self.memoised(k, |fleet| &mut fleet.arranged, Self::arrange)
     }
 
     /// [`Self::arranged`], searched: the two zones' blocks joined in the better order
