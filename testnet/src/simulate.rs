@@ -21,8 +21,8 @@ pub mod zones;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Trace file (event, count or replay format), `synthetic:BAND[:SEED]` (BAND in hh, hl,
-    /// lh, ll) or `synthetic:FAMILY[:SEED]` (a multi-day zone: quiet, outage, diurnal,
-    /// shifting).
+    /// lh, ll) or `synthetic:FAMILY[:SEED][:nodes=N][:days=D][:region=R]` (a multi-day zone:
+    /// quiet, outage, diurnal, shifting; zones naming one region share its outages).
     #[arg(long, default_value = "synthetic:hh")]
     trace: String,
     /// Profiled model: gpt-1.5b, gpt-6.7b, bert, resnet152 or vgg19.

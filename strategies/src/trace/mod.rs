@@ -18,6 +18,7 @@ mod error;
 mod interval;
 mod limits;
 mod parse;
+mod region;
 mod synthetic;
 mod zones;
 

@@ -16,8 +16,9 @@
 //! | `diurnal` | busy hours (9 h a day from a seeded start hour) pull the zone down to ~60 % with churn; nights are quiet and full |
 //! | `shifting` | quiet spells of 12-48 h alternating with churning ones of 3-12 h (the hh band's rates) |
 //!
-//! `synthetic:FAMILY[:SEED][:nodes=N][:days=D]` names one: 16 nodes and 14 days of the given
-//! interval length by default.
+//! `synthetic:FAMILY[:SEED][:nodes=N][:days=D][:region=R]` names one: 16 nodes and 14 days of
+//! the given interval length by default. Zones are independent unless they name one region
+//! (`region=R`): then [`super::region`]'s outages take them all down together.
 
 use std::fmt;
 
@@ -26,6 +27,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::interval::{Interval, Trace};
 use super::limits::MAX_INTERVALS;
+use super::region::darken;
 use super::synthetic::{Mood, SpecParts, parse_nodes, spec_name};
 
 /// A multi-day zone shape.
@@ -104,6 +106,8 @@ pub struct ZoneSpec {
     pub days: f64,
     /// Interval length in seconds.
     pub interval_secs: u64,
+    /// The region whose outages the zone shares with every zone naming it.
+    pub region: Option<u64>,
 }
 
 impl ZoneSpec {
@@ -120,12 +124,14 @@ impl ZoneSpec {
             capacity: Self::DEFAULT_CAPACITY,
             days: Self::DEFAULT_DAYS,
             interval_secs,
+            region: None,
         }
     }
 
-    /// Parses `synthetic:FAMILY[:SEED][:nodes=N][:days=D]` (seed defaults to 0).
+    /// Parses `synthetic:FAMILY[:SEED][:nodes=N][:days=D][:region=R]` (seed defaults to 0).
     pub fn parse(spec: &str, interval_secs: u64) -> Result<Self, String> {
-        let parts = SpecParts::parse(spec, "synthetic:FAMILY[:SEED][:nodes=N][:days=D]", |name| {
+        let form = "synthetic:FAMILY[:SEED][:nodes=N][:days=D][:region=R]";
+        let parts = SpecParts::parse(spec, form, |name| {
             Family::from_name(name).ok_or_else(|| format!("unknown zone family {name:?}"))
         })?;
         let mut out = Self::new(parts.kind, parts.seed, interval_secs);
@@ -142,6 +148,12 @@ impl ZoneSpec {
                     if out.intervals_unchecked() > MAX_INTERVALS as f64 {
                         return Err(format!("{days} days exceed {MAX_INTERVALS} intervals"));
                     }
+                }
+                "region" => {
+                    let region = v
+                        .parse::<u64>()
+                        .map_err(|_| format!("region {v:?} is not a whole number"))?;
+                    out.region = Some(region);
                 }
                 _ => return Err(format!("unknown parameter {key:?}")),
             }
@@ -167,6 +179,7 @@ impl ZoneSpec {
                 (self.capacity != Self::DEFAULT_CAPACITY)
                     .then(|| format!("nodes={}", self.capacity)),
                 (self.days != Self::DEFAULT_DAYS).then(|| format!("days={}", self.days)),
+                self.region.map(|r| format!("region={r}")),
             ],
         )
     }
@@ -188,10 +201,14 @@ impl ZoneSpec {
             nodes = event.nodes;
             intervals.push(event);
         }
-        Trace {
+        let own = Trace {
             source: self.name(),
             interval_secs: self.interval_secs,
             intervals,
+        };
+        match self.region {
+            Some(region) => darken(&own, self.capacity, region),
+            None => own,
         }
     }
 }
@@ -356,6 +373,11 @@ mod tests {
         );
         assert_eq!(s.name(), "synthetic:outage:5:nodes=8:days=3");
         assert_eq!(s.intervals(), 3 * 1440);
+        let r = ZoneSpec::parse("synthetic:quiet:2:region=9", 60).unwrap();
+        assert_eq!(
+            (r.region, r.name().as_str()),
+            (Some(9), "synthetic:quiet:2:region=9")
+        );
         assert_eq!(
             ZoneSpec::parse("synthetic:quiet", 60).unwrap().name(),
             "synthetic:quiet:0"
@@ -367,6 +389,8 @@ mod tests {
             "synthetic:quiet:1:days=1e9",
             "synthetic:quiet:1:nodes=0",
             "synthetic:quiet:1:speed=2",
+            "synthetic:quiet:1:region=-1",
+            "synthetic:quiet:1:region=east",
         ] {
             assert!(ZoneSpec::parse(bad, 60).is_err(), "{bad}");
         }
