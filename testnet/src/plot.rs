@@ -17,9 +17,7 @@ fn fonts() {
     });
 }
 
-mod zones;
-
-pub use zones::{ZoneLine, fleet_simulation};
+pub mod zones;
 
 /// A white PNG 1,200 pixels wide and `height` high at `path`, its fonts registered.
 fn canvas(

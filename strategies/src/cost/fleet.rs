@@ -105,6 +105,19 @@ struct Arranged {
     boundary: Link,
 }
 
+/// The second shape of a staggered layout: the arranged pipeline of the same shares with its
+/// junction stage in the second zone.
+struct Staggered {
+    /// The zone of each stage.
+    order: Vec<usize>,
+    /// Each stage's sums on its zone's device, at the arranged pipeline's bounds.
+    stages: Vec<StageCost>,
+    /// The stage whose replicas lie in both zones.
+    junction: usize,
+    /// The link its ring crosses.
+    across: Link,
+}
+
 /// A job on a fleet of zones, with the plans of every composition seen so far.
 #[derive(Clone)]
 pub struct Fleet {
@@ -577,8 +590,6 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
 
 mod staggered;
 mod two_zones;
-
-use staggered::Staggered;
 
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,7 @@ use parcae_strategies::sim::fleet::{
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
 
-use crate::plot::ZoneLine;
+use crate::plot::zones::{ZoneLine, fleet_simulation};
 
 /// Fastest a zone's device may be against the profiled one, either way.
 const MAX_SPEED: f64 = 100.0;
@@ -297,7 +297,7 @@ fn plot(
     let runs: Vec<_> = runs.iter().map(|r| &r.run).collect();
     let title = format!("{model} over {} zones", zones.len());
     let interval_secs = traces.first().map_or(60, |t| t.interval_secs);
-    crate::plot::fleet_simulation(path, &title, interval_secs, &zones, &runs)
+    fleet_simulation(path, &title, interval_secs, &zones, &runs)
 }
 
 /// Each zone's price per node-hour from `NAME=USD` entries, in the order of `names`: every

@@ -11,23 +11,8 @@
 use std::sync::Arc;
 
 use super::two_zones::pair_shares;
-use super::{Fleet, Pipeline, Placement, Shares, transfer_over};
-use crate::cost::analytic::StageCost;
-use crate::cost::links::Link;
+use super::{Fleet, Pipeline, Placement, Shares, Staggered, transfer_over};
 use crate::cost::mixed::{self, DeviceCosts};
-
-/// The second shape of a staggered layout: the arranged pipeline of the same shares with its
-/// junction stage in the second zone.
-pub(super) struct Staggered {
-    /// The zone of each stage.
-    order: Vec<usize>,
-    /// Each stage's sums on its zone's device, at the arranged pipeline's bounds.
-    stages: Vec<StageCost>,
-    /// The stage whose replicas lie in both zones.
-    junction: usize,
-    /// The link its ring crosses.
-    across: Link,
-}
 
 impl Fleet {
     /// `d` staggered pipelines of `p` stages over two zones, for every share of the stages
