@@ -313,7 +313,7 @@ impl Fleet {
         split
     }
 
-    /// The better of zone pipelines and mixed pipelines for `(d, p)`.
+    /// The fastest of zone, mixed and staggered pipelines for `(d, p)`.
     fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let rate = |placed: &Option<Placement>| placed.as_ref().map_or(0.0, |l| l.samples_per_sec);
         let local = self.zone_pipelines(counts, d, p);

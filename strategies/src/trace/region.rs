@@ -28,6 +28,7 @@ pub fn schedule(seed: u64, interval_secs: u64, len: usize) -> Vec<f64> {
     let intervals_of = |hours: f64| (hours / per_interval_h).round().max(1.0) as usize;
     let (fall, recover) = (intervals_of(FALL_MIN / 60.0), intervals_of(RECOVER_H));
     let onset = (per_interval_h / EVERY_H).min(1.0);
+    let ramp = |i: usize, n: usize| i as f64 / n as f64;
     let mut share = vec![1.0; len];
     let mut k = 1;
     while k < len {
@@ -36,7 +37,6 @@ pub fn schedule(seed: u64, interval_secs: u64, len: usize) -> Vec<f64> {
             continue;
         }
         let dark = intervals_of(rng.random_range(DARK_H.0..DARK_H.1));
-        let ramp = |i: usize, n: usize| i as f64 / n as f64;
         let shape = (0..fall)
             .map(|i| 1.0 - ramp(i + 1, fall))
             .chain(std::iter::repeat_n(0.0, dark))

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::two_zones::pair_shares;
+use super::two_zones::{fastest_by_bound, pair_shares};
 use super::{Fleet, Pipeline, Placement, Shares, Staggered, transfer_over};
 use crate::cost::mixed::{self, DeviceCosts};
 
@@ -29,7 +29,7 @@ impl Fleet {
         if d < 2 {
             return None;
         }
-        let mut candidates: Vec<(f64, usize, Shares, u32)> = Vec::new();
+        let mut candidates: Vec<(f64, usize, (Shares, u32))> = Vec::new();
         for (rank, k) in pair_shares(p as usize, counts.len()).enumerate() {
             let Some(arranged) = self.arranged(&k) else {
                 continue;
@@ -49,23 +49,13 @@ impl Fleet {
             let bound =
                 |stages| mixed::samples_per_sec_bound(&self.spec, stages, d, ring, &transfer);
             let bound = bound(&arranged.stages).min(bound(&staggered.stages));
-            candidates.push((bound, rank, k, m));
+            candidates.push((bound, rank, (k, m)));
         }
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut best: Option<(f64, Shares, u32)> = None;
-        for (bound, _, k, m) in candidates {
-            let reach = bound * (1.0 + 1e-9);
-            if reach <= floor || best.as_ref().is_some_and(|(rate, ..)| reach < *rate) {
-                break;
-            }
-            let Some(rate) = self.staggered_rate(&k, d) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|(b, ..)| rate > *b) {
-                best = Some((rate, k, m));
-            }
-        }
-        let (rate, k, m) = best.filter(|(rate, ..)| *rate > floor)?;
+        // Strictly faster than `floor`: on a tie the other layouts, whose rings all stay inside
+        // a zone, are kept.
+        let (rate, (k, m)) = fastest_by_bound(candidates, floor.next_up(), |(k, _)| {
+            self.staggered_rate(k, d)
+        })?;
         let (arranged, staggered) = (self.arranged(&k)?, self.staggered(&k)?);
         let zones = std::iter::repeat_n(arranged.order.clone(), m as usize)
             .chain(std::iter::repeat_n(

@@ -26,30 +26,12 @@ impl Fleet {
         p: u32,
         floor: f64,
     ) -> Option<Placement> {
-        let mut candidates: Vec<(f64, usize, Shares)> = pair_splits(p as usize, counts, d)
+        let candidates: Vec<(f64, usize, Shares)> = pair_splits(p as usize, counts, d)
             .into_iter()
             .enumerate()
             .filter_map(|(rank, k)| Some((self.mixed_bound(&k, d)?, rank, k)))
             .collect();
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut best: Option<(f64, usize, Shares)> = None;
-        for (bound, rank, k) in candidates {
-            // The bound and the schedule sum the same times in other orders.
-            let reach = bound * (1.0 + 1e-9);
-            if reach < floor || best.as_ref().is_some_and(|(rate, ..)| reach < *rate) {
-                break;
-            }
-            let Some(rate) = self.mixed_rate(&k, d) else {
-                continue;
-            };
-            let better = best
-                .as_ref()
-                .is_none_or(|(b, r, _)| rate > *b || (rate == *b && rank < *r));
-            if better {
-                best = Some((rate, rank, k));
-            }
-        }
-        let (rate, _, k) = best.filter(|(rate, ..)| *rate >= floor)?;
+        let (rate, k) = fastest_by_bound(candidates, floor, |k| self.mixed_rate(k, d))?;
         let arranged = self.arranged(&k)?;
         let zones = vec![arranged.order.clone(); d as usize];
         Some(self.placement(zones, arranged.bounds.clone(), rate, d))
@@ -151,6 +133,36 @@ impl Fleet {
             .or_insert_with(|| Arc::new(mixed::tails(spec, device, stages)))
             .clone()
     }
+}
+
+/// The fastest of `candidates` (a bound on each one's rate, its rank, the candidate) that
+/// trains at least `floor`, the lower rank on a tie: priced by `rate` in the order of their
+/// bounds, and no further once a bound cannot reach the best found.
+pub(super) fn fastest_by_bound<K>(
+    mut candidates: Vec<(f64, usize, K)>,
+    floor: f64,
+    mut rate: impl FnMut(&K) -> Option<f64>,
+) -> Option<(f64, K)> {
+    candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut best: Option<(f64, usize, K)> = None;
+    for (bound, rank, k) in candidates {
+        // The bound and the schedule sum the same times in other orders.
+        let reach = bound * (1.0 + 1e-9);
+        if reach < floor || best.as_ref().is_some_and(|(rate, ..)| reach < *rate) {
+            break;
+        }
+        let Some(rate) = rate(&k) else {
+            continue;
+        };
+        let better = best
+            .as_ref()
+            .is_none_or(|(b, r, _)| rate > *b || (rate == *b && rank < *r));
+        if better {
+            best = Some((rate, rank, k));
+        }
+    }
+    best.filter(|(rate, ..)| *rate >= floor)
+        .map(|(rate, _, k)| (rate, k))
 }
 
 /// Every way to give `p` stages to two zones, at least one each, such that `d` pipelines fit
