@@ -4,5 +4,4 @@ mod bad_input;
 mod churn;
 mod faults;
 mod liveness;
-mod process;
 mod sim;

@@ -1,4 +1,9 @@
 //! A node process killed with SIGKILL restarts from its directory with its log and state intact.
+//!
+//! A test binary of its own: a child spawned while another test thread reopens a raft-engine
+//! directory briefly holds a copy of every descriptor the parent has open (between fork and exec),
+//! the engine's exclusive `LOCK` included, so a simulated crash-and-restart in the same process
+//! failed to lock its directory now and then ("Resource temporarily unavailable").
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
