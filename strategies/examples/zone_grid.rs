@@ -2,7 +2,9 @@
 //! node-hour) beside a synthetic zone `b` of every family and seeds 1-3, with V100s ($0.918) or
 //! a kind 1.5x as fast with 24 GiB ($1.20), gpt-1.5b, H = 12, seed 1: the mixed planner's
 //! samples against each other strategy's, and its samples per dollar against the zone-blind
-//! planner's, planning for samples and planning for samples per dollar.
+//! planner's, planning for samples and planning for samples per dollar. The last row puts the
+//! 1.5x kind in the p3 trace's own zone, as a second pool (instance type) of it: the two pools
+//! share the zone's free link.
 //!
 //!     cargo run --release -p parcae-strategies --example zone_grid [P3TRACE]
 //!
@@ -29,7 +31,17 @@ fn main() {
     println!(
         "b's device    family:seed   ours/single ours/blind ours/reactive  $ours/$blind  ($-planned)"
     );
-    for (kind, speed, memory_gib, usd) in [("V100s", 1.0, 15.5, P3_USD), ("1.5x", 1.5, 24.0, 1.2)] {
+    for (kind, names, speed, memory_gib, usd) in [
+        ("V100s", ["p3", "b"], 1.0, 15.5, P3_USD),
+        ("1.5x", ["p3", "b"], 1.5, 24.0, 1.2),
+        (
+            "1.5x pool",
+            ["a/p3.2xlarge", "a/g5.2xlarge"],
+            1.5,
+            24.0,
+            1.2,
+        ),
+    ] {
         let mut range: [Vec<f64>; 5] = Default::default();
         for family in FAMILIES {
             for seed in 1..=3 {
@@ -38,11 +50,11 @@ fn main() {
                 let device = v100.derived("b", speed, memory_gib * 1024.0);
                 let zones = vec![
                     Zone {
-                        name: "p3".into(),
+                        name: names[0].into(),
                         device: v100.clone(),
                     },
                     Zone {
-                        name: "b".into(),
+                        name: names[1].into(),
                         device,
                     },
                 ];

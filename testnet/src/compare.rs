@@ -59,7 +59,8 @@ pub struct CompareReport {
 }
 
 /// `parcae-testnet compare`.
-pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
+pub fn run(mut args: Args, interrupt: &Interrupt) -> Result<()> {
+    args.node.spot_prices = args.prices.price_spot.clone();
     args.node.validate()?;
     args.prices.prices()?;
     let (planned, _) = run::replay_of(&args.zones, &args.trace, &args.node)?;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use crate::cluster::NoticeMode;
 use crate::gpus::{self, DeviceArg};
 use crate::node_config::{Emulate, NodeSettings};
-use crate::simulate::zones::{ObjectiveArg, parse_price};
+use crate::simulate::zones::ObjectiveArg;
 
 /// Planning strategies of the node (`[planner] strategy`).
 pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
@@ -78,13 +78,14 @@ pub struct NodeArgs {
     #[arg(long, conflicts_with = "base_port")]
     pub netns: bool,
     /// What the nodes' plans over zones (`--zones`) are after: the most samples, or the most
-    /// samples per dollar of nodes and egress (`[planner] objective`; needs --zone-price).
+    /// samples per dollar of nodes and egress (`[planner] objective`; needs --price-spot).
     #[arg(long, value_enum, default_value = "samples")]
     pub objective: ObjectiveArg,
-    /// Spot price of a node-hour in each zone of --zones, `NAME=USD` (comma-separated), given
-    /// to the nodes' planners for --objective samples-per-dollar (`[planner] zone_prices`).
-    #[arg(long, value_delimiter = ',')]
-    pub zone_price: Vec<String>,
+    /// The spot prices of `--price-spot` (`run` and `compare` take them from their price
+    /// flags): with --objective samples-per-dollar, each zone's (or pool's) is given to the
+    /// nodes' planners (`[planner] zone_prices`).
+    #[arg(skip)]
+    pub spot_prices: Vec<String>,
     /// Directory for the run directories (default: a fresh temporary directory, removed
     /// after a successful run).
     #[arg(long)]
@@ -133,11 +134,8 @@ impl NodeArgs {
                 "--emulate paces CPU work to a profiled GPU; it cannot be combined with --device cuda"
             );
         }
-        if self.objective == ObjectiveArg::SamplesPerDollar && self.zone_price.is_empty() {
-            bail!("--objective samples-per-dollar needs --zone-price for every zone of --zones");
-        }
-        if self.objective == ObjectiveArg::Samples && !self.zone_price.is_empty() {
-            bail!("--zone-price prices the nodes' plans for --objective samples-per-dollar");
+        if self.objective == ObjectiveArg::SamplesPerDollar && self.spot_prices.is_empty() {
+            bail!("--objective samples-per-dollar needs --price-spot for every zone of --zones");
         }
         if self.netns && self.notice == NoticeMode::Metadata {
             bail!(
@@ -179,11 +177,7 @@ impl NodeArgs {
             keep_checkpoints: None,
             pin: self.pin,
             zones: Vec::new(),
-            zone_prices: self
-                .zone_price
-                .iter()
-                .map(|e| parse_price(e))
-                .collect::<Result<_>>()?,
+            zone_prices: Vec::new(),
         })
     }
 }

@@ -150,7 +150,13 @@ pub fn render(
         out.push_str(&format!("[device]\nkind = \"cuda\"\nindex = {index}\n"));
     }
     if let Some((name, _)) = zone {
-        out.push_str(&format!("[placement]\nzone = {name:?}\n"));
+        // A pool (`ZONE/TYPE`) is a zone's nodes of one instance type.
+        match name.split_once('/') {
+            Some((zone, kind)) => out.push_str(&format!(
+                "[placement]\nzone = {zone:?}\ninstance_type = {kind:?}\n"
+            )),
+            None => out.push_str(&format!("[placement]\nzone = {name:?}\n")),
+        }
     }
     if let Some(url) = aws_base_url {
         out.push_str(&format!(
@@ -454,6 +460,19 @@ mod tests {
             "{fast}"
         );
         assert!(!render(&s, training, 3, None, None).contains("[placement]"));
+    }
+
+    #[test]
+    fn a_node_of_a_pool_says_its_zone_and_its_instance_type() {
+        let s = NodeSettings {
+            zones: vec![("us-east-1a/g5.xlarge".into(), 0.6)],
+            ..settings()
+        };
+        let text = render(&s, Dialect { training: true }, 1, None, Some(0));
+        assert!(
+            text.contains("[placement]\nzone = \"us-east-1a\"\ninstance_type = \"g5.xlarge\"\n"),
+            "{text}"
+        );
     }
 
     #[test]

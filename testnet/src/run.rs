@@ -20,12 +20,12 @@ use crate::node_args::{NodeArgs, OutputArgs, STRATEGIES};
 use crate::node_bin;
 use crate::node_config::NodeSettings;
 use crate::predicted;
-use crate::prices::PriceArgs;
+use crate::prices::{PriceArgs, names_zones, zone_prices};
 use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
 use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
-use crate::simulate::zones::{parse_zone, zone_prices};
+use crate::simulate::zones::{ObjectiveArg, parse_zone};
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
 use parcae_strategies::cost::objective::Objective;
 use parcae_testnet::interrupt::Interrupt;
@@ -112,14 +112,16 @@ pub fn session(
     let started = Instant::now();
     let dir = process::run_dir(node.work_dir.as_deref(), &spec.label)
         .context("creating the run directory")?;
+    let zones: Vec<(String, f64)> = scenario
+        .zones()
+        .into_iter()
+        .map(|z| (z.name, z.speed))
+        .collect();
     let settings = NodeSettings {
         checkpoint_store: Some(dir.join(STORE)),
         keep_checkpoints: scenario.keeps_every_checkpoint().then_some(0),
-        zones: scenario
-            .zones()
-            .into_iter()
-            .map(|z| (z.name, z.speed))
-            .collect(),
+        zone_prices: planned_prices(node, &zones)?,
+        zones,
         ..node.settings(spec.strategy, spec.nodes_max)?
     };
     let opts = ClusterOptions {
@@ -232,8 +234,10 @@ fn simulate_zoned_session(outcome: &mut Outcome, node: &NodeArgs, profile: &str,
     let strategy = outcome.report.strategy.clone();
     let names: Vec<&str> = zones.iter().map(|z| z.name).collect();
     // The run's zones were checked priced when it was planned.
-    let objective = match zone_prices(&node.zone_price, &names) {
-        Ok(Some(usd_per_node_hour)) => Objective::SamplesPerDollar { usd_per_node_hour },
+    let objective = match zone_prices(&node.spot_prices, &names) {
+        Ok(Some(usd_per_node_hour)) if node.objective == ObjectiveArg::SamplesPerDollar => {
+            Objective::SamplesPerDollar { usd_per_node_hour }
+        }
         _ => Objective::Samples,
     };
     let account = predicted::zones::simulate(
@@ -297,8 +301,9 @@ pub fn write_plots(dir: &Path, name: &str, outcome: &Outcome, title: &str) -> Re
 }
 
 /// `parcae-testnet run`.
-pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
+pub fn run(mut args: Args, interrupt: &Interrupt) -> Result<()> {
     args.prices.prices()?;
+    args.node.spot_prices = args.prices.price_spot.clone();
     args.node.validate()?;
     let (planned, mut scenario) = replay_of(&args.zones, &args.trace, &args.node)?;
     let nodes_max = nodes_max_of(&args.zones, &args.trace);
@@ -354,8 +359,8 @@ pub fn replay_of(
     if !zones.is_empty() {
         return zoned_replay(zones, trace, node);
     }
-    if !node.zone_price.is_empty() {
-        bail!("--zone-price prices the zones of a run: give them with --zones");
+    if names_zones(&node.spot_prices) {
+        bail!("--price-spot ZONE=USD prices the zones of a run: give them with --zones");
     }
     let planned = plan_trace(trace)?;
     let replay = Replay::new(
@@ -394,6 +399,21 @@ pub fn hold_to_simulator(
     }
 }
 
+/// What the nodes' planners price each of `zones` at: with --objective samples-per-dollar,
+/// its spot price; else none (they plan for samples).
+fn planned_prices(node: &NodeArgs, zones: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
+    if node.objective != ObjectiveArg::SamplesPerDollar {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = zones.iter().map(|(n, _)| n.as_str()).collect();
+    let prices = zone_prices(&node.spot_prices, &names)?.unwrap_or_default();
+    Ok(names
+        .iter()
+        .zip(prices)
+        .map(|(n, usd)| ((*n).to_string(), usd))
+        .collect())
+}
+
 /// `--zones`: each zone's trace planned as `--trace` would be, the zones replayed together;
 /// the pooled counts stand for the run in the report.
 fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<(Planned, Replay)> {
@@ -430,7 +450,7 @@ fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<
         bail!("--zones names a zone twice");
     }
     let names: Vec<&str> = zones.iter().map(|(n, _)| n.as_str()).collect();
-    zone_prices(&node.zone_price, &names)?;
+    zone_prices(&node.spot_prices, &names)?;
     let replay = Replay::zoned(
         zones,
         speeds,

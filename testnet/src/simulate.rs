@@ -8,7 +8,7 @@ use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::builtin::MODELS;
 use parcae_strategies::cost::money::{self, Bill, OnDemand, Prices};
 
-use crate::prices::PriceArgs;
+use crate::prices::{PriceArgs, names_zones};
 use parcae_strategies::cost::throughput::Profile;
 use parcae_strategies::cost::{CostModel, RepartitionRule};
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
@@ -65,19 +65,18 @@ pub struct Args {
     #[command(flatten)]
     prices: PriceArgs,
     /// Zones of one job, each `NAME=TRACE[@SPEED[/MEMORY_GIB]]` (its trace, and its device's
-    /// speed and memory against the model's profiled V100): simulates the zone-aware planner
-    /// against zone-blind, reactive and the best single zone instead of --trace.
+    /// speed and memory against the model's profiled V100), `NAME` a zone or a pool of one
+    /// instance type in a zone (`ZONE/TYPE`; pools of one zone share its free link): simulates
+    /// the zone-aware planner against zone-blind, reactive and the best single zone (or pool)
+    /// instead of --trace.
     #[arg(long, value_delimiter = ',')]
     zones: Vec<String>,
     /// A link between two zones, `ZONE/ZONE=GBIT,MS,USD_PER_GB` (repeatable; default: AWS's,
     /// 10 Gb/s free within a zone, 5 Gb/s at $0.02/GB across).
     #[arg(long = "link")]
     links: Vec<String>,
-    /// Spot price of a node-hour in a zone, `NAME=USD` (comma-separated, every zone or none).
-    #[arg(long, value_delimiter = ',')]
-    zone_price: Vec<String>,
     /// What the zone-aware planners want with --zones: the most samples, or the most samples
-    /// per dollar of nodes and egress (needs --zone-price).
+    /// per dollar of nodes and egress (needs --price-spot).
     #[arg(long, value_enum, default_value = "samples")]
     objective: zones::ObjectiveArg,
 }
@@ -128,7 +127,7 @@ pub fn run(args: Args) -> Result<()> {
         return zones::run(zones::FleetArgs {
             zones: &args.zones,
             links: &args.links,
-            prices: &args.zone_price,
+            prices: &args.prices.price_spot,
             objective: args.objective,
             model: &model,
             model_name: &args.model,
@@ -142,10 +141,12 @@ pub fn run(args: Args) -> Result<()> {
         });
     }
     if !args.links.is_empty()
-        || !args.zone_price.is_empty()
+        || names_zones(&args.prices.price_spot)
         || args.objective != zones::ObjectiveArg::Samples
     {
-        bail!("--link, --zone-price and --objective plan a fleet: give its zones with --zones");
+        bail!(
+            "--link, --price-spot ZONE=USD and --objective plan a fleet: give its zones with --zones"
+        );
     }
     let prices = args.prices.prices()?;
     let trace = trace::load(&args.trace, args.interval_secs)?;

@@ -141,7 +141,17 @@ fn bad_inputs_give_one_line_errors_with_exit_code_2() {
     let out = testnet(&["simulate", "--price-spot", "0.9"]);
     assert_one_line_error(&out, &["--price-on-demand"]);
     let out = testnet(&["simulate", "--price-spot=-1", "--price-on-demand", "3"]);
-    assert_one_line_error(&out, &["spot price -1"]);
+    assert_one_line_error(&out, &["--price-spot \"-1\"", "from 0 to 1e6"]);
+    let out = testnet(&["simulate", "--price-spot=0", "--price-on-demand", "3"]);
+    assert_one_line_error(&out, &["spot price 0"]);
+    let out = testnet(&[
+        "simulate",
+        "--price-spot",
+        "a=0.9",
+        "--price-on-demand",
+        "3",
+    ]);
+    assert_one_line_error(&out, &["--price-spot ZONE=USD", "--zones"]);
 }
 
 #[test]
@@ -245,10 +255,10 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
         "simulate",
         "--zones",
         "a=synthetic:quiet,b=synthetic:quiet",
-        "--zone-price",
+        "--price-spot",
         "a=1",
     ]);
-    assert_one_line_error(&out, &["zone \"b\" has no price"]);
+    assert_one_line_error(&out, &["--price-spot", "\"b\" has no price"]);
     let out = testnet(&["simulate", "--zones", "a=synthetic:quiet,a=synthetic:hh"]);
     assert_one_line_error(&out, &["zone \"a\" is named twice"]);
     let out = testnet(&["simulate", "--link", "a/b=1,1,0"]);
@@ -262,5 +272,46 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
         "--objective",
         "samples-per-dollar",
     ]);
-    assert_one_line_error(&out, &["samples-per-dollar needs --zone-price"]);
+    assert_one_line_error(&out, &["samples-per-dollar needs --price-spot"]);
+}
+
+#[test]
+fn two_instance_types_of_one_zone_are_pools_priced_apart_that_pay_no_egress() {
+    let (_, v) = simulate_json(
+        &[
+            "--zones",
+            "a/p3.2xlarge=synthetic:quiet:1:nodes=12:days=1,\
+             a/g5.2xlarge=synthetic:diurnal:2:nodes=12:days=1@1.5/24",
+            "--price-spot",
+            "a=0.9,a/g5.2xlarge=1.2",
+            "--end-hour",
+            "3",
+        ],
+        "sim-pools",
+    );
+    let zones = v["zones"].as_array().unwrap();
+    let priced: Vec<(&str, f64)> = zones
+        .iter()
+        .map(|z| {
+            let usd = z["usd_per_node_hour"].as_f64().unwrap();
+            (z["name"].as_str().unwrap(), usd)
+        })
+        .collect();
+    assert_eq!(priced, [("a/p3.2xlarge", 0.9), ("a/g5.2xlarge", 1.2)]);
+    for s in v["strategies"].as_array().unwrap() {
+        assert_eq!(s["egress_usd"].as_f64().unwrap(), 0.0, "{s}");
+    }
+    let ours = &v["strategies"][0];
+    assert!(
+        ours["x_single_zone_best"].as_f64().unwrap() >= 1.0,
+        "{ours}"
+    );
+    let out = testnet(&[
+        "simulate",
+        "--zones",
+        "a/p3=synthetic:quiet,b/p3=synthetic:quiet",
+        "--price-spot",
+        "a=1,c=2",
+    ]);
+    assert_one_line_error(&out, &["--price-spot \"c=2\"", "no zone or pool \"c\""]);
 }

@@ -133,18 +133,18 @@ fn missing_and_malformed_trace_files_are_named() {
 fn a_dollar_objective_is_priced_for_every_zone_before_any_node_starts() {
     let dir = scratch("objective");
     let out = testnet(&["run", "--objective", "samples-per-dollar"], dir.path());
-    assert_error(&out, &["samples-per-dollar needs --zone-price"]);
+    assert_error(&out, &["samples-per-dollar needs --price-spot"]);
     let out = testnet(
         &[
             "run",
             "--objective",
             "samples-per-dollar",
-            "--zone-price",
+            "--price-spot",
             "a=1",
         ],
         dir.path(),
     );
-    assert_error(&out, &["--zone-price", "--zones"]);
+    assert_error(&out, &["--price-spot", "--zones"]);
     let out = testnet(
         &[
             "run",
@@ -157,7 +157,7 @@ fn a_dollar_objective_is_priced_for_every_zone_before_any_node_starts() {
         ],
         dir.path(),
     );
-    assert_error(&out, &["zone \"b\" has no price"]);
+    assert_error(&out, &["\"b\" has no price"]);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 

@@ -54,8 +54,9 @@ pub struct PlannerConfig {
     /// What plans over zones are after: `samples` (the most) or `samples-per-dollar` (the
     /// most per dollar of the nodes held, at `zone_prices`, and of the egress between zones).
     pub objective: Objective,
-    /// Spot price of a node-hour in each zone, USD (`samples-per-dollar` plans over zones
-    /// whose every zone has one; others are planned for samples).
+    /// Spot price of a node-hour, USD, by zone or by pool (`ZONE/TYPE`, one instance type in a
+    /// zone; a pool without an entry of its own takes its zone's). `samples-per-dollar` plans
+    /// over pools whose every one has a price; others are planned for samples.
     pub zone_prices: BTreeMap<String, f64>,
 }
 

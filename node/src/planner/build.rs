@@ -12,7 +12,7 @@ use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::spec::partition;
 
 use super::settle::{Departure, departure};
-use super::zones::Zoned;
+use super::zones::{Zoned, pool_of};
 
 /// Members that can take a slot: healthy, with a data plane, training the cluster's job, most
 /// stable first (by join sequence).
@@ -169,19 +169,19 @@ pub fn next_interval(state: &ControlState) -> u64 {
 }
 
 /// The availability command for the next interval: the count of healthy members, and their
-/// count by zone when every one said its zone (what a planner over zones forecasts each zone
-/// from), continuing the replicated sequence (so a new leader goes on where the old one
+/// count by pool (zone, or zone and instance type: [`super::zones::pool_of`]) when every one
+/// said its zone (what a planner over zones forecasts each pool from), continuing the replicated sequence (so a new leader goes on where the old one
 /// stopped).
 pub fn availability_tick(state: &ControlState) -> Command {
-    let healthy: Vec<&str> = state
+    let healthy: Vec<String> = state
         .members
-        .values()
-        .filter(|m| m.status.is_healthy())
-        .map(|m| m.peer.caps.zone.as_str())
+        .iter()
+        .filter(|(_, m)| m.status.is_healthy())
+        .map(|(id, _)| pool_of(state, id))
         .collect();
     let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
-    for zone in &healthy {
-        *by_zone.entry(zone).or_default() += 1;
+    for pool in &healthy {
+        *by_zone.entry(pool).or_default() += 1;
     }
     let named = !by_zone.contains_key("") && by_zone.len() <= limits::MAX_SAMPLE_ZONES;
     Command::AvailabilityTick {

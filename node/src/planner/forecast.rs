@@ -12,6 +12,7 @@ use parcae_strategies::predict::{
 use parcae_strategies::trace::{Interval, intervals_from_counts};
 
 use super::settle::{departing_members, departure};
+use super::zones::pool_of;
 
 /// A forecast: the count before the upcoming event, the next intervals, and the value of the
 /// cluster past them.
@@ -95,8 +96,8 @@ pub fn zones_forecast(
     for ((name, &nodes), history) in zones.names.iter().zip(&zones.workers).zip(&histories) {
         let removed = state
             .members
-            .values()
-            .filter(|m| m.peer.caps.zone == *name && departure(m.status).is_some())
+            .iter()
+            .filter(|(id, m)| departure(m.status).is_some() && pool_of(state, id) == *name)
             .count() as u32;
         before += nodes + removed;
         now.push(ZoneNow {

@@ -6,17 +6,21 @@
 //! that composition's table, and the plan takes the placement's stage bounds and puts every
 //! slot on a node of its zone.
 //!
-//! A cluster in one zone, or one with a member whose zone is unknown, is planned as before: as
-//! one cluster of alike nodes.
+//! The fleet's unit is a pool: one zone's nodes of one instance type (`ZONE/TYPE`, `caps.zone`
+//! and `caps.instance_type`; the zone alone for a member that did not say its type). Unlike
+//! types in one zone are unlike devices, with their own availability and price, joined by the
+//! zone's own free link. A cluster in one pool, or one with a member whose zone is unknown, is
+//! planned as before: as one cluster of alike nodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use parcae_api::{FleetView, LinkView, ZoneView};
+use parcae_consensus::state::limits;
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
-use parcae_strategies::cost::links::{Link, Links};
+use parcae_strategies::cost::links::{Link, Links, zone_of_pool};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective;
 use parcae_strategies::cost::spec::LayerCost;
@@ -89,9 +93,9 @@ impl FleetCache {
         Some(objective.table(&fleet.plans(Layout::ZoneAware, counts), counts))
     }
 
-    /// What the plans over `names` are after: samples per dollar where asked and every zone
-    /// has a price; else samples.
-    fn objective(&self, names: &[&str]) -> objective::Objective {
+    /// What the plans over the pools `names` are after: samples per dollar where asked and
+    /// every pool has a price (its own, `ZONE/TYPE`, or its zone's); else samples.
+    fn objective(&self, names: &[String]) -> objective::Objective {
         // A node-hour is priced in the device's time: an emulated cluster at time scale k
         // lives k of them per wall-clock hour, while its rates and egress per second are wall
         // clock ones, so the bill per wall second is k times the price's.
@@ -102,7 +106,12 @@ impl FleetCache {
         };
         let prices: Option<Vec<f64>> = names
             .iter()
-            .map(|n| self.zone_prices.get(*n).map(|usd| usd * scale))
+            .map(|n| {
+                self.zone_prices
+                    .get(n)
+                    .or_else(|| self.zone_prices.get(zone_of_pool(n)))
+                    .map(|usd| usd * scale)
+            })
             .collect();
         match (self.objective, prices) {
             (Objective::SamplesPerDollar, Some(usd_per_node_hour)) => {
@@ -121,27 +130,27 @@ impl FleetCache {
         shape: &JobShape,
         cost: &CostModel,
     ) -> Option<Zoned> {
-        let zone_of = |id: &NodeId| zone_of(state, id);
-        let names: Vec<&str> = workers
+        let pools: Vec<String> = workers.iter().map(|id| pool_of(state, id)).collect();
+        let names: Vec<String> = pools
             .iter()
-            .map(zone_of)
+            .cloned()
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        if names.len() < 2 || names.len() > MAX_ZONES || names.contains(&"") {
+        if names.len() < 2 || names.len() > MAX_ZONES || names.iter().any(String::is_empty) {
             return None;
         }
         let reported: Vec<BTreeMap<u32, LayerCost>> = names
             .iter()
-            .map(|name| reported_layers(state, shape, &|id| zone_of(id) == *name))
+            .map(|name| reported_layers(state, shape, &|id| pool_of(state, id) == *name))
             .collect();
         let zones: Vec<Zone> = names
             .iter()
             .zip(zone_layers(&reported, &cost.spec.layers))
             .map(|(name, layers)| Zone {
-                name: (*name).into(),
+                name: name.clone(),
                 device: DeviceCosts {
-                    name: (*name).into(),
+                    name: name.clone(),
                     layers,
                     memory_mb: shape.memory_mb,
                 },
@@ -179,9 +188,9 @@ impl FleetCache {
         let objective = self.objective(&names);
         self.planned_for = Some(objective.clone());
         let fleet = self.fleet.as_mut()?;
-        let node_zones: Vec<usize> = workers
+        let node_zones: Vec<usize> = pools
             .iter()
-            .map(|id| names.iter().position(|n| *n == zone_of(id)).unwrap_or(0))
+            .map(|pool| names.iter().position(|n| n == pool).unwrap_or(0))
             .collect();
         let counts: Vec<u32> = (0..names.len())
             .map(|z| node_zones.iter().filter(|&&x| x == z).count() as u32)
@@ -209,6 +218,20 @@ pub(crate) fn zone_of<'a>(state: &'a ControlState, id: &NodeId) -> &'a str {
         .members
         .get(id)
         .map_or("", |m| m.peer.caps.zone.as_str())
+}
+
+/// The pool member `id` is in: `ZONE/TYPE` when it said its zone and its instance type, its
+/// zone when it said no type (or the two overrun a label), `""` when it said no zone.
+pub(crate) fn pool_of(state: &ControlState, id: &NodeId) -> String {
+    let Some(m) = state.members.get(id) else {
+        return String::new();
+    };
+    let (zone, kind) = (&m.peer.caps.zone, &m.peer.caps.instance_type);
+    if zone.is_empty() || kind.is_empty() || zone.len() + 1 + kind.len() > limits::MAX_LABEL_BYTES {
+        zone.clone()
+    } else {
+        format!("{zone}/{kind}")
+    }
 }
 
 /// `fleet` with `counts` workers per zone, as `/status` shows it.

@@ -7,6 +7,10 @@
 //! of a region costs $0.01 per GB out of one and $0.01 per GB into the other (the EC2 price
 //! list, "Data Transfer within the same AWS Region"), within a zone nothing. Every figure is
 //! overridable per zone pair (`ZONE/ZONE=GBIT,MS,USD_PER_GB`).
+//!
+//! A fleet's unit may be a zone or a *pool*, one instance type in one zone (`ZONE/TYPE`, e.g.
+//! `us-east-1a/p3.2xlarge`): its own trace, device and price. Links join zones, so two pools
+//! of one zone talk over the zone's own link, free.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +24,10 @@ const GB: f64 = 1e9;
 
 /// Longest zone name (AWS's are ~15 characters: `us-east-1a`, `use1-az4`).
 pub const MAX_ZONE_NAME: usize = 64;
+
+/// Longest instance type name in a pool's (AWS's, GCE's and Azure's are under 30 characters:
+/// `p3.2xlarge`, `a2-highgpu-1g`, `Standard_NC6s_v3`).
+pub const MAX_TYPE_NAME: usize = 64;
 
 /// Most zone pairs a configuration may set.
 pub const MAX_PAIRS: usize = 256;
@@ -113,8 +121,10 @@ impl Default for Links {
 }
 
 impl Links {
-    /// The link between zones `a` and `b`, either way round.
+    /// The link between zones (or pools) `a` and `b`, either way round: the link of their
+    /// zones.
     pub fn between(&self, a: &str, b: &str) -> Link {
+        let (a, b) = (zone_of_pool(a), zone_of_pool(b));
         let (x, y) = ordered(a, b);
         // A scan, not a keyed lookup: the planner asks this for every placement it prices, and
         // a key of owned names would allocate each time; there are a few pairs at most.
@@ -150,6 +160,26 @@ pub fn valid_zone_name(zone: &str) -> bool {
         && zone
             .bytes()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
+}
+
+/// The zone of `pool`, named `ZONE` or `ZONE/TYPE`.
+pub fn zone_of_pool(pool: &str) -> &str {
+    pool.split_once('/').map_or(pool, |(zone, _)| zone)
+}
+
+/// Whether `pool` is a valid zone, or `ZONE/TYPE` with a valid zone and a type of 1 to
+/// [`MAX_TYPE_NAME`] characters of `A-Z`, `a-z`, `0-9`, `-`, `_` or `.`.
+pub fn valid_pool_name(pool: &str) -> bool {
+    match pool.split_once('/') {
+        None => valid_zone_name(pool),
+        Some((zone, kind)) => {
+            valid_zone_name(zone)
+                && (1..=MAX_TYPE_NAME).contains(&kind.len())
+                && kind
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+        }
+    }
 }
 
 fn ordered<'a>(a: &'a str, b: &'a str) -> (&'a str, &'a str) {
@@ -252,14 +282,15 @@ pub fn traffic<Z: AsRef<str>>(
 
 impl Traffic {
     fn add_crossing(&mut self, a: &str, b: &str, link: Link, bytes: f64) {
-        if a != b {
+        if zone_of_pool(a) != zone_of_pool(b) {
             self.cross_zone_bytes += bytes;
             self.egress_usd += bytes / GB * link.usd_per_gb;
         }
     }
 
-    /// A ring all-reduce of `bytes` over members in zones `ring` (sorted, so each zone's
-    /// members are neighbours): each member sends `2 (w - 1) / w` of the bytes to the next in
+    /// A ring all-reduce of `bytes` over members in zones (or pools) `ring` (sorted, so each
+    /// zone's members are neighbours: a pool's name begins with its zone's and a `/`, which no
+    /// zone name holds): each member sends `2 (w - 1) / w` of the bytes to the next in
     /// `2 (w - 1)` steps, at the pace of the slowest link of the ring.
     fn ring(&mut self, ring: &[&str], bytes: f64, links: &Links) -> f64 {
         let w = ring.len();

@@ -10,7 +10,8 @@
 //! * `reactive` over every zone: the zone-aware throughput-optimal plan, restarted from a
 //!   checkpoint on every change in any zone;
 //! * `single-zone-best`: `liveput-zone` on each zone alone, its own nodes and device; the best
-//!   zone in hindsight.
+//!   zone in hindsight. Where the fleet's units are pools (`ZONE/TYPE`), each pool alone: one
+//!   instance type in one zone, what Parcae, Bamboo and Oobleck plan.
 //!
 //! `liveput-zone` forecasts each zone apart and values each step of its look-ahead at the
 //! composition forecast ([`ZoneForecasts`]); the zone-blind planner forecasts the fleet's total

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
-use parcae_strategies::cost::links::{Links, valid_zone_name};
+use parcae_strategies::cost::links::{Links, valid_pool_name};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::sim::fleet::{
     FleetRun, Objective, compositions, nodes_used, simulate_fleet,
@@ -17,16 +17,18 @@ use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
 
 use crate::plot::zones::{ZoneLine, fleet_simulation};
+use crate::prices::zone_prices;
 
 /// Fastest a zone's device may be against the profiled one, either way.
 const MAX_SPEED: f64 = 100.0;
 /// Most memory a zone's device may have, GiB.
 const MAX_MEMORY_GIB: f64 = 4096.0;
 
-/// One `--zones` entry: `NAME=TRACE[@SPEED[/MEMORY_GIB]]`.
+/// One `--zones` entry: `NAME=TRACE[@SPEED[/MEMORY_GIB]]`, `NAME` a zone or a pool of one
+/// instance type in a zone (`ZONE/TYPE`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ZoneSpec {
-    /// The zone's name.
+    /// The zone's name, or the pool's (`ZONE/TYPE`).
     pub name: String,
     /// Its trace (a file or `synthetic:...`).
     pub trace: String,
@@ -43,9 +45,10 @@ pub fn parse_zone(text: &str) -> Result<ZoneSpec> {
     let (name, rest) = text
         .split_once('=')
         .with_context(|| format!("zone {text:?}: {usage}"))?;
-    if !valid_zone_name(name) {
+    if !valid_pool_name(name) {
         bail!(
-            "zone {text:?}: the name {name:?} must be 1 to 64 characters of a-z, 0-9, '-', '_' or '.'"
+            "zone {text:?}: the name {name:?} must be a zone of 1 to 64 characters of a-z, 0-9, \
+             '-', '_' or '.', or ZONE/TYPE with a type of 1 to 64 of A-Z, a-z, 0-9, '-', '_' or '.'"
         );
     }
     let (trace, device) = match rest.rsplit_once('@') {
@@ -181,7 +184,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
             usd_per_node_hour: p.clone(),
         },
         (ObjectiveArg::SamplesPerDollar, None) => {
-            bail!("--objective samples-per-dollar needs --zone-price for every zone")
+            bail!("--objective samples-per-dollar needs --price-spot for every zone")
         }
     };
     let base = DeviceCosts::profiled(
@@ -300,44 +303,6 @@ fn plot(
     fleet_simulation(path, &title, interval_secs, &zones, &runs)
 }
 
-/// Each zone's price per node-hour from `NAME=USD` entries, in the order of `names`: every
-/// zone priced, or none.
-pub fn zone_prices(entries: &[String], names: &[&str]) -> Result<Option<Vec<f64>>> {
-    if entries.is_empty() {
-        return Ok(None);
-    }
-    let mut prices = vec![None; names.len()];
-    for entry in entries {
-        let (name, usd) = parse_price(entry)?;
-        let z = names
-            .iter()
-            .position(|n| *n == name)
-            .with_context(|| format!("--zone-price {entry:?}: no zone {name:?} in --zones"))?;
-        prices[z] = Some(usd);
-    }
-    prices
-        .iter()
-        .zip(names)
-        .map(|(p, n)| p.with_context(|| format!("--zone-price: zone {n:?} has no price")))
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
-}
-
-/// One `--zone-price` entry, `NAME=USD` (USD per node-hour, 0 to 1e6).
-pub fn parse_price(entry: &str) -> Result<(String, f64)> {
-    let (name, usd) = entry
-        .split_once('=')
-        .with_context(|| format!("--zone-price {entry:?}: expected NAME=USD_PER_NODE_HOUR"))?;
-    let usd: f64 = usd
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v >= 0.0 && *v <= 1e6)
-        .with_context(|| {
-            format!("--zone-price {entry:?}: the price must be a number from 0 to 1e6")
-        })?;
-    Ok((name.to_string(), usd))
-}
-
 fn rows(runs: &[FleetRun], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
     let samples = |name: &str| {
         runs.iter()
@@ -449,27 +414,13 @@ mod tests {
         }
     }
 
-    fn names(specs: &[ZoneSpec]) -> Vec<&str> {
-        specs.iter().map(|s| s.name.as_str()).collect()
-    }
-
     #[test]
-    fn every_zone_is_priced_or_none() {
-        let specs = vec![parse_zone("a=t").unwrap(), parse_zone("b=t").unwrap()];
-        let both = zone_prices(&["a=0.9".into(), "b=1.2".into()], &names(&specs)).unwrap();
-        assert_eq!(both, Some(vec![0.9, 1.2]));
-        assert_eq!(zone_prices(&[], &names(&specs)).unwrap(), None);
-        let err = zone_prices(&["a=0.9".into()], &names(&specs))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("zone \"b\" has no price"), "{err}");
-        let err = zone_prices(&["c=1".into()], &names(&specs))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("no zone \"c\""), "{err}");
-        let err = zone_prices(&["a=-1".into()], &names(&specs))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("from 0 to 1e6"), "{err}");
+    fn a_pool_is_a_zone_and_an_instance_type() {
+        let pool = parse_zone("a/g5.xlarge=t@0.6/24").unwrap();
+        assert_eq!((pool.name.as_str(), pool.speed), ("a/g5.xlarge", 0.6));
+        for bad in ["a/=t", "a/p3 2x=t", "A/p3=t"] {
+            let err = parse_zone(bad).unwrap_err().to_string();
+            assert!(err.contains("ZONE/TYPE"), "{bad}: {err}");
+        }
     }
 }

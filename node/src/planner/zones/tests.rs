@@ -22,8 +22,9 @@ fn shape() -> JobShape {
     }
 }
 
-/// A cluster training one job whose members are in `zones` (one entry per member), each
-/// reporting every layer at its zone's speed: zone `fast` twice as fast as the others.
+/// A cluster training one job whose members are in `zones` (one entry per member, `ZONE` or
+/// `ZONE/TYPE`), each reporting every layer at its pool's speed: zone or type `fast` twice as
+/// fast as the others.
 fn cluster(zones: &[&str]) -> ControlState {
     let job = Job {
         settings: [("seed".to_string(), "3".to_string())].into(),
@@ -40,13 +41,18 @@ fn cluster(zones: &[&str]) -> ControlState {
             data_addr: Some(format!("127.0.0.1:{}", 7000 + u16::from(n))),
             job: Some(job.digest()),
             caps: Capabilities {
-                zone: (*zone).into(),
+                zone: zone.split('/').next().unwrap_or_default().into(),
+                instance_type: zone.split_once('/').map_or("", |(_, t)| t).into(),
                 ..Capabilities::default()
             },
             ..PeerInfo::default()
         };
         state.apply(&Command::Join { node, peer }).unwrap();
-        let speed = if *zone == "fast" { 2.0 } else { 1.0 };
+        let speed = if zone.split('/').any(|part| part == "fast") {
+            2.0
+        } else {
+            1.0
+        };
         let cost = Reported {
             forward_s: 0.010 / speed,
             backward_s: 0.020 / speed,
@@ -283,4 +289,48 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
             assert_eq!(z.cost.samples_per_sec(*config), placed.samples_per_sec);
         }
     }
+}
+
+#[test]
+fn two_instance_types_in_one_zone_are_two_pools_on_the_zone_s_free_link() {
+    let pools = cluster(&[
+        "a/fast", "a/fast", "a/fast", "a/fast", "a/slow", "a/slow", "a/slow", "a/slow",
+    ]);
+    let zones = cluster(&[
+        "fast", "fast", "fast", "fast", "slow", "slow", "slow", "slow",
+    ]);
+    let mut fleets = FleetCache::default();
+    let z = zoned(&pools, &mut fleets).expect("two pools");
+    let names: Vec<String> = z.view.zones.iter().map(|v| v.name.clone()).collect();
+    assert_eq!(names, ["a/fast", "a/slow"]);
+    assert_eq!(z.node_zones, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    // The same devices in two zones pay for every crossing; in one zone nothing crosses.
+    let apart = zoned(&zones, &mut FleetCache::default()).unwrap();
+    let mut faster = 0;
+    for (config, placed) in &z.plans.placements {
+        assert_eq!(placed.egress_usd_per_sample, 0.0, "{config:?}");
+        let across = apart.plans.placements[config].samples_per_sec;
+        assert!(placed.samples_per_sec >= across - 1e-9, "{config:?}");
+        faster += usize::from(placed.samples_per_sec > across * 1.001);
+    }
+    assert!(faster > 0, "some layout gains from the free link");
+    // Each pool's availability is recorded under its own name.
+    let Command::AvailabilityTick { zones, count, .. } =
+        crate::planner::build::availability_tick(&pools)
+    else {
+        panic!("an availability tick");
+    };
+    let counted: Vec<(&str, u32)> = zones.iter().map(|z| (z.zone.as_str(), z.nodes)).collect();
+    assert_eq!((count, counted), (8, vec![("a/fast", 4), ("a/slow", 4)]));
+    // A pool takes its own price, else its zone's.
+    let prices: BTreeMap<String, f64> = [("a".to_string(), 1.0), ("a/fast".to_string(), 3.0)]
+        .into_iter()
+        .collect();
+    let priced = FleetCache::new(Objective::SamplesPerDollar, prices, 1.0);
+    assert_eq!(
+        priced.objective(&names),
+        objective::Objective::SamplesPerDollar {
+            usd_per_node_hour: vec![3.0, 1.0]
+        }
+    );
 }

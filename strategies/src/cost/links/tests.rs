@@ -117,3 +117,48 @@ fn a_plan_that_does_not_match_its_stages_is_refused() {
     assert!(traffic(&spec, &[], &placed(&[&["a"; 4]]), &links).is_none());
     assert!(traffic(&spec, &[0, 2, 1000], &placed(&[&["a"; 2]]), &links).is_none());
 }
+
+#[test]
+fn pools_of_one_zone_share_its_link_and_pools_of_two_zones_cross() {
+    let mut links = Links::default();
+    links.set("a/b=2,3,0.05").unwrap();
+    assert_eq!(links.between("a/p3.2xlarge", "a/g5.xlarge"), links.within);
+    assert_eq!(links.between("a/p3.2xlarge", "a"), links.within);
+    assert_eq!(
+        links.between("b/g5.xlarge", "a/p3.2xlarge").usd_per_gb,
+        0.05
+    );
+    let spec = gpt();
+    let bounds = spec.partition(4);
+    // Two types in one zone: a ring and a pipeline over both pools cross nothing.
+    let mixed = placed(&[&["a/x", "a/x", "a/y", "a/y"], &["a/y", "a/y", "a/x", "a/x"]]);
+    let t = traffic(&spec, &bounds, &mixed, &links).unwrap();
+    assert_eq!((t.cross_zone_bytes, t.egress_usd), (0.0, 0.0));
+    let across = traffic(&spec, &bounds, &placed(&[&["a/x"; 4], &["b/x"; 4]]), &links).unwrap();
+    assert!(across.egress_usd > 0.0);
+}
+
+#[test]
+fn a_pool_is_a_zone_or_a_zone_and_an_instance_type() {
+    assert_eq!(zone_of_pool("us-east-1a/p3.2xlarge"), "us-east-1a");
+    assert_eq!(zone_of_pool("us-east-1a"), "us-east-1a");
+    for good in [
+        "us-east-1a",
+        "us-east-1a/p3.2xlarge",
+        "eastus-1/Standard_NC6s_v3",
+    ] {
+        assert!(valid_pool_name(good), "{good}");
+    }
+    let long = format!("a/{}", "t".repeat(MAX_TYPE_NAME + 1));
+    for bad in [
+        "",
+        "a/",
+        "/p3",
+        "A/p3",
+        "a/p3 2xlarge",
+        "a/p3/x",
+        long.as_str(),
+    ] {
+        assert!(!valid_pool_name(bad), "{bad}");
+    }
+}
