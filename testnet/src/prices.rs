@@ -2,7 +2,7 @@
 //! (see `parcae_strategies::cost::money`), and the spot prices of a job over zones.
 
 use anyhow::{Context, Result, bail};
-use parcae_strategies::cost::links::zone_of_pool;
+use parcae_strategies::cost::links::{pool_price, zone_of_pool};
 use parcae_strategies::cost::money::Prices;
 
 /// The price flags.
@@ -65,8 +65,7 @@ pub fn zone_prices(entries: &[String], names: &[&str]) -> Result<Option<Vec<f64>
     names
         .iter()
         .map(|n| {
-            price(n)
-                .or_else(|| price(zone_of_pool(n)))
+            pool_price(n, price)
                 .or(rest)
                 .with_context(|| format!("--price-spot: {n:?} has no price"))
         })

@@ -170,30 +170,21 @@ pub fn next_interval(state: &ControlState) -> u64 {
 
 /// The availability command for the next interval: the count of healthy members, and their
 /// count by pool (zone, or zone and instance type: [`super::zones::pool_of`]) when every one
-/// said its zone (what a planner over zones forecasts each pool from), continuing the replicated sequence (so a new leader goes on where the old one
-/// stopped).
+/// said its zone (what a planner over zones forecasts each pool from), continuing the
+/// replicated sequence (so a new leader goes on where the old one stopped).
 pub fn availability_tick(state: &ControlState) -> Command {
-    let healthy: Vec<String> = state
-        .members
-        .iter()
-        .filter(|(_, m)| m.status.is_healthy())
-        .map(|(id, _)| pool_of(state, id))
-        .collect();
-    let mut by_zone: BTreeMap<&str, u32> = BTreeMap::new();
-    for pool in &healthy {
-        *by_zone.entry(pool).or_default() += 1;
+    let mut by_zone: BTreeMap<String, u32> = BTreeMap::new();
+    for (id, _) in state.members.iter().filter(|(_, m)| m.status.is_healthy()) {
+        *by_zone.entry(pool_of(state, id)).or_default() += 1;
     }
     let named = !by_zone.contains_key("") && by_zone.len() <= limits::MAX_SAMPLE_ZONES;
     Command::AvailabilityTick {
         interval: next_interval(state),
-        count: healthy.len() as u32,
+        count: by_zone.values().sum(),
         zones: if named {
             by_zone
                 .into_iter()
-                .map(|(zone, nodes)| ZoneCount {
-                    zone: zone.into(),
-                    nodes,
-                })
+                .map(|(zone, nodes)| ZoneCount { zone, nodes })
                 .collect()
         } else {
             Vec::new()

@@ -20,7 +20,7 @@ use parcae_consensus::state::limits;
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
-use parcae_strategies::cost::links::{Link, Links, zone_of_pool};
+use parcae_strategies::cost::links::{Link, Links, pool_price};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective;
 use parcae_strategies::cost::spec::LayerCost;
@@ -107,10 +107,7 @@ impl FleetCache {
         let prices: Option<Vec<f64>> = names
             .iter()
             .map(|n| {
-                self.zone_prices
-                    .get(n)
-                    .or_else(|| self.zone_prices.get(zone_of_pool(n)))
-                    .map(|usd| usd * scale)
+                pool_price(n, |name| self.zone_prices.get(name).copied()).map(|usd| usd * scale)
             })
             .collect();
         match (self.objective, prices) {

@@ -167,6 +167,11 @@ pub fn zone_of_pool(pool: &str) -> &str {
     pool.split_once('/').map_or(pool, |(zone, _)| zone)
 }
 
+/// The price of `pool` from `price_of` (by name): its own, else its zone's.
+pub fn pool_price(pool: &str, price_of: impl Fn(&str) -> Option<f64>) -> Option<f64> {
+    price_of(pool).or_else(|| price_of(zone_of_pool(pool)))
+}
+
 /// Whether `pool` is a valid zone, or `ZONE/TYPE` with a valid zone and a type of 1 to
 /// [`MAX_TYPE_NAME`] characters of `A-Z`, `a-z`, `0-9`, `-`, `_` or `.`.
 pub fn valid_pool_name(pool: &str) -> bool {

@@ -142,6 +142,14 @@ fn pools_of_one_zone_share_its_link_and_pools_of_two_zones_cross() {
 fn a_pool_is_a_zone_or_a_zone_and_an_instance_type() {
     assert_eq!(zone_of_pool("us-east-1a/p3.2xlarge"), "us-east-1a");
     assert_eq!(zone_of_pool("us-east-1a"), "us-east-1a");
+    let prices = |name: &str| match name {
+        "a" => Some(1.0),
+        "a/g5" => Some(2.0),
+        _ => None,
+    };
+    assert_eq!(pool_price("a/g5", prices), Some(2.0));
+    assert_eq!(pool_price("a/p3", prices), Some(1.0));
+    assert_eq!(pool_price("b/p3", prices), None);
     for good in [
         "us-east-1a",
         "us-east-1a/p3.2xlarge",
