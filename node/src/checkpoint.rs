@@ -268,6 +268,7 @@ mod tests {
             .collect(),
             at_step: 0,
             joins_before: 0,
+            batch_shares: Vec::new(),
         });
         state.progress.last_committed_step = Some(9);
         assert_eq!(may_store(&state, id(1), 10, &(0..3)), Ok(()));

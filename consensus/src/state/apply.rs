@@ -408,6 +408,13 @@ fn validate_plan(state: &ControlState, plan: &Plan) -> Result<(), Rejection> {
             ));
         }
     }
+    let shares = &plan.batch_shares;
+    if !shares.is_empty() && (shares.len() != d as usize || shares.contains(&0)) {
+        return Err(Rejection::invalid(
+            "batch_shares",
+            format!("{} shares for D={d}, each above 0", shares.len()),
+        ));
+    }
     if plan.joins_before > state.next_join_seq {
         return Err(Rejection::invalid(
             "joins_before",

@@ -67,6 +67,7 @@ fn plan(epoch: u64, d: u32, p: u32, at_step: u64) -> Plan {
         assignment,
         at_step,
         joins_before: 0,
+        batch_shares: Vec::new(),
     }
 }
 
@@ -514,6 +515,26 @@ fn invalid_plans_are_rejected() {
             ..
         }
     ));
+}
+
+#[test]
+fn a_plan_s_batch_shares_are_one_per_pipeline_and_none_empty() {
+    let mut s = state_with(4);
+    for shares in [vec![8], vec![8, 0], vec![4, 4, 4]] {
+        let mut p = plan(1, 2, 2, 0);
+        p.batch_shares = shares;
+        assert!(matches!(
+            rejected(&mut s, &Command::Reconfigure { plan: p }),
+            Rejection::Invalid {
+                field: "batch_shares",
+                ..
+            }
+        ));
+    }
+    let mut p = plan(1, 2, 2, 0);
+    p.batch_shares = vec![10, 6];
+    s.apply(&Command::Reconfigure { plan: p }).unwrap();
+    assert_eq!(s.plan.map(|p| p.batch_shares), Some(vec![10, 6]));
 }
 
 #[test]

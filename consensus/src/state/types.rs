@@ -237,6 +237,10 @@ pub struct Plan {
     /// planner, the others joined after it (what tells a restart that answers an arrival from
     /// one that answers a departure).
     pub joins_before: u64,
+    /// Samples of each step's global batch that each pipeline trains, in pipeline order,
+    /// where they differ (pipelines on devices of unequal speed: the faster take more);
+    /// empty: the batch is cut evenly.
+    pub batch_shares: Vec<u32>,
 }
 
 impl Plan {

@@ -107,6 +107,7 @@ mod tests {
                 .collect(),
             at_step: 0,
             joins_before: 0,
+            batch_shares: Vec::new(),
         });
         state
     }

@@ -9,6 +9,7 @@ use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
 use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::fleet::batch_shares;
 use parcae_strategies::cost::spec::partition;
 
 use super::settle::{Departure, departure};
@@ -113,6 +114,9 @@ pub fn build_plan(
         .map(|l| cost.spec.state_bytes(l.params))
         .collect();
     let placed = zoned.and_then(|z| Some((z, z.plans.placements.get(&target)?)));
+    let shares = placed
+        .and_then(|(_, placement)| placement.micro_batches.as_deref())
+        .map_or_else(Vec::new, |m| batch_shares(m, cost.spec.global_batch));
     let (bounds, assigned) = match placed {
         Some((z, placement)) => {
             let bounds = placement.bounds.clone();
@@ -160,6 +164,7 @@ pub fn build_plan(
             .collect(),
         at_step,
         joins_before: state.next_join_seq,
+        batch_shares: shares,
     })
 }
 
@@ -258,6 +263,7 @@ mod tests {
                 .collect(),
             at_step: 4,
             joins_before: 2,
+            batch_shares: Vec::new(),
         });
         state.progress.last_committed_step = Some(4);
         let end = |epoch: u64| StepEnd {

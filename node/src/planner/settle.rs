@@ -197,6 +197,7 @@ mod tests {
             assignment: Default::default(),
             at_step: 0,
             joins_before: 0,
+            batch_shares: Vec::new(),
         });
         assert_eq!(
             first_plan_settles_until(&planned, t0, t0),
@@ -241,6 +242,7 @@ mod tests {
                 .collect(),
             at_step: 0,
             joins_before: 0,
+            batch_shares: Vec::new(),
         });
         let t0 = Instant::now();
         let settle = |notices: bool, since: Instant, now: Instant, state: &ControlState| {

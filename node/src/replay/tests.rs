@@ -145,7 +145,7 @@ fn train_like_a_cluster(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord>
         let start = 16 * step;
         let shards: Vec<Vec<Batch>> = (0..2)
             .map(|d| {
-                micro_batches(pipeline_share(start, 16, d, 2), 2)
+                micro_batches(pipeline_share(start, 16, (d, 2), &[]), 2)
                     .into_iter()
                     .map(|m| {
                         token_batch(data.dataset.as_ref(), &data.sampler, m.start, 2, &device)

@@ -71,6 +71,7 @@ pub fn train_step<M: PipelineModel>(
         sample_start: state.progress.sample_cursor,
         global_batch: setup.spec.global_batch,
         micro_batch: setup.spec.micro_batch,
+        batch_shares: plan.batch_shares.clone(),
         digest: current.digest,
         crossings: super::zones::crossings(state, plan, current.slot),
     };

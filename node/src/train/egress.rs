@@ -101,6 +101,7 @@ mod tests {
             assignment,
             at_step: 5,
             joins_before: 0,
+            batch_shares: Vec::new(),
         }
     }
 

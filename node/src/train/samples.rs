@@ -38,8 +38,27 @@ impl Validation {
     }
 }
 
-/// The samples of pipeline `d`: the global batch cut into `D` contiguous near-equal shares.
-pub fn pipeline_share(start: u64, batch: u32, d: u32, pipelines: u32) -> Range<u64> {
+/// The samples of pipeline `d`: the global batch cut into `D` contiguous shares, of
+/// `shares[i]` samples for pipeline `i` where the plan gives them, else near-equal. Empty when
+/// the shares are not one per pipeline summing to the batch.
+pub fn pipeline_share(
+    start: u64,
+    batch: u32,
+    (d, pipelines): (u32, u32),
+    shares: &[u32],
+) -> Range<u64> {
+    if !shares.is_empty() {
+        let sum: u64 = shares.iter().map(|&s| u64::from(s)).sum();
+        if shares.len() != pipelines as usize || sum != u64::from(batch) {
+            return start..start;
+        }
+        let first = start
+            + shares[..d as usize]
+                .iter()
+                .map(|&s| u64::from(s))
+                .sum::<u64>();
+        return first..first + u64::from(shares[d as usize]);
+    }
     let (base, extra) = (u64::from(batch / pipelines), u64::from(batch % pipelines));
     let d = u64::from(d);
     let first = start + d * base + d.min(extra);
@@ -62,10 +81,19 @@ mod tests {
     #[test]
     fn shares_cover_the_batch_exactly_once() {
         for d in 1..6u32 {
-            let shares: Vec<_> = (0..d).map(|i| pipeline_share(100, 16, i, d)).collect();
+            let shares: Vec<_> = (0..d)
+                .map(|i| pipeline_share(100, 16, (i, d), &[]))
+                .collect();
             assert_eq!(shares[0].start, 100);
             assert_eq!(shares.last().unwrap().end, 116);
             assert!(shares.windows(2).all(|w| w[0].end == w[1].start));
+        }
+        let uneven: Vec<_> = (0..3)
+            .map(|i| pipeline_share(100, 16, (i, 3), &[8, 5, 3]))
+            .collect();
+        assert_eq!(uneven, vec![100..108, 108..113, 113..116]);
+        for wrong in [&[8, 5][..], &[8, 5, 4]] {
+            assert!(pipeline_share(100, 16, (0, 3), wrong).is_empty());
         }
         assert_eq!(
             micro_batches(0..5, 2),

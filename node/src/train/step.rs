@@ -26,7 +26,7 @@ use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, pa
 use crate::emulate::{Crossings, Pacing, StepPacing};
 
 /// What one step is: the plan's shape, this node's slot and the samples.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StepSpec {
     /// Plan epoch.
     pub epoch: u64,
@@ -44,6 +44,8 @@ pub struct StepSpec {
     pub global_batch: u32,
     /// Samples per micro-batch.
     pub micro_batch: u32,
+    /// The plan's samples per pipeline where they differ (empty: an even cut).
+    pub batch_shares: Vec<u32>,
     /// This stage's state digest before the step, when known for free (the step starts from a
     /// checkpoint this node just saved); the step is audited only when every stage knows it.
     pub digest: Option<Digest32>,
@@ -202,13 +204,13 @@ impl<'a> StepSamples<'a> {
         let share = pipeline_share(
             spec.sample_start,
             spec.global_batch,
-            spec.slot.pipeline,
-            spec.data_parallel,
+            (spec.slot.pipeline, spec.data_parallel),
+            &spec.batch_shares,
         );
         if share.is_empty() {
             return Err(TrainError::Config(format!(
-                "{} pipelines for a batch of {}",
-                spec.data_parallel, spec.global_batch
+                "{} pipelines (shares {:?}) for a batch of {}",
+                spec.data_parallel, spec.batch_shares, spec.global_batch
             )));
         }
         let held_out = match &data.validation {
@@ -374,6 +376,7 @@ mod wire_tests {
             sample_start: 0,
             global_batch: 2,
             micro_batch: 2,
+            batch_shares: Vec::new(),
             digest: None,
             crossings: Crossings::default(),
         };
@@ -408,6 +411,7 @@ mod wire_tests {
                 assignment: Default::default(),
                 at_step: 0,
                 joins_before: 0,
+                batch_shares: Vec::new(),
             }),
             ..ControlState::default()
         };

@@ -80,6 +80,7 @@ mod tests {
             assignment,
             at_step: 0,
             joins_before: 0,
+            batch_shares: Vec::new(),
         };
         (state, plan)
     }

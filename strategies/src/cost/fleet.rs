@@ -34,6 +34,8 @@ use super::split::Splits;
 use super::throughput::ThroughputTable;
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
+use shares::ZoneGroup;
+pub use shares::batch_shares;
 
 /// Most zones a fleet spans.
 pub const MAX_ZONES: usize = 4;
@@ -61,6 +63,9 @@ pub struct Placement {
     pub samples_per_sec: f64,
     /// Egress dollars per sample trained (activations and gradients crossing zones).
     pub egress_usd_per_sample: f64,
+    /// Micro-batches each pipeline runs, where they differ (zone pipelines of unequal kinds:
+    /// `shares`); `None` when the batch is cut evenly.
+    pub micro_batches: Option<Vec<u32>>,
 }
 
 /// Every configuration's placement on one composition of the fleet.
@@ -134,6 +139,7 @@ pub struct Fleet {
     schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
     tails: HashMap<usize, Arc<Splits>>,
     local_rates: HashMap<LocalKey, f64>,
+    shared: HashMap<shares::SharedKey, Option<(f64, Vec<u32>)>>,
     split: HashMap<(usize, u32), Option<Vec<usize>>>,
 }
 
@@ -198,6 +204,7 @@ impl Fleet {
             schedules: HashMap::new(),
             tails: HashMap::new(),
             local_rates: HashMap::new(),
+            shared: HashMap::new(),
             split: HashMap::new(),
         })
     }
@@ -232,6 +239,7 @@ impl Fleet {
         // A leader lives for days and the zones' counts wander: keep the memo bounded.
         if self.memo.len() >= MAX_COMPOSITIONS {
             self.memo.clear();
+            self.shared.clear();
         }
         // A composition of another fleet has no placement.
         let total: u32 = if counts.len() == self.zones.len() {
@@ -337,7 +345,7 @@ impl Fleet {
         });
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
-        let mut best: Option<(f64, Vec<Vec<usize>>, Vec<usize>)> = None;
+        let mut best: Option<(f64, Vec<Vec<usize>>, Vec<usize>, Option<Vec<u32>>)> = None;
         for order in [by_speed, by_count] {
             let Some(per_zone) = fill(counts, &order, d, p) else {
                 continue;
@@ -354,16 +362,30 @@ impl Fleet {
             for &z in &used {
                 rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
             }
-            if best.as_ref().is_none_or(|(b, _, _)| rate > *b) {
+            let groups: Vec<ZoneGroup> = used
+                .iter()
+                .map(|&z| ZoneGroup {
+                    z,
+                    pipelines: per_zone[z],
+                })
+                .collect();
+            let mut micro = None;
+            if let Some((shared, counts)) = self
+                .shared_rate(&groups, slowest, &bounds, ring)
+                .filter(|(shared, _)| *shared > rate)
+            {
+                (rate, micro) = (shared, Some(counts));
+            }
+            if best.as_ref().is_none_or(|(b, ..)| rate > *b) {
                 let zones: Vec<Vec<usize>> = used
                     .iter()
                     .flat_map(|&z| std::iter::repeat_n(vec![z; p as usize], per_zone[z] as usize))
                     .collect();
-                best = Some((rate, zones, bounds));
+                best = Some((rate, zones, bounds, micro));
             }
         }
         // Priced (its egress) once, for the order that won.
-        best.map(|(rate, zones, bounds)| self.placement(zones, bounds, rate, d))
+        best.map(|(rate, zones, bounds, micro)| self.placement(zones, bounds, rate, d, micro))
     }
 
     /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds` (zone
@@ -441,6 +463,17 @@ impl Fleet {
         d: u32,
     ) -> Arc<[f64]> {
         let m = analytic::micro_batches(&self.spec, d);
+        self.schedule_of(pipeline, stages, boundary, m)
+    }
+
+    /// [`Self::schedule`] of `m` micro-batches.
+    fn schedule_of(
+        &mut self,
+        pipeline: Pipeline,
+        stages: &[StageCost],
+        boundary: Link,
+        m: u32,
+    ) -> Arc<[f64]> {
         let spec = &self.spec;
         self.schedules
             .entry((pipeline, m))
@@ -490,7 +523,7 @@ impl Fleet {
                     .unwrap_or(0.0),
             );
         }
-        Some(self.placement(zones, bounds, rate, d))
+        Some(self.placement(zones, bounds, rate, d, None))
     }
 
     /// The slowest link of a ring over `zones` (each zone's own link when it is alone).
@@ -513,15 +546,17 @@ impl Fleet {
         bounds: Vec<usize>,
         samples_per_sec: f64,
         d: u32,
+        micro_batches: Option<Vec<u32>>,
     ) -> Placement {
         let names: Vec<Vec<&str>> = zones
             .iter()
             .map(|p| p.iter().map(|&z| self.zones[z].name.as_str()).collect())
             .collect();
-        let micro = (self.spec.global_batch / self.spec.micro_batch.max(1))
-            .div_ceil(d)
-            .max(1);
-        let samples = f64::from(self.spec.micro_batch.max(1) * d * micro);
+        let micro = micro_batches.as_ref().map_or_else(
+            || d * analytic::micro_batches(&self.spec, d),
+            |m| m.iter().sum(),
+        );
+        let samples = f64::from(self.spec.micro_batch.max(1) * micro);
         let egress =
             traffic(&self.spec, &bounds, &names, &self.links).map_or(0.0, |t| t.egress_usd);
         Placement {
@@ -529,6 +564,7 @@ impl Fleet {
             bounds,
             samples_per_sec,
             egress_usd_per_sample: egress / samples,
+            micro_batches,
         }
     }
 
@@ -588,6 +624,7 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
     }
 }
 
+mod shares;
 mod staggered;
 mod two_zones;
 

@@ -303,6 +303,18 @@ pub(crate) fn rate_after(
     analytic::samples_per_sec_after(spec, link(allreduce_mb_per_ms), stages, ends, d)
 }
 
+/// One iteration of `d` pipelines over `stages` whose 1F1B schedule ends at `ends`,
+/// all-reducing at `allreduce_mb_per_ms`, ms.
+pub(crate) fn iteration_after(
+    spec: &ModelSpec,
+    stages: &[StageCost],
+    ends: &[f64],
+    d: u32,
+    allreduce_mb_per_ms: f64,
+) -> f64 {
+    analytic::iteration_after_rings(spec, link(0.0), stages, ends, d, |_| allreduce_mb_per_ms)
+}
+
 /// Samples per second of `d` pipelines of which each runs one of `pipelines` (its stages and
 /// the ends of their 1F1B schedule), stage `s` of every one all-reducing at
 /// `ring_mb_per_ms(s)`: the step waits for the slowest.

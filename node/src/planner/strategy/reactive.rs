@@ -81,6 +81,7 @@ mod tests {
             assignment: Default::default(),
             at_step: 0,
             joins_before: 0,
+            batch_shares: Vec::new(),
         });
         state
     }

@@ -63,7 +63,7 @@ impl Fleet {
                 (d - m) as usize,
             ))
             .collect();
-        Some(self.placement(zones, arranged.bounds.clone(), rate, d))
+        Some(self.placement(zones, arranged.bounds.clone(), rate, d, None))
     }
 
     /// Samples per second of `d` staggered pipelines of shares `k`: the arranged shape and the

@@ -227,3 +227,18 @@ fn staggered_pipelines_hold_a_composition_that_equal_pipelines_do_not() {
     );
     assert!(placed.egress_usd_per_sample < spread.egress_usd_per_sample);
 }
+
+#[test]
+fn zone_pipelines_of_a_faster_kind_take_more_of_the_batch() {
+    let mut fleet = two_kinds(2.0);
+    let aware = fleet.plans(Layout::ZoneAware, &[16, 16]);
+    // Two pipelines of 16 stages, one in each zone: the twice-as-fast zone's runs about twice
+    // the micro-batches, and the batch is still 128 samples.
+    let placed = &aware.placements[&ParallelConfig::new(2, 16)];
+    let homes: Vec<usize> = placed.zones.iter().map(|z| z[0]).collect();
+    assert_eq!(homes, vec![1, 0]);
+    let micro = placed.micro_batches.clone().expect("uneven shares");
+    assert_eq!(micro, vec![86, 42]);
+    assert_eq!(micro.iter().sum::<u32>() * gpt().micro_batch, 128);
+    assert_eq!(super::batch_shares(&micro, 128), vec![86, 42]);
+}

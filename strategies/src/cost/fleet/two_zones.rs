@@ -34,7 +34,7 @@ impl Fleet {
         let (rate, k) = fastest_by_bound(candidates, floor, |k| self.mixed_rate(k, d))?;
         let arranged = self.arranged(&k)?;
         let zones = vec![arranged.order.clone(); d as usize];
-        Some(self.placement(zones, arranged.bounds.clone(), rate, d))
+        Some(self.placement(zones, arranged.bounds.clone(), rate, d, None))
     }
 
     /// At least the rate of `d` pipelines holding `k[z]` stages in zone `z`, with no schedule
