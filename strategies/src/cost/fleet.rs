@@ -345,7 +345,9 @@ impl Fleet {
         });
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
-        let mut best: Option<(f64, Vec<Vec<usize>>, Vec<usize>, Option<Vec<u32>>)> = None;
+        // (rate, each pipeline's zones, bounds, micro-batches per pipeline where uneven)
+        type Candidate = (f64, Vec<Vec<usize>>, Vec<usize>, Option<Vec<u32>>);
+        let mut best: Option<Candidate> = None;
         for order in [by_speed, by_count] {
             let Some(per_zone) = fill(counts, &order, d, p) else {
                 continue;
