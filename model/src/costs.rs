@@ -96,7 +96,6 @@ impl<M: PipelineModel> Stage<M> {
         };
         let model = self.model().clone();
         let opt = &self.config().optimizer;
-        let adamw = opt.adamw();
         let mut rngs = self.rngs.clone();
         let mut states = self.states.clone();
         let (mut fwd, mut bwd, mut upd) = (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
@@ -153,9 +152,7 @@ impl<M: PipelineModel> Stage<M> {
                 let t = Instant::now();
                 let lr = opt.lr_at(self.step());
                 let updated = step_layer(
-                    &adamw,
-                    lr,
-                    1.0,
+                    &opt.update(lr, 1.0, self.config().ops),
                     self.layers[k].clone(),
                     param_grads,
                     &mut states[k],

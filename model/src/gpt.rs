@@ -17,10 +17,11 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use burn::backend::DispatchTensor;
 
 use crate::activation::Activation;
-use crate::block_kernel::{BlockParams, Gelu};
+use crate::block_kernel::{BlockParams, Gelu, LAYER_NORM_EPSILON};
 use crate::error::{ModelError, Result};
 use crate::fused_block;
 use crate::host::read_scalar;
+use crate::ops::{self, OpSet};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 
@@ -46,6 +47,10 @@ pub struct GptConfig {
     /// How a block runs: the same arithmetic either way, and the same parameters.
     #[config(default = "BlockKernel::Composed")]
     pub kernel: BlockKernel,
+    /// The operations a composed block and the head run: Burn's composition (the oracle) or
+    /// ours with their own backward (`ops`), where the device has them.
+    #[config(default = "OpSet::Native")]
+    pub ops: OpSet,
 }
 
 /// How [`Gpt`] runs a transformer block.
@@ -72,6 +77,7 @@ impl GptConfig {
             d_ff: 128,
             gelu: Gelu::Erf,
             kernel: BlockKernel::Composed,
+            ops: OpSet::Native,
         }
     }
 
@@ -87,6 +93,7 @@ impl GptConfig {
             d_ff: 2048,
             gelu: Gelu::Erf,
             kernel: BlockKernel::Composed,
+            ops: OpSet::Native,
         }
     }
 
@@ -122,6 +129,7 @@ impl GptConfig {
             d_ff: 4 * d_model,
             gelu: Gelu::Tanh,
             kernel: BlockKernel::Composed,
+            ops: OpSet::Native,
         }
     }
 
@@ -280,6 +288,25 @@ impl Gpt {
         Ok(layer.token.forward(tokens) + layer.position.forward(positions))
     }
 
+    /// Whether this model runs its native operations on `x`'s device.
+    fn native(&self, x: &Tensor<3>) -> bool {
+        self.config.ops == OpSet::Native && ops::supports(x)
+    }
+
+    /// `norm` applied to `x`: the native layer norm where it runs (every GPT layer norm has a
+    /// bias and Burn's default epsilon).
+    fn norm(&self, norm: &LayerNorm, x: Tensor<3>) -> Tensor<3> {
+        match &norm.beta {
+            Some(beta) if self.native(&x) => ops::layer_norm(
+                x,
+                norm.gamma.val(),
+                beta.val(),
+                f64::from(LAYER_NORM_EPSILON),
+            ),
+            _ => norm.forward(x),
+        }
+    }
+
     fn block(&self, layer: &GptBlock, x: Tensor<3>) -> Tensor<3> {
         if self.config.kernel == BlockKernel::Fused
             && fused_block::supports(&x)
@@ -287,10 +314,11 @@ impl Gpt {
         {
             return fused_block::block(params, x, self.config.n_heads, self.config.gelu);
         }
+        let native = self.native(&x);
         let [b, t, d] = x.dims();
         let h = self.config.n_heads;
         let dh = d / h;
-        let qkv = layer.qkv.forward(layer.ln_attn.forward(x.clone()));
+        let qkv = layer.qkv.forward(self.norm(&layer.ln_attn, x.clone()));
         let heads = |i: usize| {
             qkv.clone()
                 .narrow(2, i * d, d)
@@ -298,19 +326,37 @@ impl Gpt {
                 .swap_dims(1, 2)
         };
         let (q, k, v) = (heads(0), heads(1), heads(2));
-        let scores = q.matmul(k.transpose()).div_scalar((dh as f64).sqrt());
-        let scores = scores.mask_fill(causal_mask(t, &x.device()).expand([b, h, t, t]), -1e9);
-        let attn = softmax(scores, 3)
-            .matmul(v)
-            .swap_dims(1, 2)
-            .reshape([b, t, d]);
+        let attn = if native {
+            ops::causal_attention(q, k, v)
+        } else {
+            let scores = q.matmul(k.transpose()).div_scalar((dh as f64).sqrt());
+            let scores = scores.mask_fill(causal_mask(t, &x.device()).expand([b, h, t, t]), -1e9);
+            softmax(scores, 3).matmul(v)
+        };
+        let attn = attn.swap_dims(1, 2).reshape([b, t, d]);
         let x = x + layer.proj.forward(attn);
-        let hidden = layer.fc_in.forward(layer.ln_mlp.forward(x.clone()));
-        let hidden = match self.config.gelu {
-            Gelu::Erf => gelu(hidden),
-            Gelu::Tanh => gelu_approximate(hidden),
+        let hidden = layer.fc_in.forward(self.norm(&layer.ln_mlp, x.clone()));
+        let tanh = self.config.gelu == Gelu::Tanh;
+        let hidden = match (native, tanh) {
+            (true, _) => ops::gelu(hidden, tanh),
+            (false, false) => gelu(hidden),
+            (false, true) => gelu_approximate(hidden),
         };
         x + layer.fc_out.forward(hidden)
+    }
+
+    /// The targets of a loss over `[b, t]` positions, checked.
+    fn loss_targets(&self, [b, t]: [usize; 2], targets: &Activation) -> Result<Tensor<2, Int>> {
+        let targets = targets.clone().into_tokens("targets")?;
+        self.check_tokens("targets", &targets)?;
+        if targets.dims() != [b, t] {
+            return Err(ModelError::ShapeMismatch {
+                what: "targets".into(),
+                expected: format!("[{b}, {t}]"),
+                found: targets.dims().to_vec(),
+            });
+        }
+        Ok(targets)
     }
 }
 
@@ -414,7 +460,7 @@ impl PipelineModel for Gpt {
             GptLayer::Head(l) => {
                 let x = input.into_hidden(&name)?;
                 self.check_hidden(&name, &x, self.config.d_model)?;
-                Ok(Activation::Hidden(l.lm_head.forward(l.ln.forward(x))))
+                Ok(Activation::Hidden(l.lm_head.forward(self.norm(&l.ln, x))))
             }
         }
     }
@@ -422,20 +468,40 @@ impl PipelineModel for Gpt {
     fn loss(&self, output: Activation, targets: &Activation) -> Result<Tensor<1>> {
         let logits = output.into_hidden("loss input")?;
         self.check_hidden("loss input", &logits, self.config.vocab_size)?;
-        let targets = targets.clone().into_tokens("targets")?;
-        self.check_tokens("targets", &targets)?;
         let [b, t, _] = logits.dims();
-        if targets.dims() != [b, t] {
-            return Err(ModelError::ShapeMismatch {
-                what: "targets".into(),
-                expected: format!("[{b}, {t}]"),
-                found: targets.dims().to_vec(),
-            });
-        }
+        let targets = self.loss_targets([b, t], targets)?;
         let device = logits.device();
         let logp = log_softmax(logits, 2);
         let picked = logp.gather(2, targets.to_device(&device).unsqueeze_dim::<3>(2));
         Ok(picked.mean().neg())
+    }
+
+    /// The head's loss without its logits where the native operations run (the head fused with
+    /// the loss), else the head's logits into [`PipelineModel::loss`].
+    fn forward_loss(
+        &self,
+        index: usize,
+        layer: &GptLayer,
+        input: Activation,
+        targets: &Activation,
+        rng: &mut StageRng,
+    ) -> Result<Tensor<1>> {
+        let head = match (layer, &input) {
+            (GptLayer::Head(head), Activation::Hidden(x))
+                if self.native(x) && head.lm_head.bias.is_none() =>
+            {
+                head
+            }
+            _ => return self.loss(self.forward(index, layer, input, rng)?, targets),
+        };
+        let name = self.layer_name(index);
+        let x = input.into_hidden(&name)?;
+        self.check_hidden(&name, &x, self.config.d_model)?;
+        let [b, t, d] = x.dims();
+        let targets = self.loss_targets([b, t], targets)?;
+        let h = self.norm(&head.ln, x).reshape([b * t, d]);
+        let targets = targets.to_device(&h.device()).reshape([b * t]);
+        Ok(ops::head_loss(h, head.lm_head.weight.val(), targets))
     }
 }
 

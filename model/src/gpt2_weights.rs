@@ -427,6 +427,7 @@ mod tests {
             d_ff: 64,
             gelu: Gelu::Tanh,
             kernel: crate::BlockKernel::Composed,
+            ops: crate::OpSet::Native,
         }
     }
 

@@ -8,6 +8,7 @@
 //! non-f32 or strided tensors are read back through `into_data`, which they need anyway.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
@@ -35,12 +36,23 @@ pub(crate) enum HostF32 {
     Bytes(Vec<u8>),
 }
 
+/// Blocking read-backs from a device this process has made: every read of the model crate goes
+/// through [`read_data`] or [`read_scalar`]. On a GPU each one waits for the stream to drain.
+static READ_BACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many blocking read-backs from a device the model crate has made in this process (a
+/// step's count is the difference across it).
+pub fn read_backs() -> u64 {
+    READ_BACKS.load(Ordering::Relaxed)
+}
+
 /// `t`'s data, read back from its device: a device that failed (out of memory, a kernel that
 /// could not run) is an error naming `what`, where Burn's `into_data` would panic.
 pub(crate) fn read_data<const D: usize, K: Basic>(
     t: Tensor<D, K>,
     what: &str,
 ) -> Result<TensorData> {
+    READ_BACKS.fetch_add(1, Ordering::Relaxed);
     t.try_into_data()
         .map_err(|e| ModelError::ReadBack(format!("{what}: {e}")))
 }
@@ -50,6 +62,7 @@ pub(crate) fn read_scalar<E: Element, const D: usize, K: Basic>(
     t: Tensor<D, K>,
     what: &str,
 ) -> Result<E> {
+    READ_BACKS.fetch_add(1, Ordering::Relaxed);
     t.try_into_scalar::<E>()
         .map_err(|e| ModelError::ReadBack(format!("{what}: {e}")))
 }

@@ -4,7 +4,8 @@
 //! per parameter. A pipeline stage needs state keyed by (layer, parameter) so that it can be
 //! exported layer by layer, and clipping by the norm over *all* stages and replicas, which only
 //! the caller can compute. So this module drives Burn's [`AdamW`] through its per-tensor
-//! [`Optimizer::step`] and keeps the per-parameter [`AdamWState`] in visit order.
+//! [`Optimizer::step`] and keeps the per-parameter [`AdamWState`] in visit order; with the
+//! native operations the same arithmetic runs as one pass a parameter (`ops::adamw`).
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{AdamW, AdamWConfig, AdamWState, Optimizer};
@@ -12,6 +13,8 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
+use crate::ops::OpSet;
+use crate::ops::adamw::{self, AdamWStep};
 use crate::params::Leaf;
 
 /// Hyper-parameters of AdamW, the learning-rate schedule and clipping.
@@ -123,10 +126,32 @@ impl OptimizerConfig {
             .with_weight_decay(self.weight_decay)
     }
 
-    /// Burn's AdamW with these hyper-parameters.
-    pub(crate) fn adamw(&self) -> AdamW {
-        self.adamw_config().build()
+    /// One step's update at learning rate `lr` with gradients scaled by `scale`: AdamW as one
+    /// operation per parameter where `ops` is native and the device has it, else Burn's.
+    pub(crate) fn update(&self, lr: f64, scale: f32, ops: OpSet) -> LayerUpdate {
+        LayerUpdate {
+            adamw: self.adamw_config().build(),
+            lr,
+            scale,
+            fused: (ops == OpSet::Native).then_some(AdamWStep {
+                lr,
+                grad_scale: scale,
+                beta_1: self.beta_1,
+                beta_2: self.beta_2,
+                epsilon: self.epsilon,
+                weight_decay: self.weight_decay,
+            }),
+        }
     }
+}
+
+/// How one step updates each parameter.
+pub(crate) struct LayerUpdate {
+    adamw: AdamW,
+    lr: f64,
+    scale: f32,
+    /// The one-pass AdamW's settings, where it runs.
+    fused: Option<AdamWStep>,
 }
 
 /// AdamW state of one parameter (flattened): `None` before its first update.
@@ -134,9 +159,7 @@ pub(crate) type ParamState = Option<AdamWState<1>>;
 
 /// Applies one AdamW update to every parameter of a layer that has a gradient.
 struct StepMapper<'a> {
-    adamw: &'a AdamW,
-    lr: f64,
-    scale: f32,
+    update: &'a LayerUpdate,
     grads: std::vec::IntoIter<Option<Tensor<1>>>,
     states: std::slice::IterMut<'a, ParamState>,
 }
@@ -150,31 +173,38 @@ impl ModuleMapper for StepMapper<'_> {
         let leaf = Leaf::of(&tensor);
         let dims = tensor.dims();
         let flat = tensor.inner().reshape([dims.iter().product::<usize>()]);
-        let grad = if self.scale == 1.0 {
-            grad
-        } else {
-            grad.mul_scalar(self.scale)
+        let u = self.update;
+        let updated = match u.fused {
+            Some(h) if adamw::fits(&flat, &grad, state.as_ref()) => {
+                let (updated, new_state) = adamw::step(flat, &grad, state.take(), h);
+                *state = Some(new_state);
+                updated
+            }
+            _ => {
+                let grad = if u.scale == 1.0 {
+                    grad
+                } else {
+                    grad.mul_scalar(u.scale)
+                };
+                let (updated, new_state) = u.adamw.step(u.lr, flat, grad, state.take());
+                *state = new_state;
+                updated
+            }
         };
-        let (updated, new_state) = self.adamw.step(self.lr, flat, grad, state.take());
-        *state = new_state;
         Param::from_mapped_value(id, leaf.wrap(updated.reshape(dims)), mapper)
     }
 }
 
-/// `layer` after one AdamW step with `grads` (visit order, flattened) scaled by `scale`;
-/// `states` holds the layer's per-parameter states and is updated in place.
+/// `layer` after one AdamW step `update` with `grads` (visit order, flattened); `states` holds
+/// the layer's per-parameter states and is updated in place.
 pub(crate) fn step_layer<L: Module>(
-    adamw: &AdamW,
-    lr: f64,
-    scale: f32,
+    update: &LayerUpdate,
     layer: L,
     grads: Vec<Option<Tensor<1>>>,
     states: &mut [ParamState],
 ) -> L {
     layer.map(&mut StepMapper {
-        adamw,
-        lr,
-        scale,
+        update,
         grads: grads.into_iter(),
         states: states.iter_mut(),
     })

@@ -122,6 +122,21 @@ pub trait PipelineModel: Send + Sync + 'static {
     /// mean over examples (so that micro-batch losses average to the batch loss).
     fn loss(&self, output: Activation, targets: &Activation) -> Result<Tensor<1>>;
 
+    /// The loss of the last layer, `index`, run on `input`: [`PipelineModel::loss`] of its
+    /// [`PipelineModel::forward`] unless the model has a cheaper way to the same value (a
+    /// language model's head fused with its loss keeps no logits for the backward). Training
+    /// calls this; inference and evaluation call `forward` and `loss`.
+    fn forward_loss(
+        &self,
+        index: usize,
+        layer: &Self::Layer,
+        input: Activation,
+        targets: &Activation,
+        rng: &mut StageRng,
+    ) -> Result<Tensor<1>> {
+        self.loss(self.forward(index, layer, input, rng)?, targets)
+    }
+
     /// A 64-bit fingerprint of [`PipelineModel::architecture`], stored in every state buffer.
     fn fingerprint(&self) -> u64 {
         let digest = Sha256::digest(self.architecture().as_bytes());

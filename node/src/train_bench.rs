@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use parcae_model::{
-    Batch, Dataset, Gpt, OptimizerConfig, Pipeline, PipelineModel, Sampler, StageConfig,
+    Batch, Dataset, Gpt, OpSet, OptimizerConfig, Pipeline, PipelineModel, Sampler, StageConfig,
     SyntheticTask, TokenDtype, TokenFileDataset, median, token_batch,
 };
 use parcae_strategies::cost::profile::MemorySource;
@@ -44,6 +44,10 @@ pub struct TrainBenchOptions {
     /// The model, as `[train] model` names it.
     #[arg(long, default_value = "gpt2-124m")]
     pub model: ModelPreset,
+    /// The stage's operations: `native` (attention, layer norm, GELU and the head's loss with
+    /// their own backward, where the device has them) or `reference` (Burn's composition).
+    #[arg(long, default_value = "native")]
+    pub ops: OpSet,
     /// Samples per micro-batch.
     #[arg(long, default_value_t = 8)]
     pub micro_batch: u32,
@@ -83,6 +87,8 @@ pub struct TrainBench {
     pub precision: String,
     /// Whether Burn's gradient checkpointing recomputed activations.
     pub gradient_checkpointing: bool,
+    /// The stage's operations (`native` or `reference`).
+    pub ops: String,
     /// Samples per micro-batch.
     pub micro_batch: u32,
     /// Samples per step.
@@ -141,9 +147,11 @@ impl TrainBenchOptions {
 }
 
 /// GPT-2's AdamW settings at the full learning rate from the first step (a warm-up would leave a
-/// short bench nothing to learn), decaying over the bench's steps.
-fn stage_config(steps: u32) -> StageConfig {
+/// short bench nothing to learn), decaying over the bench's steps; the optimizer's operations
+/// as the model's.
+fn stage_config(steps: u32, ops: OpSet) -> StageConfig {
     StageConfig {
+        ops,
         optimizer: OptimizerConfig {
             warmup_steps: 0,
             total_steps: u64::from(steps),
@@ -160,6 +168,7 @@ pub fn train_bench(opts: &TrainBenchOptions) -> anyhow::Result<TrainBench> {
     let device = burn_device(opts.device, opts.gradient_checkpointing)?;
     let card = Card::of(opts.device)?;
     let mut gpt = opts.model.gpt();
+    gpt.ops = opts.ops;
     if let Some(seq_len) = opts.seq_len {
         gpt.seq_len = seq_len;
     }
@@ -186,7 +195,13 @@ pub fn train_bench(opts: &TrainBenchOptions) -> anyhow::Result<TrainBench> {
     let params = model.num_params() as u64;
     let whole = 0..n;
     let stages = std::slice::from_ref(&whole);
-    let mut pipeline = Pipeline::new(model, stages, SEED, &device, stage_config(opts.steps))?;
+    let mut pipeline = Pipeline::new(
+        model,
+        stages,
+        SEED,
+        &device,
+        stage_config(opts.steps, opts.ops),
+    )?;
     let (mb, per_step) = (opts.micro_batch, opts.global_batch / opts.micro_batch);
     let (mut losses, mut step_s) = (Vec::new(), Vec::new());
     let mut cold_start_s = 0.0;
@@ -220,6 +235,7 @@ pub fn train_bench(opts: &TrainBenchOptions) -> anyhow::Result<TrainBench> {
         device: card.name,
         precision: "f32".into(),
         gradient_checkpointing: opts.gradient_checkpointing,
+        ops: opts.ops.name().into(),
         micro_batch: mb,
         global_batch: opts.global_batch,
         seq_len: gpt.seq_len,
@@ -251,6 +267,7 @@ mod tests {
             device: "cpu".parse().unwrap(),
             gradient_checkpointing: false,
             model: ModelPreset::Tiny,
+            ops: OpSet::Native,
             micro_batch: 4,
             global_batch: 8,
             steps: 6,
@@ -294,6 +311,27 @@ mod tests {
                 "{:?} vs {:?}",
                 kept.losses,
                 recomputed.losses
+            );
+        }
+    }
+
+    #[test]
+    fn native_and_reference_operations_train_the_same_losses() {
+        let dir = tempfile::tempdir().unwrap();
+        let native = train_bench(&tiny(dir.path().join("native.json"))).unwrap();
+        let mut opts = tiny(dir.path().join("reference.json"));
+        opts.ops = OpSet::Reference;
+        let reference = train_bench(&opts).unwrap();
+        assert_eq!(
+            (native.ops.as_str(), reference.ops.as_str()),
+            ("native", "reference")
+        );
+        for (a, b) in native.losses.iter().zip(&reference.losses) {
+            assert!(
+                (a - b).abs() <= 1e-4,
+                "{:?} vs {:?}",
+                native.losses,
+                reference.losses
             );
         }
     }

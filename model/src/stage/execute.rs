@@ -240,12 +240,20 @@ fn lane_forward<M: PipelineModel>(
     let examples = input.batch_size();
     let input = if first { input } else { input.into_leaf() };
     let mut x = input.clone();
-    for (k, (layer, rng)) in layers.iter().zip(rngs.iter_mut()).enumerate() {
+    // With targets the last layer runs into the loss (`forward_loss`).
+    let through = layers.len().saturating_sub(usize::from(targets.is_some()));
+    for (k, (layer, rng)) in layers[..through].iter().zip(rngs.iter_mut()).enumerate() {
         x = model.forward(start + k, layer, x, rng)?;
     }
     let (produced, output) = match targets {
         Some(targets) => {
-            let loss = model.loss(x, &targets)?;
+            let (k, last) = (through, layers.get(through));
+            let (Some(layer), Some(rng)) = (last, rngs.get_mut(k)) else {
+                return Err(ModelError::InvalidConfig(
+                    "a stage of no layers has no loss".into(),
+                ));
+            };
+            let loss = model.forward_loss(start + k, layer, x, &targets, rng)?;
             let value = read_scalar::<f32, 1, Float>(loss.clone(), "loss")?;
             if !value.is_finite() {
                 return Err(ModelError::NotFinite("loss"));

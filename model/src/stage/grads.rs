@@ -33,15 +33,17 @@ impl<M: PipelineModel> Stage<M> {
 
     /// The squared L2 norm of this stage's accumulated gradients. Sum it over all stages of a
     /// pipeline (after the data-parallel reduction) and pass it to [`Stage::optimizer_step`].
+    /// Summed on the device (each lane its layers') and read back once.
     pub fn grad_sq_norm(&self) -> Result<f64> {
         let grads: Vec<Tensor<1>> = self.grads.iter().flatten().flatten().cloned().collect();
-        self.per_layer_lanes()
-            .map(grads, |g| {
-                read_scalar::<f32, 1, Float>(g.square().sum(), "gradient norm")
-            })
-            .into_iter()
-            .map(|norm| norm.map(f64::from))
-            .sum()
+        let sums = self.per_layer_lanes().map(grads, |g| g.square().sum());
+        match sums.into_iter().reduce(|a, b| a + b) {
+            Some(total) => Ok(f64::from(read_scalar::<f32, 1, Float>(
+                total,
+                "gradient norm",
+            )?)),
+            None => Ok(0.0),
+        }
     }
 
     /// The accumulated gradients as one little-endian f32 buffer, layer by layer, parameters in

@@ -29,6 +29,7 @@ use crate::activation::Activation;
 use crate::error::{ModelError, Result};
 use crate::host::read_data;
 use crate::lanes::{DEFAULT_LANE_MIN_FLOPS, Lanes, default_lanes};
+use crate::ops::OpSet;
 use crate::optim::{OptimizerConfig, ParamState};
 use crate::params::{ParamInfo, param_infos, param_values};
 use crate::pipeline_model::PipelineModel;
@@ -52,6 +53,9 @@ pub enum WireOutput {
 pub struct StageConfig {
     /// AdamW, schedule and clipping.
     pub optimizer: OptimizerConfig,
+    /// The stage's own operations (the optimizer's update): native (AdamW in one pass a
+    /// parameter, where the device has it) or Burn's. The model's are its own configuration's.
+    pub ops: OpSet,
     /// Element type of activations and gradients this stage sends.
     pub wire_dtype: WireDType,
     /// Bounds on what this stage accepts from the wire.
@@ -72,6 +76,7 @@ impl Default for StageConfig {
     fn default() -> Self {
         Self {
             optimizer: OptimizerConfig::default(),
+            ops: OpSet::Native,
             wire_dtype: WireDType::default(),
             wire_limits: WireLimits::default(),
             lanes: default_lanes(),

@@ -20,7 +20,7 @@ impl<M: PipelineModel> Stage<M> {
         let opt = &self.config.optimizer;
         let clip_scale = opt.clip_scale(global_sq_norm)?;
         let lr = opt.lr_at(self.step);
-        let adamw = opt.adamw();
+        let update = opt.update(lr, clip_scale, self.config.ops);
         let fresh: Vec<_> = self.infos.iter().map(|i| vec![None; i.len()]).collect();
         let work: Vec<_> = std::mem::take(&mut self.layers)
             .into_iter()
@@ -31,7 +31,7 @@ impl<M: PipelineModel> Stage<M> {
         (self.layers, self.states) = self
             .per_layer_lanes()
             .map(work, |((layer, grads), mut states)| {
-                let layer = step_layer(&adamw, lr, clip_scale, layer, grads, &mut states);
+                let layer = step_layer(&update, layer, grads, &mut states);
                 (layer, states)
             })
             .into_iter()

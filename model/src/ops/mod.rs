@@ -1,0 +1,226 @@
+//! The stage's heavy operations with their own backward: causal attention (FlashAttention-2's
+//! arithmetic), layer norm, GELU, and the language-model head fused with its loss; and AdamW as
+//! one pass a parameter (`adamw`).
+//!
+//! Each is one Burn backend-extension operation (`#[backend_extension]`): on the inner backend
+//! it is the forward alone, written in Burn's tensor operations over that backend's primitives;
+//! on the autodiff backend it records one graph node that keeps only what its hand-written
+//! backward reads (see each module), where Burn's composition keeps every intermediate (the
+//! attention's scores and probabilities, the logits). [`OpSet::Reference`] is that composition,
+//! kept as the oracle the tests hold these operations to.
+//!
+//! The extension is routed for Flex (with and without autodiff); on another device the model
+//! runs the reference composition ([`supports`]).
+
+pub(crate) mod adamw;
+mod attention;
+mod autodiff;
+mod gelu;
+mod head_loss;
+mod norm;
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{
+    Backend, Dispatch, DispatchDevice, DispatchKindConversion, DispatchTensor, Flex,
+    backend_extension,
+};
+use burn::config::Config;
+use burn::tensor::{DType, Int, Tensor};
+
+/// Which operations a model's stage runs: the same arithmetic and parameters either way.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum OpSet {
+    /// Burn's composed operations (each keeping its inputs for the backward): the oracle.
+    Reference,
+    /// This module's operations with their own backward, where the device supports them.
+    Native,
+}
+
+impl std::str::FromStr for OpSet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "reference" => Ok(Self::Reference),
+            "native" => Ok(Self::Native),
+            other => Err(format!(
+                "operations {other:?}: expected reference or native"
+            )),
+        }
+    }
+}
+
+impl OpSet {
+    /// The name [`OpSet::from_str`](std::str::FromStr) takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Reference => "reference",
+            Self::Native => "native",
+        }
+    }
+}
+
+/// The operations as a backend extension.
+#[backend_extension(Flex, Autodiff)]
+pub trait StageOps: Backend {
+    /// Causal attention of `q`, `k`, `v` `[batch, heads, seq, dh]`, query rows in blocks of
+    /// `block`.
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        block: usize,
+    ) -> FloatTensor<Self>;
+
+    /// Layer norm of `x` `[rows, d]` with `gamma` and `beta` `[d]`.
+    fn layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self>;
+
+    /// GELU of `x` `[n]`: the tanh approximation when `tanh`, else the erf form.
+    fn gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
+
+    /// The mean cross-entropy `[1]` of the head `weight` `[d, vocab]` applied to `h`
+    /// `[rows, d]` against `targets` `[rows]`, rows in blocks of `block`.
+    fn head_loss(
+        h: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        block: usize,
+    ) -> FloatTensor<Self>;
+}
+
+/// A primitive of backend `B` as a Burn tensor on `B` (no autodiff): the operations' arithmetic
+/// is written in Burn's tensor API whatever the backend.
+fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<D>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    Tensor::from_primitive::<B>(t)
+}
+
+fn int_tensor<B: Backend, const D: usize>(t: IntTensor<B>) -> Tensor<D, Int>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    Tensor::from_primitive::<B>(t)
+}
+
+/// The inverse of [`tensor`]: an operation on `B`'s tensors stays on `B`.
+fn primitive<B: Backend, const D: usize>(t: Tensor<D>) -> FloatTensor<B>
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    match t.try_into_primitive::<B>() {
+        Ok(p) => p,
+        Err(e) => unreachable!("a tensor computed from one backend's inputs left it: {e:?}"),
+    }
+}
+
+impl StageOps for Flex {
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        block: usize,
+    ) -> FloatTensor<Self> {
+        let (o, _) = attention::forward(
+            tensor::<Self, 4>(q),
+            tensor::<Self, 4>(k),
+            tensor::<Self, 4>(v),
+            block,
+        );
+        primitive::<Self, 4>(o)
+    }
+
+    fn layer_norm(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        let (y, _, _) = norm::forward(
+            tensor::<Self, 2>(x),
+            tensor::<Self, 1>(gamma),
+            tensor::<Self, 1>(beta),
+            epsilon,
+        );
+        primitive::<Self, 2>(y)
+    }
+
+    fn gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self> {
+        primitive::<Self, 1>(gelu::forward(tensor::<Self, 1>(x), tanh))
+    }
+
+    fn head_loss(
+        h: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        block: usize,
+    ) -> FloatTensor<Self> {
+        let (loss, _) = head_loss::forward(
+            &tensor::<Self, 2>(h),
+            &tensor::<Self, 2>(weight),
+            &int_tensor::<Self, 1>(targets),
+            block,
+        );
+        primitive::<Self, 1>(loss)
+    }
+}
+
+/// Whether the native operations run on `x`'s device: `f32` on Flex, with or without autodiff.
+pub(crate) fn supports<const D: usize>(x: &Tensor<D>) -> bool {
+    x.dtype() == DType::F32 && matches!(x.device().inner().as_dispatch(), DispatchDevice::Flex(_))
+}
+
+/// Causal multi-head attention of `q`, `k`, `v` `[batch, heads, seq, dh]`.
+pub(crate) fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as StageOps>::causal_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        attention::QUERY_BLOCK,
+    ))
+}
+
+/// Layer norm over the last dimension of `x` `[batch, seq, d]`.
+pub(crate) fn layer_norm(
+    x: Tensor<3>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    epsilon: f64,
+) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let y = <Dispatch as StageOps>::layer_norm(
+        x.reshape([b * t, d]).into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        epsilon,
+    );
+    Tensor::<2>::from_dispatch(y).reshape([b, t, d])
+}
+
+/// GELU of `x` (the tanh approximation when `tanh`).
+pub(crate) fn gelu<const D: usize>(x: Tensor<D>, tanh: bool) -> Tensor<D> {
+    let dims = x.dims();
+    let flat = x.reshape([dims.iter().product::<usize>()]);
+    let y = <Dispatch as StageOps>::gelu(flat.into_dispatch(), tanh);
+    Tensor::<1>::from_dispatch(y).reshape(dims)
+}
+
+/// The mean cross-entropy of the head `weight` `[d, vocab]` on `h` `[rows >= 1, d]` against
+/// `targets` `[rows]`.
+pub(crate) fn head_loss(h: Tensor<2>, weight: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    Tensor::from_dispatch(<Dispatch as StageOps>::head_loss(
+        h.into_dispatch(),
+        weight.into_dispatch(),
+        targets.into_dispatch(),
+        head_loss::ROW_BLOCK,
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,48 @@
+//! Blocking read-backs in a training step, counted (`parcae_model::read_backs`). On a GPU each
+//! one drains the stream; the gradient norm, read once per parameter before, is one.
+//!
+//! Its own test binary: the counter is the process's, and no other test may read meanwhile.
+
+use std::sync::Arc;
+
+use burn::tensor::Device;
+use parcae_model::{
+    Dataset, Gpt, GptConfig, Pipeline, PipelineModel, Sampler, StageConfig, SyntheticTask,
+    read_backs, token_batch,
+};
+
+#[test]
+fn a_step_reads_back_its_losses_and_token_ranges_and_the_gradient_norm_once() {
+    let device = Device::flex().autodiff();
+    let config = GptConfig::tiny();
+    let model = Arc::new(Gpt::new(config.clone()).unwrap());
+    let whole = 0..model.num_layers();
+    let stages = std::slice::from_ref(&whole);
+    let mut pipe = Pipeline::new(model, stages, 3, &device, StageConfig::default()).unwrap();
+    let task = SyntheticTask::default_for(1, config.vocab_size, config.seq_len).unwrap();
+    let sampler = Sampler::new(2, task.len()).unwrap();
+    let micro = 3;
+    let batches: Vec<_> = (0..micro)
+        .map(|k| token_batch(&task, &sampler, k * 4, 4, &device).unwrap())
+        .collect();
+
+    let before = read_backs();
+    pipe.forward_backward(&batches).unwrap();
+    let forward_backward = read_backs() - before;
+    // Each micro-batch: the smallest and largest input token (the embedding checks its ids),
+    // the same of its targets (the loss checks them), and its loss (checked finite, reported).
+    assert_eq!(forward_backward, 5 * micro);
+
+    let before = read_backs();
+    let norm = pipe.grad_sq_norm().unwrap();
+    assert_eq!(
+        read_backs() - before,
+        1,
+        "the gradient norm is one read-back"
+    );
+    assert!(norm.is_finite() && norm > 0.0);
+
+    let before = read_backs();
+    pipe.optimizer_step(norm).unwrap();
+    assert_eq!(read_backs() - before, 0, "AdamW reads nothing back");
+}
