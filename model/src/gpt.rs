@@ -293,17 +293,30 @@ impl Gpt {
         self.config.ops == OpSet::Native && ops::supports(x)
     }
 
-    /// `norm` applied to `x`: the native layer norm where it runs (every GPT layer norm has a
-    /// bias and Burn's default epsilon).
+    /// `norm` applied to `x`: the native layer norm where it runs.
     fn norm(&self, norm: &LayerNorm, x: Tensor<3>) -> Tensor<3> {
-        match &norm.beta {
-            Some(beta) if self.native(&x) => ops::layer_norm(
-                x,
-                norm.gamma.val(),
-                beta.val(),
-                f64::from(LAYER_NORM_EPSILON),
-            ),
+        match native_norm(norm) {
+            Some(n) if self.native(&x) => ops::layer_norm(x, n),
             _ => norm.forward(x),
+        }
+    }
+
+    /// `linear(norm(x))`: one native operation where it runs (the norm's output is not kept).
+    fn norm_linear(&self, norm: &LayerNorm, linear: &Linear, x: Tensor<3>) -> Tensor<3> {
+        match (native_norm(norm), affine(linear)) {
+            (Some(n), Some(a)) if self.native(&x) => ops::norm_linear(x, n, a),
+            _ => linear.forward(self.norm(norm, x)),
+        }
+    }
+
+    /// `linear(gelu(x))` with the model's GELU: one native operation where it runs (the GELU's
+    /// output is not kept).
+    fn gelu_linear(&self, linear: &Linear, x: Tensor<3>) -> Tensor<3> {
+        let tanh = self.config.gelu == Gelu::Tanh;
+        match affine(linear) {
+            Some(a) if self.native(&x) => ops::gelu_linear(x, tanh, a),
+            _ if tanh => linear.forward(gelu_approximate(x)),
+            _ => linear.forward(gelu(x)),
         }
     }
 
@@ -314,11 +327,10 @@ impl Gpt {
         {
             return fused_block::block(params, x, self.config.n_heads, self.config.gelu);
         }
-        let native = self.native(&x);
         let [b, t, d] = x.dims();
         let h = self.config.n_heads;
         let dh = d / h;
-        let qkv = layer.qkv.forward(self.norm(&layer.ln_attn, x.clone()));
+        let qkv = self.norm_linear(&layer.ln_attn, &layer.qkv, x.clone());
         let heads = |i: usize| {
             qkv.clone()
                 .narrow(2, i * d, d)
@@ -326,23 +338,19 @@ impl Gpt {
                 .swap_dims(1, 2)
         };
         let (q, k, v) = (heads(0), heads(1), heads(2));
-        let attn = if native {
+        let attn = if self.native(&x) {
             ops::causal_attention(q, k, v)
         } else {
             let scores = q.matmul(k.transpose()).div_scalar((dh as f64).sqrt());
             let scores = scores.mask_fill(causal_mask(t, &x.device()).expand([b, h, t, t]), -1e9);
-            softmax(scores, 3).matmul(v)
+            softmax(scores, 3)
+                .matmul(v)
+                .swap_dims(1, 2)
+                .reshape([b, t, d])
         };
-        let attn = attn.swap_dims(1, 2).reshape([b, t, d]);
         let x = x + layer.proj.forward(attn);
-        let hidden = layer.fc_in.forward(self.norm(&layer.ln_mlp, x.clone()));
-        let tanh = self.config.gelu == Gelu::Tanh;
-        let hidden = match (native, tanh) {
-            (true, _) => ops::gelu(hidden, tanh),
-            (false, false) => gelu(hidden),
-            (false, true) => gelu_approximate(hidden),
-        };
-        x + layer.fc_out.forward(hidden)
+        let hidden = self.norm_linear(&layer.ln_mlp, &layer.fc_in, x.clone());
+        x + self.gelu_linear(&layer.fc_out, hidden)
     }
 
     /// The targets of a loss over `[b, t]` positions, checked.
@@ -358,6 +366,24 @@ impl Gpt {
         }
         Ok(targets)
     }
+}
+
+/// A layer norm's parameters for the native operations, where it has a shift (every GPT layer
+/// norm has one, and Burn's default epsilon).
+fn native_norm(norm: &LayerNorm) -> Option<ops::Norm> {
+    Some(ops::Norm {
+        gamma: norm.gamma.val(),
+        beta: norm.beta.as_ref()?.val(),
+        epsilon: f64::from(LAYER_NORM_EPSILON),
+    })
+}
+
+/// A linear layer's parameters for the native operations, where it has a bias.
+fn affine(linear: &Linear) -> Option<ops::Affine> {
+    Some(ops::Affine {
+        weight: linear.weight.val(),
+        bias: linear.bias.as_ref()?.val(),
+    })
 }
 
 /// `true` above the diagonal: the positions a query must not attend to.

@@ -37,14 +37,29 @@ fn scale(dh: usize) -> f64 {
     1.0 / (dh as f64).sqrt()
 }
 
-/// The output `[batch, heads, seq, dh]` and each row's log-sum-exp `[batch, heads, seq, 1]` of
-/// causal attention over `q`, `k`, `v` (`[batch, heads, seq, dh]` each).
+/// `[batch, heads, seq, dh]` as `[batch, seq, heads * dh]`: the heads side by side, as the
+/// projection after attention reads them.
+fn merge(x: Tensor<4>) -> Tensor<3> {
+    let [b, h, t, dh] = x.dims();
+    x.swap_dims(1, 2).reshape([b, t, h * dh])
+}
+
+/// The inverse of [`merge`] for `heads` heads (a view).
+fn split(x: Tensor<3>, heads: usize) -> Tensor<4> {
+    let [b, t, d] = x.dims();
+    x.reshape([b, t, heads, d / heads]).swap_dims(1, 2)
+}
+
+/// The output `[batch, seq, heads * dh]` (heads merged: the one copy both this operation's
+/// backward and the projection after it keep) and each row's log-sum-exp
+/// `[batch, heads, seq, 1]` of causal attention over `q`, `k`, `v` (`[batch, heads, seq, dh]`
+/// each).
 pub(crate) fn forward(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
     block: usize,
-) -> (Tensor<4>, Tensor<4>) {
+) -> (Tensor<3>, Tensor<4>) {
     let [b, h, t, dh] = q.dims();
     let scale = scale(dh);
     let (mut outs, mut lses) = (Vec::new(), Vec::new());
@@ -58,7 +73,7 @@ pub(crate) fn forward(
         outs.push(p.matmul(vc).div(l.clone()));
         lses.push(m + l.log());
     }
-    (Tensor::cat(outs, 2), Tensor::cat(lses, 2))
+    (merge(Tensor::cat(outs, 2)), Tensor::cat(lses, 2))
 }
 
 /// What the backward reads: the forward's inputs, output and log-sum-exps.
@@ -67,13 +82,14 @@ pub(crate) struct Saved {
     pub q: Tensor<4>,
     pub k: Tensor<4>,
     pub v: Tensor<4>,
-    pub o: Tensor<4>,
+    /// The output, heads merged.
+    pub o: Tensor<3>,
     pub lse: Tensor<4>,
     pub block: usize,
 }
 
-/// The gradients of `q`, `k` and `v` given the output's gradient `d_o`.
-pub(crate) fn backward(s: Saved, d_o: Tensor<4>) -> [Tensor<4>; 3] {
+/// The gradients of `q`, `k` and `v` given the output's gradient `d_o` (heads merged).
+pub(crate) fn backward(s: Saved, d_o: Tensor<3>) -> [Tensor<4>; 3] {
     let Saved {
         q,
         k,
@@ -85,7 +101,11 @@ pub(crate) fn backward(s: Saved, d_o: Tensor<4>) -> [Tensor<4>; 3] {
     let [b, h, t, dh] = q.dims();
     let scale = scale(dh);
     // FlashAttention-2's D: rowsum(dO * O), the softmax backward's correction for every row.
-    let delta = (d_o.clone() * o).sum_dim(3);
+    let delta = (d_o.clone() * o)
+        .reshape([b, t, h, dh])
+        .sum_dim(3)
+        .swap_dims(1, 2);
+    let d_o = split(d_o, h);
     let rows =
         |x: &Tensor<4>, (r0, r1): (usize, usize)| x.clone().slice([0..b, 0..h, r0..r1, 0..dh]);
     let column =

@@ -10,7 +10,9 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Backend, DispatchKindConversion, DispatchTensor};
 use burn::tensor::Tensor;
 
-use super::{StageOps, attention, gelu, head_loss, int_tensor, norm, primitive, tensor};
+use super::{
+    StageOps, attention, gelu_linear, head_loss, int_tensor, norm, norm_linear, primitive, tensor,
+};
 
 /// Registers each tracked parent's gradient.
 fn register<B: Backend, const N: usize, const D: usize>(
@@ -44,7 +46,7 @@ where
     type State = attention::Saved;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_o = tensor::<B, 4>(grads.consume::<B>(&ops.node));
+        let d_o = tensor::<B, 3>(grads.consume::<B>(&ops.node));
         let parents = parent_ids(&ops);
         let [dq, dk, dv] = attention::backward(ops.state, d_o);
         register::<B, 3, 4>(parents, grads, [Some(dq), Some(dk), Some(dv)]);
@@ -70,26 +72,42 @@ where
 }
 
 #[derive(Debug)]
-struct GeluBackward;
+struct NormLinearBackward;
 
-/// What the GELU backward reads: the input and which form.
-#[derive(Debug, Clone)]
-struct GeluSaved {
-    x: Tensor<1>,
-    tanh: bool,
-}
-
-impl<B: Backend> Backward<B, 1> for GeluBackward
+impl<B: Backend> Backward<B, 5> for NormLinearBackward
 where
     DispatchTensor: DispatchKindConversion<B>,
 {
-    type State = GeluSaved;
+    type State = norm_linear::Saved;
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let dy = tensor::<B, 1>(grads.consume::<B>(&ops.node));
+    fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = tensor::<B, 2>(grads.consume::<B>(&ops.node));
         let parents = parent_ids(&ops);
-        let GeluSaved { x, tanh } = ops.state;
-        register::<B, 1, 1>(parents, grads, [Some(gelu::backward(x, tanh, dy))]);
+        let (dx, d_gamma, d_beta, d_w, d_b) = norm_linear::backward(ops.state, dy);
+        register::<B, 5, 2>(parents, grads, [Some(dx), None, None, Some(d_w), None]);
+        register::<B, 5, 1>(
+            parents,
+            grads,
+            [None, Some(d_gamma), Some(d_beta), None, Some(d_b)],
+        );
+    }
+}
+
+#[derive(Debug)]
+struct GeluLinearBackward;
+
+impl<B: Backend> Backward<B, 3> for GeluLinearBackward
+where
+    DispatchTensor: DispatchKindConversion<B>,
+{
+    type State = gelu_linear::Saved;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = tensor::<B, 2>(grads.consume::<B>(&ops.node));
+        let parents = parent_ids(&ops);
+        let (dx, d_w, d_b) = gelu_linear::backward(ops.state, dy);
+        register::<B, 3, 2>(parents, grads, [Some(dx), Some(d_w), None]);
+        register::<B, 3, 1>(parents, grads, [None, None, Some(d_b)]);
     }
 }
 
@@ -125,7 +143,7 @@ where
         let nodes = [q.node(), k.node(), v.node()];
         let [q, k, v] = [q, k, v].map(|t| tensor::<B, 4>(t.into_primitive()));
         let (o, lse) = attention::forward(q.clone(), k.clone(), v.clone(), block);
-        let out = primitive::<B, 4>(o.clone());
+        let out = primitive::<B, 3>(o.clone());
         match AttentionBackward
             .prepare::<C>(nodes)
             .compute_bound()
@@ -176,12 +194,74 @@ where
         }
     }
 
-    fn gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self> {
-        let nodes = [x.node()];
-        let x = tensor::<B, 1>(x.into_primitive());
-        let out = primitive::<B, 1>(gelu::forward(x.clone(), tanh));
-        match GeluBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish(GeluSaved { x, tanh }, out),
+    fn norm_linear(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        let nodes = [
+            x.node(),
+            gamma.node(),
+            beta.node(),
+            weight.node(),
+            bias.node(),
+        ];
+        let x = tensor::<B, 2>(x.into_primitive());
+        let gamma = tensor::<B, 1>(gamma.into_primitive());
+        let beta = tensor::<B, 1>(beta.into_primitive());
+        let w = tensor::<B, 2>(weight.into_primitive());
+        let b = tensor::<B, 1>(bias.into_primitive());
+        let (y, mean, rstd) = norm_linear::forward(
+            x.clone(),
+            gamma.clone(),
+            beta.clone(),
+            w.clone(),
+            b,
+            epsilon,
+        );
+        let out = primitive::<B, 2>(y);
+        match NormLinearBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                norm_linear::Saved {
+                    norm: norm::Saved {
+                        x,
+                        gamma,
+                        mean,
+                        rstd,
+                    },
+                    beta,
+                    w,
+                },
+                out,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn gelu_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        tanh: bool,
+    ) -> FloatTensor<Self> {
+        let nodes = [x.node(), weight.node(), bias.node()];
+        let x = tensor::<B, 2>(x.into_primitive());
+        let w = tensor::<B, 2>(weight.into_primitive());
+        let b = tensor::<B, 1>(bias.into_primitive());
+        let out = primitive::<B, 2>(gelu_linear::forward(x.clone(), tanh, w.clone(), b));
+        match GeluLinearBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(gelu_linear::Saved { x, tanh, w }, out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }

@@ -1,6 +1,7 @@
 //! The stage's heavy operations with their own backward: causal attention (FlashAttention-2's
-//! arithmetic), layer norm, GELU, and the language-model head fused with its loss; and AdamW as
-//! one pass a parameter (`adamw`).
+//! arithmetic), layer norm (alone, and into the linear layer after it), GELU into the linear
+//! layer after it, and the language-model head fused with its loss; and AdamW as one pass a
+//! parameter (`adamw`).
 //!
 //! Each is one Burn backend-extension operation (`#[backend_extension]`): on the inner backend
 //! it is the forward alone, written in Burn's tensor operations over that backend's primitives;
@@ -16,8 +17,10 @@ pub(crate) mod adamw;
 mod attention;
 mod autodiff;
 mod gelu;
+mod gelu_linear;
 mod head_loss;
 mod norm;
+mod norm_linear;
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{
@@ -64,7 +67,7 @@ impl OpSet {
 #[backend_extension(Flex, Autodiff)]
 pub trait StageOps: Backend {
     /// Causal attention of `q`, `k`, `v` `[batch, heads, seq, dh]`, query rows in blocks of
-    /// `block`.
+    /// `block`: `[batch, seq, heads * dh]`, the heads merged.
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -80,8 +83,24 @@ pub trait StageOps: Backend {
         epsilon: f64,
     ) -> FloatTensor<Self>;
 
-    /// GELU of `x` `[n]`: the tanh approximation when `tanh`, else the erf form.
-    fn gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self>;
+    /// Layer norm of `x` `[rows, d]` into the linear layer `weight` `[d, out]`, `bias` `[out]`.
+    fn norm_linear(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self>;
+
+    /// GELU of `x` `[rows, f]` (the tanh approximation when `tanh`, else the erf form) into the
+    /// linear layer `weight` `[f, out]`, `bias` `[out]`.
+    fn gelu_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        tanh: bool,
+    ) -> FloatTensor<Self>;
 
     /// The mean cross-entropy `[1]` of the head `weight` `[d, vocab]` applied to `h`
     /// `[rows, d]` against `targets` `[rows]`, rows in blocks of `block`.
@@ -133,7 +152,7 @@ impl StageOps for Flex {
             tensor::<Self, 4>(v),
             block,
         );
-        primitive::<Self, 4>(o)
+        primitive::<Self, 3>(o)
     }
 
     fn layer_norm(
@@ -151,8 +170,37 @@ impl StageOps for Flex {
         primitive::<Self, 2>(y)
     }
 
-    fn gelu(x: FloatTensor<Self>, tanh: bool) -> FloatTensor<Self> {
-        primitive::<Self, 1>(gelu::forward(tensor::<Self, 1>(x), tanh))
+    fn norm_linear(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        let (y, _, _) = norm_linear::forward(
+            tensor::<Self, 2>(x),
+            tensor::<Self, 1>(gamma),
+            tensor::<Self, 1>(beta),
+            tensor::<Self, 2>(weight),
+            tensor::<Self, 1>(bias),
+            epsilon,
+        );
+        primitive::<Self, 2>(y)
+    }
+
+    fn gelu_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        tanh: bool,
+    ) -> FloatTensor<Self> {
+        primitive::<Self, 2>(gelu_linear::forward(
+            tensor::<Self, 2>(x),
+            tanh,
+            tensor::<Self, 2>(weight),
+            tensor::<Self, 1>(bias),
+        ))
     }
 
     fn head_loss(
@@ -176,8 +224,9 @@ pub(crate) fn supports<const D: usize>(x: &Tensor<D>) -> bool {
     x.dtype() == DType::F32 && matches!(x.device().inner().as_dispatch(), DispatchDevice::Flex(_))
 }
 
-/// Causal multi-head attention of `q`, `k`, `v` `[batch, heads, seq, dh]`.
-pub(crate) fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+/// Causal multi-head attention of `q`, `k`, `v` `[batch, heads, seq, dh]`: `[batch, seq, d]`,
+/// the heads merged.
+pub(crate) fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<3> {
     Tensor::from_dispatch(<Dispatch as StageOps>::causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
@@ -186,29 +235,68 @@ pub(crate) fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tens
     ))
 }
 
-/// Layer norm over the last dimension of `x` `[batch, seq, d]`.
-pub(crate) fn layer_norm(
-    x: Tensor<3>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    epsilon: f64,
-) -> Tensor<3> {
-    let [b, t, d] = x.dims();
-    let y = <Dispatch as StageOps>::layer_norm(
-        x.reshape([b * t, d]).into_dispatch(),
-        gamma.into_dispatch(),
-        beta.into_dispatch(),
-        epsilon,
-    );
-    Tensor::<2>::from_dispatch(y).reshape([b, t, d])
+/// A layer norm's scale and shift, and the epsilon it adds to the variance.
+pub(crate) struct Norm {
+    pub gamma: Tensor<1>,
+    pub beta: Tensor<1>,
+    pub epsilon: f64,
 }
 
-/// GELU of `x` (the tanh approximation when `tanh`).
-pub(crate) fn gelu<const D: usize>(x: Tensor<D>, tanh: bool) -> Tensor<D> {
-    let dims = x.dims();
-    let flat = x.reshape([dims.iter().product::<usize>()]);
-    let y = <Dispatch as StageOps>::gelu(flat.into_dispatch(), tanh);
-    Tensor::<1>::from_dispatch(y).reshape(dims)
+/// A linear layer's weight `[in, out]` and bias `[out]`.
+pub(crate) struct Affine {
+    pub weight: Tensor<2>,
+    pub bias: Tensor<1>,
+}
+
+/// `[batch, seq, d]` as `[batch * seq, d]`, and the batch and sequence to restore.
+fn rows(x: Tensor<3>) -> (Tensor<2>, [usize; 2]) {
+    let [b, t, d] = x.dims();
+    (x.reshape([b * t, d]), [b, t])
+}
+
+fn unrows(y: DispatchTensor, [b, t]: [usize; 2]) -> Tensor<3> {
+    let y = Tensor::<2>::from_dispatch(y);
+    let out = y.dims()[1];
+    y.reshape([b, t, out])
+}
+
+/// Layer norm over the last dimension of `x` `[batch, seq, d]`.
+pub(crate) fn layer_norm(x: Tensor<3>, norm: Norm) -> Tensor<3> {
+    let (x, bt) = rows(x);
+    let y = <Dispatch as StageOps>::layer_norm(
+        x.into_dispatch(),
+        norm.gamma.into_dispatch(),
+        norm.beta.into_dispatch(),
+        norm.epsilon,
+    );
+    unrows(y, bt)
+}
+
+/// `norm` of `x` `[batch, seq, d]` into the linear layer `linear`.
+pub(crate) fn norm_linear(x: Tensor<3>, norm: Norm, linear: Affine) -> Tensor<3> {
+    let (x, bt) = rows(x);
+    let y = <Dispatch as StageOps>::norm_linear(
+        x.into_dispatch(),
+        norm.gamma.into_dispatch(),
+        norm.beta.into_dispatch(),
+        linear.weight.into_dispatch(),
+        linear.bias.into_dispatch(),
+        norm.epsilon,
+    );
+    unrows(y, bt)
+}
+
+/// GELU of `x` `[batch, seq, f]` (the tanh approximation when `tanh`) into the linear layer
+/// `linear`.
+pub(crate) fn gelu_linear(x: Tensor<3>, tanh: bool, linear: Affine) -> Tensor<3> {
+    let (x, bt) = rows(x);
+    let y = <Dispatch as StageOps>::gelu_linear(
+        x.into_dispatch(),
+        linear.weight.into_dispatch(),
+        linear.bias.into_dispatch(),
+        tanh,
+    );
+    unrows(y, bt)
 }
 
 /// The mean cross-entropy of the head `weight` `[d, vocab]` on `h` `[rows >= 1, d]` against

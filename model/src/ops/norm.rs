@@ -34,15 +34,17 @@ pub(crate) struct Saved {
     pub rstd: Tensor<2>,
 }
 
+impl Saved {
+    /// The normalised input `(x - mean) * rstd`, recomputed.
+    pub(crate) fn normalised(&self) -> Tensor<2> {
+        (self.x.clone() - self.mean.clone()) * self.rstd.clone()
+    }
+}
+
 /// The gradients of `x`, `gamma` and `beta` given the output's gradient `dy`.
 pub(crate) fn backward(s: Saved, dy: Tensor<2>) -> (Tensor<2>, Tensor<1>, Tensor<1>) {
-    let Saved {
-        x,
-        gamma,
-        mean,
-        rstd,
-    } = s;
-    let xhat = (x - mean) * rstd.clone();
+    let xhat = s.normalised();
+    let Saved { gamma, rstd, .. } = s;
     let d_beta = dy.clone().sum_dim(0).squeeze_dim::<1>(0);
     let d_gamma = (dy.clone() * xhat.clone()).sum_dim(0).squeeze_dim::<1>(0);
     let g = dy * gamma.unsqueeze::<2>();

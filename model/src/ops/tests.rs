@@ -59,7 +59,7 @@ fn leaf<const D: usize>(x: &Tensor<D>) -> Tensor<D> {
 }
 
 /// The reference: scores, mask, softmax, values (what `Gpt`'s composed block computes).
-fn reference_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+fn reference_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<3> {
     let [b, h, t, dh] = q.dims();
     let mask: Vec<bool> = (0..t * t).map(|i| i % t > i / t).collect();
     let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [t, t]), &q.device())
@@ -69,10 +69,13 @@ fn reference_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         .matmul(k.transpose())
         .div_scalar((dh as f64).sqrt())
         .mask_fill(mask, -1e9);
-    softmax(scores, 3).matmul(v)
+    softmax(scores, 3)
+        .matmul(v)
+        .swap_dims(1, 2)
+        .reshape([b, t, h * dh])
 }
 
-fn native_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, block: usize) -> Tensor<4> {
+fn native_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, block: usize) -> Tensor<3> {
     Tensor::from_dispatch(<Dispatch as StageOps>::causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
@@ -83,7 +86,9 @@ fn native_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, block: usize) -> T
 
 fn check_attention(dims: [usize; 4], block: usize) {
     for device in devices() {
-        let [q, k, v, w] = [0; 4].map(|_| random(dims, &device).detach());
+        let [q, k, v] = [0; 3].map(|_| random(dims, &device).detach());
+        let [b, h, t, dh] = dims;
+        let w = random([b, t, h * dh], &device).detach();
         let run = |native: bool| {
             let (q, k, v) = (leaf(&q), leaf(&k), leaf(&v));
             let o = if native {
@@ -153,26 +158,94 @@ fn check_layer_norm(rows: usize, d: usize) {
     }
 }
 
-fn check_gelu(n: usize, tanh: bool) {
+fn check_norm_linear(rows: usize, d: usize, out: usize) {
     for device in devices() {
-        let x = random([n], &device).mul_scalar(3.0).detach();
-        let w = random([n], &device).detach();
+        let x = random([rows, d], &device)
+            .mul_scalar(2.0)
+            .add_scalar(0.5)
+            .detach();
+        let [gamma, beta] = [0; 2].map(|_| random([d], &device).detach());
+        let w = random([d, out], &device).detach();
+        let bias = random([out], &device).detach();
+        let dy = random([rows, out], &device).detach();
         let run = |native: bool| {
-            let x = leaf(&x);
-            let y = match (native, tanh) {
-                (true, _) => Tensor::<1>::from_dispatch(<Dispatch as StageOps>::gelu(
+            let (x, gamma, beta, w, bias) =
+                (leaf(&x), leaf(&gamma), leaf(&beta), leaf(&w), leaf(&bias));
+            let y = if native {
+                Tensor::<2>::from_dispatch(<Dispatch as StageOps>::norm_linear(
                     x.clone().into_dispatch(),
-                    tanh,
-                )),
-                (false, true) => gelu_approximate(x.clone()),
-                (false, false) => burn_gelu(x.clone()),
+                    gamma.clone().into_dispatch(),
+                    beta.clone().into_dispatch(),
+                    w.clone().into_dispatch(),
+                    bias.clone().into_dispatch(),
+                    1e-5,
+                ))
+            } else {
+                layer_norm(x.clone(), gamma.clone(), Some(beta.clone()), 1e-5).matmul(w.clone())
+                    + bias.clone().unsqueeze::<2>()
             };
-            let grads = (y.clone() * w.clone()).sum().backward();
-            (y.detach(), x.grad(&grads).unwrap())
+            let grads = (y.clone() * dy.clone()).sum().backward();
+            let g1 = |t: &Tensor<1>| t.grad(&grads).unwrap();
+            let g2 = |t: &Tensor<2>| t.grad(&grads).unwrap();
+            (y.detach(), g2(&x), g1(&gamma), g1(&beta), g2(&w), g1(&bias))
         };
         let (r, n) = (run(false), run(true));
-        assert_close(&format!("gelu tanh={tanh} output"), r.0, n.0, 1e-5);
-        assert_close(&format!("gelu tanh={tanh} dx"), r.1, n.1, 1e-5);
+        let what = format!("norm-linear [{rows}, {d}] x [{d}, {out}]");
+        assert_close(&format!("{what} output"), r.0, n.0, 2e-5);
+        // dx cancels terms of size |dy W^T gamma| rstd (see `check_layer_norm`).
+        let rstd = (x.clone() - x.clone().mean_dim(1))
+            .square()
+            .mean_dim(1)
+            .add_scalar(1e-5)
+            .sqrt()
+            .recip();
+        let upstream = dy.clone().matmul(w.clone().transpose()) * gamma.clone().unsqueeze::<2>();
+        let terms = largest(&upstream) * largest(&rstd);
+        assert_within(&format!("{what} dx"), r.1, n.1, 5e-6, terms);
+        assert_close(&format!("{what} dgamma"), r.2, n.2, 5e-5);
+        assert_close(&format!("{what} dbeta"), r.3, n.3, 5e-5);
+        assert_close(&format!("{what} dweight"), r.4, n.4, 2e-5);
+        assert_close(&format!("{what} dbias"), r.5, n.5, 1e-5);
+    }
+}
+
+fn check_gelu_linear(rows: usize, f: usize, out: usize, tanh: bool) {
+    for device in devices() {
+        let x = random([rows, f], &device).mul_scalar(3.0).detach();
+        let w = random([f, out], &device).detach();
+        let bias = random([out], &device).detach();
+        let dy = random([rows, out], &device).detach();
+        let run = |native: bool| {
+            let (x, w, bias) = (leaf(&x), leaf(&w), leaf(&bias));
+            let y = if native {
+                Tensor::<2>::from_dispatch(<Dispatch as StageOps>::gelu_linear(
+                    x.clone().into_dispatch(),
+                    w.clone().into_dispatch(),
+                    bias.clone().into_dispatch(),
+                    tanh,
+                ))
+            } else {
+                let h = if tanh {
+                    gelu_approximate(x.clone())
+                } else {
+                    burn_gelu(x.clone())
+                };
+                h.matmul(w.clone()) + bias.clone().unsqueeze::<2>()
+            };
+            let grads = (y.clone() * dy.clone()).sum().backward();
+            (
+                y.detach(),
+                x.grad(&grads).unwrap(),
+                w.grad(&grads).unwrap(),
+                bias.grad(&grads).unwrap(),
+            )
+        };
+        let (r, n) = (run(false), run(true));
+        let what = format!("gelu-linear tanh={tanh} [{rows}, {f}] x [{f}, {out}]");
+        assert_close(&format!("{what} output"), r.0, n.0, 2e-5);
+        assert_close(&format!("{what} dx"), r.1, n.1, 2e-5);
+        assert_close(&format!("{what} dweight"), r.2, n.2, 2e-5);
+        assert_close(&format!("{what} dbias"), r.3, n.3, 1e-5);
     }
 }
 
@@ -230,8 +303,15 @@ proptest! {
     }
 
     #[test]
-    fn gelu_matches_burns(n in 1usize..200, tanh in any::<bool>()) {
-        check_gelu(n, tanh);
+    fn norm_linear_matches_the_composition(rows in 1usize..20, d in 1usize..40, out in 1usize..20) {
+        check_norm_linear(rows, d, out);
+    }
+
+    #[test]
+    fn gelu_linear_matches_burns_gelu_and_matmul(
+        rows in 1usize..20, f in 1usize..40, out in 1usize..20, tanh in any::<bool>(),
+    ) {
+        check_gelu_linear(rows, f, out, tanh);
     }
 
     #[test]
