@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check of issue 34, for one short run on a machine with a GPU and no network: run it from
-# the repository root with binaries built elsewhere (a host that can build: README, GPUs).
+# The GPU check (second edition: issue 65), for one short run on a machine with a GPU and no
+# network: run it from the repository root with binaries built elsewhere (a host that can build:
+# README, GPUs).
 #
 #   scripts/gpu-check.sh --device cuda --bin DIR --out DIR [--parts smoke,profile,train,torch,pipeline]
 #   scripts/gpu-check.sh --device cpu  --bin target/debug --out /tmp/check   # the dry run, small models
+#   scripts/gpu-check.sh --device cube-cpu --bin DIR --out /tmp/check       # the same on Cube (lavapipe)
 #
 # DIR holds parcae-node (built with `--features cuda` for a GPU) and parcae-testnet, each plain or
 # xz-compressed (NAME.xz). The parts run in this order, each on its own, so that a failure early
@@ -12,9 +14,12 @@
 #             Flex (the first command that loads the PTX the linked LLVM generated);
 #   profile   `parcae-node profile` of gpt2-124m and gpt2-355m (tiny and small on a CPU;
 #             profile-MODEL names one);
-#   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file
-#             (train-again: the same in a second process, after the first left its caches;
-#             train-recompute: the same with Burn's gradient checkpointing);
+#   train     `parcae-node train-bench`: one process, 30 steps at a fixed batch on a token file,
+#             the native operations (train-reference: Burn's composition; train-gb32: four
+#             micro-batches a step; train-again: the same in a second process, after the first
+#             left its caches; train-recompute: with Burn's gradient checkpointing;
+#             train-kernels: a few steps with cubecl's profiling logger, each kernel's calls
+#             and time);
 #   torch     scripts/torch_bench.py: the same model, batch and optimizer in PyTorch, eager TF32,
 #             eager strict f32, eager bf16 autocast and (with --compile) torch.compile (skipped
 #             without torch);
@@ -31,7 +36,7 @@ set -uo pipefail
 device=cuda
 bin=target/release
 out=gpu-check
-parts=smoke,profile,train,torch,pipeline
+parts=smoke,profile,train,train-reference,train-gb32,train-kernels,torch,pipeline
 compile=0
 while (($#)); do
     case $1 in
@@ -70,15 +75,16 @@ node=$(unpacked parcae-node) && testnet=$(unpacked parcae-testnet) || {
 }
 exec > >(tee -a "$out/log.txt") 2>&1
 
-# A GPU runs GPT-2; the CPU dry run the same commands on models it finishes in seconds.
-if [[ $device == cpu ]]; then
+# A GPU runs GPT-2; the CPU dry runs (Flex, and Cube on lavapipe) the same commands on models
+# they finish in seconds.
+if [[ $device == cpu || $device == cube-cpu ]]; then
     models=(tiny small); train_model=small; mb=2; gb=8; steps=5
     pipeline_model=tiny; pipeline_heads=4; pipeline_activation=gelu; pipeline_interval=20
     logit_tokens=5,17,29,0,42,42,7,63,1,3,50,11,10,47,31,9
     peak_tflops=""
 else
-    # One micro-batch of 8 a step: at 4 (global batch 32) the stage ran out of an H100's 80 GB
-    # on 2026-11-28 (it keeps each layer's attention scores; docs/gpu.md).
+    # One micro-batch of 8 a step (train-gb32 runs four): at global batch 32 the reference stage
+    # ran out of an H100's 80 GB on 2026-11-28 (it keeps each layer's attention scores).
     models=(gpt2-124m gpt2-355m); train_model=gpt2-124m; mb=8; gb=8; steps=30
     # A GPU node's first plan waits for its layers to be measured, kernels compiled and tuned
     # (41 s on the first H100 run): intervals of 20 s ended before a step was committed.
@@ -94,7 +100,8 @@ status=()
 # a part that hangs must leave the time to the next.
 limit() {
     case $1 in
-        smoke | train | train-again | train-recompute) echo 180 ;;
+        smoke | train | train-reference | train-again | train-recompute | train-kernels) echo 180 ;;
+        train-gb32) echo 240 ;;
         profile-*) echo 150 ;;
         torch-*) echo 90 ;;
         pipeline) echo 330 ;;
@@ -135,18 +142,58 @@ if sys.byteorder != "little":
 open(sys.argv[1], "wb").write(ids.tobytes())
 PY
 
-# train-again: the same run in a fresh process after the first, with the autotune results cubecl
-# kept on disk (its cache, under target/ of the working directory): a second start.
-# train-recompute: the same batch with Burn's gradient checkpointing (memory against speed).
-for run in train train-again train-recompute; do
+# train-reference: the same batch on Burn's composed operations (what the stage ran before its
+# own operations). train-gb32: four micro-batches a step. train-again: the same run in a fresh
+# process after the first, with the autotune results cubecl kept on disk (its cache, under
+# target/ of the working directory): a second start. train-recompute: the same batch with
+# Burn's gradient checkpointing (memory against speed).
+for run in train train-reference train-gb32 train-again train-recompute; do
     if wants "$run"; then
-        recompute=$([[ $run == train-recompute ]] && echo --gradient-checkpointing)
+        extra=() batch=$gb
+        case $run in
+            train-reference) extra=(--ops reference) ;;
+            train-gb32) batch=$((4 * mb)) ;;
+            train-recompute) extra=(--gradient-checkpointing) ;;
+        esac
         # shellcheck disable=SC2086 # flags and their values, or nothing
         part "$run" "$node" train-bench --device "$device" --model "$train_model" \
-            --micro-batch "$mb" --global-batch "$gb" --steps "$steps" --tokens "$tokens" \
-            $peak_tflops $recompute --out "$out/$run.json"
+            --micro-batch "$mb" --global-batch "$batch" --steps "$steps" --tokens "$tokens" \
+            $peak_tflops "${extra[@]}" --out "$out/$run.json"
     fi
 done
+
+# train-kernels: a few steps with cubecl's profiling logger on (a cubecl.toml in the working
+# directory; it syncs after every kernel, so it gives the split, not the total), summed per
+# kernel into kernels.json.
+if wants train-kernels && [[ $device != cpu ]]; then
+    mkdir -p "$out/kernels"
+    rm -f "$out/kernels/cubecl-profile.log"
+    printf '[profiling.logger]\nlevel = "basic"\nfile = "cubecl-profile.log"\nappend = false\n' \
+        > "$out/kernels/cubecl.toml"
+    part train-kernels env -C "$out/kernels" "$node" train-bench --device "$device" \
+        --model "$train_model" --micro-batch "$mb" --global-batch "$gb" --steps 3 \
+        --tokens "$tokens" --out "$out/kernels/train.json"
+    python3 - "$out/kernels/cubecl-profile.log" "$out/kernels.json" <<'PY'
+import json, re, sys
+units = {"s": 1e3, "ms": 1.0, "µs": 1e-3, "us": 1e-3, "ns": 1e-6}
+line = re.compile(r"^\|\s*([0-9.]+)(s|ms|µs|us|ns)\s*\|\s*(.+?)\s*$")
+kernels = {}
+try:
+    text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+except OSError:
+    text = ""
+for raw in text.splitlines():
+    m = line.match(raw)
+    if m:
+        k = kernels.setdefault(m.group(3), {"name": m.group(3), "calls": 0, "total_ms": 0.0})
+        k["calls"] += 1
+        k["total_ms"] += float(m.group(1)) * units[m.group(2)]
+ranked = sorted(kernels.values(), key=lambda k: -k["total_ms"])
+json.dump({"kernels": ranked, "total_ms": sum(k["total_ms"] for k in ranked)},
+          open(sys.argv[2], "w"), indent=2)
+print(f"kernels: {len(ranked)} distinct, {sum(k['calls'] for k in ranked)} calls")
+PY
+fi
 
 if wants torch; then
     if "$python" -c "import torch, transformers" 2>/dev/null; then
@@ -226,7 +273,16 @@ summary = {
         "torch_peak_memory_bytes": get(torch_tf32, "peak_memory_bytes"),
         "recompute_tokens_per_s": get(load("train-recompute.json"), "tokens_per_s"),
         "recompute_peak_memory_bytes": get(load("train-recompute.json"), "peak_memory_bytes"),
+        "ops": get(train, "ops"),
+        "reference_tokens_per_s": get(load("train-reference.json"), "tokens_per_s"),
+        "reference_peak_memory_bytes": get(load("train-reference.json"), "peak_memory_bytes"),
+        "global_batch_32": {
+            "burn_tokens_per_s": get(load("train-gb32.json"), "tokens_per_s"),
+            "peak_memory_bytes": get(load("train-gb32.json"), "peak_memory_bytes"),
+        },
     },
+    # The kernels of a few steps, slowest first (cubecl's profiling logger; train-kernels).
+    "profile": {"kernels": (get(load("kernels.json"), "kernels") or [])[:40]},
     "pipeline": {
         # One process trained the committed steps again on the device (`run --replay`).
         "loss_max_abs_diff": get(get(pipe, "history_check"), "replay_max_loss_diff"),

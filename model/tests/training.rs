@@ -475,8 +475,15 @@ fn native_and_reference_operations_train_the_same_losses() {
     // 20 steps of two stages of the tiny GPT, with each GELU, activations kept and recomputed:
     // the native operations (attention, layer norm, GELU, the head fused with its loss) train
     // the reference composition's losses.
+    #[cfg_attr(not(feature = "cube-cpu"), expect(unused_mut, reason = "one backend"))]
+    let mut devices = vec![device(), device().gradient_checkpointing()];
+    #[cfg(feature = "cube-cpu")]
+    {
+        let cube = Device::wgpu(burn::tensor::DeviceKind::Cpu).autodiff();
+        devices.extend([cube.clone(), cube.gradient_checkpointing()]);
+    }
     for gelu in [Gelu::Erf, Gelu::Tanh] {
-        for device in [device(), device().gradient_checkpointing()] {
+        for device in devices.clone() {
             let run = |ops: OpSet| {
                 let config = GptConfig {
                     gelu,
@@ -497,7 +504,7 @@ fn native_and_reference_operations_train_the_same_losses() {
             for (step, (a, b)) in reference.iter().zip(&native).enumerate() {
                 assert!(
                     (a - b).abs() <= 1e-4,
-                    "{gelu:?} step {step}: reference {a}, native {b}"
+                    "{gelu:?} on {device:?} step {step}: reference {a}, native {b}"
                 );
             }
             assert!(native[19] < native[0] - 0.1, "it learns: {native:?}");

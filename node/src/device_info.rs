@@ -47,13 +47,17 @@ impl Card {
     pub fn of(device: DeviceChoice) -> anyhow::Result<Card> {
         match device.kind {
             DeviceKind::Cuda => Self::gpu(device.index),
-            DeviceKind::Cpu | DeviceKind::Emulated => {
+            DeviceKind::Cpu | DeviceKind::CubeCpu | DeviceKind::Emulated => {
                 let meminfo = std::fs::read_to_string("/proc/meminfo")
                     .context("reading /proc/meminfo (or pass --memory-mb)")?;
                 let kib = meminfo_kib(&meminfo, "MemTotal")
                     .context("no MemTotal in /proc/meminfo (pass --memory-mb)")?;
+                let name = match device.kind {
+                    DeviceKind::CubeCpu => "cube-cpu",
+                    _ => "cpu",
+                };
                 Ok(Card {
-                    name: "cpu".into(),
+                    name: name.into(),
                     memory_mb: kib as f64 / 1024.0,
                 })
             }

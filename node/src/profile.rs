@@ -39,7 +39,7 @@ const BUILD_RUNS: Runs = Runs {
 /// What `parcae-node profile` is asked to measure.
 #[derive(Debug, clap::Args)]
 pub struct ProfileOptions {
-    /// The device: cpu, cuda or cuda:N.
+    /// The device: cpu, cube-cpu, cuda or cuda:N.
     #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
     /// Burn's balanced gradient checkpointing (`[device] gradient_checkpointing`): less memory

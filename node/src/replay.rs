@@ -59,7 +59,7 @@ pub struct ReplayOptions {
     /// kept the checkpoints between from the store).
     #[arg(long, default_value_t = 60)]
     pub max_window: u64,
-    /// The device the replay trains on: cpu, cuda or cuda:N (a cluster of GPUs is replayed
+    /// The device the replay trains on: cpu, cube-cpu, cuda or cuda:N (a cluster of GPUs is replayed
     /// on one, in the time the cluster took).
     #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,

@@ -14,7 +14,7 @@ use crate::device_info::{Card, burn_device};
 /// What `parcae-node smoke` is asked to compare.
 #[derive(Debug, clap::Args)]
 pub struct SmokeOptions {
-    /// The device compared with Flex: cpu, cuda or cuda:N.
+    /// The device compared with Flex: cpu, cube-cpu, cuda or cuda:N.
     #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
     /// Largest difference accepted, relative to the larger of 1 and Flex's largest magnitude

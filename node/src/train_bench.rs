@@ -34,7 +34,7 @@ const SEED: u64 = 0;
 /// What `parcae-node train-bench` is asked to run.
 #[derive(Debug, clap::Args)]
 pub struct TrainBenchOptions {
-    /// The device: cpu, cuda or cuda:N.
+    /// The device: cpu, cube-cpu, cuda or cuda:N.
     #[arg(long, env = "PARCAE_DEVICE", default_value = "cpu")]
     pub device: DeviceChoice,
     /// Burn's balanced gradient checkpointing (`[device] gradient_checkpointing`): less memory

@@ -121,7 +121,7 @@ fn run_names_a_device_it_cannot_train_on() {
             device,
         ])
     };
-    failed_with(&run_on("tpu:0"), "expected cpu, cuda or cuda:N");
+    failed_with(&run_on("tpu:0"), "expected cpu, cube-cpu, cuda or cuda:N");
     if !cfg!(feature = "cuda") {
         // Refused before anything else is read (the key file is missing too).
         let out = run_on("cuda:1");

@@ -8,16 +8,20 @@ pub enum Devices {
     /// Burn's CPU backend (or the emulated accelerator with `--emulate`).
     #[default]
     Cpu,
+    /// Burn's Cube backend on the CPU (nodes built with `cube-cpu`).
+    CubeCpu,
     /// CUDA GPUs: node k on `indices[k % indices.len()]`.
     Cuda(Vec<usize>),
 }
 
-/// `--device`'s value as written: `cpu`, `cuda` (every visible GPU, round robin) or `cuda:N`
-/// (every node on GPU N).
+/// `--device`'s value as written: `cpu`, `cube-cpu`, `cuda` (every visible GPU, round robin) or
+/// `cuda:N` (every node on GPU N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceArg {
     /// The CPU.
     Cpu,
+    /// The Cube CPU runtime.
+    CubeCpu,
     /// Every visible GPU.
     CudaVisible,
     /// One GPU.
@@ -30,11 +34,13 @@ impl std::str::FromStr for DeviceArg {
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim() {
             "cpu" => Ok(Self::Cpu),
+            "cube-cpu" => Ok(Self::CubeCpu),
             "cuda" => Ok(Self::CudaVisible),
             other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(index)) => Ok(Self::Cuda(index)),
                 _ => Err(format!(
-                    "unknown device {other:?} (expected cpu, cuda or cuda:N with N a GPU index)"
+                    "unknown device {other:?} (expected cpu, cube-cpu, cuda or cuda:N with N a \
+                     GPU index)"
                 )),
             },
         }
@@ -46,6 +52,7 @@ impl DeviceArg {
     pub fn devices(self, visible: impl FnOnce() -> usize) -> Devices {
         match self {
             Self::Cpu => Devices::Cpu,
+            Self::CubeCpu => Devices::CubeCpu,
             Self::CudaVisible => Devices::Cuda((0..visible().max(1)).collect()),
             Self::Cuda(index) => Devices::Cuda(vec![index]),
         }
@@ -53,20 +60,25 @@ impl DeviceArg {
 }
 
 impl Devices {
-    /// The device one process replays the cluster's training on: the CPU, or the nodes'
-    /// first GPU.
+    /// The device one process replays the cluster's training on: the nodes' device, the first
+    /// GPU of several.
     pub fn replay_device(&self) -> String {
-        match self.gpu_of(0) {
-            Some(index) => format!("cuda:{index}"),
-            None => "cpu".to_string(),
+        match self {
+            Self::Cpu => "cpu".to_string(),
+            Self::CubeCpu => "cube-cpu".to_string(),
+            Self::Cuda(indices) => format!("cuda:{}", indices.first().copied().unwrap_or(0)),
         }
     }
 
-    /// The CUDA GPU of node `k` (`None` on the CPU).
-    pub fn gpu_of(&self, k: usize) -> Option<usize> {
+    /// The `[device]` section of node `k`'s configuration (none on the CPU, the default).
+    pub fn section(&self, k: usize) -> Option<String> {
         match self {
             Self::Cpu => None,
-            Self::Cuda(indices) => indices.get(k % indices.len().max(1)).copied(),
+            Self::CubeCpu => Some("[device]\nkind = \"cube-cpu\"\n".into()),
+            Self::Cuda(indices) => {
+                let index = indices.get(k % indices.len().max(1)).copied().unwrap_or(0);
+                Some(format!("[device]\nkind = \"cuda\"\nindex = {index}\n"))
+            }
         }
     }
 }
@@ -111,17 +123,26 @@ mod tests {
     #[test]
     fn cuda_spreads_the_nodes_over_the_visible_gpus_and_cuda_n_puts_them_on_one() {
         let arg = |s: &str| s.parse::<DeviceArg>().unwrap();
+        let index = |d: &Devices, k: usize| {
+            let section = d.section(k)?;
+            let line = section.lines().find(|l| l.starts_with("index = "))?;
+            line["index = ".len()..].parse::<usize>().ok()
+        };
         assert_eq!(arg("cpu").devices(|| 4), Devices::Cpu);
-        assert_eq!(Devices::Cpu.gpu_of(3), None);
+        assert_eq!(Devices::Cpu.section(3), None);
         let spread = arg("cuda").devices(|| 3);
-        let gpus: Vec<_> = (0..7).map(|k| spread.gpu_of(k).unwrap()).collect();
+        let gpus: Vec<_> = (0..7).map(|k| index(&spread, k).unwrap()).collect();
         assert_eq!(gpus, [0, 1, 2, 0, 1, 2, 0]);
+        assert_eq!(spread.replay_device(), "cuda:0");
         let one = arg("cuda:2").devices(|| 3);
-        assert!((0..5).all(|k| one.gpu_of(k) == Some(2)));
+        assert!((0..5).all(|k| index(&one, k) == Some(2)));
         assert_eq!(arg("cuda").devices(|| 0), Devices::Cuda(vec![0]));
+        let cube = arg("cube-cpu").devices(|| 3);
+        assert_eq!(cube.section(4).unwrap(), "[device]\nkind = \"cube-cpu\"\n");
+        assert_eq!(cube.replay_device(), "cube-cpu");
         for bad in ["gpu", "cuda:", "cuda:a", "cuda:-1"] {
             let e = bad.parse::<DeviceArg>().unwrap_err();
-            assert!(e.contains("cpu, cuda or cuda:N"), "{e}");
+            assert!(e.contains("cpu, cube-cpu, cuda or cuda:N"), "{e}");
         }
     }
 

@@ -76,6 +76,9 @@ fn build(profile_dir: &Path, expected: &Path) -> Result<PathBuf, TestnetError> {
     if cfg!(feature = "cuda") {
         cmd.args(["--features", "parcae-node/cuda"]);
     }
+    if cfg!(feature = "cube-cpu") {
+        cmd.args(["--features", "parcae-node/cube-cpu"]);
+    }
     match profile {
         "debug" => {}
         "release" => {

@@ -146,8 +146,8 @@ pub fn render(
             out.push_str(&format!("speed = {speed:?}\n"));
         }
     }
-    if let Some(index) = s.devices.gpu_of(k) {
-        out.push_str(&format!("[device]\nkind = \"cuda\"\nindex = {index}\n"));
+    if let Some(section) = s.devices.section(k) {
+        out.push_str(&section);
     }
     if let Some((name, _)) = zone {
         // A pool (`ZONE/TYPE`) is a zone's nodes of one instance type.

@@ -165,7 +165,7 @@ fn a_dollar_objective_is_priced_for_every_zone_before_any_node_starts() {
 fn a_device_the_nodes_cannot_train_on_is_named_before_any_node_starts() {
     let dir = scratch("device");
     let out = testnet(&["run", "--device", "tpu"], dir.path());
-    assert_error(&out, &["cpu, cuda or cuda:N"]);
+    assert_error(&out, &["cpu, cube-cpu, cuda or cuda:N"]);
     let out = testnet(
         &["run", "--device", "cuda", "--emulate", "gpt-1.5b"],
         dir.path(),

@@ -1,10 +1,11 @@
 //! AdamW as one operation per parameter: on Flex, one pass over the parameter, its gradient and
 //! its two moments, updating them in place (Burn's AdamW is about fifteen tensor operations a
 //! parameter, each allocating a parameter-sized result). The arithmetic is Burn's, operation
-//! for operation in `f32`, so the two agree to the last bit or so (a test holds them to it).
+//! for operation in `f32`, so the two agree to the last bit or so (a test holds them to it). On
+//! a Cube device the update is Burn's AdamW, whose elementwise chain Burn's fusion joins.
 
-use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
+use burn::backend::{DispatchDevice, Flex};
 use burn::optim::{AdamWState, AdaptiveMomentumState};
 use burn::tensor::{DType, Tensor};
 use rayon::prelude::*;
@@ -42,10 +43,14 @@ pub(crate) fn fits(param: &Tensor<1>, grad: &Tensor<1>, state: Option<&AdamWStat
     let moments = state.map_or(Vec::new(), |s| {
         vec![&s.momentum.moment_1, &s.momentum.moment_2]
     });
+    let flex_f32 = |t: &Tensor<1>| {
+        t.dtype() == DType::F32
+            && matches!(t.device().inner().as_dispatch(), DispatchDevice::Flex(_))
+    };
     std::iter::once(grad)
         .chain(moments)
-        .all(|t| t.dims() == n && super::supports(t))
-        && super::supports(param)
+        .all(|t| t.dims() == n && flex_f32(t))
+        && flex_f32(param)
 }
 
 fn flex(t: Tensor<1>) -> FlexTensor {

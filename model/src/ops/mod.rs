@@ -10,8 +10,9 @@
 //! attention's scores and probabilities, the logits). [`OpSet::Reference`] is that composition,
 //! kept as the oracle the tests hold these operations to.
 //!
-//! The extension is routed for Flex (with and without autodiff); on another device the model
-//! runs the reference composition ([`supports`]).
+//! The extension is routed for Flex and, in a build with a Cube runtime (`cuda`, `cube-cpu`), for
+//! Cube, with and without autodiff; on another device the model runs the reference composition
+//! ([`supports`]).
 
 pub(crate) mod adamw;
 mod attention;
@@ -64,7 +65,7 @@ impl OpSet {
 }
 
 /// The operations as a backend extension.
-#[backend_extension(Flex, Autodiff)]
+#[backend_extension(Flex, Cube: cfg(any(feature = "cuda", feature = "cube-cpu")), Autodiff)]
 pub trait StageOps: Backend {
     /// Causal attention of `q`, `k`, `v` `[batch, heads, seq, dh]`, query rows in blocks of
     /// `block`: `[batch, seq, heads * dh]`, the heads merged.
@@ -139,89 +140,107 @@ where
     }
 }
 
-impl StageOps for Flex {
-    fn causal_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        block: usize,
-    ) -> FloatTensor<Self> {
-        let (o, _) = attention::forward(
-            tensor::<Self, 4>(q),
-            tensor::<Self, 4>(k),
-            tensor::<Self, 4>(v),
-            block,
-        );
-        primitive::<Self, 3>(o)
-    }
+/// The operations on an inner backend: the forward alone, in Burn's tensor API over its
+/// primitives (the same text for every backend the extension routes).
+macro_rules! inner_backend {
+    ($backend:ty) => {
+        impl StageOps for $backend {
+            fn causal_attention(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                block: usize,
+            ) -> FloatTensor<Self> {
+                let (o, _) = attention::forward(
+                    tensor::<$backend, 4>(q),
+                    tensor::<$backend, 4>(k),
+                    tensor::<$backend, 4>(v),
+                    block,
+                );
+                primitive::<$backend, 3>(o)
+            }
 
-    fn layer_norm(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> FloatTensor<Self> {
-        let (y, _, _) = norm::forward(
-            tensor::<Self, 2>(x),
-            tensor::<Self, 1>(gamma),
-            tensor::<Self, 1>(beta),
-            epsilon,
-        );
-        primitive::<Self, 2>(y)
-    }
+            fn layer_norm(
+                x: FloatTensor<Self>,
+                gamma: FloatTensor<Self>,
+                beta: FloatTensor<Self>,
+                epsilon: f64,
+            ) -> FloatTensor<Self> {
+                let (y, _, _) = norm::forward(
+                    tensor::<$backend, 2>(x),
+                    tensor::<$backend, 1>(gamma),
+                    tensor::<$backend, 1>(beta),
+                    epsilon,
+                );
+                primitive::<$backend, 2>(y)
+            }
 
-    fn norm_linear(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        epsilon: f64,
-    ) -> FloatTensor<Self> {
-        let (y, _, _) = norm_linear::forward(
-            tensor::<Self, 2>(x),
-            tensor::<Self, 1>(gamma),
-            tensor::<Self, 1>(beta),
-            tensor::<Self, 2>(weight),
-            tensor::<Self, 1>(bias),
-            epsilon,
-        );
-        primitive::<Self, 2>(y)
-    }
+            fn norm_linear(
+                x: FloatTensor<Self>,
+                gamma: FloatTensor<Self>,
+                beta: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                epsilon: f64,
+            ) -> FloatTensor<Self> {
+                let (y, _, _) = norm_linear::forward(
+                    tensor::<$backend, 2>(x),
+                    tensor::<$backend, 1>(gamma),
+                    tensor::<$backend, 1>(beta),
+                    tensor::<$backend, 2>(weight),
+                    tensor::<$backend, 1>(bias),
+                    epsilon,
+                );
+                primitive::<$backend, 2>(y)
+            }
 
-    fn gelu_linear(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        tanh: bool,
-    ) -> FloatTensor<Self> {
-        primitive::<Self, 2>(gelu_linear::forward(
-            tensor::<Self, 2>(x),
-            tanh,
-            tensor::<Self, 2>(weight),
-            tensor::<Self, 1>(bias),
-        ))
-    }
+            fn gelu_linear(
+                x: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                tanh: bool,
+            ) -> FloatTensor<Self> {
+                primitive::<$backend, 2>(gelu_linear::forward(
+                    tensor::<$backend, 2>(x),
+                    tanh,
+                    tensor::<$backend, 2>(weight),
+                    tensor::<$backend, 1>(bias),
+                ))
+            }
 
-    fn head_loss(
-        h: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        block: usize,
-    ) -> FloatTensor<Self> {
-        let (loss, _) = head_loss::forward(
-            &tensor::<Self, 2>(h),
-            &tensor::<Self, 2>(weight),
-            &int_tensor::<Self, 1>(targets),
-            block,
-        );
-        primitive::<Self, 1>(loss)
-    }
+            fn head_loss(
+                h: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                targets: IntTensor<Self>,
+                block: usize,
+            ) -> FloatTensor<Self> {
+                let (loss, _) = head_loss::forward(
+                    &tensor::<$backend, 2>(h),
+                    &tensor::<$backend, 2>(weight),
+                    &int_tensor::<$backend, 1>(targets),
+                    block,
+                );
+                primitive::<$backend, 1>(loss)
+            }
+        }
+    };
 }
 
-/// Whether the native operations run on `x`'s device: `f32` on Flex, with or without autodiff.
+inner_backend!(Flex);
+#[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+inner_backend!(burn::backend::Cube);
+
+/// Whether the native operations run on `x`'s device: `f32` on Flex or, in a build with a Cube
+/// runtime, on Cube; with or without autodiff.
 pub(crate) fn supports<const D: usize>(x: &Tensor<D>) -> bool {
-    x.dtype() == DType::F32 && matches!(x.device().inner().as_dispatch(), DispatchDevice::Flex(_))
+    x.dtype() == DType::F32
+        && match x.device().inner().as_dispatch() {
+            DispatchDevice::Flex(_) => true,
+            #[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+            DispatchDevice::Cube(_) => true,
+            #[allow(unreachable_patterns, reason = "other backends where a build has them")]
+            _ => false,
+        }
 }
 
 /// Causal multi-head attention of `q`, `k`, `v` `[batch, heads, seq, dh]`: `[batch, seq, d]`,

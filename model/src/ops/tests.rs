@@ -13,12 +13,17 @@ use proptest::prelude::*;
 
 use super::StageOps;
 
-/// The devices every case runs on: autodiff without and with gradient checkpointing.
-fn devices() -> [Device; 2] {
-    [
-        Device::flex().autodiff(),
-        Device::flex().autodiff().gradient_checkpointing(),
-    ]
+/// The devices every case runs on: Flex and, in a build with it, the Cube CPU runtime; each
+/// with autodiff, without and with gradient checkpointing.
+fn devices() -> Vec<Device> {
+    #[cfg_attr(not(feature = "cube-cpu"), expect(unused_mut, reason = "one backend"))]
+    let mut inner = vec![Device::flex()];
+    #[cfg(feature = "cube-cpu")]
+    inner.push(Device::wgpu(burn::tensor::DeviceKind::Cpu));
+    inner
+        .into_iter()
+        .flat_map(|d| [d.clone().autodiff(), d.autodiff().gradient_checkpointing()])
+        .collect()
 }
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
@@ -286,8 +291,17 @@ fn check_head_loss(rows: usize, d: usize, vocab: usize, block: usize) {
     }
 }
 
+/// Shapes per property: 16, or `PROPTEST_CASES` (scripts/cube-check.sh runs fewer on the Cube
+/// CPU runtime, where every new shape compiles and tunes its kernels on a software Vulkan).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn attention_matches_the_composition(

@@ -9,7 +9,7 @@ use crate::emulate::Emulation;
 
 /// Where a stage's work runs.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum DeviceKind {
     /// Burn's CPU backend, at its own speed.
     #[default]
@@ -19,6 +19,9 @@ pub enum DeviceKind {
     Emulated,
     /// Burn's CUDA backend on GPU `index` (a build with the `cuda` feature).
     Cuda,
+    /// Burn's Cube backend on this CPU, wgpu's Vulkan on Mesa's lavapipe (a build with the
+    /// `cube-cpu` feature): the code a GPU runs, checked where there is none; slow.
+    CubeCpu,
 }
 
 /// The `[device]` section.
@@ -60,8 +63,13 @@ const CUDA_NOT_BUILT: &str = "device kind \"cuda\" needs parcae-node built with 
      feature: `cargo build --release -p parcae-node --features cuda` (it links LLVM for cubecl; \
      see the README's GPUs section)";
 
-/// A device named on the command line (`--device`, `PARCAE_DEVICE`): `cpu`, `cuda` or
-/// `cuda:N`; it replaces the configuration file's kind and index.
+/// The one refusal of the Cube CPU runtime by a build without it.
+const CUBE_CPU_NOT_BUILT: &str = "device kind \"cube-cpu\" needs parcae-node built with the \
+     `cube-cpu` feature: `scripts/setup-cube-cpu.sh`, then `cargo build --release -p parcae-node \
+     --features cube-cpu` (docs/gpu.md)";
+
+/// A device named on the command line (`--device`, `PARCAE_DEVICE`): `cpu`, `cube-cpu`, `cuda`
+/// or `cuda:N`; it replaces the configuration file's kind and index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceChoice {
     /// CPU or CUDA.
@@ -77,11 +85,13 @@ impl std::str::FromStr for DeviceChoice {
         let choice = |kind, index| Ok(Self { kind, index });
         match s.trim() {
             "cpu" => choice(DeviceKind::Cpu, 0),
+            "cube-cpu" => choice(DeviceKind::CubeCpu, 0),
             "cuda" => choice(DeviceKind::Cuda, 0),
             other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(index)) => choice(DeviceKind::Cuda, index),
                 _ => Err(format!(
-                    "unknown device {other:?} (expected cpu, cuda or cuda:N with N a GPU index)"
+                    "unknown device {other:?} (expected cpu, cube-cpu, cuda or cuda:N with N a \
+                     GPU index)"
                 )),
             },
         }
@@ -95,6 +105,7 @@ impl DeviceConfig {
     pub fn name(&self) -> String {
         let name = match self.kind {
             DeviceKind::Cpu => "cpu".to_owned(),
+            DeviceKind::CubeCpu => "cube-cpu".to_owned(),
             DeviceKind::Cuda => "cuda".to_owned(),
             DeviceKind::Emulated => {
                 let profile = std::path::Path::new(&self.profile)
@@ -124,14 +135,14 @@ impl DeviceConfig {
     pub fn emulated_time_scale(&self) -> f64 {
         match self.kind {
             DeviceKind::Emulated => self.time_scale,
-            DeviceKind::Cpu | DeviceKind::Cuda => 1.0,
+            DeviceKind::Cpu | DeviceKind::CubeCpu | DeviceKind::Cuda => 1.0,
         }
     }
 
     /// The emulation this section asks for (`None` on a real device).
     pub fn emulation(&self) -> Result<Option<Emulation>, ConfigError> {
         match self.kind {
-            DeviceKind::Cpu | DeviceKind::Cuda => Ok(None),
+            DeviceKind::Cpu | DeviceKind::CubeCpu | DeviceKind::Cuda => Ok(None),
             DeviceKind::Emulated => Emulation::new(&self.profile, self.time_scale)
                 .and_then(|e| e.faster(self.speed))
                 .map(Some)
@@ -144,6 +155,9 @@ impl DeviceConfig {
         if self.kind == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(ConfigError::Invalid(CUDA_NOT_BUILT.into()));
         }
+        if self.kind == DeviceKind::CubeCpu && !cfg!(feature = "cube-cpu") {
+            return Err(ConfigError::Invalid(CUBE_CPU_NOT_BUILT.into()));
+        }
         if self.kind != DeviceKind::Emulated && self.speed != 1.0 {
             return Err(ConfigError::Invalid(format!(
                 "device.speed = {}: only an emulated device's speed can be set",
@@ -154,13 +168,14 @@ impl DeviceConfig {
     }
 
     /// The Burn device the stage trains on (with autodiff, and its gradient checkpointing where
-    /// asked): Flex on the CPU (an emulated accelerator's work runs there too), CUDA GPU `index`
-    /// otherwise.
+    /// asked): Flex on the CPU (an emulated accelerator's work runs there too), the Cube CPU
+    /// runtime, or CUDA GPU `index`.
     pub fn burn_device(&self) -> Result<burn::tensor::Device, ConfigError> {
         self.validate()?;
         let backend = match self.kind {
             DeviceKind::Cpu | DeviceKind::Emulated => parcae_model::Backend::Flex,
             DeviceKind::Cuda => parcae_model::Backend::Cuda(self.index),
+            DeviceKind::CubeCpu => parcae_model::Backend::CubeCpu,
         };
         let device = backend
             .device()

@@ -266,7 +266,7 @@ fn the_command_line_names_cpu_or_a_cuda_gpu() {
     assert_eq!(parse("cuda:3"), choice(DeviceKind::Cuda, 3));
     for bad in ["gpu", "cuda:", "cuda:-1", "cuda:x", "emulated", ""] {
         let e = parse(bad).unwrap_err();
-        assert!(e.contains("cpu, cuda or cuda:N"), "{bad}: {e}");
+        assert!(e.contains("cpu, cube-cpu, cuda or cuda:N"), "{bad}: {e}");
     }
     let mut device = DeviceConfig {
         kind: DeviceKind::Emulated,
