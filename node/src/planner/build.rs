@@ -9,7 +9,7 @@ use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
 use parcae_strategies::cost::CostModel;
-use parcae_strategies::cost::fleet::batch_shares;
+use parcae_strategies::cost::fleet::shares::batch_shares;
 use parcae_strategies::cost::spec::partition;
 
 use super::settle::{Departure, departure};

@@ -34,8 +34,17 @@ use super::split::Splits;
 use super::throughput::ThroughputTable;
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
-use shares::ZoneGroup;
-pub use shares::batch_shares;
+
+/// The zone pipelines a shared rate is memoised by: `(zone, pipelines)` of each group, the
+/// slowest zone and the stages (which fix the split and, by the zones, the ring).
+pub(crate) type SharedKey = (Vec<(usize, u32)>, usize, u32);
+
+/// The pipelines of one zone: its index and how many of the layout's pipelines it holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ZoneGroup {
+    pub z: usize,
+    pub pipelines: u32,
+}
 
 /// Most zones a fleet spans.
 pub const MAX_ZONES: usize = 4;
@@ -139,7 +148,7 @@ pub struct Fleet {
     schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
     tails: HashMap<usize, Arc<Splits>>,
     local_rates: HashMap<LocalKey, f64>,
-    shared: HashMap<shares::SharedKey, Option<(f64, Vec<u32>)>>,
+    shared: HashMap<SharedKey, Option<(f64, Vec<u32>)>>,
     split: HashMap<(usize, u32), Option<Vec<usize>>>,
 }
 
@@ -626,7 +635,7 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
     }
 }
 
-mod shares;
+pub mod shares;
 mod staggered;
 mod two_zones;
 

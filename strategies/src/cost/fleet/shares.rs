@@ -7,21 +7,10 @@
 //! the step's gradient is the same mean over the same samples (what the node trains with a
 //! plan's `batch_shares`).
 
-use super::{Fleet, Pipeline};
+use super::{Fleet, Pipeline, SharedKey, ZoneGroup};
 use crate::cost::analytic;
 use crate::cost::links::Link;
 use crate::cost::mixed;
-
-/// The zone pipelines a shared rate is memoised by: `(zone, pipelines)` of each group, the
-/// slowest zone and the stages (which fix the split and, by the zones, the ring).
-pub(super) type SharedKey = (Vec<(usize, u32)>, usize, u32);
-
-/// The pipelines of one zone: its index and how many of the layout's pipelines it holds.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct ZoneGroup {
-    pub z: usize,
-    pub pipelines: u32,
-}
 
 impl Fleet {
     /// Samples per second of zone pipelines holding `groups` (every one split at `bounds`,

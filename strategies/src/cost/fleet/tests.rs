@@ -240,5 +240,5 @@ fn zone_pipelines_of_a_faster_kind_take_more_of_the_batch() {
     let micro = placed.micro_batches.clone().expect("uneven shares");
     assert_eq!(micro, vec![86, 42]);
     assert_eq!(micro.iter().sum::<u32>() * gpt().micro_batch, 128);
-    assert_eq!(super::batch_shares(&micro, 128), vec![86, 42]);
+    assert_eq!(super::shares::batch_shares(&micro, 128), vec![86, 42]);
 }
