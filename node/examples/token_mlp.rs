@@ -3,7 +3,8 @@
 //! `TokenMlp` is not the built-in GPT: an embedding, position-wise residual MLP blocks and an
 //! output projection, predicting the next token of the built-in synthetic task. It implements
 //! `PipelineModel`, so the cluster can cut it into stages anywhere; this example pins two
-//! stages, one per process:
+//! stages, one per process, and each process returns from `run` once the 40th step is committed
+//! and its checkpoint stored, printing how the job ended:
 //!
 //! ```text
 //! parcae-node keygen --out /tmp/key
@@ -17,8 +18,8 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::activation::{log_softmax, relu};
 use burn::tensor::{Device, Tensor};
-use parcae_model::{
-    Activation, ModelError, OptimizerConfig, PipelineModel, StageRng, SyntheticTask,
+use parcae_node::{
+    Activation, ModelError, OptimizerConfig, PipelineModel, StageRng, SyntheticTask, Trainer,
 };
 
 /// Embedding, `blocks` residual MLP blocks, output projection.
@@ -122,7 +123,7 @@ fn main() -> anyhow::Result<()> {
         blocks: 2,
     };
     let data = SyntheticTask::default_for(5, 64, 16)?;
-    let code = parcae_node::Trainer::new(model, data)
+    let outcome = Trainer::new(model, data)
         .seed(5)
         .batch(16, 4)
         .max_steps(40)
@@ -147,5 +148,6 @@ fn main() -> anyhow::Result<()> {
             node.planner.pin = Some([1, 2]);
         })
         .run()?;
-    std::process::exit(code)
+    println!("{outcome}");
+    Ok(())
 }

@@ -70,6 +70,7 @@
 pub mod assembly;
 pub mod config;
 pub mod job;
+mod outcome;
 pub mod process;
 mod trainer;
 
@@ -113,4 +114,14 @@ pub(crate) mod resync;
 pub(crate) mod metrics;
 pub(crate) mod retry;
 
+// What a Burn project needs to train its model on a cluster, in one place.
+pub use assembly::NodeError;
+pub use config::NodeConfig;
+pub use emulate::Emulation;
+pub use job::{JobSpec, ValidationConfig};
+pub use outcome::{Ended, SavedWeights, TrainOutcome};
+pub use parcae_model::{
+    Activation, Backend, ByteTextDataset, Dataset, ModelError, OptimizerConfig, PipelineModel,
+    StageRng, SyntheticTask, TokenFileDataset, WeightSource,
+};
 pub use trainer::{DEFAULT_DATA_DIR, DEFAULT_LISTEN, DEFAULT_STATUS_ADDR, Trainer};

@@ -233,13 +233,19 @@ fn builtin_trainer(config: &NodeConfig) -> anyhow::Result<TrainerLauncher> {
     if let Some(weights) = builtin_init(config, &gpt)? {
         trainer = trainer.initial_weights(weights);
     }
+    if let Some(store) = &t.checkpoint_store {
+        trainer = trainer.checkpoint_store(store);
+    }
+    if let Some(from) = &t.restore {
+        trainer = trainer.restore_from(from);
+    }
+    if let Some(emulation) = config.device.emulation()? {
+        trainer = trainer.emulate(emulation);
+    }
     Ok(trainer
         .job_settings(adopt::recipe(config)?)
         .spec(t.job_spec())
-        .checkpoint_store(t.checkpoint_store.clone())
-        .restore_from(t.restore.clone())
         .keep_checkpoints(t.keep_checkpoints)
-        .emulate(config.device.emulation()?)
         .device(config.device.burn_device()?)
         .launcher())
 }

@@ -3,16 +3,18 @@
 //! lives (data directory, cluster key, addresses, seeds, its settings).
 //!
 //! ```no_run
-//! # fn demo<M: parcae_model::PipelineModel>(model: M, data: impl parcae_model::Dataset + 'static)
+//! # fn demo<M: parcae_node::PipelineModel>(model: M, data: impl parcae_node::Dataset + 'static)
 //! #     -> anyhow::Result<()> {
-//! let code = parcae_node::Trainer::new(model, data)
+//! let outcome = parcae_node::Trainer::new(model, data)
 //!     .seed(7)
 //!     .batch(32, 4)
 //!     .max_steps(1000)
+//!     .backend(parcae_node::Backend::Cuda(0))
 //!     .key_file("cluster.key")
 //!     .listen("/ip4/0.0.0.0/tcp/7000".parse()?)
 //!     .bootstrap(["/dns4/founder.internal/tcp/7000".parse()?])
 //!     .run()?;
+//! println!("{outcome}");
 //! # Ok(()) }
 //! ```
 //!
@@ -24,13 +26,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use libp2p::Multiaddr;
-use parcae_model::{Dataset, OptimizerConfig, PipelineModel, WeightSource, default_device};
+use parcae_model::{
+    Backend, Dataset, OptimizerConfig, PipelineModel, WeightSource, default_device,
+};
 
 use crate::assembly::{NodeError, RunOptions};
 use crate::config::NodeConfig;
 use crate::emulate::Emulation;
 use crate::job::{JobSpec, ValidationConfig};
 use crate::keyring::KeyRing;
+use crate::outcome::TrainOutcome;
 use crate::store::KEEP_STORED_CUTS;
 use crate::train::{TrainJob, TrainerLauncher};
 
@@ -47,6 +52,8 @@ type Configure = Box<dyn FnOnce(&mut NodeConfig)>;
 /// A user's model and data, trained by a node of the cluster.
 pub struct Trainer<M: PipelineModel> {
     job: TrainJob<M>,
+    /// The device by kind, made when the trainer starts (it replaces `job.device`).
+    backend: Option<Backend>,
     node: NodeSettings,
 }
 
@@ -84,6 +91,7 @@ impl<M: PipelineModel> Trainer<M> {
                 initial_weights: None,
                 program_settings: Vec::new(),
             },
+            backend: None,
             node: NodeSettings {
                 data_dir: PathBuf::from(DEFAULT_DATA_DIR),
                 key_file: None,
@@ -117,7 +125,8 @@ impl<M: PipelineModel> Trainer<M> {
         self
     }
 
-    /// Stop after this many committed steps (0: never).
+    /// Stop after this many committed steps (0: never); the state after the last one is
+    /// checkpointed whatever the cadence, and [`Trainer::run`] returns once it is stored.
     pub fn max_steps(mut self, steps: u64) -> Self {
         self.job.spec.max_steps = steps;
         self
@@ -130,11 +139,11 @@ impl<M: PipelineModel> Trainer<M> {
     }
 
     /// The job's durable checkpoint store: a directory, or an `s3://`, `gs://` or `az://` URL
-    /// with credentials from the environment (`None`: `store/` in the node's data directory).
+    /// with credentials from the environment (default: `store/` in the node's data directory).
     /// Complete checkpoints are uploaded there in the background, and a new cluster started
     /// with the same store resumes from the newest one.
-    pub fn checkpoint_store(mut self, location: Option<String>) -> Self {
-        self.job.checkpoint_store = location;
+    pub fn checkpoint_store(mut self, location: impl Into<String>) -> Self {
+        self.job.checkpoint_store = Some(location.into());
         self
     }
 
@@ -142,8 +151,8 @@ impl<M: PipelineModel> Trainer<M> {
     /// newest complete checkpoint is copied into the job's store, every part checked against
     /// its manifest. A new cluster resumes from it when it is the newest there; a cluster whose
     /// training stopped for want of a checkpoint resumes from it when it does not hold it.
-    pub fn restore_from(mut self, location: Option<String>) -> Self {
-        self.job.restore_from = location;
+    pub fn restore_from(mut self, location: impl Into<String>) -> Self {
+        self.job.restore_from = Some(location.into());
         self
     }
 
@@ -160,17 +169,26 @@ impl<M: PipelineModel> Trainer<M> {
         self
     }
 
-    /// The Burn device (CPU by default; `Device::cuda(0)` with the `cuda` feature).
+    /// The device by kind: Flex on the CPU (the default), a CUDA GPU (the `cuda` feature) or
+    /// the Cube runtime on the CPU (the `cube-cpu` feature); made and checked when the node
+    /// starts, an unusable one failing [`Trainer::run`] with the reason.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// A Burn device made by the caller (with autodiff), instead of [`Trainer::backend`].
     pub fn device(mut self, device: burn::tensor::Device) -> Self {
+        self.backend = None;
         self.job.device = device;
         self
     }
 
-    /// Paces the stage's work to an emulated accelerator ([`crate::emulate`]); the model must
-    /// have the emulated model's layer list (gpt-1.5b: embedding, 48 blocks, head). `None`:
-    /// the device's own speed.
-    pub fn emulate(mut self, emulation: Option<Emulation>) -> Self {
-        self.job.emulation = emulation;
+    /// Paces the stage's work to an emulated accelerator ([`crate::emulate`]) instead of the
+    /// device's own speed; the model must have the emulated model's layer list (gpt-1.5b:
+    /// embedding, 48 blocks, head).
+    pub fn emulate(mut self, emulation: Emulation) -> Self {
+        self.job.emulation = Some(emulation);
         self
     }
 
@@ -249,20 +267,36 @@ impl<M: PipelineModel> Trainer<M> {
         self
     }
 
-    /// Runs the node (control plane and this trainer) until it leaves; returns the process's
-    /// exit code.
-    pub fn run(self) -> Result<i32, NodeError> {
-        let mut opts = self.node.options()?;
+    /// Runs the node (control plane and this trainer) until the job is done (its step limit
+    /// reached and the last checkpoint stored: [`crate::train::finish`]) or the node leaves
+    /// the cluster (a preemption notice or a signal); returns how far the job got and where
+    /// its weights are. A job without a step limit returns only when the node leaves.
+    pub fn run(self) -> Result<TrainOutcome, NodeError> {
+        let store = self.job.checkpoint_store.clone();
+        let (global, micro) = (self.job.spec.global_batch, self.job.spec.micro_batch);
+        let (node, launcher) = (self.node, Self::launch(self.job, self.backend));
+        let mut opts = node.options()?;
         // The planner's cost model needs the job's batch shape.
-        opts.config.train.global_batch = self.job.spec.global_batch;
-        opts.config.train.micro_batch = self.job.spec.micro_batch;
-        crate::assembly::run(opts.with_trainer(self.job.launcher()))
+        opts.config.train.global_batch = global;
+        opts.config.train.micro_batch = micro;
+        let exit = crate::assembly::run_to_exit(opts.exit_when_done(true).with_trainer(launcher))?;
+        TrainOutcome::of(&exit, store.as_deref())
     }
 
     /// The launcher the node runtime calls before its control driver starts (for programs that
     /// assemble [`RunOptions`] themselves, as `parcae-node run` does).
     pub fn launcher(self) -> TrainerLauncher {
-        self.job.launcher()
+        Self::launch(self.job, self.backend)
+    }
+
+    /// `job`'s launcher, on `backend`'s device when one is named.
+    fn launch(mut job: TrainJob<M>, backend: Option<Backend>) -> TrainerLauncher {
+        Box::new(move |ctx| {
+            if let Some(backend) = backend {
+                job.device = backend.device()?;
+            }
+            job.launcher()(ctx)
+        })
     }
 }
 

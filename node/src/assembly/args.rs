@@ -52,6 +52,10 @@ pub struct RunArgs {
     /// and rejoins the cluster as a new member through the seeds or the remembered members.
     #[arg(long, env = "PARCAE_RESYNC")]
     pub resync: bool,
+    /// Exit (code 0) once the job's step limit is reached and its last checkpoint is complete
+    /// in the job's store, instead of idling in `finished`.
+    #[arg(long, env = "PARCAE_EXIT_WHEN_DONE")]
+    pub exit_when_done: bool,
     /// Another checkpoint store of the job (a directory or an `s3://`, `gs://`, `az://` URL):
     /// its newest complete checkpoint is copied into the job's store at start, every part
     /// checked, so that a new cluster, or one whose training stopped for want of a checkpoint,
@@ -112,7 +116,8 @@ impl RunArgs {
         Ok(
             RunOptions::new(self.data_dir, keys, self.listen, self.status_addr, config)
                 .seeds(self.bootstrap, self.bootstrap_file)
-                .resync(self.resync),
+                .resync(self.resync)
+                .exit_when_done(self.exit_when_done),
         )
     }
 }

@@ -9,4 +9,4 @@ mod run;
 
 pub use args::{ArgsError, RunArgs};
 pub use options::{JobAdopter, NodeError, RunOptions};
-pub use run::run;
+pub use run::{NodeExit, run, run_to_exit};

@@ -35,6 +35,8 @@ pub struct RunOptions {
     pub resync: bool,
     /// Tuning.
     pub config: NodeConfig,
+    /// Stop when the job is done ([`crate::train::finish`]) instead of idling.
+    pub exit_when_done: bool,
     /// The trainer to run beside the control plane (`None`: control plane only).
     pub(crate) trainer: Option<TrainerLauncher>,
     /// Instead of `trainer`: makes the trainer from the cluster's job once this node has
@@ -62,6 +64,7 @@ impl RunOptions {
             status_addr,
             resync: false,
             config,
+            exit_when_done: false,
             trainer: None,
             adopter: None,
         }
@@ -79,6 +82,15 @@ impl RunOptions {
     /// Whether to set the raft state and identity aside and rejoin as a new member.
     pub fn resync(self, resync: bool) -> Self {
         Self { resync, ..self }
+    }
+
+    /// Whether the node stops when its job is done (a training loop's `fit`) or idles then (a
+    /// service whose `/status` shows the finished job).
+    pub fn exit_when_done(self, exit_when_done: bool) -> Self {
+        Self {
+            exit_when_done,
+            ..self
+        }
     }
 
     /// The node runs `trainer` beside its control plane.
@@ -145,4 +157,7 @@ pub enum NodeError {
          give it --bootstrap, or its own job (job = \"own\")"
     )]
     NothingToAdopt,
+    /// The node stopped with a failure's exit code.
+    #[error("the node stopped with exit code {0} (its log says why)")]
+    Stopped(i32),
 }

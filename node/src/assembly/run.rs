@@ -2,12 +2,14 @@
 //! member after a graceful exit or a resync), then the status server, the trainer and the
 //! actors, each on its thread, until the actor system stops.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
 use libp2p::Multiaddr;
 use libp2p::identity::Keypair;
 use parcae_api::{TrainingPhase, TrainingView};
+use parcae_consensus::ControlState;
 
 use super::options::{JobAdopter, NodeError, RunOptions};
 use crate::config::{NodeConfig, PlanStrategy};
@@ -32,7 +34,22 @@ use crate::train::{TrainerContext, TrainerStarted};
 
 /// Runs a node until it exits; returns the process exit code. Any panic ends the process
 /// ([`exit_on_panic`]).
-pub fn run(mut opts: RunOptions) -> Result<i32, NodeError> {
+pub fn run(opts: RunOptions) -> Result<i32, NodeError> {
+    run_to_exit(opts).map(|exit| exit.code)
+}
+
+/// How a node's run ended.
+pub struct NodeExit {
+    /// The actor system's exit code (0: it left the cluster or its job is done).
+    pub code: i32,
+    /// It stopped because its job was done ([`RunOptions::exit_when_done`]).
+    pub finished: bool,
+    /// The replicated state as this node applied it last.
+    pub state: Arc<ControlState>,
+}
+
+/// [`run`], returning how the node ended and what it knew then.
+pub fn run_to_exit(mut opts: RunOptions) -> Result<NodeExit, NodeError> {
     exit_on_panic();
     let (launcher, adopter) = (opts.trainer.take(), opts.adopter.take());
     let data_dir = DataDir::new(&opts.data_dir);
@@ -60,6 +77,8 @@ pub fn run(mut opts: RunOptions) -> Result<i32, NodeError> {
     let status = system.block_on(async { Status::new(cells).start() });
     let control = ControlPlane::new();
     let handle = control.handle();
+    let applied = handle.state();
+    let finished = Arc::new(AtomicBool::new(false));
     let parts = Parts {
         keypair: &keypair,
         data_dir: &data_dir,
@@ -67,6 +86,7 @@ pub fn run(mut opts: RunOptions) -> Result<i32, NodeError> {
         handle: &handle,
         status: &status,
         metrics: &metrics,
+        finished: &finished,
     };
     let trainer = match launcher {
         Some(launch) => Some(launch(parts.trainer_context())?),
@@ -109,7 +129,13 @@ pub fn run(mut opts: RunOptions) -> Result<i32, NodeError> {
             .name("job-adoption".into())
             .spawn(adoption)?;
     }
-    Ok(system.run_with_code()?)
+    let code = system.run_with_code()?;
+    let state = applied.borrow().clone();
+    Ok(NodeExit {
+        code,
+        finished: finished.load(Ordering::SeqCst),
+        state,
+    })
 }
 
 /// Where the node looks for its cluster: the seeds given (a bootstrap file must be readable
@@ -160,6 +186,8 @@ struct Parts<'a> {
     handle: &'a ControlHandle,
     status: &'a Addr<Status>,
     metrics: &'a Arc<Metrics>,
+    /// Set when the trainer stopped the node because the job was done.
+    finished: &'a Arc<AtomicBool>,
 }
 
 impl Parts<'_> {
@@ -182,7 +210,17 @@ impl Parts<'_> {
             peer_timeout: config.peer_timeout(),
             restart_on_change: config.planner.strategy == PlanStrategy::Reactive,
             metrics: self.metrics.clone(),
+            stop_when_done: self.opts.exit_when_done.then(|| self.stop()),
         }
+    }
+
+    /// Stops the node's actor system as done.
+    fn stop(&self) -> Box<dyn FnOnce() + Send> {
+        let (system, finished) = (System::current(), self.finished.clone());
+        Box::new(move || {
+            finished.store(true, Ordering::SeqCst);
+            system.stop_with_code(0);
+        })
     }
 }
 

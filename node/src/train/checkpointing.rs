@@ -1,9 +1,10 @@
-//! Checkpoints: the first replica of each stage saves its state every `checkpoint_every` steps,
-//! locally, on one peer outside its stage and in the job's durable store, then registers its
-//! part of the step's cut in raft; the first replica of the first stage records every complete
-//! stored cut's manifest in the store, so a new cluster can resume from it. The training loop
-//! pays only for the snapshot and its digest: the file write, fsync, peer copy, upload and
-//! registration run in the background, and a part is registered only once durable.
+//! Checkpoints: the first replica of each stage saves its state every `checkpoint_every` steps
+//! and after a limited job's last step, locally, on one peer outside its stage and in the job's
+//! durable store, then registers its part of the step's cut in raft; the first replica of the
+//! first stage records every complete stored cut's manifest in the store, so a new cluster can
+//! resume from it. The training loop pays only for the snapshot and its digest: the file write,
+//! fsync, peer copy, upload and registration run in the background, and a part is registered
+//! only once durable.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -65,6 +66,13 @@ impl CutRecorder {
     }
 }
 
+/// Whether the state after step `k` is saved: every `every` steps (0: never), and after the
+/// last step of a job limited to `max_steps` (0: no limit), whose weights are the job's result.
+fn checkpoint_due(every: u64, max_steps: u64, k: u64) -> bool {
+    let periodic = every > 0 && (k + 1).is_multiple_of(every);
+    periodic || (max_steps > 0 && k + 1 == max_steps)
+}
+
 /// After step `k`: when a checkpoint is due and this node is pipeline 0's replica of its
 /// stage, snapshots the stage (whose digest the next step carries) and saves it in the
 /// background.
@@ -75,8 +83,9 @@ pub fn checkpoint_if_due<M: PipelineModel>(
     state: &ControlState,
     (plan, k): (&Plan, u64),
 ) -> Result<(), TrainError> {
-    let every = setup.spec.checkpoint_every;
-    if every == 0 || !(k + 1).is_multiple_of(every) || current.slot.pipeline != 0 {
+    if !checkpoint_due(setup.spec.checkpoint_every, setup.spec.max_steps, k)
+        || current.slot.pipeline != 0
+    {
         return Ok(());
     }
     let snapshot = Instant::now();
@@ -240,4 +249,19 @@ fn checkpoint_peer(
             .map(|(id, _)| *id)
     }?;
     peer_addr(state, node).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint_due;
+
+    #[test]
+    fn a_limited_job_saves_its_last_step_besides_the_cadence() {
+        let due = |every, max, k| checkpoint_due(every, max, k);
+        assert!(due(5, 0, 4) && due(5, 0, 9) && !due(5, 0, 5));
+        assert!(!due(0, 0, 4));
+        // The last step of a 40-step job, with and without a cadence.
+        assert!(due(0, 40, 39) && due(7, 40, 39) && due(7, 40, 34));
+        assert!(!due(0, 40, 38) && !due(0, 40, 40));
+    }
 }

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use super::context::{Board, Io, WorkerSetup};
 use super::error::TrainError;
+use super::finish::Finisher;
 use super::samples::{DataSource, Validation};
 use super::worker::Worker;
 use crate::checkpoint::CheckpointStore;
@@ -59,6 +60,8 @@ pub struct TrainerContext {
     pub restart_on_change: bool,
     /// The node's metrics (the trainer's emulated-accelerator pacing).
     pub metrics: Arc<Metrics>,
+    /// Stops the node when the job is done (`None`: it idles then).
+    pub stop_when_done: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// Starts a trainer.
@@ -159,7 +162,8 @@ impl<M: PipelineModel> TrainJob<M> {
             view: ctx.view,
             submit: ctx.submit,
         };
-        spawn_worker(setup, io, Board::new(ctx.publish))?;
+        let finisher = Finisher::new(ctx.stop_when_done);
+        spawn_worker(setup, io, Board::new(ctx.publish), finisher)?;
         Ok(TrainerStarted { data_addr, job })
     }
 
@@ -251,6 +255,7 @@ fn spawn_worker<M: PipelineModel>(
     mut setup: WorkerSetup<M>,
     io: Io,
     board: Board,
+    finisher: Finisher,
 ) -> Result<(), TrainError> {
     std::thread::Builder::new()
         .name("parcae-trainer".into())
@@ -270,7 +275,7 @@ fn spawn_worker<M: PipelineModel>(
                 }
                 Err(e) => tracing::warn!("cannot measure layer costs: {e}"),
             }
-            Worker::new(setup, io, board).run();
+            Worker::new(setup, io, board, finisher).run();
         })
         .map(|_| ())
         .map_err(|e| TrainError::Resources(format!("trainer thread: {e}")))

@@ -16,6 +16,7 @@
 //! * [`commit`]: commit-then-apply of a step, which [`step`] runs (`parcae-model`'s 1F1B
 //!   driver over [`neighbours`], ring all-reduce, global norm) on [`samples`];
 //! * [`checkpointing`]: saving stages and recording complete cuts in the job's store;
+//! * [`finish`]: the end of a job with a step limit, where a node run as a training loop stops;
 //! * [`launch`]: assembling the trainer of a [`TrainJob`] (endpoint, cost probe, pacing,
 //!   thread); the library API that describes the job is [`crate::Trainer`];
 //! * [`context`] (what the rooms share), [`waiter`] (bounded waits on the data plane),
@@ -26,6 +27,7 @@ pub mod commit;
 pub mod context;
 pub mod egress;
 pub mod error;
+pub mod finish;
 pub mod gate;
 pub mod handoff;
 pub mod launch;

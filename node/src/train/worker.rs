@@ -12,7 +12,9 @@
 //!   complete cut, or stop training when there is none;
 //! * [`super::commit`]: step `k` runs when `k` is the next step of the replicated progress,
 //!   and takes effect only once committed;
-//! * [`super::checkpointing`]: every `checkpoint_every` steps, in the background.
+//! * [`super::checkpointing`]: every `checkpoint_every` steps and after a limited job's last
+//!   one, in the background;
+//! * [`super::finish`]: a limited job's end, where a node run as a training loop stops.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,7 @@ use super::checkpointing::{CutRecorder, checkpoint_if_due};
 use super::commit::train_step;
 use super::context::{Board, Current, Io, WorkerSetup};
 use super::error::TrainError;
+use super::finish::{Finisher, JobEnd, job_end};
 use super::gate::JobGate;
 use super::reconfigure::{self, Entered, Measured, Move};
 use super::waiter::block_on_timeout;
@@ -76,11 +79,13 @@ pub struct Worker<M: PipelineModel> {
     gate: JobGate,
     recorder: CutRecorder,
     measured: Measured,
+    finisher: Finisher,
 }
 
 impl<M: PipelineModel> Worker<M> {
-    /// A worker proposing through `io` and showing its state on `board`.
-    pub fn new(setup: WorkerSetup<M>, io: Io, board: Board) -> Self {
+    /// A worker proposing through `io`, showing its state on `board` and stopping the node
+    /// through `finisher` when the job is done.
+    pub fn new(setup: WorkerSetup<M>, io: Io, board: Board, finisher: Finisher) -> Self {
         Self {
             setup,
             io,
@@ -90,6 +95,7 @@ impl<M: PipelineModel> Worker<M> {
             gate: JobGate::default(),
             recorder: CutRecorder::default(),
             measured: Measured::default(),
+            finisher,
         }
     }
 
@@ -134,6 +140,12 @@ impl<M: PipelineModel> Worker<M> {
         }
         self.recorder
             .record_stored_cut(state, self.phase.slot(), &self.io);
+        let end = job_end(state, self.setup.spec.max_steps);
+        if end != JobEnd::Training {
+            self.board.set_phase(TrainingPhase::Finished);
+            self.finisher.observe(end, Instant::now());
+            return Ok(false);
+        }
         let Some(plan) = state.plan.as_ref() else {
             return Ok(false);
         };
@@ -162,10 +174,6 @@ impl<M: PipelineModel> Worker<M> {
             }
             self.enter(state, plan, slot, next)?;
             return Ok(true);
-        }
-        if self.setup.spec.max_steps > 0 && next >= self.setup.spec.max_steps {
-            self.board.set_phase(TrainingPhase::Finished);
-            return Ok(false);
         }
         self.train(state, plan, next)?;
         Ok(true)
