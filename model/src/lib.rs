@@ -91,7 +91,7 @@ pub use ops::OpSet;
 pub use optim::OptimizerConfig;
 pub use params::ParamInfo;
 pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
-pub use pipeline_model::{Batch, PipelineModel};
+pub use pipeline_model::{Batch, PipelineModel, check_vocabulary};
 pub use rng::StageRng;
 pub use schedule::{
     Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, StepLosses, one_f_one_b,

@@ -108,6 +108,14 @@ pub trait PipelineModel: Send + Sync + 'static {
         (0..self.num_layers()).map(|i| self.layer_params(i)).sum()
     }
 
+    /// The token ids its first layer and its loss take (`0..vocab`), for a model that reads
+    /// tokens (`None`: any the data has). Ids are checked on the host, where batches are made
+    /// ([`crate::token_batch`], against the dataset's vocabulary, which [`check_vocabulary`]
+    /// holds to this one), not on the device, where a check is a blocking read-back.
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
+
     /// Runs layer `index` on `input`. `rng` is the layer's own random stream, for stochastic
     /// layers that must continue identically after a hand-off.
     fn forward(
@@ -153,4 +161,19 @@ pub struct Batch {
     pub inputs: Activation,
     /// Targets the loss compares the last layer's output with.
     pub targets: Activation,
+}
+
+/// Whether `model` takes every token id of `dataset`: its vocabulary no larger than the
+/// model's ([`PipelineModel::vocab_size`]).
+pub fn check_vocabulary<M: PipelineModel>(model: &M, dataset: &dyn crate::Dataset) -> Result<()> {
+    match model.vocab_size() {
+        Some(model_vocab) if dataset.vocab_size() > model_vocab => {
+            Err(crate::ModelError::InvalidConfig(format!(
+                "the dataset's token ids run to {}, the model ({}) takes {model_vocab}",
+                dataset.vocab_size(),
+                model.architecture()
+            )))
+        }
+        _ => Ok(()),
+    }
 }

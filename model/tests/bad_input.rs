@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use parcae_model::{
-    Activation, Gpt, GptConfig, ModelError, PipelineModel, Stage, StageConfig, StageState,
-    WireDType, WireLimits, WireTensor,
+    Activation, Dataset, Gpt, GptConfig, ModelError, PipelineModel, Sampler, Stage, StageConfig,
+    StageState, SyntheticTask, WireDType, WireLimits, WireTensor, check_vocabulary, token_batch,
 };
 use proptest::prelude::*;
 
@@ -181,13 +181,10 @@ fn wrong_activations_are_typed_errors() {
     assert_eq!(middle.in_flight(), 0);
 
     let mut first = stage(0..2);
+    // Token ids are checked where batches are made (the test below); their shape here.
     assert!(matches!(
-        first.forward(0, tokens(vec![1, 64], 1, 2), None),
-        Err(ModelError::TokenOutOfRange { token: 64, .. })
-    ));
-    assert!(matches!(
-        first.forward(0, tokens(vec![-1, 3], 1, 2), None),
-        Err(ModelError::TokenOutOfRange { .. })
+        first.forward(0, tokens(vec![1; 17], 1, 17), None),
+        Err(ModelError::ShapeMismatch { .. })
     ));
 
     let mut last = stage(2..4);
@@ -200,6 +197,51 @@ fn wrong_activations_are_typed_errors() {
     assert!(matches!(
         last.forward_wire(0, &ok, Some(&wrong_targets)),
         Err(ModelError::ShapeMismatch { .. })
+    ));
+}
+
+/// A dataset whose examples hold an id its vocabulary does not.
+struct OutOfVocabulary;
+
+impl Dataset for OutOfVocabulary {
+    fn len(&self) -> u64 {
+        4
+    }
+    fn seq_len(&self) -> usize {
+        16
+    }
+    fn vocab_size(&self) -> usize {
+        64
+    }
+    fn example(&self, index: u64) -> parcae_model::Result<Vec<u32>> {
+        Ok((0..17)
+            .map(|i| if i == 5 { 64 } else { index as u32 })
+            .collect())
+    }
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_are_refused_on_the_host() {
+    let model = tiny();
+    let vocab = model.config().vocab_size;
+    let wider = SyntheticTask::default_for(1, vocab + 1, 16).unwrap();
+    let e = check_vocabulary(model.as_ref(), &wider).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::InvalidConfig(m) if m.contains(&format!("to {}", vocab + 1))),
+        "{e}"
+    );
+    check_vocabulary(
+        model.as_ref(),
+        &SyntheticTask::default_for(1, vocab, 16).unwrap(),
+    )
+    .unwrap();
+    let sampler = Sampler::new(1, 4).unwrap();
+    assert!(matches!(
+        token_batch(&OutOfVocabulary, &sampler, 0, 2, &device()),
+        Err(ModelError::TokenOutOfRange {
+            token: 64,
+            vocab_size: 64
+        })
     ));
 }
 

@@ -12,7 +12,7 @@ use parcae_model::{
 };
 
 #[test]
-fn a_step_reads_back_its_losses_and_token_ranges_and_the_gradient_norm_once() {
+fn a_step_reads_back_its_losses_and_the_gradient_norm_once() {
     let device = Device::flex().autodiff();
     let config = GptConfig::tiny();
     let model = Arc::new(Gpt::new(config.clone()).unwrap());
@@ -29,9 +29,9 @@ fn a_step_reads_back_its_losses_and_token_ranges_and_the_gradient_norm_once() {
     let before = read_backs();
     pipe.forward_backward(&batches).unwrap();
     let forward_backward = read_backs() - before;
-    // Each micro-batch: the smallest and largest input token (the embedding checks its ids),
-    // the same of its targets (the loss checks them), and its loss (checked finite, reported).
-    assert_eq!(forward_backward, 5 * micro);
+    // Each micro-batch's loss (checked finite, reported); token ids are checked on the host,
+    // where the batch is made.
+    assert_eq!(forward_backward, micro);
 
     let before = read_backs();
     let norm = pipe.grad_sq_norm().unwrap();

@@ -81,12 +81,14 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Reads the dataset (and starting weights) once to hash them.
+    /// Reads the dataset (and starting weights) once to hash them; a dataset with token ids the
+    /// model does not take is refused.
     pub fn of<M: PipelineModel>(
         model: &M,
         dataset: &dyn Dataset,
         initial_weights: Option<&dyn WeightSource>,
     ) -> Result<Identity, ModelError> {
+        parcae_model::check_vocabulary(model, dataset)?;
         Ok(Identity {
             architecture: model.architecture(),
             layers: model.num_layers(),
