@@ -350,13 +350,15 @@ fn a_stopped_cluster_resumes_from_a_backup_given_with_restore() {
     c.nodes[victim].kill();
     damage_checkpoints(&c, victim, Damage::All);
     damage_store_parts(&store);
+    // The stop after the damage: a node entering an early plan may stop for a moment where a
+    // slot's layers are not reachable yet (the next plan clears it), which is not this stop.
     let (stopped_step, stopped_history) = wait_for(Duration::from_secs(90), || {
         c.statuses().into_iter().find_map(|(_, s)| {
-            (s.training?.phase == TrainingPhase::Stopped).then_some((s.step, s.history))
+            (s.training?.phase == TrainingPhase::Stopped && s.step > backed_up)
+                .then_some((s.step, s.history))
         })
     })
-    .unwrap_or_else(|| panic!("training did not stop\n{}", c.logs()));
-    assert!(stopped_step > backed_up, "stopped at {stopped_step}");
+    .unwrap_or_else(|| panic!("training did not stop after step {backed_up}\n{}", c.logs()));
     let live = (0..c.nodes.len())
         .find(|i| *i != victim)
         .expect("a live node");
