@@ -25,7 +25,7 @@ const THROUGHPUT_SECS: u64 = 3;
 
 enum Input {
     Raft(NodeId, Vec<u8>),
-    Propose(Command, Sender<bool>),
+    Propose(Box<Command>, Sender<bool>),
     Stop,
 }
 
@@ -153,7 +153,9 @@ fn measure(sync: bool) -> Row {
     for _ in 0..LATENCY_SAMPLES {
         let (tx, rx) = mpsc::channel();
         let t = Instant::now();
-        leader_box.send(Input::Propose(next_cmd(), tx)).unwrap();
+        leader_box
+            .send(Input::Propose(Box::new(next_cmd()), tx))
+            .unwrap();
         assert!(rx.recv().unwrap(), "proposal failed");
         lat.push(t.elapsed());
     }
@@ -163,7 +165,7 @@ fn measure(sync: bool) -> Row {
     let (tx, rx) = mpsc::channel();
     for _ in 0..THROUGHPUT_WINDOW {
         leader_box
-            .send(Input::Propose(next_cmd(), tx.clone()))
+            .send(Input::Propose(Box::new(next_cmd()), tx.clone()))
             .unwrap();
     }
     let t = Instant::now();
@@ -173,7 +175,7 @@ fn measure(sync: bool) -> Row {
             committed += 1;
         }
         leader_box
-            .send(Input::Propose(next_cmd(), tx.clone()))
+            .send(Input::Propose(Box::new(next_cmd()), tx.clone()))
             .unwrap();
     }
     let pipelined_rate = committed as f64 / t.elapsed().as_secs_f64();

@@ -45,6 +45,8 @@ pub mod limits {
     pub const MAX_ADDR_BYTES: usize = 256;
     /// Bytes of a member's zone, instance type or device name.
     pub const MAX_LABEL_BYTES: usize = 64;
+    /// A member's device memory, MiB (16 TiB).
+    pub const MAX_DEVICE_MEMORY_MIB: u64 = 1 << 24;
     /// Availability samples kept (oldest dropped first).
     pub const MAX_AVAILABILITY: usize = 4096;
     /// Zones of one availability sample.

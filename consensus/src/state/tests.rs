@@ -143,6 +143,7 @@ fn a_member_says_where_it_runs_and_on_what_within_bounds() {
         zone: "us-east-1a".into(),
         instance_type: "p3.2xlarge".into(),
         device: "emulated:gpt-1.5b".into(),
+        memory_mib: 16_000,
     };
     let placed = |caps: Capabilities| Command::Join {
         node: id(2),
@@ -174,6 +175,14 @@ fn a_member_says_where_it_runs_and_on_what_within_bounds() {
             },
             "caps.device",
             "'\\n'",
+        ),
+        (
+            Capabilities {
+                memory_mib: limits::MAX_DEVICE_MEMORY_MIB + 1,
+                ..caps.clone()
+            },
+            "caps.memory_mib",
+            "16777217 MiB",
         ),
     ];
     for (caps, name, why) in bad {

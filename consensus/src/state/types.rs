@@ -92,6 +92,9 @@ pub struct Capabilities {
     pub instance_type: String,
     /// The device its stage runs on: `cpu`, `cuda`, or `emulated:PROFILE`.
     pub device: String,
+    /// Usable memory of that device, MiB (0: unknown, and the planner assumes its own
+    /// device's): the planner prices each pool at its own memory.
+    pub memory_mib: u64,
 }
 
 impl Capabilities {
@@ -100,7 +103,8 @@ impl Capabilities {
         c.is_ascii_alphanumeric() || ".:_/-".contains(c)
     }
 
-    /// The first field that breaks the rules above, and why.
+    /// The first field that breaks the rules above (a device's memory at most
+    /// [`super::limits::MAX_DEVICE_MEMORY_MIB`]), and why.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         for (field, value) in [
             ("caps.zone", &self.zone),
@@ -108,6 +112,16 @@ impl Capabilities {
             ("caps.device", &self.device),
         ] {
             Self::check_label(value).map_err(|reason| (field, reason))?;
+        }
+        if self.memory_mib > super::limits::MAX_DEVICE_MEMORY_MIB {
+            return Err((
+                "caps.memory_mib",
+                format!(
+                    "{} MiB (at most {})",
+                    self.memory_mib,
+                    super::limits::MAX_DEVICE_MEMORY_MIB
+                ),
+            ));
         }
         Ok(())
     }

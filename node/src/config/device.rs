@@ -150,6 +150,15 @@ impl DeviceConfig {
         }
     }
 
+    /// Usable memory of the section's device, MiB, where the node knows it (an emulated
+    /// device's profile); 0 elsewhere, and the planner assumes its own device's.
+    pub fn memory_mib(&self) -> u64 {
+        match self.emulation() {
+            Ok(Some(e)) => e.memory_mb().round() as u64,
+            _ => 0,
+        }
+    }
+
     /// Whether this build can run the section's device.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.kind == DeviceKind::Cuda && !cfg!(feature = "cuda") {

@@ -277,7 +277,8 @@ impl NodeConfig {
         Duration::from_millis(self.raft.tick_ms) * self.raft.election_ticks as u32
     }
 
-    /// What this node says of itself in its membership record: zone, instance type, device.
+    /// What this node says of itself in its membership record: zone, instance type, device
+    /// and its memory.
     pub fn capabilities(&self) -> Capabilities {
         self.placement.capabilities(&self.device)
     }

@@ -23,6 +23,7 @@ impl PlacementConfig {
             zone: self.zone.clone(),
             instance_type: self.instance_type.clone(),
             device: device.name(),
+            memory_mib: device.memory_mib(),
         }
     }
 

@@ -149,7 +149,7 @@ impl FleetCache {
                 device: DeviceCosts {
                     name: name.clone(),
                     layers,
-                    memory_mb: shape.memory_mb,
+                    memory_mb: pool_memory_mb(state, workers, name, shape),
                 },
             })
             .collect();
@@ -229,6 +229,19 @@ pub(crate) fn pool_of(state: &ControlState, id: &NodeId) -> String {
     } else {
         format!("{zone}/{kind}")
     }
+}
+
+/// The memory the pool `name`'s devices hold, MiB: the least its `workers` said in their
+/// membership records, or `shape`'s (the planner's own device's) where none said.
+fn pool_memory_mb(state: &ControlState, workers: &[NodeId], name: &str, shape: &JobShape) -> f64 {
+    workers
+        .iter()
+        .filter(|id| pool_of(state, id) == name)
+        .filter_map(|id| state.members.get(id))
+        .map(|m| m.peer.caps.memory_mib)
+        .filter(|&mib| mib > 0)
+        .min()
+        .map_or(shape.memory_mb, |mib| mib as f64)
 }
 
 /// `fleet` with `counts` workers per zone, as `/status` shows it.

@@ -108,6 +108,31 @@ fn each_zone_is_priced_at_what_its_own_nodes_measured() {
 }
 
 #[test]
+fn each_pool_is_planned_at_the_least_memory_its_members_said() {
+    let mut state = cluster(&["a/fast", "a/fast", "b/slow", "b/slow", "c/slow", "c/slow"]);
+    let said = [16_384, 0, 24_576, 20_480, 0, 0];
+    for (n, mib) in (1u8..).zip(said) {
+        let member = state
+            .members
+            .get_mut(&NodeId::from_peer_bytes(&[n]))
+            .unwrap();
+        member.peer.caps.memory_mib = mib;
+    }
+    let mut fleets = FleetCache::default();
+    zoned(&state, &mut fleets).expect("three named pools");
+    let memory: Vec<f64> = fleets
+        .fleet
+        .as_ref()
+        .unwrap()
+        .zones()
+        .iter()
+        .map(|z| z.device.memory_mb)
+        .collect();
+    // a: the one that said; b: the lesser of two; c: nobody said, the planner's own.
+    assert_eq!(memory, vec![16_384.0, 20_480.0, CPU_MEMORY_MB]);
+}
+
+#[test]
 fn a_zone_prices_the_layers_it_does_not_run_at_its_own_speed() {
     let layer = |ms: f64| LayerCost {
         forward_ms: ms,
