@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::activation::Activation;
 use crate::error::{ModelError, Result};
-use crate::pipeline_model::Batch;
+use crate::pipeline_model::{Batch, PipelineModel};
 
 /// A source of fixed-length token sequences.
 pub trait Dataset: Send + Sync {
@@ -266,6 +266,21 @@ impl Dataset for ByteTextDataset {
         h.update((self.seq_len as u64).to_le_bytes());
         h.update(&self.bytes);
         Ok(h.finalize().into())
+    }
+}
+
+/// Whether `model` takes every token id of `dataset`: its vocabulary no larger than the
+/// model's ([`PipelineModel::vocab_size`]).
+pub fn check_vocabulary<M: PipelineModel>(model: &M, dataset: &dyn Dataset) -> Result<()> {
+    match model.vocab_size() {
+        Some(model_vocab) if dataset.vocab_size() > model_vocab => {
+            Err(ModelError::InvalidConfig(format!(
+                "the dataset's token ids run to {}, the model ({}) takes {model_vocab}",
+                dataset.vocab_size(),
+                model.architecture()
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -11,7 +11,7 @@
 use burn::config::Config;
 use burn::module::{Initializer, Module};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::activation::{gelu, gelu_approximate, log_softmax, softmax};
+use burn::tensor::activation::{gelu_approximate, log_softmax, softmax};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use burn::backend::DispatchTensor;
@@ -307,7 +307,7 @@ impl Gpt {
         match affine(linear) {
             Some(a) if self.native(&x) => ops::gelu_linear(x, tanh, a),
             _ if tanh => linear.forward(gelu_approximate(x)),
-            _ => linear.forward(gelu(x)),
+            _ => linear.forward(ops::erf_gelu(x)),
         }
     }
 

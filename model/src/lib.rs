@@ -79,7 +79,8 @@ pub use activation::Activation;
 pub use block_kernel::Gelu;
 pub use costs::{LayerCost, Runs, device_memory, median};
 pub use data::{
-    ByteTextDataset, Dataset, Sampler, Subset, SyntheticTask, split_validation, token_batch,
+    ByteTextDataset, Dataset, Sampler, Subset, SyntheticTask, check_vocabulary, split_validation,
+    token_batch,
 };
 pub use device::{Backend, default_device};
 pub use error::{ModelError, Result};
@@ -91,7 +92,7 @@ pub use ops::OpSet;
 pub use optim::OptimizerConfig;
 pub use params::ParamInfo;
 pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
-pub use pipeline_model::{Batch, PipelineModel, check_vocabulary};
+pub use pipeline_model::{Batch, PipelineModel};
 pub use rng::StageRng;
 pub use schedule::{
     Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, StepLosses, one_f_one_b,

@@ -110,7 +110,7 @@ pub trait PipelineModel: Send + Sync + 'static {
 
     /// The token ids its first layer and its loss take (`0..vocab`), for a model that reads
     /// tokens (`None`: any the data has). Ids are checked on the host, where batches are made
-    /// ([`crate::token_batch`], against the dataset's vocabulary, which [`check_vocabulary`]
+    /// ([`crate::token_batch`], against the dataset's vocabulary, which [`crate::check_vocabulary`]
     /// holds to this one), not on the device, where a check is a blocking read-back.
     fn vocab_size(&self) -> Option<usize> {
         None
@@ -161,19 +161,4 @@ pub struct Batch {
     pub inputs: Activation,
     /// Targets the loss compares the last layer's output with.
     pub targets: Activation,
-}
-
-/// Whether `model` takes every token id of `dataset`: its vocabulary no larger than the
-/// model's ([`PipelineModel::vocab_size`]).
-pub fn check_vocabulary<M: PipelineModel>(model: &M, dataset: &dyn crate::Dataset) -> Result<()> {
-    match model.vocab_size() {
-        Some(model_vocab) if dataset.vocab_size() > model_vocab => {
-            Err(crate::ModelError::InvalidConfig(format!(
-                "the dataset's token ids run to {}, the model ({}) takes {model_vocab}",
-                dataset.vocab_size(),
-                model.architecture()
-            )))
-        }
-        _ => Ok(()),
-    }
 }

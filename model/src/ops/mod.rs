@@ -318,6 +318,14 @@ pub(crate) fn gelu_linear(x: Tensor<3>, tanh: bool, linear: Affine) -> Tensor<3>
     unrows(y, bt)
 }
 
+/// GELU's erf form composed of Burn's operations (`x (1 + erf(x / sqrt 2)) / 2`), which autodiff
+/// differentiates exactly: Burn's `gelu` is exact on Flex, but elsewhere its backward is
+/// `ActivationOps::gelu_backward`'s default, the tanh approximation's derivative (a dx 0.3 %
+/// off on the Cube CPU runtime), so the reference composition uses this one.
+pub(crate) fn erf_gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    gelu::forward(x, false)
+}
+
 /// The mean cross-entropy of the head `weight` `[d, vocab]` on `h` `[rows >= 1, d]` against
 /// `targets` `[rows]`.
 pub(crate) fn head_loss(h: Tensor<2>, weight: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
