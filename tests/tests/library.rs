@@ -55,10 +55,16 @@ fn a_user_model_trains_across_two_processes() {
             })
             .collect()
     };
-    // `run` returns in both processes once the 40th step is committed and stored.
+    // `run` returns in both processes once the 40th step is committed and stored (a child's
+    // exit is reaped once, so each is kept as it comes).
+    let mut exited = [None; 2];
     let exits = wait_for(Duration::from_secs(120), || {
-        let done: Vec<_> = ids.iter().filter_map(|&id| children.try_exit(id)).collect();
-        (done.len() == 2).then_some(done)
+        for (exit, &id) in exited.iter_mut().zip(&ids) {
+            if exit.is_none() {
+                *exit = children.try_exit(id);
+            }
+        }
+        exited.iter().copied().collect::<Option<Vec<_>>>()
     })
     .unwrap_or_else(|| panic!("the processes did not return from run\n{}", logs().concat()));
     let logs = logs();
