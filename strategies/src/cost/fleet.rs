@@ -494,62 +494,6 @@ impl Fleet {
             .clone()
     }
 
-    /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
-    /// present in turn, paced by the slowest kind present.
-    fn zone_blind(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
-        let present: Vec<usize> = (0..counts.len()).filter(|&z| counts[z] > 0).collect();
-        if present.is_empty() || counts.iter().sum::<u32>() < d * p {
-            return None;
-        }
-        let bounds = balanced_bounds(&self.spec, &vec![&self.worst; p as usize])?;
-        let mut left = counts.to_vec();
-        let mut slots = Vec::with_capacity((d * p) as usize);
-        let mut turn = 0;
-        while slots.len() < (d * p) as usize {
-            let z = present[turn % present.len()];
-            turn += 1;
-            if left[z] > 0 {
-                left[z] -= 1;
-                slots.push(z);
-            }
-        }
-        let zones: Vec<Vec<usize>> = slots.chunks(p as usize).map(<[usize]>::to_vec).collect();
-        let spans = present.len() > 1 && d * p > 1;
-        let link = match present.as_slice() {
-            [z] => self
-                .links
-                .between(&self.zones[*z].name, &self.zones[*z].name),
-            _ => self.slowest_ring_link(&present),
-        };
-        let (ring, boundary) = if spans {
-            (link, link)
-        } else {
-            (self.links.within, self.links.within)
-        };
-        let mut rate = f64::INFINITY;
-        for &z in &present {
-            let devices = vec![&self.zones[z].device; p as usize];
-            rate = rate.min(
-                self.rate(&devices, &bounds, d, ring, boundary)
-                    .unwrap_or(0.0),
-            );
-        }
-        Some(self.placement(zones, bounds, rate, d, None))
-    }
-
-    /// The slowest link of a ring over `zones` (each zone's own link when it is alone).
-    fn slowest_ring_link(&self, zones: &[usize]) -> Link {
-        let name = |z: usize| self.zones[z].name.as_str();
-        let mut links: Vec<Link> = (0..zones.len())
-            .map(|i| {
-                self.links
-                    .between(name(zones[i]), name(zones[(i + 1) % zones.len()]))
-            })
-            .collect();
-        links.sort_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s));
-        links.first().copied().unwrap_or(self.links.within)
-    }
-
     /// A placement with its egress per sample.
     fn placement(
         &self,
@@ -635,6 +579,7 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
     }
 }
 
+mod blind;
 pub mod shares;
 mod staggered;
 mod two_zones;
