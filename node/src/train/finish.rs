@@ -47,8 +47,10 @@ pub const FINAL_SAVE_WAIT: Duration = Duration::from_secs(60);
 /// Calls a node's stop once the job is done, or once the final checkpoint is given up on.
 pub struct Finisher {
     stop: Option<Box<dyn FnOnce() + Send>>,
-    /// When this node first saw the job `Saving` and `Done`.
-    since: (Option<Instant>, Option<Instant>),
+    /// When this node first saw every step committed.
+    saving_since: Option<Instant>,
+    /// When it first saw the job `Done`.
+    done_since: Option<Instant>,
 }
 
 impl Finisher {
@@ -56,7 +58,8 @@ impl Finisher {
     pub fn new(stop: Option<Box<dyn FnOnce() + Send>>) -> Self {
         Self {
             stop,
-            since: (None, None),
+            saving_since: None,
+            done_since: None,
         }
     }
 
@@ -65,15 +68,15 @@ impl Finisher {
         if end == JobEnd::Training {
             return;
         }
-        let saving = *self.since.0.get_or_insert(now);
+        let saving = *self.saving_since.get_or_insert(now);
         if end == JobEnd::Done {
-            self.since.1.get_or_insert(now);
+            self.done_since.get_or_insert(now);
         }
-        if !stop_due(saving, self.since.1, now) {
+        if !stop_due(saving, self.done_since, now) {
             return;
         }
         if let Some(stop) = self.stop.take() {
-            if self.since.1.is_none() {
+            if self.done_since.is_none() {
                 tracing::warn!(
                     waited = ?FINAL_SAVE_WAIT,
                     "the last step's checkpoint did not complete in the job's store: stopping \
