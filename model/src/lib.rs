@@ -39,7 +39,7 @@
 //! | forward elsewhere | [`Stage::forward_wire`]`(mb, bytes, targets_if_last)` -> [`WireOutput`] |
 //! | backward | [`Stage::backward_wire`]`(mb, Some(grad_bytes) or None at the last stage, 1/M)` -> bytes to send upstream |
 //! | data-parallel all-reduce | [`Stage::export_grads`] (flat LE f32, layout [`Stage::grad_layout`]), reduce (e.g. [`mean_f32_le`]), [`Stage::import_grads`] |
-//! | clipping and update | sum [`Stage::grad_sq_norm`] over stages, [`Stage::optimizer_step`]`(global_sq)` -> [`StepReport`] |
+//! | clipping, the loss and the update | sum [`Stage::grad_sq_norm`] over stages ([`Stage::step_totals`]: with the step's loss, in one read), [`Stage::optimizer_step`]`(global_sq)` -> [`StepReport`] |
 //! | hand-off / repartition | [`Stage::export_state`]`(layers)`, [`StageState::parse`] (inspect), [`Stage::import_state`]`(bytes, layers)` |
 //! | digest for the replicated log | [`Stage::state_digest`] |
 //! | cost model inputs | [`Stage::measure_layer_costs`] -> [`LayerCost`] per layer; [`StepReport::times`] per step |
@@ -95,13 +95,12 @@ pub use pipeline::{Pipeline, data_parallel_step, even_ranges, mean_f32_le};
 pub use pipeline_model::{Batch, PipelineModel};
 pub use rng::StageRng;
 pub use schedule::{
-    Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, StepLosses, one_f_one_b,
-    run_one_f_one_b,
+    Collective, MicroBatches, Neighbours, OneFOneB, Op, StagePosition, one_f_one_b, run_one_f_one_b,
 };
 pub use smoke::{Comparison, SmokeReport, smoke, smoke_model};
 pub use stage::{
-    LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, Upstream, WireOutput,
-    init_layers, layer_seed,
+    LayerSpan, PhaseTimes, Stage, StageConfig, StageOutput, StepReport, StepTotals, Upstream,
+    WireOutput, init_layers, layer_seed,
 };
 pub use state::{LayerSection, STATE_VERSION, StageState};
 pub use token_file::{TokenDtype, TokenFileDataset};

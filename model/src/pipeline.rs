@@ -15,7 +15,7 @@ use crate::codec::{extend_f32_le, f32_from_le};
 use crate::error::{ModelError, Result};
 use crate::pipeline_model::{Batch, PipelineModel};
 use crate::schedule::{MicroBatches, Neighbours, OneFOneB, StagePosition};
-use crate::stage::{Stage, StageConfig, StageOutput, StepReport};
+use crate::stage::{Stage, StageConfig, StageOutput, StepReport, StepTotals};
 
 /// `num_layers` layers cut into `stages` contiguous ranges of near-equal length.
 pub fn even_ranges(num_layers: usize, stages: usize) -> Result<Vec<Range<usize>>> {
@@ -84,11 +84,11 @@ impl<M: PipelineModel> Pipeline<M> {
         &mut self.stages
     }
 
-    /// Runs forward and backward of every micro-batch in 1F1B order and accumulates gradients;
-    /// returns the mean loss. Every stage runs the node's 1F1B driver ([`OneFOneB`]) in this
+    /// Runs forward and backward of every micro-batch in 1F1B order and accumulates gradients
+    /// (and, on the device, the mean loss: [`Pipeline::step_totals`]). Every stage runs the node's 1F1B driver ([`OneFOneB`]) in this
     /// thread, in turns, each going as far as its neighbours' messages allow; activations and
     /// gradients cross stage boundaries as wire bytes, exactly as they cross the network.
-    pub fn forward_backward(&mut self, micro_batches: &[Batch]) -> Result<f32> {
+    pub fn forward_backward(&mut self, micro_batches: &[Batch]) -> Result<()> {
         let weights = vec![1.0 / micro_batches.len().max(1) as f32; micro_batches.len()];
         self.forward_backward_weighted(micro_batches, &weights)
     }
@@ -99,7 +99,7 @@ impl<M: PipelineModel> Pipeline<M> {
         &mut self,
         micro_batches: &[Batch],
         weights: &[f32],
-    ) -> Result<f32> {
+    ) -> Result<()> {
         let p = self.stages.len();
         let m = micro_batches.len();
         if m == 0 || weights.len() != m {
@@ -133,12 +133,20 @@ impl<M: PipelineModel> Pipeline<M> {
                 ));
             }
         }
-        Ok(drivers.last().map_or(0.0, OneFOneB::loss) as f32)
+        Ok(())
     }
 
     /// Sum of the stages' squared gradient norms.
     pub fn grad_sq_norm(&self) -> Result<f64> {
         self.stages.iter().map(Stage::grad_sq_norm).sum()
+    }
+
+    /// The step's squared gradient norm over every stage and its weighted training loss
+    /// ([`Stage::step_totals`] of every stage, summed on the device): one read-back.
+    pub fn step_totals(&self) -> Result<StepTotals> {
+        let sums = self.stages.iter().filter_map(Stage::totals_on_device);
+        let has_loss = self.stages.last().is_some_and(|s| s.step_loss_kept());
+        Stage::<M>::read_totals(sums.reduce(|a, b| a + b), has_loss)
     }
 
     /// Steps every stage with the given global squared norm.
@@ -152,10 +160,10 @@ impl<M: PipelineModel> Pipeline<M> {
     /// One training step on `micro_batches`: 1F1B forward/backward, clipping by this pipeline's
     /// global norm, AdamW. Returns the mean loss.
     pub fn train_step(&mut self, micro_batches: &[Batch]) -> Result<f32> {
-        let loss = self.forward_backward(micro_batches)?;
-        let norm = self.grad_sq_norm()?;
-        self.optimizer_step(norm)?;
-        Ok(loss)
+        self.forward_backward(micro_batches)?;
+        let totals = self.step_totals()?;
+        self.optimizer_step(totals.grad_sq_norm)?;
+        Ok(totals.loss.unwrap_or_default() as f32)
     }
 
     /// The loss of `batch` without training (no gradient is kept, no random stream moves).
@@ -167,6 +175,7 @@ impl<M: PipelineModel> Pipeline<M> {
             match stage.evaluate(act.clone(), targets)? {
                 StageOutput::Activation(a) => act = a,
                 StageOutput::Loss(l) => return Ok(l),
+                StageOutput::LossKept => break,
             }
         }
         Err(ModelError::InvalidConfig(
@@ -223,7 +232,11 @@ pub fn data_parallel_step<M: PipelineModel>(
     }
     let mut loss = 0.0;
     for (pipe, shard) in replicas.iter_mut().zip(shards) {
-        loss += pipe.forward_backward(shard)?;
+        pipe.forward_backward(shard)?;
+        let stages = pipe.stages.iter();
+        loss += stages
+            .filter_map(|s| s.step_loss().transpose())
+            .sum::<Result<f64>>()? as f32;
     }
     let stages = replicas[0].stages.len();
     for s in 0..stages {

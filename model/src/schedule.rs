@@ -131,13 +131,13 @@ pub struct MicroBatches<B, W> {
 }
 
 /// The 1F1B driver of one stage in one step: where it is in [`one_f_one_b`]'s order and the
-/// weighted loss so far (at the last stage).
+/// held-out micro-batches' weighted loss so far (at the last stage; the training loss stays on
+/// the device, in the stage: [`Stage::step_totals`]).
 #[derive(Debug)]
 pub struct OneFOneB {
     position: StagePosition,
     ops: Vec<Op>,
     next: usize,
-    loss: f64,
     validation_loss: f64,
 }
 
@@ -151,7 +151,6 @@ impl OneFOneB {
             position,
             ops,
             next: 0,
-            loss: 0.0,
             validation_loss: 0.0,
         }
     }
@@ -159,11 +158,6 @@ impl OneFOneB {
     /// Whether every operation of the step ran.
     pub fn done(&self) -> bool {
         self.next == self.ops.len()
-    }
-
-    /// The weighted loss sum at the last stage (0 elsewhere).
-    pub fn loss(&self) -> f64 {
-        self.loss
     }
 
     /// The weighted loss sum of the held-out micro-batches at the last stage (0 elsewhere).
@@ -221,13 +215,9 @@ impl OneFOneB {
                     match out {
                         WireOutput::Activation(bytes) => neighbours.send_activation(i, bytes)?,
                         WireOutput::Loss(l) => {
-                            let sum = if training {
-                                &mut self.loss
-                            } else {
-                                &mut self.validation_loss
-                            };
-                            *sum += f64::from(l) * f64::from((data.weight)(i));
+                            self.validation_loss += f64::from(l) * f64::from((data.weight)(i));
                         }
+                        WireOutput::LossKept => {}
                     }
                 }
                 Op::Backward(i) => {
@@ -256,23 +246,16 @@ impl OneFOneB {
     }
 }
 
-/// The weighted loss sums of a step at its last stage (0 elsewhere).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct StepLosses {
-    /// Of the training micro-batches.
-    pub train: f64,
-    /// Of the held-out micro-batches (0 when there were none).
-    pub validation: f64,
-}
-
 /// Runs a whole step of one stage with neighbours that wait (a node's links): every operation
-/// of [`one_f_one_b`] in order, then the held-out forwards.
+/// of [`one_f_one_b`] in order, then the held-out forwards. Returns the held-out micro-batches'
+/// weighted loss sum at the last stage (0 elsewhere, or without held-out micro-batches); the
+/// training loss is the stage's ([`Stage::step_totals`]).
 pub fn run_one_f_one_b<M, N, B, W>(
     stage: &mut Stage<M>,
     neighbours: &mut N,
     position: StagePosition,
     data: &mut MicroBatches<B, W>,
-) -> Result<StepLosses, N::Error>
+) -> Result<f64, N::Error>
 where
     M: PipelineModel,
     N: Neighbours,
@@ -288,10 +271,7 @@ where
             .into());
         }
     }
-    Ok(StepLosses {
-        train: driver.loss(),
-        validation: driver.validation_loss(),
-    })
+    Ok(driver.validation_loss())
 }
 
 #[cfg(test)]
@@ -383,8 +363,8 @@ mod tests {
             stages: 1,
         };
         let before = stage.param_values(1).unwrap();
-        let losses = run_one_f_one_b(&mut stage, &mut neighbours, position, &mut data).unwrap();
-        assert!(losses.train > 0.0);
+        let validation = run_one_f_one_b(&mut stage, &mut neighbours, position, &mut data).unwrap();
+        assert!(stage.step_loss().unwrap().is_some_and(|l| l > 0.0));
         let mut ops = one_f_one_b(1, 0, 3);
         ops.extend([Op::Evaluate(3), Op::Evaluate(4)]);
         assert_eq!(neighbours.0, ops);
@@ -398,15 +378,13 @@ mod tests {
                 let b = batch(i).unwrap();
                 match stage.evaluate(b.inputs, Some(&b.targets)).unwrap() {
                     crate::StageOutput::Loss(l) => 0.5 * f64::from(l),
-                    crate::StageOutput::Activation(_) => {
-                        panic!("a one-stage pipeline ends in a loss")
-                    }
+                    other => panic!("a one-stage pipeline evaluates to a loss, not {other:?}"),
                 }
             })
             .sum();
         assert!(
-            (losses.validation - held_out).abs() < 1e-6,
-            "{losses:?} vs {held_out}"
+            (validation - held_out).abs() < 1e-6,
+            "{validation} vs {held_out}"
         );
     }
 }

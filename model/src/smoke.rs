@@ -174,13 +174,17 @@ fn train_one_step(origin: &Device, device: &Device) -> Result<StepResult> {
     stage.import_state(&built.export_state(0..n)?, 0..n)?;
     let task = SyntheticTask::default_for(SEED, smoke_model().vocab_size, smoke_model().seq_len)?;
     let batch = token_batch(&task, &Sampler::new(SEED, task.len())?, 0, 4, device)?;
-    let loss = match stage.forward(0, batch.inputs, Some(&batch.targets))? {
-        StageOutput::Loss(loss) => loss,
-        StageOutput::Activation(_) => return Err(ModelError::MissingTargets),
-    };
+    if !matches!(
+        stage.forward(0, batch.inputs, Some(&batch.targets))?,
+        StageOutput::LossKept
+    ) {
+        return Err(ModelError::MissingTargets);
+    }
     stage.backward(0, Upstream::Loss { scale: 1.0 })?;
     let grads = f32_from_le(&stage.export_grads()?);
-    stage.optimizer_step(stage.grad_sq_norm()?)?;
+    let totals = stage.step_totals()?;
+    let loss = totals.loss.ok_or(ModelError::MissingTargets)? as f32;
+    stage.optimizer_step(totals.grad_sq_norm)?;
     let mut weights = Vec::new();
     for layer in 0..n {
         weights.extend(stage.param_values(layer)?.into_iter().flatten());

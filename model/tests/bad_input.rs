@@ -328,3 +328,26 @@ fn lanes_refuse_batches_that_do_not_match() {
         vec![2, 2, 32]
     );
 }
+
+/// A diverged step (here a loss scale that is not a number) is refused where the step's loss is
+/// read, with the gradient norm, before any weight moves.
+#[test]
+fn a_step_whose_loss_is_not_finite_is_refused_when_read() {
+    let mut s = stage(0..4);
+    let task = SyntheticTask::default_for(1, 64, 16).unwrap();
+    let batch = token_batch(
+        &task,
+        &Sampler::new(1, task.len()).unwrap(),
+        0,
+        2,
+        &device(),
+    )
+    .unwrap();
+    s.forward(0, batch.inputs, Some(&batch.targets)).unwrap();
+    s.backward(0, parcae_model::Upstream::Loss { scale: f32::NAN })
+        .unwrap();
+    assert_eq!(s.step_totals(), Err(ModelError::NotFinite("loss")));
+    assert_eq!(s.step_loss(), Err(ModelError::NotFinite("loss")));
+    s.clear_grads();
+    assert_eq!(s.step_loss(), Ok(None));
+}

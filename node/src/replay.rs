@@ -393,10 +393,10 @@ impl<M: PipelineModel> Replayer<'_, M> {
             .iter()
             .map(|m| ((m.end - m.start) as f64 / f64::from(spec.global_batch)) as f32)
             .collect();
-        let loss = pipe.forward_backward_weighted(&batches, &weights)?;
-        let norm = pipe.grad_sq_norm()?;
-        pipe.optimizer_step(norm)?;
-        Ok(loss)
+        pipe.forward_backward_weighted(&batches, &weights)?;
+        let totals = pipe.step_totals()?;
+        pipe.optimizer_step(totals.grad_sq_norm)?;
+        Ok(totals.loss.unwrap_or_default() as f32)
     }
 
     /// A stored cut's parts, each checked against its digest.

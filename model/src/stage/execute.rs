@@ -93,8 +93,7 @@ impl<M: PipelineModel> Stage<M> {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
-        let examples: Vec<usize> = flights.iter().map(|f| f.examples).collect();
-        let output = join_outputs(outputs, &examples)?;
+        let output = join_outputs(outputs)?;
         self.in_flight.insert(mb, flights);
         self.times.forward_ms += started.elapsed().as_secs_f64() * 1e3;
         Ok(output)
@@ -166,6 +165,15 @@ impl<M: PipelineModel> Stage<M> {
         // The seeds are made before the micro-batch leaves `in_flight`: a wrong upstream
         // leaves it there.
         let seeds = lane_seeds(flights, upstream)?;
+        if self.is_last() {
+            // Each seed is its lane's share of the step's loss: summed on the device, read once
+            // a step with the gradient norm.
+            let total = seeds.iter().map(|s| s.clone().inner()).reduce(|a, b| a + b);
+            self.step_loss = match (self.step_loss.take(), total) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+        }
         let flights = self
             .in_flight
             .remove(&mb)
@@ -254,11 +262,7 @@ fn lane_forward<M: PipelineModel>(
                 ));
             };
             let loss = model.forward_loss(start + k, layer, x, &targets, rng)?;
-            let value = read_scalar::<f32, 1, Float>(loss.clone(), "loss")?;
-            if !value.is_finite() {
-                return Err(ModelError::NotFinite("loss"));
-            }
-            (Produced::Loss(loss), StageOutput::Loss(value))
+            (Produced::Loss(loss), StageOutput::LossKept)
         }
         None => {
             let out = x.detached();
@@ -274,20 +278,18 @@ fn lane_forward<M: PipelineModel>(
     Ok((flight, output))
 }
 
-/// One output from the lanes' outputs: their losses weighted by their shares of the examples,
-/// or their activations joined in order.
-fn join_outputs(outputs: Vec<StageOutput>, examples: &[usize]) -> Result<StageOutput> {
-    let total: usize = examples.iter().sum();
-    let mut loss = 0.0f32;
-    let mut activations = Vec::new();
-    for (output, &n) in outputs.into_iter().zip(examples) {
-        match output {
-            StageOutput::Loss(l) => loss += l * n as f32 / total as f32,
-            StageOutput::Activation(a) => activations.push(a),
-        }
-    }
+/// One output from the lanes' outputs: their activations joined in order, or the loss they
+/// keep on the device.
+fn join_outputs(outputs: Vec<StageOutput>) -> Result<StageOutput> {
+    let activations: Vec<Activation> = outputs
+        .into_iter()
+        .filter_map(|output| match output {
+            StageOutput::Activation(a) => Some(a),
+            StageOutput::Loss(_) | StageOutput::LossKept => None,
+        })
+        .collect();
     if activations.is_empty() {
-        Ok(StageOutput::Loss(loss))
+        Ok(StageOutput::LossKept)
     } else {
         Activation::concat(activations).map(StageOutput::Activation)
     }

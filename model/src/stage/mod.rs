@@ -44,8 +44,11 @@ pub use init::{init_layers, layer_seed};
 pub enum WireOutput {
     /// Activation bytes for the next stage.
     Activation(Vec<u8>),
-    /// The micro-batch loss (last stage).
+    /// An evaluated micro-batch's loss (last stage).
     Loss(f32),
+    /// A trained micro-batch's loss, kept on the device (last stage; see
+    /// [`StageOutput::LossKept`]).
+    LossKept,
 }
 
 /// How a stage runs.
@@ -94,8 +97,12 @@ impl Default for StageConfig {
 pub enum StageOutput {
     /// The activation to send to the next stage (cut from this stage's graph).
     Activation(Activation),
-    /// The micro-batch loss (last stage).
+    /// An evaluated micro-batch's loss (last stage), read back.
     Loss(f32),
+    /// A trained micro-batch's loss (last stage), left on the device: its backward adds it to
+    /// the step's loss, which [`Stage::step_totals`] reads with the gradient norm, once a step.
+    /// A read per micro-batch would drain a GPU's stream M times a step.
+    LossKept,
 }
 
 /// What starts a backward.
@@ -150,6 +157,15 @@ pub struct StepReport {
     pub times: PhaseTimes,
 }
 
+/// What a step's one read-back says at a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepTotals {
+    /// [`Stage::grad_sq_norm`].
+    pub grad_sq_norm: f64,
+    /// [`Stage::step_loss`].
+    pub loss: Option<f64>,
+}
+
 /// One pipeline stage: layers `range` of `model` on `device`.
 pub struct Stage<M: PipelineModel> {
     model: Arc<M>,
@@ -160,6 +176,9 @@ pub struct Stage<M: PipelineModel> {
     pub(crate) infos: Vec<Vec<ParamInfo>>,
     grads: Vec<Vec<Option<Tensor<1>>>>,
     accumulated: usize,
+    /// The step's training loss so far, on the device (last stage): the sum of the backward
+    /// seeds, each micro-batch's loss times its scale.
+    step_loss: Option<Tensor<1>>,
     pub(crate) states: Vec<Vec<ParamState>>,
     pub(crate) step: u64,
     pub(crate) rngs: Vec<StageRng>,
@@ -214,6 +233,7 @@ impl<M: PipelineModel> Stage<M> {
             infos,
             grads,
             accumulated: 0,
+            step_loss: None,
             states,
             step: 0,
             in_flight: HashMap::new(),

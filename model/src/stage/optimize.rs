@@ -48,6 +48,7 @@ impl<M: PipelineModel> Stage<M> {
         };
         self.step += 1;
         self.accumulated = 0;
+        self.step_loss = None;
         self.times = PhaseTimes::default();
         Ok(report)
     }

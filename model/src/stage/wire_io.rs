@@ -34,6 +34,7 @@ impl<M: PipelineModel> Stage<M> {
                 WireOutput::Activation(a.to_wire(self.config.wire_dtype)?)
             }
             StageOutput::Loss(l) => WireOutput::Loss(l),
+            StageOutput::LossKept => WireOutput::LossKept,
         })
     }
 

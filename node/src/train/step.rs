@@ -142,31 +142,35 @@ fn run_inner<M: PipelineModel>(
         prev: links.prev.as_mut(),
         next: links.next.as_mut(),
     };
-    let losses = run_one_f_one_b(
+    let validation = run_one_f_one_b(
         stage,
         &mut pacing.neighbours(&mut neighbours),
         position,
         &mut batches,
     )?;
     let scheduled = began.elapsed();
-    let validation_loss = (!samples.held_out.is_empty()).then_some(losses.validation);
-    let last = position.is_last();
-    let loss = match links.ring.as_mut() {
+    let validation_loss = (!samples.held_out.is_empty()).then_some(validation);
+    // Where gradients cross a ring, its one read-back exports them (and the loss); else the
+    // norm's reads the loss with it.
+    let (reduced_loss, local) = match links.ring.as_mut() {
         Some(ring) => {
             let ring = RingCollective {
                 waiter: &w,
                 round,
                 ring,
             };
-            reduce_gradients(stage, ring, pacing, last.then_some(losses.train))?
+            let loss = reduce_gradients(stage, ring, pacing)?;
+            (loss, stage.grad_sq_norm()?)
         }
         None => {
             pacing.reduced_alone();
-            Some(losses.train)
+            let totals = stage.step_totals()?;
+            (totals.loss, totals.grad_sq_norm)
         }
     };
     let reduced = began.elapsed();
-    let (global_sq_norm, digests) = global_norm(&mut neighbours, stage, spec, position, pacing)?;
+    let (global_sq_norm, digests) = global_norm(&mut neighbours, local, spec, position, pacing)?;
+    let last = position.is_last();
     // Where a step's wall time goes outside its paced work: the exchanges after the schedule
     // wait on every replica and every stage, and on the emulated accelerator on the host too.
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -180,7 +184,7 @@ fn run_inner<M: PipelineModel>(
     Ok(StepResult {
         global_sq_norm,
         report: (last && spec.slot.pipeline == 0).then(|| StepReport {
-            loss: loss.unwrap_or_default(),
+            loss: reduced_loss.unwrap_or_default(),
             validation_loss,
             stage_digests: digests,
         }),
@@ -259,13 +263,13 @@ impl<'a> StepSamples<'a> {
 }
 
 /// Averages the stage's gradients over its replicas (and, at the last stage, the training
-/// loss with them); returns the mean loss when `loss` was given.
+/// loss with them); returns the mean loss at the last stage.
 fn reduce_gradients<M: PipelineModel>(
     stage: &mut Stage<M>,
     mut ring: RingCollective<'_, '_>,
     pacing: StepPacing<'_>,
-    loss: Option<f64>,
 ) -> Result<Option<f64>, TrainError> {
+    let loss = stage.step_loss()?;
     let mut values: Vec<f32> = stage
         .export_grads()?
         .chunks_exact(4)
@@ -287,9 +291,9 @@ fn reduce_gradients<M: PipelineModel>(
 /// The global norm: partial sums (and digests) towards the last stage, the total back, each
 /// message stamped on an emulated device. Returns the total and, at the last stage, every
 /// stage's digest (none when some stage had none).
-fn global_norm<M: PipelineModel>(
+fn global_norm(
     neighbours: &mut LinkNeighbours<'_, '_>,
-    stage: &Stage<M>,
+    local_sq_norm: f64,
     spec: &StepSpec,
     position: StagePosition,
     pacing: StepPacing<'_>,
@@ -306,7 +310,7 @@ fn global_norm<M: PipelineModel>(
         Some(d) if digests.len() == s => digests.push(d),
         _ => digests.clear(),
     }
-    let partial = partial + stage.grad_sq_norm()?;
+    let partial = partial + local_sq_norm;
     let total = if last {
         partial
     } else {
