@@ -89,6 +89,8 @@ pub mod control;
 pub mod http;
 pub(crate) mod notices;
 pub(crate) mod planner;
+/// The leader's decision timed (`parcae-node bench-planner`, the `planner` bench).
+pub use planner::bench as planner_bench;
 pub(crate) mod status;
 
 // The networks: the libp2p swarm and its messages, the data plane.

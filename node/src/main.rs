@@ -21,6 +21,7 @@ use parcae_node::config::{JobSource, NodeConfig};
 use parcae_node::device_info::burn_device;
 use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
+use parcae_node::planner_bench::time_decision;
 use parcae_node::prepare::{PrepareOptions, prepare};
 use parcae_node::profile::{ProfileOptions, profile};
 use parcae_node::replay::{ReplayJob, ReplayOptions, read_steps, replay};
@@ -87,12 +88,32 @@ enum Command {
     /// Train the whole model in this process for some steps at a fixed batch: tokens/s, MFU,
     /// peak memory, the cold start apart from the warm steps.
     TrainBench(TrainBenchOptions),
+    /// Time the leader's whole decision (the default strategy over pools of unlike speeds):
+    /// cold, as a fresh planner makes it, and memoised, as the next one is made.
+    BenchPlanner(BenchPlannerArgs),
     /// Print a running node's /status.
     Status {
         /// The node's status address, e.g. 127.0.0.1:9000.
         #[arg(long, env = "PARCAE_ADDR")]
         addr: SocketAddr,
     },
+}
+
+/// `parcae-node bench-planner`.
+#[derive(clap::Args)]
+struct BenchPlannerArgs {
+    /// Workers planned over.
+    #[arg(long, default_value_t = 512)]
+    nodes: u32,
+    /// Pools they are dealt over, in join order.
+    #[arg(long, default_value_t = 4)]
+    pools: u32,
+    /// Decisions timed each way (the medians are reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: u32,
+    /// Where to write the result as JSON (`cold_ms`, `memoised_ms`, ...).
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -214,6 +235,16 @@ vocab_size = {}",
                 r.losses.first().copied().unwrap_or(f32::NAN),
                 r.losses.last().copied().unwrap_or(f32::NAN)
             );
+            Ok(())
+        }
+        Command::BenchPlanner(args) => {
+            let t = time_decision(args.nodes, args.pools, args.repeats)?;
+            let json = serde_json::to_string_pretty(&t)?;
+            if let Some(path) = &args.json {
+                std::fs::write(path, &json)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            println!("{json}");
             Ok(())
         }
         Command::Status { addr } => {

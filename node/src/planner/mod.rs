@@ -10,6 +10,7 @@
 //! [`strategy`], which owns its caches; the plan itself is [`build`]'s. All inputs come from
 //! the replicated state, so a new leader continues where the old one stopped.
 
+pub mod bench;
 pub mod build;
 pub mod clock;
 pub mod costs;

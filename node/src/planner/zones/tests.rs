@@ -1,8 +1,8 @@
 use parcae_consensus::Command;
-use parcae_consensus::state::{Capabilities, Job, LayerCost as Reported, PeerInfo};
 use parcae_strategies::cost::spec::LayerCost;
 
 use super::*;
+use crate::planner::bench::{Member, member_id};
 use crate::planner::build::workers;
 use crate::planner::costs::CPU_MEMORY_MB;
 use crate::planner::decide::decide;
@@ -26,52 +26,24 @@ fn shape() -> JobShape {
 /// `ZONE/TYPE`), each reporting every layer at its pool's speed: zone or type `fast` twice as
 /// fast as the others.
 fn cluster(zones: &[&str]) -> ControlState {
-    let job = Job {
-        settings: [("seed".to_string(), "3".to_string())].into(),
-    };
-    let mut state = ControlState::default();
-    state
-        .apply(&Command::DefineJob { job: job.clone() })
-        .unwrap();
-    for (i, zone) in zones.iter().enumerate() {
-        let n = i as u8 + 1;
-        let node = NodeId::from_peer_bytes(&[n]);
-        let peer = PeerInfo {
-            peer_id: vec![n],
-            data_addr: Some(format!("127.0.0.1:{}", 7000 + u16::from(n))),
-            job: Some(job.digest()),
-            caps: Capabilities {
-                zone: zone.split('/').next().unwrap_or_default().into(),
-                instance_type: zone.split_once('/').map_or("", |(_, t)| t).into(),
-                ..Capabilities::default()
+    let members: Vec<Member> = zones
+        .iter()
+        .map(|zone| Member {
+            zone: zone.split('/').next().unwrap_or_default().into(),
+            instance_type: zone.split_once('/').map_or("", |(_, t)| t).into(),
+            speed: if zone.split('/').any(|part| part == "fast") {
+                2.0
+            } else {
+                1.0
             },
-            ..PeerInfo::default()
-        };
-        state.apply(&Command::Join { node, peer }).unwrap();
-        let speed = if zone.split('/').any(|part| part == "fast") {
-            2.0
-        } else {
-            1.0
-        };
-        let cost = Reported {
-            forward_s: 0.010 / speed,
-            backward_s: 0.020 / speed,
-            optimizer_s: 0.001 / speed,
-            params: 1_000_000,
-            output_bytes: 65_536,
-        };
-        let report = Command::CostReport {
-            node,
-            step: 0,
-            layers: (0..LAYERS).map(|l| (l, cost)).collect(),
-            bandwidth: Vec::new(),
-            reconfiguration_s: None,
-            allreduce_bytes_per_sec: None,
-            boundary_link: None,
-        };
-        state.apply(&report).unwrap();
-    }
-    state
+        })
+        .collect();
+    crate::planner::bench::cluster(&members, LAYERS, 0).unwrap()
+}
+
+/// The id of the `n`th member of [`cluster`] (from 1).
+fn id(n: u8) -> NodeId {
+    member_id(u32::from(n))
 }
 
 fn zoned(state: &ControlState, fleets: &mut FleetCache) -> Option<Zoned> {
@@ -112,10 +84,7 @@ fn each_pool_is_planned_at_the_least_memory_its_members_said() {
     let mut state = cluster(&["a/fast", "a/fast", "b/slow", "b/slow", "c/slow", "c/slow"]);
     let said = [16_384, 0, 24_576, 20_480, 0, 0];
     for (n, mib) in (1u8..).zip(said) {
-        let member = state
-            .members
-            .get_mut(&NodeId::from_peer_bytes(&[n]))
-            .unwrap();
+        let member = state.members.get_mut(&id(n)).unwrap();
         member.peer.caps.memory_mib = mib;
     }
     let mut fleets = FleetCache::default();
@@ -219,16 +188,13 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
 /// `state` with node `from` (1-based, as [`cluster`] numbers them) having measured `rate`
 /// bytes/s from each of `sources`.
 fn measured_rates(state: &mut ControlState, from: u8, sources: &[u8], rate: f64) {
-    let node = NodeId::from_peer_bytes(&[from]);
+    let node = id(from);
     let layers: Vec<_> = state.costs[&node].layers.clone().into_iter().collect();
     let report = Command::CostReport {
         node,
         step: 1,
         layers,
-        bandwidth: sources
-            .iter()
-            .map(|s| (NodeId::from_peer_bytes(&[*s]), rate))
-            .collect(),
+        bandwidth: sources.iter().map(|s| (id(*s), rate)).collect(),
         reconfiguration_s: None,
         allreduce_bytes_per_sec: None,
         boundary_link: None,
