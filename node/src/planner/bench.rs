@@ -12,7 +12,7 @@ use parcae_consensus::state::{Capabilities, Job, LayerCost, PeerInfo, ZoneCount}
 use parcae_consensus::{Command, ControlState, NodeId};
 use serde::Serialize;
 
-use super::costs::{CPU_MEMORY_MB, JobShape};
+use super::costs::{CPU_MEMORY_MB, JobShape, MeasuredCache};
 use super::decide::decide;
 use super::strategy::liveput::Liveput;
 use super::zones::FleetCache;
@@ -159,9 +159,11 @@ pub struct Bench {
     now_ms: u64,
 }
 
-/// What a planner keeps between decisions: its strategy's models and the pools' tables.
+/// What a planner keeps between decisions: its strategy's models, the cost model and the
+/// pools' tables.
 pub struct PlannerCaches {
     strategy: Liveput,
+    costs: MeasuredCache,
     fleets: FleetCache,
 }
 
@@ -188,6 +190,7 @@ impl Bench {
     pub fn fresh(&self) -> PlannerCaches {
         PlannerCaches {
             strategy: Liveput::new(LOOKAHEAD, INTERVAL_SECS),
+            costs: MeasuredCache::default(),
             fleets: FleetCache::new(Objective::default(), BTreeMap::new(), 1.0),
         }
     }
@@ -199,6 +202,7 @@ impl Bench {
             &self.state,
             &mut caches.strategy,
             &self.shape,
+            &mut caches.costs,
             &mut caches.fleets,
             true,
             self.now_ms,

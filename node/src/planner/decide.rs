@@ -2,7 +2,6 @@
 //! whether the plan must change and, if so, the plan that runs the strategy's choice.
 
 use std::cell::RefCell;
-use std::sync::Arc;
 
 use parcae_consensus::ControlState;
 use parcae_consensus::state::Plan;
@@ -10,7 +9,7 @@ use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
 
 use super::build::{build_plan, effective_step, workers};
-use super::costs::{JobShape, measured};
+use super::costs::{JobShape, MeasuredCache};
 use super::forecast::ZonesAt;
 use super::settle::departing_from_plan;
 use super::strategy::{Situation, Strategy};
@@ -36,11 +35,13 @@ pub struct Decision {
 /// `strategy`'s choice, unless that is what runs already and nothing is broken, from the step
 /// after the one in flight when the plan in force can finish it by `now_unix_ms`
 /// ([`effective_step`], with two of its steps to spare before a deadline). Workers in two
-/// zones or more are planned over their zones (`fleets`, [`super::zones`]).
+/// zones or more are planned over their zones (`fleets`, [`super::zones`]); the cost model is
+/// built again only when the measured costs changed (`costs`).
 pub fn decide(
     state: &ControlState,
     strategy: &mut dyn Strategy,
     shape: &JobShape,
+    costs: &mut MeasuredCache,
     fleets: &mut FleetCache,
     interval_boundary: bool,
     now_unix_ms: u64,
@@ -60,13 +61,11 @@ pub fn decide(
         return Decision::default();
     }
     let shape = shape.for_job(state.job.as_ref());
-    let Some(cost) = measured(state, &shape) else {
+    let Some(cost) = costs.get(state, &shape) else {
         return Decision::default();
     };
     let zoned = fleets.zoned(state, &workers, &shape, &cost);
-    let cost = zoned
-        .as_ref()
-        .map_or_else(|| Arc::new(cost), |z| z.cost.clone());
+    let cost = zoned.as_ref().map_or(cost, |z| z.cost.clone());
     let running = current.map_or(ParallelConfig::IDLE, |p| {
         ParallelConfig::new(p.data_parallel, p.pipeline_stages)
     });

@@ -31,7 +31,7 @@ use crate::control::ControlHandle;
 use crate::status::{Estimates, Status};
 use build::{availability_tick, next_interval, workers};
 use clock::IntervalClock;
-use costs::JobShape;
+use costs::{JobShape, MeasuredCache};
 use decide::decide;
 use settle::{
     DecidedEarly, Proposed, Since, departing_from_plan, departures_settle_until,
@@ -71,6 +71,7 @@ pub struct Planner {
     interval: Duration,
     shape: JobShape,
     strategy: Box<dyn Strategy>,
+    costs: MeasuredCache,
     fleets: FleetCache,
     clock: IntervalClock,
     next_tick: Option<SpawnHandle>,
@@ -91,6 +92,7 @@ impl Planner {
             interval: Duration::from_secs_f64(config.planner.interval_secs),
             shape: JobShape::of(config),
             strategy: strategy_for(config),
+            costs: MeasuredCache::default(),
             fleets: FleetCache::new(
                 config.planner.objective,
                 config.planner.zone_prices.clone(),
@@ -144,6 +146,7 @@ impl Planner {
                 &state,
                 self.strategy.as_mut(),
                 &self.shape,
+                &mut self.costs,
                 &mut self.fleets,
                 boundary,
                 crate::clock::unix_ms(std::time::SystemTime::now()),

@@ -4,6 +4,11 @@ use parcae_consensus::Command;
 use parcae_consensus::state::{LayerCost as Reported, LinkTime, PeerInfo};
 use parcae_strategies::ParallelConfig;
 
+/// The cost model of `state`'s measured costs, from a fresh cache.
+fn measured(state: &ControlState, shape: &JobShape) -> Option<Arc<CostModel>> {
+    MeasuredCache::default().get(state, shape)
+}
+
 /// A job of 16 samples in micro-batches of 2 on at most 4 CPU nodes.
 fn small_job() -> JobShape {
     JobShape {
@@ -64,7 +69,7 @@ fn reports(state: &mut ControlState, n: u8, layers: &[(u32, Reported)], report: 
 }
 
 /// Two nodes that fetched from each other at 1 GB/s, each reporting `report`.
-fn two_nodes(report: impl Fn() -> Report) -> CostModel {
+fn two_nodes(report: impl Fn() -> Report) -> Arc<CostModel> {
     let mut state = ControlState::default();
     for n in [1u8, 2] {
         let other = NodeId::from_peer_bytes(&[3 - n]);
@@ -85,8 +90,8 @@ fn rate(m: &CostModel, d: u32, p: u32) -> f64 {
 fn a_reconfiguration_is_priced_at_what_the_nodes_measured() {
     let shape = small_job();
     let mut state = ControlState::default();
-    let restart = |state: &ControlState| match measured(state, &shape).unwrap().spec.restart {
-        RestartCost::Fixed { ms } => ms,
+    let restart = |state: &ControlState| match &measured(state, &shape).unwrap().spec.restart {
+        RestartCost::Fixed { ms } => *ms,
         other => panic!("{other:?}"),
     };
     for (n, reconfiguration_s) in [(1u8, None), (2, Some(12.0)), (3, Some(20.0))] {
@@ -296,4 +301,30 @@ fn a_profile_prices_the_layers_before_any_node_reported() {
         "the hidden state at the job's micro-batch of 4, not the head's logits"
     );
     assert!(!model.candidates().is_empty());
+}
+
+#[test]
+fn the_cost_model_is_kept_until_what_it_is_priced_from_changes() {
+    let mut state = ControlState::default();
+    reports(&mut state, 1, &three_layers(10_000_000), Report::default());
+    let mut cache = MeasuredCache::default();
+    let first = cache.get(&state, &small_job()).unwrap();
+    let again = cache.get(&state, &small_job()).unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "the same costs, the same model"
+    );
+    let wider = JobShape {
+        max_nodes: 3,
+        ..small_job()
+    };
+    let other = cache.get(&state, &wider).unwrap();
+    assert!(
+        !Arc::ptr_eq(&first, &other),
+        "another job shape, another model"
+    );
+    reports(&mut state, 2, &three_layers(20_000_000), Report::default());
+    let reported = cache.get(&state, &wider).unwrap();
+    assert!(!Arc::ptr_eq(&other, &reported), "new costs, a new model");
+    assert_ne!(reported.spec.layers, other.spec.layers);
 }

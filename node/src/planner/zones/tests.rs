@@ -4,7 +4,7 @@ use parcae_strategies::cost::spec::LayerCost;
 use super::*;
 use crate::planner::bench::{Member, member_id};
 use crate::planner::build::workers;
-use crate::planner::costs::CPU_MEMORY_MB;
+use crate::planner::costs::{CPU_MEMORY_MB, MeasuredCache};
 use crate::planner::decide::decide;
 use crate::planner::strategy::reactive::Reactive;
 
@@ -47,7 +47,7 @@ fn id(n: u8) -> NodeId {
 }
 
 fn zoned(state: &ControlState, fleets: &mut FleetCache) -> Option<Zoned> {
-    let cost = crate::planner::costs::measured(state, &shape()).unwrap();
+    let cost = MeasuredCache::default().get(state, &shape()).unwrap();
     fleets.zoned(state, &workers(state), &shape(), &cost)
 }
 
@@ -141,6 +141,7 @@ fn the_plan_puts_every_slot_in_its_zone_with_the_placements_bounds() {
         &state,
         &mut Reactive::default(),
         &shape(),
+        &mut MeasuredCache::default(),
         &mut fleets,
         true,
         0,
@@ -174,6 +175,7 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
         &state,
         &mut Reactive::default(),
         &shape(),
+        &mut MeasuredCache::default(),
         &mut fleets,
         true,
         0,
