@@ -2,7 +2,12 @@
 //! its two moments, updating them in place (Burn's AdamW is about fifteen tensor operations a
 //! parameter, each allocating a parameter-sized result). The arithmetic is Burn's, operation
 //! for operation in `f32`, so the two agree to the last bit or so (a test holds them to it). On
-//! a Cube device the update is Burn's AdamW, whose elementwise chain Burn's fusion joins.
+//! a Cube device, in a build with one, the same arithmetic is one `#[cube]` kernel
+//! (`cube`).
+
+#[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+mod cube;
+mod factors;
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::{DispatchDevice, Flex};
@@ -10,18 +15,8 @@ use burn::optim::{AdamWState, AdaptiveMomentumState};
 use burn::tensor::{DType, Tensor};
 use rayon::prelude::*;
 
-/// One AdamW step's hyper-parameters.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AdamWStep {
-    /// Learning rate.
-    pub lr: f64,
-    /// The factor the gradient is scaled by first (clipping).
-    pub grad_scale: f32,
-    pub beta_1: f32,
-    pub beta_2: f32,
-    pub epsilon: f32,
-    pub weight_decay: f32,
-}
+pub(crate) use factors::AdamWStep;
+use factors::Factors;
 
 /// Elements per rayon task: large enough that scheduling is noise.
 const CHUNK: usize = 1 << 15;
@@ -36,21 +31,35 @@ fn owned(t: FlexTensor) -> FlexTensor {
     }
 }
 
-/// Whether [`step`] runs on these tensors: the parameter, its gradient and its moments Flex
-/// `f32` vectors of one length (else the caller runs Burn's AdamW).
+/// Whether [`step`] runs on these tensors: the parameter, its gradient and its moments `f32`
+/// vectors of one length on Flex (or, in a build with one, on Cube); else the caller runs
+/// Burn's AdamW.
 pub(crate) fn fits(param: &Tensor<1>, grad: &Tensor<1>, state: Option<&AdamWState<1>>) -> bool {
     let n = param.dims();
     let moments = state.map_or(Vec::new(), |s| {
         vec![&s.momentum.moment_1, &s.momentum.moment_2]
     });
-    let flex_f32 = |t: &Tensor<1>| {
-        t.dtype() == DType::F32
-            && matches!(t.device().inner().as_dispatch(), DispatchDevice::Flex(_))
+    let kind = |t: &Tensor<1>| match t.device().inner().as_dispatch() {
+        DispatchDevice::Flex(_) => Some(Kind::Flex),
+        #[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+        DispatchDevice::Cube(_) => Some(Kind::Cube),
+        _ => None,
     };
-    std::iter::once(grad)
+    let Some(k) = kind(param) else {
+        return false;
+    };
+    std::iter::once(param)
+        .chain(std::iter::once(grad))
         .chain(moments)
-        .all(|t| t.dims() == n && flex_f32(t))
-        && flex_f32(param)
+        .all(|t| t.dims() == n && t.dtype() == DType::F32 && kind(t) == Some(k))
+}
+
+/// The devices [`step`] has a pass for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Flex,
+    #[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+    Cube,
 }
 
 fn flex(t: Tensor<1>) -> FlexTensor {
@@ -69,6 +78,13 @@ pub(crate) fn step(
     state: Option<AdamWState<1>>,
     h: AdamWStep,
 ) -> (Tensor<1>, AdamWState<1>) {
+    #[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+    if matches!(
+        param.device().inner().as_dispatch(),
+        DispatchDevice::Cube(_)
+    ) {
+        return cube_step(param, grad, state, h);
+    }
     let n = param.dims()[0];
     let zeros = || FlexTensor::zeros([n].into(), DType::F32);
     let (m1, m2, time) = match state {
@@ -86,36 +102,63 @@ pub(crate) fn step(
         g.storage::<f32>(),
         m1.storage_mut::<f32>(),
         m2.storage_mut::<f32>(),
-        time,
-        h,
+        Factors::of(time, h),
     );
     let tensor = |t: FlexTensor| Tensor::<1>::from_primitive::<Flex>(t);
     let momentum = AdaptiveMomentumState::new(time, tensor(m1), tensor(m2));
     (tensor(p), AdamWState::new(momentum))
 }
 
-/// The update on slices, as Burn's `AdamW::step` computes it (`f32` throughout; the decay
-/// factor and the learning rate rounded from `f64` as Burn's scalar operations round them).
-fn update(p: &mut [f32], g: &[f32], m1: &mut [f32], m2: &mut [f32], time: usize, h: AdamWStep) {
-    let (f1, f2) = (1.0 - h.beta_1, 1.0 - h.beta_2);
-    let t = i32::try_from(time).unwrap_or(i32::MAX);
-    let (c1, c2) = (1f32 - h.beta_1.powi(t), 1f32 - h.beta_2.powi(t));
-    let decay_rate = h.lr * f64::from(h.weight_decay);
-    let keep = (1.0 - decay_rate) as f32;
-    let lr = h.lr as f32;
-    let scaled = h.grad_scale != 1.0;
+/// [`step`] on a Cube device: one kernel launch.
+#[cfg(any(feature = "cuda", feature = "cube-cpu"))]
+fn cube_step(
+    param: Tensor<1>,
+    grad: &Tensor<1>,
+    state: Option<AdamWState<1>>,
+    h: AdamWStep,
+) -> (Tensor<1>, AdamWState<1>) {
+    use burn::backend::Cube;
+    let cube = |t: Tensor<1>| match t.try_into_primitive::<Cube>() {
+        Ok(t) => t,
+        Err(e) => unreachable!("`fits` checked every tensor is Cube: {e:?}"),
+    };
+    let (m1, m2, time) = match state {
+        Some(s) => (
+            s.momentum.moment_1,
+            s.momentum.moment_2,
+            s.momentum.time + 1,
+        ),
+        None => {
+            let zeros = || Tensor::<1>::zeros(param.dims(), &param.device());
+            (zeros(), zeros(), 1)
+        }
+    };
+    let [p, m1, m2] = cube::step(
+        cube(param),
+        cube(grad.clone()),
+        cube(m1),
+        cube(m2),
+        Factors::of(time, h),
+    );
+    let tensor = |t| Tensor::<1>::from_primitive::<Cube>(t);
+    let momentum = AdaptiveMomentumState::new(time, tensor(m1), tensor(m2));
+    (tensor(p), AdamWState::new(momentum))
+}
+
+/// The update on slices: Burn's arithmetic, element by element (a scale of 1 and a keep of 1
+/// change nothing: `x * 1.0` is `x`).
+fn update(p: &mut [f32], g: &[f32], m1: &mut [f32], m2: &mut [f32], s: Factors) {
     p.par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK))
         .zip(m1.par_chunks_mut(CHUNK))
         .zip(m2.par_chunks_mut(CHUNK))
         .for_each(|(((p, g), m1), m2)| {
             for i in 0..p.len() {
-                let gi = if scaled { g[i] * h.grad_scale } else { g[i] };
-                m1[i] = m1[i] * h.beta_1 + gi * f1;
-                m2[i] = m2[i] * h.beta_2 + gi * gi * f2;
-                let delta = (m1[i] / c1) / ((m2[i] / c2).sqrt() + h.epsilon);
-                let decayed = if decay_rate == 0.0 { p[i] } else { p[i] * keep };
-                p[i] = decayed - delta * lr;
+                let gi = g[i] * s.grad_scale;
+                m1[i] = m1[i] * s.beta_1 + gi * s.f1;
+                m2[i] = m2[i] * s.beta_2 + gi * gi * s.f2;
+                let delta = (m1[i] / s.c1) / ((m2[i] / s.c2).sqrt() + s.epsilon);
+                p[i] = p[i] * s.keep - delta * s.lr;
             }
         });
 }
@@ -176,6 +219,51 @@ mod tests {
             );
             let (ours, burns) = (our_state.unwrap(), burn_state.unwrap());
             assert_eq!(ours.momentum.time, burns.momentum.time);
+        }
+    }
+
+    /// The kernel on the Cube CPU runtime against the Flex pass, four steps from the same
+    /// start (division and square root need not round alike on every device: 1e-5 relative).
+    #[cfg(feature = "cube-cpu")]
+    #[test]
+    fn the_cube_kernel_is_the_flex_pass() {
+        let (flex, cube) = (Device::flex(), Device::wgpu(burn::tensor::DeviceKind::Cpu));
+        let n = 2 * CHUNK + 17;
+        let h = AdamWStep {
+            lr: 3e-4,
+            grad_scale: 0.37,
+            beta_1: 0.9,
+            beta_2: 0.95,
+            epsilon: 1e-8,
+            weight_decay: 0.01,
+        };
+        let start = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &flex);
+        let (mut ours, mut theirs) = (start.clone(), start.to_device(&cube));
+        let (mut our_state, mut their_state) = (None, None);
+        for _ in 0..4 {
+            let grad = Tensor::<1>::random([n], Distribution::Normal(0.0, 0.1), &flex);
+            let on_cube = grad.clone().to_device(&cube);
+            assert!(fits(&theirs, &on_cube, their_state.as_ref()));
+            let (p, s) = step(ours, &grad, our_state, h);
+            (ours, our_state) = (p, Some(s));
+            let (p, s) = step(theirs, &on_cube, their_state, h);
+            (theirs, their_state) = (p, Some(s));
+        }
+        let m2 = |s: Option<AdamWState<1>>| s.unwrap().momentum.moment_2;
+        for (what, a, b) in [
+            ("parameter", ours, theirs),
+            ("second moment", m2(our_state), m2(their_state)),
+        ] {
+            let (a, b) = (
+                a.into_data().try_to_vec::<f32>().unwrap(),
+                b.into_data().try_to_vec::<f32>().unwrap(),
+            );
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs() / x.abs().max(1e-3))
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-5, "{what}: relative {worst}");
         }
     }
 
