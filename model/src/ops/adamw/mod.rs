@@ -170,6 +170,17 @@ mod tests {
 
     use super::*;
 
+    /// The largest gap between `reference`'s values and `other`'s, relative to the reference's
+    /// magnitude (at least 1e-3).
+    fn largest_relative_gap(reference: Tensor<1>, other: Tensor<1>) -> f32 {
+        let values = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+        let (a, b) = (values(reference), values(other));
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / x.abs().max(1e-3))
+            .fold(0f32, f32::max)
+    }
+
     #[test]
     fn one_pass_adamw_is_burns_adamw() {
         let device = Device::flex();
@@ -204,15 +215,7 @@ mod tests {
                 };
                 (burns, burn_state) = adamw.step(lr, burns, scaled, burn_state);
             }
-            let (a, b) = (
-                ours.into_data().try_to_vec::<f32>().unwrap(),
-                burns.into_data().try_to_vec::<f32>().unwrap(),
-            );
-            let worst = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
-                .fold(0f32, f32::max);
+            let worst = largest_relative_gap(burns, ours);
             assert!(
                 worst <= 1e-6,
                 "lr {lr} scale {grad_scale}: relative {worst}"
@@ -254,15 +257,7 @@ mod tests {
             ("parameter", ours, theirs),
             ("second moment", m2(our_state), m2(their_state)),
         ] {
-            let (a, b) = (
-                a.into_data().try_to_vec::<f32>().unwrap(),
-                b.into_data().try_to_vec::<f32>().unwrap(),
-            );
-            let worst = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| (x - y).abs() / x.abs().max(1e-3))
-                .fold(0f32, f32::max);
+            let worst = largest_relative_gap(a, b);
             assert!(worst <= 1e-5, "{what}: relative {worst}");
         }
     }
