@@ -236,8 +236,10 @@ pub struct FleetView {
     pub zones: Vec<ZoneView>,
     /// A link inside a zone.
     pub within: LinkView,
-    /// A link between two zones.
+    /// A link between two zones of one region.
     pub across: LinkView,
+    /// A link between zones of two regions.
+    pub across_regions: LinkView,
 }
 
 /// One zone as the leader prices it.

@@ -23,6 +23,7 @@ use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
 use parcae_strategies::cost::links::{Link, Links, pool_price};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective;
+use parcae_strategies::cost::region::regions_apart;
 use parcae_strategies::cost::spec::LayerCost;
 use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::cost::transfer::TransferModel;
@@ -265,6 +266,7 @@ fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
             .collect(),
         within: link(&fleet.links().within),
         across: link(&fleet.links().across),
+        across_regions: link(&fleet.links().across_regions),
     }
 }
 
@@ -320,24 +322,28 @@ fn ms_per_param(layers: &BTreeMap<u32, LayerCost>) -> Option<f64> {
 
 /// The links the plans are priced on, from the rates the nodes measured from their sources
 /// (`CostReport::bandwidth`): within a zone, the median of the rates between two nodes of one
-/// zone (free); across, the median of the rates between zones (at the cloud's default price).
-/// A kind of link nobody measured yet takes, within a zone, the cost model's rate (`transfer`:
-/// every measured rate, else the assumed one) and, across, the within rate slowed by the
-/// ratio of the cloud's defaults ([`Links::default`]). Never the default's absolute rate: an
+/// zone (free); across, the median of the rates between zones of one region, and between
+/// regions that of the rates between zones of two (each at the cloud's default price). A kind
+/// of link nobody measured yet takes, within a zone, the cost model's rate (`transfer`: every
+/// measured rate, else the assumed one) and, across zones or regions, the within rate slowed
+/// by the ratio of the cloud's defaults ([`Links::default`]). Never the default's absolute rate: an
 /// emulated cluster measures its rates at its time scale, and a fixed rate beside them made
 /// every crossing look that many times dearer (the emulated hour at time scale 6 ran two
 /// pipelines in one zone while the other stood idle).
 fn links(state: &ControlState, transfer: &TransferModel) -> Links {
     let cloud = Links::default();
     let mut links = cloud.clone();
-    let (mut within, mut across) = (Vec::new(), Vec::new());
+    let (mut within, mut across, mut apart) = (Vec::new(), Vec::new(), Vec::new());
     for (node, report) in &state.costs {
         for (source, rate) in &report.bandwidth {
             if !(rate.is_finite() && *rate > 0.0) {
                 continue;
             }
-            if zone_of(state, node) == zone_of(state, source) {
+            let (a, b) = (zone_of(state, node), zone_of(state, source));
+            if a == b {
                 within.push(*rate);
+            } else if regions_apart(a, b) {
+                apart.push(*rate);
             } else {
                 across.push(*rate);
             }
@@ -356,11 +362,18 @@ fn links(state: &ControlState, transfer: &TransferModel) -> Links {
         latency_ms,
         usd_per_gb: 0.0,
     };
-    links.across.gbit_per_s = median(across).map_or(
-        links.within.gbit_per_s * cloud.across.gbit_per_s / cloud.within.gbit_per_s,
-        gbit,
-    );
+    // Across zones and across regions: as measured, else the within rate slowed as the cloud's
+    // defaults are.
+    let slowed = |measured: Vec<f64>, default: &Link| {
+        median(measured).map_or(
+            links.within.gbit_per_s * default.gbit_per_s / cloud.within.gbit_per_s,
+            gbit,
+        )
+    };
+    links.across.gbit_per_s = slowed(across, &cloud.across);
+    links.across_regions.gbit_per_s = slowed(apart, &cloud.across_regions);
     links.across.latency_ms = cloud.across.latency_ms.max(latency_ms);
+    links.across_regions.latency_ms = cloud.across_regions.latency_ms.max(latency_ms);
     links
 }
 

@@ -5,8 +5,13 @@
 //! placement group one flow gets 10 Gb/s (Parcae's profiled links), outside one it is held to
 //! 5 Gb/s; a round trip between zones of a region is about a millisecond; data between zones
 //! of a region costs $0.01 per GB out of one and $0.01 per GB into the other (the EC2 price
-//! list, "Data Transfer within the same AWS Region"), within a zone nothing. Every figure is
-//! overridable per zone pair (`ZONE/ZONE=GBIT,MS,USD_PER_GB`).
+//! list, "Data Transfer within the same AWS Region"), within a zone nothing. Between zones of
+//! two regions ([`super::region`]: read from the zones' names) a flow is held to 2 Gb/s by a
+//! round trip of ~60 ms across the US (us-east-1 to us-west-2), and data costs $0.02 per GB out
+//! of the sending region and nothing into the other (the EC2 price list, "Data Transfer OUT From
+//! Amazon EC2 To ... another AWS Region", US regions; $0.08-0.09 out of Asia Pacific and South
+//! America: set the pair). Every figure is overridable per zone pair
+//! (`ZONE/ZONE=GBIT,MS,USD_PER_GB`).
 //!
 //! A fleet's unit may be a zone or a *pool*, one instance type in one zone (`ZONE/TYPE`, e.g.
 //! `us-east-1a/p3.2xlarge`): its own trace, device and price. Links join zones, so two pools
@@ -14,6 +19,7 @@
 
 use std::collections::BTreeMap;
 
+use super::region::regions_apart;
 use super::spec::ModelSpec;
 
 /// Bytes of one gradient value in the all-reduce (Parcae's fp16 gradients).
@@ -96,8 +102,10 @@ pub enum LinkError {
 pub struct Links {
     /// Between two nodes of one zone.
     pub within: Link,
-    /// Between two zones no pair entry names.
+    /// Between two zones of one region (or of unknown regions) no pair entry names.
     pub across: Link,
+    /// Between zones of two regions no pair entry names.
+    pub across_regions: Link,
     pairs: BTreeMap<(String, String), Link>,
 }
 
@@ -115,6 +123,11 @@ impl Default for Links {
                 latency_ms: 0.5,
                 usd_per_gb: 0.02,
             },
+            across_regions: Link {
+                gbit_per_s: 2.0,
+                latency_ms: 30.0,
+                usd_per_gb: 0.02,
+            },
             pairs: BTreeMap::new(),
         }
     }
@@ -122,7 +135,8 @@ impl Default for Links {
 
 impl Links {
     /// The link between zones (or pools) `a` and `b`, either way round: the link of their
-    /// zones.
+    /// zones, as set for the pair, else within a zone, across zones of a region, or across
+    /// regions.
     pub fn between(&self, a: &str, b: &str) -> Link {
         let (a, b) = (zone_of_pool(a), zone_of_pool(b));
         let (x, y) = ordered(a, b);
@@ -136,6 +150,7 @@ impl Links {
         match set {
             Some(link) => link,
             None if a == b => self.within,
+            None if regions_apart(a, b) => self.across_regions,
             None => self.across,
         }
     }

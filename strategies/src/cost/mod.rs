@@ -23,6 +23,7 @@ pub mod mixed;
 pub mod money;
 pub mod objective;
 pub mod profile;
+pub mod region;
 pub mod restart;
 pub mod spec;
 mod split;

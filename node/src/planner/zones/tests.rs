@@ -327,3 +327,17 @@ fn two_instance_types_in_one_zone_are_two_pools_on_the_zone_s_free_link() {
         }
     );
 }
+
+#[test]
+fn zones_of_two_regions_are_priced_on_the_link_between_regions() {
+    let state = cluster(&["us-east-1a", "us-east-1a", "us-west-2a", "us-west-2a"]);
+    let mut fleets = FleetCache::default();
+    zoned(&state, &mut fleets).expect("two named zones");
+    let links = fleets.fleet.as_ref().unwrap().links();
+    let cloud = Links::default();
+    // Nobody measured a rate between the regions: the within rate slowed as the cloud's are.
+    let ratio = cloud.across_regions.gbit_per_s / cloud.within.gbit_per_s;
+    assert!((links.across_regions.gbit_per_s - links.within.gbit_per_s * ratio).abs() < 1e-9);
+    assert_eq!(links.between("us-east-1a", "us-west-2a"), links.across_regions);
+    assert!(links.across_regions.latency_ms >= cloud.across_regions.latency_ms);
+}

@@ -31,6 +31,33 @@ fn a_zone_pair_is_within_across_or_set_either_way_round() {
 }
 
 #[test]
+fn zones_of_two_regions_are_joined_by_the_link_across_regions() {
+    let mut links = Links::default();
+    assert_eq!(links.between("us-east-1a", "us-east-1b"), links.across);
+    assert_eq!(
+        links.between("us-east-1a/p3.2xlarge", "us-west-2a/g5"),
+        links.across_regions
+    );
+    assert_eq!(
+        links.between("us-east-1a", "us-central1-a"),
+        links.across_regions
+    );
+    assert_eq!(
+        links.between("us-east-1a", "b"),
+        links.across,
+        "an unknown region"
+    );
+    assert!(links.across_regions.gbit_per_s < links.across.gbit_per_s);
+    assert!(links.across_regions.latency_ms > links.across.latency_ms);
+    links.set("us-west-2a/us-east-1a=1,40,0.09").unwrap();
+    assert_eq!(links.between("us-east-1a", "us-west-2a").usd_per_gb, 0.09);
+    assert_eq!(
+        links.between("us-east-1a", "us-west-2b"),
+        links.across_regions
+    );
+}
+
+#[test]
 fn a_transfer_is_its_latency_and_its_bytes_at_the_rate() {
     let link = Link {
         gbit_per_s: 8.0,
