@@ -129,6 +129,7 @@ impl NodeConfig {
         }
         self.placement.validate()?;
         self.planner.validate_pricing()?;
+        self.planner.set_links()?;
         if self.net.max_control_frame < 1024 {
             return Err(ConfigError::Invalid(
                 "net.max_control_frame must be >= 1024".into(),

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use parcae_strategies::cost::links::Links;
 use serde::Deserialize;
 
 use super::error::ConfigError;
@@ -58,6 +59,10 @@ pub struct PlannerConfig {
     /// zone; a pool without an entry of its own takes its zone's). `samples-per-dollar` plans
     /// over pools whose every one has a price; others are planned for samples.
     pub zone_prices: BTreeMap<String, f64>,
+    /// Links set by zone pair, `ZONE/ZONE=GBIT,MS,USD_PER_GB` (as `parcae-testnet simulate
+    /// --link`; the same zone twice sets that zone's own link): what the plans are priced on
+    /// for those pairs, over what the nodes measured and the cloud's defaults.
+    pub links: Vec<String>,
 }
 
 /// See [`PlannerConfig::objective`].
@@ -75,6 +80,17 @@ pub enum Objective {
 pub const MAX_ZONE_PRICES: usize = 64;
 
 impl PlannerConfig {
+    /// The links `links` sets, each entry checked (its zones, figures and the number of pairs).
+    pub fn set_links(&self) -> Result<Links, ConfigError> {
+        let mut links = Links::default();
+        for (i, text) in self.links.iter().enumerate() {
+            links
+                .set(text)
+                .map_err(|e| ConfigError::Invalid(format!("planner.links[{i}]: {e}")))?;
+        }
+        Ok(links)
+    }
+
     /// Refuses prices that are not finite and non-negative, too many of them, or a
     /// samples-per-dollar objective with none.
     pub fn validate_pricing(&self) -> Result<(), ConfigError> {
@@ -188,6 +204,7 @@ impl Default for PlannerConfig {
             profile: None,
             objective: Objective::Samples,
             zone_prices: BTreeMap::new(),
+            links: Vec::new(),
         }
     }
 }

@@ -367,3 +367,27 @@ fn a_dollar_objective_needs_sound_zone_prices() {
         assert!(e.to_string().contains(needle), "{text}: {e}");
     }
 }
+
+#[test]
+fn links_set_by_zone_pair_are_checked_and_kept() {
+    let c = NodeConfig::parse(
+        "[planner]\nlinks = [\"us-west-2a/us-east-1a=1,40,0.09\", \"a/a=20,0.01,0\"]\n",
+        "x",
+    )
+    .unwrap();
+    let links = c.planner.set_links().unwrap();
+    assert_eq!(links.between("us-east-1a", "us-west-2a").usd_per_gb, 0.09);
+    assert_eq!(links.between("a", "a").gbit_per_s, 20.0);
+    assert!(NodeConfig::default().planner.links.is_empty());
+    for (text, needle) in [
+        ("links = [\"a-b=1,1,0\"]\n", "planner.links[0]"),
+        (
+            "links = [\"a/b=1,1,0\", \"A/b=1,1,0\"]\n",
+            "planner.links[1]",
+        ),
+        ("links = [\"a/b=-1,1,0\"]\n", "planner.links[0]"),
+    ] {
+        let e = NodeConfig::parse(&format!("[planner]\n{text}"), "x").unwrap_err();
+        assert!(e.to_string().contains(needle), "{text}: {e}");
+    }
+}

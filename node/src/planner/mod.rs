@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use parcae_consensus::{Command, NodeId};
 use parcae_strategies::ParallelConfig;
+use parcae_strategies::cost::links::Links;
 
 use crate::config::{NodeConfig, PlanStrategy};
 use crate::control::ControlHandle;
@@ -97,7 +98,11 @@ impl Planner {
                 config.planner.objective,
                 config.planner.zone_prices.clone(),
                 config.device.emulated_time_scale(),
-            ),
+            )
+            .with_links(config.planner.set_links().unwrap_or_else(|e| {
+                tracing::error!("planning on measured and default links: {e}");
+                Links::default()
+            })),
             clock: IntervalClock::default(),
             next_tick: None,
             proposed: None,

@@ -59,7 +59,8 @@ impl Zoned {
 }
 
 /// The fleet of the zones seen last: kept while its zones, their devices' costs and the links
-/// stay the same, so each composition's tables are laid out once.
+/// stay the same, so each composition's tables are laid out once. Links the configuration sets
+/// by zone pair price those pairs over what the nodes measured.
 #[derive(Default)]
 pub struct FleetCache {
     fleet: Option<Fleet>,
@@ -69,6 +70,8 @@ pub struct FleetCache {
     time_scale: f64,
     /// What the plans of the zones seen last are after.
     planned_for: Option<objective::Objective>,
+    /// The links the configuration sets by zone pair (`[planner] links`).
+    set_links: Links,
 }
 
 impl FleetCache {
@@ -82,6 +85,15 @@ impl FleetCache {
             zone_prices,
             time_scale,
             planned_for: None,
+            set_links: Links::default(),
+        }
+    }
+
+    /// The cache with the links `set` sets by zone pair over what the nodes measured.
+    pub fn with_links(self, set: Links) -> Self {
+        Self {
+            set_links: set,
+            ..self
         }
     }
 
@@ -154,7 +166,10 @@ impl FleetCache {
                 },
             })
             .collect();
-        let links = links(state, &cost.transfer);
+        let mut links = links(state, &cost.transfer);
+        if let Err(e) = links.set_pairs_of(&self.set_links) {
+            tracing::warn!("planner.links not applied: {e}");
+        }
         let current = self.fleet.as_ref().is_some_and(|f| {
             f.zones() == zones.as_slice() && f.spec() == &cost.spec && f.links() == &links
         });

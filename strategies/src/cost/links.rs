@@ -155,6 +155,17 @@ impl Links {
         }
     }
 
+    /// Sets every pair `other` sets (over this one's where both set a pair).
+    pub fn set_pairs_of(&mut self, other: &Links) -> Result<(), LinkError> {
+        for (pair, link) in &other.pairs {
+            if !self.pairs.contains_key(pair) && self.pairs.len() >= MAX_PAIRS {
+                return Err(LinkError::TooMany);
+            }
+            self.pairs.insert(pair.clone(), *link);
+        }
+        Ok(())
+    }
+
     /// Sets the link of one pair from `ZONE/ZONE=GBIT,MS,USD_PER_GB` (the same zone twice sets
     /// that zone's own link).
     pub fn set(&mut self, text: &str) -> Result<(), LinkError> {

@@ -338,6 +338,24 @@ fn zones_of_two_regions_are_priced_on_the_link_between_regions() {
     // Nobody measured a rate between the regions: the within rate slowed as the cloud's are.
     let ratio = cloud.across_regions.gbit_per_s / cloud.within.gbit_per_s;
     assert!((links.across_regions.gbit_per_s - links.within.gbit_per_s * ratio).abs() < 1e-9);
-    assert_eq!(links.between("us-east-1a", "us-west-2a"), links.across_regions);
+    assert_eq!(
+        links.between("us-east-1a", "us-west-2a"),
+        links.across_regions
+    );
     assert!(links.across_regions.latency_ms >= cloud.across_regions.latency_ms);
+}
+
+#[test]
+fn a_link_the_configuration_sets_prices_its_pair() {
+    let state = cluster(&["us-east-1a", "us-east-1a", "us-west-2a", "us-west-2a"]);
+    let mut set = Links::default();
+    set.set("us-east-1a/us-west-2a=0.5,45,0.09").unwrap();
+    let mut fleets = FleetCache::default().with_links(set);
+    zoned(&state, &mut fleets).expect("two named zones");
+    let links = fleets.fleet.as_ref().unwrap().links();
+    let link = links.between("us-west-2a", "us-east-1a");
+    assert_eq!(
+        (link.gbit_per_s, link.latency_ms, link.usd_per_gb),
+        (0.5, 45.0, 0.09)
+    );
 }
