@@ -650,7 +650,7 @@ fn the_gpu_check_dry_run_writes_the_summary_the_issue_names() {
             .unwrap();
     assert_eq!(v["parts"], serde_json::json!({"smoke": "ok"}), "{v}");
     assert_eq!(v["smoke"]["passed"], true, "{v}");
-    assert_eq!(v["smoke"]["checks"].as_array().unwrap().len(), 7);
+    assert_eq!(v["smoke"]["checks"].as_array().unwrap().len(), 14);
     for key in [
         "burn_tokens_per_s",
         "torch_tokens_per_s",
