@@ -85,9 +85,10 @@ impl<M: PipelineModel> Pipeline<M> {
     }
 
     /// Runs forward and backward of every micro-batch in 1F1B order and accumulates gradients
-    /// (and, on the device, the mean loss: [`Pipeline::step_totals`]). Every stage runs the node's 1F1B driver ([`OneFOneB`]) in this
-    /// thread, in turns, each going as far as its neighbours' messages allow; activations and
-    /// gradients cross stage boundaries as wire bytes, exactly as they cross the network.
+    /// (and, on the device, the mean loss: [`Pipeline::step_totals`]). Every stage runs the
+    /// node's 1F1B driver ([`OneFOneB`]) in this thread, in turns, each going as far as its
+    /// neighbours' messages allow; activations and gradients cross stage boundaries as wire
+    /// bytes, exactly as they cross the network.
     pub fn forward_backward(&mut self, micro_batches: &[Batch]) -> Result<()> {
         let weights = vec![1.0 / micro_batches.len().max(1) as f32; micro_batches.len()];
         self.forward_backward_weighted(micro_batches, &weights)

@@ -150,8 +150,8 @@ fn run_inner<M: PipelineModel>(
     )?;
     let scheduled = began.elapsed();
     let validation_loss = (!samples.held_out.is_empty()).then_some(validation);
-    // Where gradients cross a ring, its one read-back exports them (and the loss); else the
-    // norm's reads the loss with it.
+    // Where gradients cross a ring they are read once (joined on the device), then the loss,
+    // then the reduced norm; else the norm and the loss are the step's one read.
     let (reduced_loss, local) = match links.ring.as_mut() {
         Some(ring) => {
             let ring = RingCollective {
