@@ -126,7 +126,7 @@ pub fn build_plan(
                 &bounds,
                 &layer_bytes,
                 &z.node_zones,
-                &placement.zones,
+                &placement.slot_zones(),
             );
             (bounds, a)
         }

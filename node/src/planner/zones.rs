@@ -48,13 +48,7 @@ impl Zoned {
     /// The workers `config` would run in each zone (`None` when the fleet cannot lay it out).
     pub fn nodes_per_zone(&self, config: parcae_strategies::ParallelConfig) -> Option<Vec<u32>> {
         let placement = self.plans.placements.get(&config)?;
-        let mut counts = vec![0u32; self.view.zones.len()];
-        for zone in placement.zones.iter().flatten() {
-            if let Some(c) = counts.get_mut(*zone) {
-                *c += 1;
-            }
-        }
-        Some(counts)
+        Some(placement.nodes_per_zone(self.view.zones.len()))
     }
 }
 

@@ -27,11 +27,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::analytic::{self, StageCost};
-use super::links::{Link, Links, traffic};
+use super::links::{Link, Links};
 use super::mixed::{self, DeviceCosts, balanced_bounds};
 use super::spec::{LayerCost, ModelSpec};
 use super::split::Splits;
 use super::throughput::ThroughputTable;
+use super::traffic::{LinkTable, Pipelines, traffic};
 use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
 
@@ -64,8 +65,8 @@ pub struct Zone {
 /// How one configuration is laid over the zones, and what it trains.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
-    /// The zone of each stage, per pipeline.
-    pub zones: Vec<Vec<usize>>,
+    /// The pipelines by shape: the zone of each stage (the fleet's index), and how many.
+    pub pipelines: Vec<Pipelines>,
     /// Stage bounds, shared by every pipeline.
     pub bounds: Vec<usize>,
     /// Samples per second.
@@ -138,6 +139,8 @@ pub struct Fleet {
     spec: ModelSpec,
     zones: Vec<Zone>,
     links: Links,
+    /// `links` between the zones, by index.
+    table: LinkTable,
     worst: DeviceCosts,
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
@@ -200,10 +203,13 @@ impl Fleet {
                     .sum()
             })
             .collect();
+        let names: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
+        let table = LinkTable::new(&links, &names);
         Ok(Self {
             spec,
             zones,
             links,
+            table,
             worst,
             paces,
             memo: HashMap::new(),
@@ -355,7 +361,7 @@ impl Fleet {
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
         // (rate, each pipeline's zones, bounds, micro-batches per pipeline where uneven)
-        type Candidate = (f64, Vec<Vec<usize>>, Vec<usize>, Option<Vec<u32>>);
+        type Candidate = (f64, Vec<Pipelines>, Vec<usize>, Option<Vec<u32>>);
         let mut best: Option<Candidate> = None;
         for order in [by_speed, by_count] {
             let Some(per_zone) = fill(counts, &order, d, p) else {
@@ -388,15 +394,20 @@ impl Fleet {
                 (rate, micro) = (shared, Some(counts));
             }
             if best.as_ref().is_none_or(|(b, ..)| rate > *b) {
-                let zones: Vec<Vec<usize>> = used
+                let pipelines = used
                     .iter()
-                    .flat_map(|&z| std::iter::repeat_n(vec![z; p as usize], per_zone[z] as usize))
+                    .map(|&z| Pipelines {
+                        pools: vec![z; p as usize],
+                        count: per_zone[z],
+                    })
                     .collect();
-                best = Some((rate, zones, bounds, micro));
+                best = Some((rate, pipelines, bounds, micro));
             }
         }
         // Priced (its egress) once, for the order that won.
-        best.map(|(rate, zones, bounds, micro)| self.placement(zones, bounds, rate, d, micro))
+        best.map(|(rate, pipelines, bounds, micro)| {
+            self.placement(pipelines, bounds, rate, d, micro)
+        })
     }
 
     /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds` (zone
@@ -423,7 +434,7 @@ impl Fleet {
             return *rate;
         }
         let devices = vec![&self.zones[z].device; p as usize];
-        let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
+        let within = self.link(z, z);
         let rate = mixed::stages_of(&self.spec, &devices, bounds).map_or(0.0, |stages| {
             let pipeline = Pipeline::Local { z, slowest, p };
             self.scheduled_rate(pipeline, &stages, d, ring, within)
@@ -497,30 +508,31 @@ impl Fleet {
     /// A placement with its egress per sample.
     fn placement(
         &self,
-        zones: Vec<Vec<usize>>,
+        pipelines: Vec<Pipelines>,
         bounds: Vec<usize>,
         samples_per_sec: f64,
         d: u32,
         micro_batches: Option<Vec<u32>>,
     ) -> Placement {
-        let names: Vec<Vec<&str>> = zones
-            .iter()
-            .map(|p| p.iter().map(|&z| self.zones[z].name.as_str()).collect())
-            .collect();
         let micro = micro_batches.as_ref().map_or_else(
             || d * analytic::micro_batches(&self.spec, d),
             |m| m.iter().sum(),
         );
         let samples = f64::from(self.spec.micro_batch.max(1) * micro);
         let egress =
-            traffic(&self.spec, &bounds, &names, &self.links).map_or(0.0, |t| t.egress_usd);
+            traffic(&self.spec, &bounds, &pipelines, &self.table).map_or(0.0, |t| t.egress_usd);
         Placement {
-            zones,
+            pipelines,
             bounds,
             samples_per_sec,
             egress_usd_per_sample: egress / samples,
             micro_batches,
         }
+    }
+
+    /// The link between zones `a` and `b`.
+    fn link(&self, a: usize, b: usize) -> Link {
+        self.table.link(a, b)
     }
 
     /// Forward and backward of the whole model on zone `z`'s device, ms: the order of speed.
@@ -580,6 +592,7 @@ fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
 }
 
 mod blind;
+mod placement;
 pub mod shares;
 mod staggered;
 mod two_zones;

@@ -20,13 +20,9 @@
 use std::collections::BTreeMap;
 
 use super::region::regions_apart;
-use super::spec::ModelSpec;
 
 /// Bytes of one gradient value in the all-reduce (Parcae's fp16 gradients).
 pub const GRADIENT_BYTES_PER_PARAM: f64 = 2.0;
-
-/// Bytes of a billed GB (the clouds' price lists bill decimal gigabytes).
-const GB: f64 = 1e9;
 
 /// Longest zone name (AWS's are ~15 characters: `us-east-1a`, `use1-az4`).
 pub const MAX_ZONE_NAME: usize = 64;
@@ -252,96 +248,6 @@ fn parse_pair(text: &str) -> Result<(String, String, Link), LinkError> {
         usd_per_gb: figure("price ($/GB)", usd, ">= 0", |v| v >= 0.0)?,
     };
     Ok((a.into(), b.into(), link))
-}
-
-/// What one training iteration of a placed plan sends between zones, and what it costs.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Traffic {
-    /// Bytes that cross a zone boundary, activations and gradients together.
-    pub cross_zone_bytes: f64,
-    /// Their egress charges, dollars.
-    pub egress_usd: f64,
-    /// The slowest activation transfer between two neighbouring stages of any pipeline, ms.
-    pub slowest_boundary_ms: f64,
-    /// Each stage's all-reduce over its ring, paced by the ring's slowest link, ms.
-    pub allreduce_ms: Vec<f64>,
-}
-
-/// The traffic of one iteration of the plan whose pipeline `i` runs stage `s` (the layers
-/// between `bounds[s]` and `bounds[s + 1]`) in zone `zones[i][s]`: each pipeline sends every
-/// micro-batch's activation forward and its gradient back across each stage boundary, and
-/// each stage's replicas all-reduce their gradients in a ring that visits the zones in turn (so
-/// a ring over `k` zones crosses `k` zone boundaries, the fewest there can be). `None` when
-/// `zones` is empty or a pipeline has other than `bounds.len() - 1` stages.
-pub fn traffic<Z: AsRef<str>>(
-    spec: &ModelSpec,
-    bounds: &[usize],
-    zones: &[Vec<Z>],
-    links: &Links,
-) -> Option<Traffic> {
-    let stages = bounds.len().checked_sub(1)?;
-    if zones.is_empty() || zones.iter().any(|p| p.len() != stages) {
-        return None;
-    }
-    let d = zones.len() as u32;
-    let micro = f64::from(
-        (spec.global_batch / spec.micro_batch.max(1))
-            .div_ceil(d)
-            .max(1),
-    );
-    let mut out = Traffic::default();
-    for pipeline in zones {
-        for pair in pipeline.windows(2) {
-            let (a, b) = (pair[0].as_ref(), pair[1].as_ref());
-            let link = links.between(a, b);
-            let bytes = 2.0 * micro * spec.boundary_bytes;
-            out.slowest_boundary_ms = out
-                .slowest_boundary_ms
-                .max(link.transfer_ms(spec.boundary_bytes));
-            out.add_crossing(a, b, link, bytes);
-        }
-    }
-    for (s, w) in bounds.windows(2).enumerate() {
-        let params: f64 = spec.layers.get(w[0]..w[1])?.iter().map(|l| l.params).sum();
-        let mut ring: Vec<&str> = zones.iter().map(|p| p[s].as_ref()).collect();
-        ring.sort_unstable();
-        let ms = out.ring(&ring, params * GRADIENT_BYTES_PER_PARAM, links);
-        out.allreduce_ms.push(ms);
-    }
-    Some(out)
-}
-
-impl Traffic {
-    fn add_crossing(&mut self, a: &str, b: &str, link: Link, bytes: f64) {
-        if zone_of_pool(a) != zone_of_pool(b) {
-            self.cross_zone_bytes += bytes;
-            self.egress_usd += bytes / GB * link.usd_per_gb;
-        }
-    }
-
-    /// A ring all-reduce of `bytes` over members in zones (or pools) `ring` (sorted, so each
-    /// zone's members are neighbours: a pool's name begins with its zone's and a `/`, which no
-    /// zone name holds): each member sends `2 (w - 1) / w` of the bytes to the next in
-    /// `2 (w - 1)` steps, at the pace of the slowest link of the ring.
-    fn ring(&mut self, ring: &[&str], bytes: f64, links: &Links) -> f64 {
-        let w = ring.len();
-        if w <= 1 {
-            return 0.0;
-        }
-        let sent = bytes * 2.0 * (w - 1) as f64 / w as f64;
-        let mut slowest: Option<Link> = None;
-        for i in 0..w {
-            let (a, b) = (ring[i], ring[(i + 1) % w]);
-            let link = links.between(a, b);
-            self.add_crossing(a, b, link, sent);
-            if slowest.is_none_or(|s| link.gbit_per_s < s.gbit_per_s) {
-                slowest = Some(link);
-            }
-        }
-        slowest.map_or(0.0, |link| {
-            link.transfer_ms(sent) + link.latency_ms * (2 * (w - 1) - 1) as f64
-        })
-    }
 }
 
 #[cfg(test)]

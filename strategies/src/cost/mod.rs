@@ -6,8 +6,8 @@
 //! * [`mixed`]: pipelines over unequal devices, their layers split unevenly to balance stage
 //!   times within each device's memory;
 //! * [`fleet`]: one job over several zones of unequal devices, laid out zone-aware or blind;
-//! * [`links`]: links between zones (rate, latency, egress price) and what a placed plan sends
-//!   over them;
+//! * [`links`]: links between zones (rate, latency, egress price);
+//! * [`traffic`]: what a placed plan sends over them, and what that costs;
 //! * [`migration`]: intra-stage, inter-stage, repartition and restart costs, in expectation
 //!   over which nodes a preemption hits;
 //! * [`builtin`]: the paper's five profiled models;
@@ -28,6 +28,7 @@ pub mod restart;
 pub mod spec;
 mod split;
 pub mod throughput;
+pub mod traffic;
 pub mod transfer;
 
 use serde::{Deserialize, Serialize};

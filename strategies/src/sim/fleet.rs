@@ -363,14 +363,11 @@ pub fn nodes_used(
         .iter()
         .enumerate()
         .map(|(k, config)| {
-            let mut used = vec![0; zones];
             let plans = fleet.plans(layout, &counts[start + k]);
-            if let Some(placed) = plans.placements.get(config) {
-                for &z in placed.zones.iter().flatten() {
-                    used[z] += 1;
-                }
-            }
-            used
+            plans
+                .placements
+                .get(config)
+                .map_or_else(|| vec![0; zones], |placed| placed.nodes_per_zone(zones))
         })
         .collect()
 }

@@ -68,11 +68,12 @@ fn each_zone_is_priced_at_what_its_own_nodes_measured() {
     // beats one of the slow zone's.
     let c = parcae_strategies::ParallelConfig::new(2, 4);
     let placed = &z.plans.placements[&c];
+    let slot_zones = placed.slot_zones();
     assert_eq!(z.cost.samples_per_sec(c), placed.samples_per_sec);
     let held: Vec<usize> = placed.bounds.windows(2).map(|w| w[1] - w[0]).collect();
     let on = |zone: usize| -> usize {
         (0..4)
-            .filter(|&s| placed.zones[0][s] == zone)
+            .filter(|&s| slot_zones[0][s] == zone)
             .map(|s| held[s])
             .sum()
     };
@@ -151,13 +152,14 @@ fn the_plan_puts_every_slot_in_its_zone_with_the_placements_bounds() {
     let config = parcae_strategies::ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
     assert_eq!(config, z.cost.best(8), "the zones' best");
     let placed = &z.plans.placements[&config];
+    let slot_zones = placed.slot_zones();
     let bounds: Vec<u32> = placed.bounds.iter().map(|b| *b as u32).collect();
     assert_eq!(plan.partition, bounds);
     let ids = workers(&state);
     for (node, slot) in &plan.assignment {
         let n = ids.iter().position(|id| id == node).unwrap();
         assert_eq!(
-            z.node_zones[n], placed.zones[slot.pipeline as usize][slot.stage as usize],
+            z.node_zones[n], slot_zones[slot.pipeline as usize][slot.stage as usize],
             "{slot:?}"
         );
     }

@@ -4,6 +4,7 @@
 use super::{Fleet, Placement};
 use crate::cost::links::Link;
 use crate::cost::mixed::balanced_bounds;
+use crate::cost::traffic::Pipelines;
 
 impl Fleet {
     /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
@@ -25,12 +26,20 @@ impl Fleet {
                 slots.push(z);
             }
         }
-        let zones: Vec<Vec<usize>> = slots.chunks(p as usize).map(<[usize]>::to_vec).collect();
+        // Consecutive pipelines of one shape as one entry.
+        let mut pipelines: Vec<Pipelines> = Vec::new();
+        for pools in slots.chunks(p as usize) {
+            match pipelines.last_mut() {
+                Some(last) if last.pools == pools => last.count += 1,
+                _ => pipelines.push(Pipelines {
+                    pools: pools.to_vec(),
+                    count: 1,
+                }),
+            }
+        }
         let spans = present.len() > 1 && d * p > 1;
         let link = match present.as_slice() {
-            [z] => self
-                .links
-                .between(&self.zones[*z].name, &self.zones[*z].name),
+            [z] => self.link(*z, *z),
             _ => self.slowest_ring_link(&present),
         };
         let (ring, boundary) = if spans {
@@ -46,17 +55,13 @@ impl Fleet {
                     .unwrap_or(0.0),
             );
         }
-        Some(self.placement(zones, bounds, rate, d, None))
+        Some(self.placement(pipelines, bounds, rate, d, None))
     }
 
     /// The slowest link of a ring over `zones` (each zone's own link when it is alone).
     pub(super) fn slowest_ring_link(&self, zones: &[usize]) -> Link {
-        let name = |z: usize| self.zones[z].name.as_str();
         let mut links: Vec<Link> = (0..zones.len())
-            .map(|i| {
-                self.links
-                    .between(name(zones[i]), name(zones[(i + 1) % zones.len()]))
-            })
+            .map(|i| self.link(zones[i], zones[(i + 1) % zones.len()]))
             .collect();
         links.sort_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s));
         links.first().copied().unwrap_or(self.links.within)

@@ -95,7 +95,7 @@ impl Fleet {
         let p = (bounds.len() - 1) as u32;
         let devices = vec![&self.zones[z].device; p as usize];
         let stages = mixed::stages_of(&self.spec, &devices, bounds)?;
-        let within = self.links.between(&self.zones[z].name, &self.zones[z].name);
+        let within = self.link(z, z);
         let ends = self.schedule_of(Pipeline::Local { z, slowest, p }, &stages, within, m);
         Some(mixed::iteration_after(
             &self.spec,

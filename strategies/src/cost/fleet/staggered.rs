@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::two_zones::{fastest_by_bound, pair_shares};
 use super::{Fleet, Pipeline, Placement, Shares, Staggered, transfer_over};
 use crate::cost::mixed::{self, DeviceCosts};
+use crate::cost::traffic::Pipelines;
 
 impl Fleet {
     /// `d` staggered pipelines of `p` stages over two zones, for every share of the stages
@@ -57,13 +58,17 @@ impl Fleet {
             self.staggered_rate(k, d)
         })?;
         let (arranged, staggered) = (self.arranged(&k)?, self.staggered(&k)?);
-        let zones = std::iter::repeat_n(arranged.order.clone(), m as usize)
-            .chain(std::iter::repeat_n(
-                staggered.order.clone(),
-                (d - m) as usize,
-            ))
-            .collect();
-        Some(self.placement(zones, arranged.bounds.clone(), rate, d, None))
+        let pipelines = vec![
+            Pipelines {
+                pools: arranged.order.clone(),
+                count: m,
+            },
+            Pipelines {
+                pools: staggered.order.clone(),
+                count: d - m,
+            },
+        ];
+        Some(self.placement(pipelines, arranged.bounds.clone(), rate, d, None))
     }
 
     /// Samples per second of `d` staggered pipelines of shares `k`: the arranged shape and the
@@ -107,9 +112,7 @@ impl Fleet {
         order[junction] = second;
         let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
         let stages = mixed::stages_of(&self.spec, &devices, &arranged.bounds)?;
-        let link = self
-            .links
-            .between(&self.zones[first].name, &self.zones[second].name);
+        let link = self.link(first, second);
         let across = if link.gbit_per_s < arranged.ring.gbit_per_s {
             link
         } else {

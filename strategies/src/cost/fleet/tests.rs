@@ -41,11 +41,12 @@ fn uneven_stages_on_unequal_devices_beat_the_worst_devices_split() {
     let aware = fleet.plans(Layout::ZoneAware, &[8, 8]);
     let blind = fleet.plans(Layout::ZoneBlind, &[8, 8]);
     let (a, b) = (&aware.placements[&c], &blind.placements[&c]);
+    let a_zones = a.slot_zones();
     // Two pipelines of four V100 stages and four fast ones: the fast stages hold more layers.
     let held = sizes(&a.bounds);
     let on = |kind: usize| -> usize {
         (0..8)
-            .filter(|&s| a.zones[0][s] == kind)
+            .filter(|&s| a_zones[0][s] == kind)
             .map(|s| held[s])
             .sum()
     };
@@ -58,11 +59,7 @@ fn uneven_stages_on_unequal_devices_beat_the_worst_devices_split() {
     );
     // Every stage's replicas share a zone, so its all-reduce never crosses one.
     for s in 0..8 {
-        assert!(
-            a.zones.iter().all(|p| p[s] == a.zones[0][s]),
-            "{:?}",
-            a.zones
-        );
+        assert!(a_zones.iter().all(|p| p[s] == a_zones[0][s]), "{a_zones:?}");
     }
     assert!(a.egress_usd_per_sample < b.egress_usd_per_sample);
 }
@@ -77,9 +74,9 @@ fn with_one_kind_pipelines_stay_in_the_fewest_zones_and_pay_no_egress() {
     let aware = fleet.plans(Layout::ZoneAware, &[16, 10]);
     let placed = &aware.placements[&c];
     assert!(
-        placed.zones.iter().flatten().all(|&z| z == 0),
+        placed.slot_zones().iter().flatten().all(|&z| z == 0),
         "{:?}",
-        placed.zones
+        placed.pipelines
     );
     assert_eq!(placed.egress_usd_per_sample, 0.0);
     let blind = fleet.plans(Layout::ZoneBlind, &[16, 10]);
@@ -204,16 +201,16 @@ fn staggered_pipelines_hold_a_composition_that_equal_pipelines_do_not() {
     let blind = fleet.plans(Layout::ZoneBlind, &counts);
     let placed = &aware.placements[&c];
     // Two orders of zones that differ only at one stage.
-    let mut orders = placed.zones.clone();
+    let mut orders = placed.slot_zones();
     orders.sort();
     orders.dedup();
-    assert_eq!(orders.len(), 2, "{:?}", placed.zones);
+    assert_eq!(orders.len(), 2, "{:?}", placed.pipelines);
     let differ: Vec<usize> = (0..8).filter(|&s| orders[0][s] != orders[1][s]).collect();
     assert_eq!(differ.len(), 1, "{orders:?}");
     // Each zone's nodes hold the stages placed in it.
     for (z, &n) in counts.iter().enumerate() {
-        let used = placed.zones.iter().flatten().filter(|&&s| s == z).count();
-        assert!(used <= n as usize, "zone {z}: {used} of {n}");
+        let used = placed.nodes_per_zone(counts.len())[z];
+        assert!(used <= n, "zone {z}: {used} of {n}");
     }
     // Faster than the zone-blind layout of the same nodes, no faster than one zone of them,
     // and only the junction stage's ring crosses zones where the blind layout's every ring may.
@@ -235,7 +232,7 @@ fn zone_pipelines_of_a_faster_kind_take_more_of_the_batch() {
     // Two pipelines of 16 stages, one in each zone: the twice-as-fast zone's runs about twice
     // the micro-batches, and the batch is still 128 samples.
     let placed = &aware.placements[&ParallelConfig::new(2, 16)];
-    let homes: Vec<usize> = placed.zones.iter().map(|z| z[0]).collect();
+    let homes: Vec<usize> = placed.slot_zones().iter().map(|z| z[0]).collect();
     assert_eq!(homes, vec![1, 0]);
     let micro = placed.micro_batches.clone().expect("uneven shares");
     assert_eq!(micro, vec![86, 42]);

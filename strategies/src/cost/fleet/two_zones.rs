@@ -8,6 +8,7 @@ use super::{Arranged, Fleet, MAX_ZONES, Pipeline, Placement, Shares, transfer_ov
 use crate::cost::links::Link;
 use crate::cost::mixed::{self, DeviceCosts};
 use crate::cost::split::Splits;
+use crate::cost::traffic::Pipelines;
 
 impl Fleet {
     /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two
@@ -33,8 +34,11 @@ impl Fleet {
             .collect();
         let (rate, k) = fastest_by_bound(candidates, floor, |k| self.mixed_rate(k, d))?;
         let arranged = self.arranged(&k)?;
-        let zones = vec![arranged.order.clone(); d as usize];
-        Some(self.placement(zones, arranged.bounds.clone(), rate, d, None))
+        let pipelines = vec![Pipelines {
+            pools: arranged.order.clone(),
+            count: d,
+        }];
+        Some(self.placement(pipelines, arranged.bounds.clone(), rate, d, None))
     }
 
     /// At least the rate of `d` pipelines holding `k[z]` stages in zone `z`, with no schedule
@@ -99,8 +103,7 @@ impl Fleet {
         let stages = mixed::stages_of(&self.spec, &devices, &bounds)?;
         // Each stage all-reduces inside its zone; the activations take every link between
         // neighbouring stages, the slowest pacing them.
-        let between =
-            |x: usize, y: usize| self.links.between(&self.zones[x].name, &self.zones[y].name);
+        let between = |x: usize, y: usize| self.link(x, y);
         let slowest = |links: &mut dyn Iterator<Item = Link>| {
             links.min_by(|x, y| x.gbit_per_s.total_cmp(&y.gbit_per_s))
         };

@@ -1,0 +1,190 @@
+//! What one training iteration of a placed plan sends between zones, and what it costs: the
+//! pools of a fleet by index over a table of the links between them, so pricing a placement
+//! compares no names (the planner prices thousands of placements a decision).
+
+use super::links::{GRADIENT_BYTES_PER_PARAM, Link, Links, zone_of_pool};
+use super::spec::ModelSpec;
+
+/// Bytes of a billed GB (the clouds' price lists bill decimal gigabytes).
+const GB: f64 = 1e9;
+
+/// The links between every pair of a fleet's pools (zones, or `ZONE/TYPE`), by the pools'
+/// indices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkTable {
+    pools: usize,
+    /// `links[a * pools + b]`: the link between pools `a` and `b`.
+    links: Vec<Link>,
+    /// `crosses[a * pools + b]`: whether `a` and `b` lie in two zones (traffic between them is
+    /// billed).
+    crosses: Vec<bool>,
+    /// Each pool's place in the order of the pools' names: a ring visits its members in it, so
+    /// each zone's members are neighbours (a pool's name begins with its zone's and a `/`,
+    /// which no zone name holds).
+    rank: Vec<usize>,
+}
+
+impl LinkTable {
+    /// The links of `links` between the pools named `pools`.
+    pub fn new<S: AsRef<str>>(links: &Links, pools: &[S]) -> Self {
+        let names: Vec<&str> = pools.iter().map(AsRef::as_ref).collect();
+        let n = names.len();
+        let mut table = Self {
+            pools: n,
+            links: Vec::with_capacity(n * n),
+            crosses: Vec::with_capacity(n * n),
+            rank: vec![0; n],
+        };
+        for &a in &names {
+            for &b in &names {
+                table.links.push(links.between(a, b));
+                table.crosses.push(zone_of_pool(a) != zone_of_pool(b));
+            }
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| names[i]);
+        for (place, i) in order.into_iter().enumerate() {
+            table.rank[i] = place;
+        }
+        table
+    }
+
+    /// How many pools the table joins.
+    pub fn pools(&self) -> usize {
+        self.pools
+    }
+
+    /// The link between pools `a` and `b`.
+    pub fn link(&self, a: usize, b: usize) -> Link {
+        self.links[a * self.pools + b]
+    }
+
+    /// Whether traffic between pools `a` and `b` leaves a zone.
+    fn crosses(&self, a: usize, b: usize) -> bool {
+        self.crosses[a * self.pools + b]
+    }
+}
+
+/// Pipelines of one shape in a plan: the pool of each of their stages, and how many of them
+/// the plan runs (a plan of 512 pipelines has a few shapes: kept as shapes, not slot by slot).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pipelines {
+    /// The pool of each stage, by the table's index.
+    pub pools: Vec<usize>,
+    /// How many pipelines of this shape.
+    pub count: u32,
+}
+
+/// What one training iteration of a placed plan sends between zones, and what it costs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Traffic {
+    /// Bytes that cross a zone boundary, activations and gradients together.
+    pub cross_zone_bytes: f64,
+    /// Their egress charges, dollars.
+    pub egress_usd: f64,
+    /// The slowest activation transfer between two neighbouring stages of any pipeline, ms.
+    pub slowest_boundary_ms: f64,
+    /// Each stage's all-reduce over its ring, paced by the ring's slowest link, ms.
+    pub allreduce_ms: Vec<f64>,
+}
+
+/// The traffic of one iteration of the plan of `pipelines`, whose stage `s` runs the layers
+/// between `bounds[s]` and `bounds[s + 1]` in its pool of `table`: each pipeline
+/// sends every micro-batch's activation forward and its gradient back across each stage
+/// boundary, and each stage's replicas all-reduce their gradients in a ring that visits the
+/// pools in the order of their names (so a ring over `k` zones crosses `k` zone boundaries, the
+/// fewest there can be). `None` when there is no pipeline, one has other than `bounds.len() - 1`
+/// stages or a pool is not in `table`.
+pub fn traffic(
+    spec: &ModelSpec,
+    bounds: &[usize],
+    pipelines: &[Pipelines],
+    table: &LinkTable,
+) -> Option<Traffic> {
+    let stages = bounds.len().checked_sub(1)?;
+    let d: u32 = pipelines.iter().map(|p| p.count).sum();
+    if d == 0
+        || pipelines
+            .iter()
+            .any(|p| p.pools.len() != stages || p.pools.iter().any(|&z| z >= table.pools()))
+    {
+        return None;
+    }
+    let micro = f64::from(
+        (spec.global_batch / spec.micro_batch.max(1))
+            .div_ceil(d)
+            .max(1),
+    );
+    let mut out = Traffic::default();
+    for shape in pipelines.iter().filter(|p| p.count > 0) {
+        for pair in shape.pools.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let link = table.link(a, b);
+            out.slowest_boundary_ms = out
+                .slowest_boundary_ms
+                .max(link.transfer_ms(spec.boundary_bytes));
+            let bytes = 2.0 * micro * spec.boundary_bytes * f64::from(shape.count);
+            out.add_crossing(table, a, b, bytes);
+        }
+    }
+    let mut members = vec![0u32; table.pools()];
+    for (s, w) in bounds.windows(2).enumerate() {
+        let params: f64 = spec.layers.get(w[0]..w[1])?.iter().map(|l| l.params).sum();
+        members.fill(0);
+        for shape in pipelines {
+            members[shape.pools[s]] += shape.count;
+        }
+        let ms = out.ring(table, &members, params * GRADIENT_BYTES_PER_PARAM);
+        out.allreduce_ms.push(ms);
+    }
+    Some(out)
+}
+
+impl Traffic {
+    fn add_crossing(&mut self, table: &LinkTable, a: usize, b: usize, bytes: f64) {
+        if table.crosses(a, b) {
+            self.cross_zone_bytes += bytes;
+            self.egress_usd += bytes / GB * table.link(a, b).usd_per_gb;
+        }
+    }
+
+    /// A ring all-reduce of `bytes` over `members[z]` members in each pool `z`, visited in the
+    /// order of the pools' names: each member sends `2 (w - 1) / w` of the bytes to the next
+    /// in `2 (w - 1)` steps, at the pace of the slowest link of the ring.
+    fn ring(&mut self, table: &LinkTable, members: &[u32], bytes: f64) -> f64 {
+        let w: u32 = members.iter().sum();
+        if w <= 1 {
+            return 0.0;
+        }
+        let sent = bytes * 2.0 * f64::from(w - 1) / f64::from(w);
+        let mut order: Vec<usize> = (0..members.len()).filter(|&z| members[z] > 0).collect();
+        order.sort_by_key(|&z| table.rank[z]);
+        // The ring's edges in its order: between two members of a pool wherever it holds two
+        // (a ring in one pool has only those), then on to the next pool.
+        let mut edges = Vec::new();
+        for (i, &z) in order.iter().enumerate() {
+            if members[z] > 1 || order.len() == 1 {
+                edges.push((z, z));
+            }
+            if order.len() > 1 {
+                edges.push((z, order[(i + 1) % order.len()]));
+            }
+        }
+        let mut slowest: Option<Link> = None;
+        for (a, b) in edges {
+            let link = table.link(a, b);
+            if a != b {
+                self.add_crossing(table, a, b, sent);
+            }
+            if slowest.is_none_or(|s| link.gbit_per_s < s.gbit_per_s) {
+                slowest = Some(link);
+            }
+        }
+        slowest.map_or(0.0, |link| {
+            link.transfer_ms(sent) + link.latency_ms * (2 * (w - 1) - 1) as f64
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
