@@ -41,8 +41,14 @@ impl std::str::FromStr for Backend {
 impl Backend {
     /// The autodiff device for training on this backend.
     pub fn device(self) -> Result<Device> {
+        self.base_device().map(Device::autodiff)
+    }
+
+    /// This backend's device without autodiff, made as [`Self::device`] makes it (checked
+    /// usable, a Cube runtime on one stream): what a test wraps with autodiff its own ways.
+    pub fn base_device(self) -> Result<Device> {
         match self {
-            Self::Flex => Ok(Device::flex().autodiff()),
+            Self::Flex => Ok(Device::flex()),
             #[cfg(feature = "cuda")]
             Self::Cuda(i) => usable(&format!("CUDA GPU {i}"), move || Device::cuda(i)),
             #[cfg(not(feature = "cuda"))]
@@ -61,7 +67,7 @@ impl Backend {
     }
 }
 
-/// The cubecl device `make` gives, with autodiff, checked by one allocation read back: cubecl
+/// The cubecl device `make` gives, checked by one allocation read back: cubecl
 /// starts the runtime on a runner thread at a device's first use and panics there where it
 /// cannot (no driver library, no such device, a PTX the driver refuses), which the reading
 /// thread only sees as a lost tensor. The first panic of the probe, on any thread, is kept (and
@@ -88,7 +94,7 @@ fn usable(what: &str, make: impl FnOnce() -> Device + std::panic::UnwindSafe) ->
         first.get_or_insert_with(|| text(info.payload()));
     }));
     let probe = std::panic::catch_unwind(move || {
-        let device = make().autodiff();
+        let device = make();
         burn::tensor::Tensor::<1>::zeros([1], &device)
             .try_into_data()
             .map(|_| device)

@@ -367,7 +367,7 @@ mod tests {
     #[cfg(feature = "cube-cpu")]
     #[test]
     fn the_cube_cpu_runtime_passes_every_check() {
-        let device = Device::wgpu(burn::tensor::DeviceKind::Cpu).autodiff();
+        let device = crate::Backend::CubeCpu.device().unwrap();
         let report = smoke(&device, 1e-2).unwrap();
         assert_eq!(report.checks.len(), 14);
         for c in &report.checks {

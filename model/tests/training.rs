@@ -485,7 +485,7 @@ fn native_and_reference_operations_train_the_same_losses() {
     {
         // Made as a node makes it: one cubecl stream for the process (with a stream per OS
         // thread, cubecl's default, the same run gave other losses from step 1 on).
-        let cube = parcae_model::Backend::CubeCpu.device().unwrap().autodiff();
+        let cube = parcae_model::Backend::CubeCpu.device().unwrap();
         devices.extend([cube.clone(), cube.gradient_checkpointing()]);
     }
     for gelu in [Gelu::Erf, Gelu::Tanh] {

@@ -19,7 +19,7 @@ fn devices() -> Vec<Device> {
     #[cfg_attr(not(feature = "cube-cpu"), expect(unused_mut, reason = "one backend"))]
     let mut inner = vec![Device::flex()];
     #[cfg(feature = "cube-cpu")]
-    inner.push(Device::wgpu(burn::tensor::DeviceKind::Cpu));
+    inner.push(crate::Backend::CubeCpu.base_device().unwrap());
     inner
         .into_iter()
         .flat_map(|d| [d.clone().autodiff(), d.autodiff().gradient_checkpointing()])

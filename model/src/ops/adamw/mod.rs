@@ -230,7 +230,10 @@ mod tests {
     #[cfg(feature = "cube-cpu")]
     #[test]
     fn the_cube_kernel_is_the_flex_pass() {
-        let (flex, cube) = (Device::flex(), Device::wgpu(burn::tensor::DeviceKind::Cpu));
+        let (flex, cube) = (
+            Device::flex(),
+            crate::Backend::CubeCpu.base_device().unwrap(),
+        );
         let n = 2 * CHUNK + 17;
         let h = AdamWStep {
             lr: 3e-4,
