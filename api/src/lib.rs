@@ -240,6 +240,24 @@ pub struct FleetView {
     pub across: LinkView,
     /// A link between zones of two regions.
     pub across_regions: LinkView,
+    /// What to do with each pool under the plan in force.
+    pub advice: Vec<PoolAdviceView>,
+}
+
+/// What to do with one pool under the plan in force.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PoolAdviceView {
+    /// The pool (`ZONE` or `ZONE/TYPE`).
+    pub pool: String,
+    /// Workers it holds now.
+    pub nodes_now: u32,
+    /// Of those, the plan's.
+    pub nodes_used: u32,
+    /// `release`, `grow` or `keep`.
+    pub action: String,
+    /// Why, in words.
+    pub reason: String,
 }
 
 /// One zone as the leader prices it.

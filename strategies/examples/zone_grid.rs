@@ -2,7 +2,8 @@
 //! node-hour) beside a synthetic zone `b` of every family and seeds 1-3, with V100s ($0.918) or
 //! a kind 1.5x as fast with 24 GiB ($1.20), gpt-1.5b, H = 12, seed 1: the mixed planner's
 //! samples against each other strategy's, and its samples per dollar against the zone-blind
-//! planner's, planning for samples and planning for samples per dollar. The last row puts the
+//! planner's, planning for samples and planning for samples per dollar (then also against the
+//! pool that buys the most per dollar alone). The last row puts the
 //! 1.5x kind in the p3 trace's own zone, as a second pool (instance type) of it: the two pools
 //! share the zone's free link.
 //!
@@ -29,7 +30,7 @@ fn main() {
     let spec = builtin("gpt-1.5b").expect("gpt-1.5b").0;
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     println!(
-        "b's device    family:seed   ours/single ours/blind ours/reactive  $ours/$blind  ($-planned)"
+        "b's device    family:seed   ours/single ours/blind ours/reactive  $ours/$blind  ($-planned)  $ours/$single ($-planned)"
     );
     for (kind, names, speed, memory_gib, usd) in [
         ("V100s", ["p3", "b"], 1.0, 15.5, P3_USD),
@@ -42,7 +43,7 @@ fn main() {
             1.2,
         ),
     ] {
-        let mut range: [Vec<f64>; 5] = Default::default();
+        let mut range: [Vec<f64>; 6] = Default::default();
         for family in FAMILIES {
             for seed in 1..=3 {
                 let other = format!("synthetic:{family}:{seed}");
@@ -85,10 +86,12 @@ fn main() {
                         / per_dollar(&of(&samples, "zone-blind"), &prices),
                     per_dollar(&of(&dollars, "liveput-zone"), &prices)
                         / per_dollar(&of(&dollars, "zone-blind"), &prices),
+                    per_dollar(&of(&dollars, "liveput-zone"), &prices)
+                        / per_dollar(&of(&dollars, "single-zone-best"), &prices),
                 ];
                 println!(
-                    "{kind:<13} {family}:{seed:<10} {:>11.3} {:>10.3} {:>13.3} {:>13.2} {:>12.2}",
-                    ratios[0], ratios[1], ratios[2], ratios[3], ratios[4]
+                    "{kind:<13} {family}:{seed:<10} {:>11.3} {:>10.3} {:>13.3} {:>13.2} {:>12.2} {:>25.3}",
+                    ratios[0], ratios[1], ratios[2], ratios[3], ratios[4], ratios[5]
                 );
                 for (r, v) in range.iter_mut().zip(ratios) {
                     r.push(v);
@@ -101,12 +104,13 @@ fn main() {
             format!("{lo:.3}-{hi:.3}")
         };
         println!(
-            "{kind}: ours/single {}, ours/blind {}, ours/reactive {}, $ {} ($-planned {})",
+            "{kind}: ours/single {}, ours/blind {}, ours/reactive {}, $ {} ($-planned {}, against the best pool alone {})",
             span(&range[0]),
             span(&range[1]),
             span(&range[2]),
             span(&range[3]),
-            span(&range[4])
+            span(&range[4]),
+            span(&range[5])
         );
     }
 }

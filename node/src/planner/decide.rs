@@ -109,9 +109,12 @@ pub fn decide(
             );
             Some(plan)
         });
+    let in_force = plan.as_ref().map_or(running, |p| {
+        ParallelConfig::new(p.data_parallel, p.pipeline_stages)
+    });
     Decision {
         estimates: Some(estimates(&cost, n, zoned.as_ref())),
-        fleet: zoned.map(|z| z.view),
+        fleet: zoned.map(|z| z.advised(in_force)),
         plan,
     }
 }

@@ -15,10 +15,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use parcae_api::{FleetView, LinkView, ZoneView};
+use parcae_api::{FleetView, LinkView, PoolAdviceView, ZoneView};
 use parcae_consensus::state::limits;
 use parcae_consensus::{ControlState, NodeId};
 use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::advice::advise;
 use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
 use parcae_strategies::cost::links::{Link, Links, pool_price};
 use parcae_strategies::cost::mixed::DeviceCosts;
@@ -49,6 +50,30 @@ impl Zoned {
     pub fn nodes_per_zone(&self, config: parcae_strategies::ParallelConfig) -> Option<Vec<u32>> {
         let placement = self.plans.placements.get(&config)?;
         Some(placement.nodes_per_zone(self.view.zones.len()))
+    }
+
+    /// The view with each pool's advice under `config`, the plan in force (every pool idle
+    /// where the fleet cannot lay it out, or nothing runs).
+    pub fn advised(self, config: parcae_strategies::ParallelConfig) -> FleetView {
+        let held: Vec<u32> = self.view.zones.iter().map(|z| z.nodes).collect();
+        let used = self
+            .nodes_per_zone(config)
+            .unwrap_or_else(|| vec![0; held.len()]);
+        let advice = advise(&held, &used)
+            .into_iter()
+            .zip(self.view.zones.iter().zip(used))
+            .map(|(a, (zone, used))| PoolAdviceView {
+                pool: zone.name.clone(),
+                nodes_now: zone.nodes,
+                nodes_used: used,
+                action: a.action.as_str().to_owned(),
+                reason: a.reason,
+            })
+            .collect();
+        FleetView {
+            advice,
+            ..self.view
+        }
     }
 }
 
@@ -195,6 +220,7 @@ impl FleetCache {
         let objective = self.objective(&names);
         self.planned_for = Some(objective.clone());
         let fleet = self.fleet.as_mut()?;
+        fleet.set_prices(objective.prices());
         let node_zones: Vec<usize> = pools
             .iter()
             .map(|pool| names.iter().position(|n| n == pool).unwrap_or(0))
@@ -276,6 +302,7 @@ fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
         within: link(&fleet.links().within),
         across: link(&fleet.links().across),
         across_regions: link(&fleet.links().across_regions),
+        advice: Vec::new(),
     }
 }
 

@@ -110,6 +110,15 @@ pub enum FleetError {
     Layers(String, usize, usize),
 }
 
+/// Zone pipelines laid out but not yet priced for their egress.
+struct Laid {
+    rate: f64,
+    pipelines: Vec<Pipelines>,
+    bounds: Vec<usize>,
+    /// Micro-batches per pipeline where uneven.
+    micro: Option<Vec<u32>>,
+}
+
 /// A pipeline over two zones as [`mixed::arrange_two`] lays it: its zone per stage, its stage
 /// bounds and sums, and the links its all-reduce and its activations take.
 struct Arranged {
@@ -141,6 +150,8 @@ pub struct Fleet {
     links: Links,
     /// `links` between the zones, by index.
     table: LinkTable,
+    /// Each pool's price of a node-hour, where the plans are laid out for samples per dollar.
+    prices: Option<Vec<f64>>,
     worst: DeviceCosts,
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
@@ -210,6 +221,7 @@ impl Fleet {
             zones,
             links,
             table,
+            prices: None,
             worst,
             paces,
             memo: HashMap::new(),
@@ -227,6 +239,18 @@ impl Fleet {
     /// The job.
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// Lays the plans out for samples per dollar at `usd_per_node_hour` (a price per zone, in
+    /// the fleet's order), or for samples (`None`); a change starts the plans' memo over.
+    pub fn set_prices(&mut self, usd_per_node_hour: Option<&[f64]>) {
+        let prices = usd_per_node_hour
+            .filter(|usd| usd.len() == self.zones.len())
+            .map(<[f64]>::to_vec);
+        if prices != self.prices {
+            self.prices = prices;
+            self.memo.clear();
+        }
     }
 
     /// The links between the zones.
@@ -336,21 +360,42 @@ impl Fleet {
         split
     }
 
-    /// The fastest of zone, mixed and staggered pipelines for `(d, p)`.
+    /// The best of zone, mixed and staggered pipelines for `(d, p)`: the fastest, or where the
+    /// pools are priced the most samples per dollar.
     fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let rate = |placed: &Option<Placement>| placed.as_ref().map_or(0.0, |l| l.samples_per_sec);
         let local = self.zone_pipelines(counts, d, p);
         let mixed = self.mixed_pipelines(counts, d, p, rate(&local));
         let floor = rate(&local).max(rate(&mixed));
         let staggered = self.staggered_pipelines(counts, d, p, floor);
-        [local, mixed, staggered]
-            .into_iter()
-            .flatten()
-            .max_by(|a, b| a.samples_per_sec.total_cmp(&b.samples_per_sec))
+        self.best_of([local, mixed, staggered].into_iter().flatten(), counts)
+    }
+
+    /// The placement of `placements` a planner for this fleet's objective takes: the most
+    /// samples, or where the pools are priced the most per dollar; the first on a tie.
+    fn best_of(
+        &self,
+        placements: impl Iterator<Item = Placement>,
+        counts: &[u32],
+    ) -> Option<Placement> {
+        let value = |placed: &Placement| match &self.prices {
+            Some(usd) => placed.per_dollar_rate(counts, usd),
+            None => placed.samples_per_sec,
+        };
+        placements
+            .fold(None, |best: Option<(f64, Placement)>, placed| {
+                let v = value(&placed);
+                match best {
+                    Some((b, _)) if b >= v => best,
+                    _ => Some((v, placed)),
+                }
+            })
+            .map(|(_, placed)| placed)
     }
 
     /// `d` pipelines of `p` stages, each inside one zone: filled from the fastest kind first,
-    /// or from the fullest zone first, whichever trains more.
+    /// from the fullest zone first, or, where the pools are priced, from the cheapest work
+    /// first (a node-hour's price times the model's pace), whichever the objective prefers.
     fn zone_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let mut by_speed: Vec<usize> = (0..counts.len()).collect();
         by_speed.sort_by(|&a, &b| {
@@ -360,53 +405,77 @@ impl Fleet {
         });
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
-        // (rate, each pipeline's zones, bounds, micro-batches per pipeline where uneven)
-        type Candidate = (f64, Vec<Pipelines>, Vec<usize>, Option<Vec<u32>>);
-        let mut best: Option<Candidate> = None;
-        for order in [by_speed, by_count] {
+        let mut orders = vec![by_speed, by_count];
+        if let Some(usd) = &self.prices {
+            let work = |z: usize| usd[z] * self.pace(z);
+            let mut by_cost: Vec<usize> = (0..counts.len()).collect();
+            by_cost.sort_by(|&a, &b| work(a).total_cmp(&work(b)).then(counts[b].cmp(&counts[a])));
+            orders.push(by_cost);
+        }
+        let mut laid: Vec<Laid> = Vec::new();
+        for order in orders {
             let Some(per_zone) = fill(counts, &order, d, p) else {
                 continue;
             };
-            let used: Vec<usize> = order.iter().copied().filter(|&z| per_zone[z] > 0).collect();
-            let slowest = *used
-                .iter()
-                .max_by(|&&a, &&b| self.pace(a).total_cmp(&self.pace(b)))?;
-            let Some(bounds) = self.zone_split(slowest, p) else {
-                continue;
-            };
-            let ring = self.slowest_ring_link(&used);
-            let mut rate = f64::INFINITY;
-            for &z in &used {
-                rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
-            }
-            let groups: Vec<ZoneGroup> = used
-                .iter()
-                .map(|&z| ZoneGroup {
-                    z,
-                    pipelines: per_zone[z],
-                })
-                .collect();
-            let mut micro = None;
-            if let Some((shared, counts)) = self
-                .shared_rate(&groups, slowest, &bounds, ring)
-                .filter(|(shared, _)| *shared > rate)
-            {
-                (rate, micro) = (shared, Some(counts));
-            }
-            if best.as_ref().is_none_or(|(b, ..)| rate > *b) {
-                let pipelines = used
-                    .iter()
-                    .map(|&z| Pipelines {
-                        pools: vec![z; p as usize],
-                        count: per_zone[z],
-                    })
-                    .collect();
-                best = Some((rate, pipelines, bounds, micro));
-            }
+            laid.extend(self.filled(&order, &per_zone, d, p));
         }
-        // Priced (its egress) once, for the order that won.
-        best.map(|(rate, pipelines, bounds, micro)| {
-            self.placement(pipelines, bounds, rate, d, micro)
+        if self.prices.is_none() {
+            // The fastest (the first on a tie) is the one priced for its egress.
+            let mut fastest: Option<Laid> = None;
+            for l in laid.drain(..) {
+                if fastest.as_ref().is_none_or(|f| l.rate > f.rate) {
+                    fastest = Some(l);
+                }
+            }
+            laid.extend(fastest);
+        }
+        let placed: Vec<Placement> = laid
+            .into_iter()
+            .map(|l| self.placement(l.pipelines, l.bounds, l.rate, d, l.micro))
+            .collect();
+        self.best_of(placed.into_iter(), counts)
+    }
+
+    /// `d` pipelines of `p` stages, `per_zone[z]` of them inside zone `z`, the zones taken in
+    /// `order`: each on the slowest used kind's split, with uneven shares of the batch where
+    /// those train more.
+    fn filled(&mut self, order: &[usize], per_zone: &[u32], d: u32, p: u32) -> Option<Laid> {
+        let used: Vec<usize> = order.iter().copied().filter(|&z| per_zone[z] > 0).collect();
+        let slowest = *used
+            .iter()
+            .max_by(|&&a, &&b| self.pace(a).total_cmp(&self.pace(b)))?;
+        let bounds = self.zone_split(slowest, p)?;
+        let ring = self.slowest_ring_link(&used);
+        let mut rate = f64::INFINITY;
+        for &z in &used {
+            rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
+        }
+        let groups: Vec<ZoneGroup> = used
+            .iter()
+            .map(|&z| ZoneGroup {
+                z,
+                pipelines: per_zone[z],
+            })
+            .collect();
+        let mut micro = None;
+        if let Some((shared, counts)) = self
+            .shared_rate(&groups, slowest, &bounds, ring)
+            .filter(|(shared, _)| *shared > rate)
+        {
+            (rate, micro) = (shared, Some(counts));
+        }
+        let pipelines = used
+            .iter()
+            .map(|&z| Pipelines {
+                pools: vec![z; p as usize],
+                count: per_zone[z],
+            })
+            .collect();
+        Some(Laid {
+            rate,
+            pipelines,
+            bounds,
+            micro,
         })
     }
 

@@ -12,8 +12,10 @@
 //!   over which nodes a preemption hits;
 //! * [`builtin`]: the paper's five profiled models;
 //! * [`profile`]: a model measured on one card by `parcae-node profile`, read from a file;
-//! * [`money`]: what a run costs at spot prices and saves against on-demand machines.
+//! * [`money`]: what a run costs at spot prices and saves against on-demand machines;
+//! * [`advice`]: which pools a plan's owner should release or grow.
 
+pub mod advice;
 pub mod analytic;
 pub mod builtin;
 pub mod fleet;

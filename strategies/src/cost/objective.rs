@@ -1,29 +1,10 @@
 //! What a zone-aware planner plans for, the user's choice: the most samples, or the most
-//! samples per dollar of the nodes held and of the egress between zones.
+//! samples per dollar of the pools used and of the egress between zones.
 
 use std::sync::Arc;
 
 use super::fleet::Plans;
 use super::throughput::ThroughputTable;
-
-impl Plans {
-    /// The table of a planner that wants the most samples per dollar, where the fleet's nodes
-    /// cost `held_usd_per_sec` (billed held, used or not) and each placement pays its egress:
-    /// every rate `r` becomes `r C / (C + e r)`, its samples per dollar at that bill `C` scaled
-    /// back to samples per second (so a placement that crosses no zone keeps its rate, and the
-    /// planner's migration and look-ahead arithmetic stays in samples). Without a bill the
-    /// table is unchanged.
-    pub fn per_dollar(&self, held_usd_per_sec: f64) -> ThroughputTable {
-        if !(held_usd_per_sec.is_finite() && held_usd_per_sec > 0.0) {
-            return (*self.table).clone();
-        }
-        let c = held_usd_per_sec;
-        ThroughputTable::from_rows(self.placements.iter().map(|(config, placed)| {
-            let r = placed.samples_per_sec;
-            (*config, r / (1.0 + placed.egress_usd_per_sample * r / c))
-        }))
-    }
-}
 
 /// What a zone-aware planner plans for: the user's choice.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -31,27 +12,33 @@ pub enum Objective {
     /// The most samples.
     #[default]
     Samples,
-    /// The most samples per dollar, the nodes of zone `z` billed at `usd_per_node_hour[z]`
-    /// and egress at the links' prices ([`Plans::per_dollar`]).
+    /// The most samples per dollar, the nodes of pool `z` billed at `usd_per_node_hour[z]`
+    /// while a plan uses the pool (a pool it leaves idle is released), and egress at the
+    /// links' prices ([`super::fleet::Placement::per_dollar_rate`]).
     SamplesPerDollar {
-        /// Spot price of a node-hour in each zone, in the fleet's zone order.
+        /// Spot price of a node-hour in each pool, in the fleet's order.
         usd_per_node_hour: Vec<f64>,
     },
 }
 
 impl Objective {
-    /// The table a zone-aware planner plans by on `plans`, with `counts[z]` nodes held in
-    /// zone `z`.
-    pub fn table(&self, plans: &Plans, counts: &[u32]) -> Arc<ThroughputTable> {
+    /// The pools' prices a fleet lays its plans out by (`None`: for samples).
+    pub fn prices(&self) -> Option<&[f64]> {
         match self {
-            Self::Samples => plans.table.clone(),
-            Self::SamplesPerDollar { usd_per_node_hour } => {
-                let per_hour: f64 = counts
-                    .iter()
-                    .zip(usd_per_node_hour)
-                    .map(|(&n, usd)| f64::from(n) * usd)
-                    .sum();
-                Arc::new(plans.per_dollar(per_hour / 3600.0))
+            Self::Samples => None,
+            Self::SamplesPerDollar { usd_per_node_hour } => Some(usd_per_node_hour),
+        }
+    }
+
+    /// The table a zone-aware planner plans by on `plans`, with `counts[z]` nodes held in
+    /// pool `z`.
+    pub fn table(&self, plans: &Plans, counts: &[u32]) -> Arc<ThroughputTable> {
+        match self.prices() {
+            None => plans.table.clone(),
+            Some(usd) => {
+                Arc::new(ThroughputTable::from_rows(plans.placements.iter().map(
+                    |(config, placed)| (*config, placed.per_dollar_rate(counts, usd)),
+                )))
             }
         }
     }

@@ -63,8 +63,12 @@ pub struct FleetRun {
     /// The run as the single-trace simulator books it (on the pooled trace, or on the best
     /// zone's own).
     pub run: StrategyRun,
-    /// Node-hours held in each zone, in the fleet's zone order.
+    /// Node-hours billed in each pool, in the fleet's order: its nodes while a plan uses the
+    /// pool, or while no plan is laid out (a migration); a pool the plan in force leaves idle
+    /// is released, and the trace's nodes are there again when a plan takes the pool.
     pub node_hours: Vec<f64>,
+    /// Node-hours the traces offered in each pool, used or not.
+    pub held_node_hours: Vec<f64>,
     /// Egress dollars of the activations and gradients that crossed zones.
     pub egress_usd: f64,
     /// For `single-zone-best`, the zone it ran in.
@@ -204,6 +208,7 @@ pub fn simulate_fleet(
             return Err(FleetTraceError::Prices(traces.len()));
         }
     }
+    fleet.set_prices(objective.prices());
     let comps = compositions(traces)?;
     let range = range.start.min(comps.counts.len())..range.end.min(comps.counts.len());
     let most: Vec<u32> = (0..traces.len())
@@ -221,10 +226,11 @@ pub fn simulate_fleet(
         .max()
         .unwrap_or(0);
     let aware = fleet.plans(Layout::ZoneAware, &most).table.clone();
+    let interval_secs = comps.pooled.interval_secs;
     let believed = Arc::new(fleet.uniform_table(&fleet.worst().clone(), total));
     let union = ThroughputTable::from_rows(believed.configs().chain(aware.configs()));
     let setup = setup(fleet, union, lookahead, seed);
-    let hours = held_hours(&comps.counts[range.clone()], comps.pooled.interval_secs);
+    let held = held_hours(&comps.counts[range.clone()], interval_secs);
     let mut runs = Vec::new();
     for (name, layout, belief) in [
         ("liveput-zone", Layout::ZoneAware, None),
@@ -247,25 +253,41 @@ pub fn simulate_fleet(
         };
         let run = simulate_with(&setup, &comps.pooled, range.clone(), strategy, &mut speeds);
         let egress_usd = egress(fleet, layout, &comps.counts, &run, range.start);
+        let used = nodes_used(fleet, layout, &comps.counts, &run, range.start);
+        let billed = billed_nodes(&comps.counts[range.clone()], &used);
         runs.push(FleetRun {
             run,
-            node_hours: hours.clone(),
+            node_hours: held_hours(&billed, interval_secs),
+            held_node_hours: held.clone(),
             egress_usd,
             zone: None,
         });
     }
-    runs.extend(best_single_zone(fleet, traces, range, lookahead, seed));
+    runs.extend(best_single_zone(
+        fleet,
+        traces,
+        range,
+        lookahead,
+        seed,
+        objective.prices(),
+    ));
     Ok(runs)
 }
 
-/// `liveput-zone` on each zone alone; the zone that trains the most.
+/// `liveput-zone` on each zone alone; the zone that trains the most, or where the pools are
+/// priced (`usd_per_node_hour`) the most per dollar.
 fn best_single_zone(
     fleet: &Fleet,
     traces: &[Trace],
     range: Range<usize>,
     lookahead: usize,
     seed: u64,
+    usd_per_node_hour: Option<&[f64]>,
 ) -> Option<FleetRun> {
+    let value = |r: &FleetRun| match usd_per_node_hour {
+        Some(usd) => r.run.samples / r.cost_usd(usd).max(f64::MIN_POSITIVE),
+        None => r.run.samples,
+    };
     let mut best: Option<FleetRun> = None;
     for (z, zone) in fleet.zones().iter().enumerate() {
         let trace = &traces[z];
@@ -278,18 +300,20 @@ fn best_single_zone(
         let setup = setup(fleet, table, lookahead, seed);
         let strategy = liveput_zone("single-zone-best", Forecast::Zone);
         let run = super::simulate(&setup, trace, range.clone(), strategy);
-        if best.as_ref().is_none_or(|b| run.samples > b.run.samples) {
-            let mut node_hours = vec![0.0; traces.len()];
-            node_hours[z] = machine_hours(
-                trace.intervals[range.clone()].iter().map(|i| i.nodes),
-                trace.interval_secs as f64,
-            );
-            best = Some(FleetRun {
-                run,
-                node_hours,
-                egress_usd: 0.0,
-                zone: Some(zone.name.clone()),
-            });
+        let mut node_hours = vec![0.0; traces.len()];
+        node_hours[z] = machine_hours(
+            trace.intervals[range.clone()].iter().map(|i| i.nodes),
+            trace.interval_secs as f64,
+        );
+        let alone = FleetRun {
+            run,
+            held_node_hours: node_hours.clone(),
+            node_hours,
+            egress_usd: 0.0,
+            zone: Some(zone.name.clone()),
+        };
+        if best.as_ref().is_none_or(|b| value(&alone) > value(b)) {
+            best = Some(alone);
         }
     }
     best
@@ -316,6 +340,21 @@ fn liveput_zone(name: &str, forecast: Forecast) -> Strategy {
             terminal: true,
         },
     )
+}
+
+/// The nodes billed in each pool per interval: those `held` in every pool the interval's plan
+/// uses (`used`), or in every pool where no plan is laid out.
+fn billed_nodes(held: &[Vec<u32>], used: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    held.iter()
+        .zip(used)
+        .map(|(held, used)| {
+            let laid_out = used.iter().any(|&n| n > 0);
+            held.iter()
+                .zip(used)
+                .map(|(&h, &u)| if u > 0 || !laid_out { h } else { 0 })
+                .collect()
+        })
+        .collect()
 }
 
 /// Node-hours held per zone over `counts` (one row per interval).

@@ -145,6 +145,16 @@ struct ZoneJson {
     usd_per_node_hour: Option<f64>,
 }
 
+/// One pool's part of a strategy's bill.
+#[derive(Serialize)]
+struct PoolLedgerJson {
+    name: String,
+    held_node_hours: f64,
+    billed_node_hours: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usd: Option<f64>,
+}
+
 #[derive(Serialize)]
 struct FleetStrategyJson {
     name: String,
@@ -153,8 +163,13 @@ struct FleetStrategyJson {
     x_zone_blind: Option<f64>,
     migrations: u32,
     migration_secs: f64,
+    /// Node-hours billed: each pool's nodes while a plan uses the pool (or none is laid out).
     node_hours: f64,
+    /// Node-hours the traces offered, used or not.
+    held_node_hours: f64,
     egress_usd: f64,
+    /// Each pool's node-hours, offered and billed, and what they cost.
+    pools: Vec<PoolLedgerJson>,
     /// Node-hours at each zone's price, egress included (when every zone has a price).
     #[serde(skip_serializing_if = "Option::is_none")]
     cost: Option<f64>,
@@ -231,7 +246,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
         args.seed,
         &objective,
     )?;
-    let rows = rows(&runs, prices.as_deref());
+    let rows = rows(&runs, &names, prices.as_deref());
     print_rows(&specs, args.model_name, range.len(), &rows);
     if let Some(path) = args.plot {
         plot(
@@ -303,7 +318,7 @@ fn plot(
     fleet_simulation(path, &title, interval_secs, &zones, &runs)
 }
 
-fn rows(runs: &[FleetRun], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
+fn rows(runs: &[FleetRun], names: &[&str], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
     let samples = |name: &str| {
         runs.iter()
             .find(|r| r.run.name == name)
@@ -321,7 +336,18 @@ fn rows(runs: &[FleetRun], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
                 migrations: r.run.migrations,
                 migration_secs: r.run.migration_secs,
                 node_hours: r.node_hours.iter().sum(),
+                held_node_hours: r.held_node_hours.iter().sum(),
                 egress_usd: r.egress_usd,
+                pools: names
+                    .iter()
+                    .enumerate()
+                    .map(|(z, name)| PoolLedgerJson {
+                        name: (*name).to_owned(),
+                        held_node_hours: r.held_node_hours.get(z).copied().unwrap_or(0.0),
+                        billed_node_hours: r.node_hours.get(z).copied().unwrap_or(0.0),
+                        usd: prices.and_then(|p| Some(p.get(z)? * r.node_hours.get(z)?)),
+                    })
+                    .collect(),
                 cost,
                 samples_per_usd: cost.filter(|c| *c > 0.0).map(|c| r.run.samples / c),
                 zone: r.zone.clone(),
@@ -347,13 +373,14 @@ fn print_rows(specs: &[ZoneSpec], model: &str, intervals: usize, rows: &[FleetSt
     }
     let show = |x: Option<f64>, digits: usize| x.map_or("-".into(), |v| format!("{v:.digits$}"));
     println!(
-        "{:<18} {:>12} {:>8} {:>8} {:>10} {:>11} {:>10} {:>10} {:>12}",
+        "{:<18} {:>12} {:>8} {:>8} {:>10} {:>11} {:>11} {:>10} {:>10} {:>12}",
         "strategy",
         "samples",
         "x single",
         "x blind",
         "migrations",
-        "node-hours",
+        "held n-h",
+        "billed n-h",
         "egress $",
         "cost $",
         "samples/$"
@@ -364,12 +391,13 @@ fn print_rows(specs: &[ZoneSpec], model: &str, intervals: usize, rows: &[FleetSt
             None => r.name.clone(),
         };
         println!(
-            "{:<18} {:>12.0} {:>8} {:>8} {:>10} {:>11.1} {:>10.2} {:>10} {:>12}",
+            "{:<18} {:>12.0} {:>8} {:>8} {:>10} {:>11.1} {:>11.1} {:>10.2} {:>10} {:>12}",
             name,
             r.samples,
             show(r.x_single_zone_best, 3),
             show(r.x_zone_blind, 3),
             r.migrations,
+            r.held_node_hours,
             r.node_hours,
             r.egress_usd,
             show(r.cost, 2),
@@ -378,6 +406,9 @@ fn print_rows(specs: &[ZoneSpec], model: &str, intervals: usize, rows: &[FleetSt
     }
     println!(
         "liveput-zone is the node's rule laid out zone-aware; zone-blind plans as if every node were the worst device in one zone"
+    );
+    println!(
+        "billed: a pool's nodes while a plan uses the pool; a pool the plan in force leaves idle is released"
     );
 }
 

@@ -240,17 +240,25 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
     let both = prices(&[("fast", 3.0), ("slow", 1.0)]);
     let mut dollars = FleetCache::new(Objective::SamplesPerDollar, both.clone(), 1.0);
     let z = zoned(&state, &mut dollars).expect("two named zones");
-    let mut crossing = 0;
+    let (mut crossing, mut alone) = (0, 0);
     for (config, placed) in &z.plans.placements {
         let chosen_on = z.cost.samples_per_sec(*config);
-        if placed.egress_usd_per_sample > 0.0 {
+        let pools = placed.nodes_per_zone(2).iter().filter(|&&n| n > 0).count();
+        if pools == 1 {
+            // The other pool is released: the same samples for less.
+            alone += 1;
+            assert!(chosen_on > placed.samples_per_sec, "{config:?}");
+        } else if placed.egress_usd_per_sample > 0.0 {
             crossing += 1;
             assert!(chosen_on < placed.samples_per_sec, "{config:?}");
         } else {
             assert_eq!(chosen_on, placed.samples_per_sec, "{config:?}");
         }
     }
-    assert!(crossing > 0, "some placement crosses zones");
+    assert!(
+        crossing > 0 && alone > 0,
+        "{crossing} cross zones, {alone} use one"
+    );
     // On a device emulated at time scale 6, a wall-clock second holds the nodes for six of
     // theirs: the bill weighs six times as much against the same egress, as at six times
     // the prices.
@@ -360,4 +368,70 @@ fn a_link_the_configuration_sets_prices_its_pair() {
         (link.gbit_per_s, link.latency_ms, link.usd_per_gb),
         (0.5, 45.0, 0.09)
     );
+}
+
+#[test]
+fn planned_for_dollars_a_dear_pool_is_left_idle_and_status_advises_releasing_it() {
+    // Four fast nodes at $3 a node-hour beside four slow ones at $1: the slow pool's work costs
+    // two thirds of the fast one's, and a ring across the two pays egress.
+    let state = cluster(&[
+        "fast", "fast", "fast", "fast", "slow", "slow", "slow", "slow",
+    ]);
+    let prices: BTreeMap<String, f64> = [("fast".to_string(), 3.0), ("slow".to_string(), 1.0)]
+        .into_iter()
+        .collect();
+    let mut fleets = FleetCache::new(Objective::SamplesPerDollar, prices, 1.0);
+    let decision = decide(
+        &state,
+        &mut Reactive::default(),
+        &shape(),
+        &mut MeasuredCache::default(),
+        &mut fleets,
+        true,
+        0,
+    );
+    let plan = decision.plan.expect("a plan");
+    let fleet = decision.fleet.expect("planned over pools");
+    let advice: Vec<(&str, u32, u32, &str)> = fleet
+        .advice
+        .iter()
+        .map(|a| {
+            (
+                a.pool.as_str(),
+                a.nodes_now,
+                a.nodes_used,
+                a.action.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(plan.data_parallel * plan.pipeline_stages, 4, "{plan:?}");
+    assert_eq!(
+        advice,
+        [("fast", 4, 0, "release"), ("slow", 4, 4, "grow")],
+        "{:?}",
+        fleet.advice
+    );
+    // Planning for samples, the advice follows the plan, whichever pools it takes.
+    let mut fleets = FleetCache::default();
+    let decision = decide(
+        &state,
+        &mut Reactive::default(),
+        &shape(),
+        &mut MeasuredCache::default(),
+        &mut fleets,
+        true,
+        0,
+    );
+    let plan = decision.plan.expect("a plan");
+    let fleet = decision.fleet.expect("planned over pools");
+    let used: u32 = fleet.advice.iter().map(|a| a.nodes_used).sum();
+    assert_eq!(used, plan.data_parallel * plan.pipeline_stages);
+    for a in &fleet.advice {
+        let want = match a.nodes_used {
+            0 => "release",
+            4 => "grow",
+            _ => "keep",
+        };
+        assert_eq!((a.nodes_now, a.action.as_str()), (4, want), "{a:?}");
+    }
 }

@@ -2,6 +2,7 @@ use super::staggered::arranged_pipelines;
 use super::two_zones::pair_splits;
 use super::*;
 use crate::cost::builtin::builtin;
+use crate::cost::objective::Objective;
 
 /// Parcae's V100s: 15.5 GiB usable.
 const V100_MB: f64 = 15.5 * 1024.0;
@@ -150,28 +151,46 @@ fn a_dollar_table_weighs_each_rate_by_its_egress_against_the_bill() {
     let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
     let plans = fleet.plans(Layout::ZoneAware, &[8, 8]);
     // 16 nodes at $1 an hour each.
+    let (counts, usd) = ([8, 8], [1.0, 1.0]);
     let bill = 16.0 / 3600.0;
-    let table = plans.per_dollar(bill);
-    let mut crossing = 0;
+    let table = Objective::SamplesPerDollar {
+        usd_per_node_hour: usd.to_vec(),
+    }
+    .table(&plans, &counts);
+    let (mut crossing, mut alone) = (0, 0);
     for (config, placed) in &plans.placements {
         let (r, e) = (placed.samples_per_sec, placed.egress_usd_per_sample);
         let weighed = table.samples_per_sec(*config);
-        // Samples per dollar r / (C + e r), times the bill C.
+        // Samples per dollar r / (C_used + e r), times the bill C of every pool held: a pool
+        // the placement leaves idle is released.
+        let pools = placed.nodes_per_zone(2).iter().filter(|&&n| n > 0).count();
+        let used = bill * pools as f64 / 2.0;
         assert!(
-            (weighed - r * bill / (bill + e * r)).abs() < 1e-9 * r,
+            (weighed - r * bill / (used + e * r)).abs() < 1e-9 * r,
             "{config:?}"
         );
         if e > 0.0 {
             crossing += 1;
+        }
+        if pools == 1 {
+            alone += 1;
+            assert!(weighed > r, "{config:?}: half the bill");
+        } else if e > 0.0 {
             assert!(weighed < r, "{config:?}");
         } else {
             assert_eq!(weighed, r, "{config:?}");
         }
     }
-    assert!(crossing > 0, "some placement crosses zones");
-    // No bill, no weighing.
-    assert_eq!(plans.per_dollar(0.0), *plans.table);
-    assert_eq!(plans.per_dollar(f64::NAN), *plans.table);
+    assert!(
+        crossing > 0 && alone > 0,
+        "{crossing} cross zones, {alone} use one"
+    );
+    // For samples, or with no bill, no weighing.
+    assert_eq!(Objective::Samples.table(&plans, &counts), plans.table);
+    let free = Objective::SamplesPerDollar {
+        usd_per_node_hour: vec![0.0; 2],
+    };
+    assert_eq!(*free.table(&plans, &counts), *plans.table);
 }
 
 #[test]
@@ -238,4 +257,47 @@ fn zone_pipelines_of_a_faster_kind_take_more_of_the_batch() {
     assert_eq!(micro, vec![86, 42]);
     assert_eq!(micro.iter().sum::<u32>() * gpt().micro_batch, 128);
     assert_eq!(super::shares::batch_shares(&micro, 128), vec![86, 42]);
+}
+
+#[test]
+fn planned_for_samples_per_dollar_a_plan_may_leave_a_dear_pool_idle() {
+    // Zone `b` is 1.5x as fast at ten times the price: per dollar its work costs 6.7x `a`'s.
+    let mut fleet = two_kinds(1.5);
+    let counts = [16, 16];
+    let usd = [0.3, 3.0];
+    let objective = Objective::SamplesPerDollar {
+        usd_per_node_hour: usd.to_vec(),
+    };
+    let for_samples = fleet.plans(Layout::ZoneAware, &counts);
+    let fastest = for_samples.table.best(32);
+    assert!(for_samples.placements[&fastest].nodes_per_zone(2)[1] > 0);
+    fleet.set_prices(objective.prices());
+    let for_dollars = fleet.plans(Layout::ZoneAware, &counts);
+    let table = objective.table(&for_dollars, &counts);
+    let chosen = table.best(32);
+    let placed = &for_dollars.placements[&chosen];
+    assert_eq!(placed.nodes_per_zone(2)[1], 0, "{chosen:?}: {placed:?}");
+    // Samples per dollar while `a` alone is held, against the fastest plan holding both.
+    let per_dollar = |placed: &Placement, held_usd_per_hour: f64| {
+        placed.samples_per_sec
+            / (held_usd_per_hour / 3600.0 + placed.egress_usd_per_sample * placed.samples_per_sec)
+    };
+    let alone = per_dollar(placed, 16.0 * usd[0]);
+    let both = per_dollar(
+        &for_samples.placements[&fastest],
+        16.0 * usd[0] + 16.0 * usd[1],
+    );
+    assert!(alone > 2.0 * both, "alone {alone} both {both}");
+    // Every placement of the priced plans is at least as good per dollar as the one the
+    // samples plans laid for the same configuration.
+    for (config, placed) in &for_dollars.placements {
+        let was = for_samples.placements[config].per_dollar_rate(&counts, &usd);
+        assert!(
+            placed.per_dollar_rate(&counts, &usd) >= was - 1e-9,
+            "{config:?}"
+        );
+    }
+    // Back to samples: the first plans again.
+    fleet.set_prices(None);
+    assert_eq!(*fleet.plans(Layout::ZoneAware, &counts), *for_samples);
 }
