@@ -138,15 +138,7 @@ fn the_plan_puts_every_slot_in_its_zone_with_the_placements_bounds() {
         "fast", "slow", "fast", "slow", "fast", "slow", "fast", "slow",
     ]);
     let mut fleets = FleetCache::default();
-    let decision = decide(
-        &state,
-        &mut Reactive::default(),
-        &shape(),
-        &mut MeasuredCache::default(),
-        &mut fleets,
-        true,
-        0,
-    );
+    let decision = reactive_decision(&state, &mut fleets);
     let plan = decision.plan.expect("a first plan");
     let z = zoned(&state, &mut fleets).unwrap();
     let config = parcae_strategies::ParallelConfig::new(plan.data_parallel, plan.pipeline_stages);
@@ -173,15 +165,7 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
     assert!(zoned(&cluster(&["a", "a", "", "b"]), &mut fleets).is_none());
     assert!(zoned(&cluster(&["a", "b", "c", "d", "e"]), &mut fleets).is_none());
     let state = cluster(&["a", "a", "a", "a"]);
-    let decision = decide(
-        &state,
-        &mut Reactive::default(),
-        &shape(),
-        &mut MeasuredCache::default(),
-        &mut fleets,
-        true,
-        0,
-    );
+    let decision = reactive_decision(&state, &mut fleets);
     let plan = decision.plan.unwrap();
     let even =
         parcae_strategies::cost::spec::partition(LAYERS as usize, plan.pipeline_stages as usize);
@@ -370,6 +354,22 @@ fn a_link_the_configuration_sets_prices_its_pair() {
     );
 }
 
+/// The reactive strategy's first decision on `state` with `fleets`.
+fn reactive_decision(
+    state: &ControlState,
+    fleets: &mut FleetCache,
+) -> crate::planner::decide::Decision {
+    decide(
+        state,
+        &mut Reactive::default(),
+        &shape(),
+        &mut MeasuredCache::default(),
+        fleets,
+        true,
+        0,
+    )
+}
+
 #[test]
 fn planned_for_dollars_a_dear_pool_is_left_idle_and_status_advises_releasing_it() {
     // Four fast nodes at $3 a node-hour beside four slow ones at $1: the slow pool's work costs
@@ -381,15 +381,7 @@ fn planned_for_dollars_a_dear_pool_is_left_idle_and_status_advises_releasing_it(
         .into_iter()
         .collect();
     let mut fleets = FleetCache::new(Objective::SamplesPerDollar, prices, 1.0);
-    let decision = decide(
-        &state,
-        &mut Reactive::default(),
-        &shape(),
-        &mut MeasuredCache::default(),
-        &mut fleets,
-        true,
-        0,
-    );
+    let decision = reactive_decision(&state, &mut fleets);
     let plan = decision.plan.expect("a plan");
     let fleet = decision.fleet.expect("planned over pools");
     let advice: Vec<(&str, u32, u32, &str)> = fleet
@@ -413,15 +405,7 @@ fn planned_for_dollars_a_dear_pool_is_left_idle_and_status_advises_releasing_it(
     );
     // Planning for samples, the advice follows the plan, whichever pools it takes.
     let mut fleets = FleetCache::default();
-    let decision = decide(
-        &state,
-        &mut Reactive::default(),
-        &shape(),
-        &mut MeasuredCache::default(),
-        &mut fleets,
-        true,
-        0,
-    );
+    let decision = reactive_decision(&state, &mut fleets);
     let plan = decision.plan.expect("a plan");
     let fleet = decision.fleet.expect("planned over pools");
     let used: u32 = fleet.advice.iter().map(|a| a.nodes_used).sum();
