@@ -195,6 +195,19 @@ pub trait Speeds {
     fn lookahead(&mut self, _i: usize, _first: bool, _horizon: usize) -> Option<Lookahead> {
         None
     }
+
+    /// Interval `i`'s event `ev` as the move to `to` feels it: where these speeds know which
+    /// nodes the plans use, only those of the pools `ev.from` or `to` runs on (a preemption in
+    /// a pool no plan uses interrupts nothing); else `ev`.
+    fn felt(
+        &mut self,
+        _i: usize,
+        _first: bool,
+        _to: ParallelConfig,
+        ev: MigrationEvent,
+    ) -> MigrationEvent {
+        ev
+    }
 }
 
 /// The model's own table, planned and booked, at every interval.
@@ -331,12 +344,17 @@ pub fn simulate_with(
                 opt.set_throughput(planned);
                 let decision = opt.decide_with_tables(now, &future, value, &tables);
                 let to = decision.config.clamp_to(real.nodes);
-                let ev = MigrationEvent {
-                    nodes: now.nodes,
-                    from: now.config,
-                    added: real_event.added,
-                    removed: real_event.removed,
-                };
+                let ev = speeds.felt(
+                    i,
+                    first,
+                    to,
+                    MigrationEvent {
+                        nodes: now.nodes,
+                        from: now.config,
+                        added: real_event.added,
+                        removed: real_event.removed,
+                    },
+                );
                 let (cost, kind) = opt.costs().expected_with_kind(ev, to);
                 let mut leftover_ms = now.leftover_ms;
                 if cost > 0.0 {

@@ -395,7 +395,8 @@ impl Fleet {
 
     /// `d` pipelines of `p` stages, each inside one zone: filled from the fastest kind first,
     /// from the fullest zone first, or, where the pools are priced, from the cheapest work
-    /// first (a node-hour's price times the model's pace), whichever the objective prefers.
+    /// first (a node-hour's price times the model's pace) or in one pool alone, whichever the
+    /// objective prefers.
     fn zone_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let mut by_speed: Vec<usize> = (0..counts.len()).collect();
         by_speed.sort_by(|&a, &b| {
@@ -411,6 +412,9 @@ impl Fleet {
             let mut by_cost: Vec<usize> = (0..counts.len()).collect();
             by_cost.sort_by(|&a, &b| work(a).total_cmp(&work(b)).then(counts[b].cmp(&counts[a])));
             orders.push(by_cost);
+            // Each pool alone: a pool is billed whole, so a configuration a small pool holds
+            // may buy more per dollar there than in a larger one of the same price.
+            orders.extend((0..counts.len()).map(|z| vec![z]));
         }
         let mut laid: Vec<Laid> = Vec::new();
         for order in orders {

@@ -24,8 +24,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
+use crate::config::ParallelConfig;
 use crate::cost::CostModel;
 use crate::cost::fleet::{Fleet, Layout};
+use crate::cost::migration::MigrationEvent;
 use crate::cost::money::machine_hours;
 pub use crate::cost::objective::Objective;
 use crate::cost::throughput::ThroughputTable;
@@ -179,6 +181,47 @@ impl Speeds for FleetSpeeds<'_> {
             objective.table(&fleet.plans(layout, counts), counts)
         });
         Some(ahead)
+    }
+
+    fn felt(
+        &mut self,
+        i: usize,
+        first: bool,
+        to: ParallelConfig,
+        ev: MigrationEvent,
+    ) -> MigrationEvent {
+        if first || i == 0 || ev.from.is_idle() {
+            return ev;
+        }
+        let (before, after, layout) = (&self.counts[i - 1], &self.counts[i], self.layout);
+        let used = |fleet: &mut Fleet, counts: &[u32], config: ParallelConfig| {
+            let plans = fleet.plans(layout, counts);
+            plans
+                .placements
+                .get(&config)
+                .map(|placed| placed.nodes_per_zone(counts.len()))
+        };
+        let (Some(from), to) = (
+            used(self.fleet, before, ev.from),
+            used(self.fleet, after, to).unwrap_or_default(),
+        ) else {
+            return ev;
+        };
+        let mut felt = MigrationEvent {
+            nodes: 0,
+            added: 0,
+            removed: 0,
+            ..ev
+        };
+        for z in 0..before.len() {
+            if from[z] > 0 || to.get(z).is_some_and(|&n| n > 0) {
+                let event = self.traces[z].seen_at(i, false);
+                felt.nodes += before[z];
+                felt.added += event.added;
+                felt.removed += event.removed;
+            }
+        }
+        felt
     }
 }
 
