@@ -117,7 +117,10 @@ fn planning_for_samples_per_dollar_buys_more_of_them_and_less_egress() {
         // As many as the pool that buys the most alone (measured 0.999x and 1.000x: the plan
         // keeps to that pool and releases the other).
         let (alone, _) = per_dollar(&for_dollars, "single-zone-best", &prices);
-        assert!(cheapest >= 0.99 * alone, "{case}: {cheapest} vs {alone} alone");
+        assert!(
+            cheapest >= 0.99 * alone,
+            "{case}: {cheapest} vs {alone} alone"
+        );
         // The objective trades samples for dollars; it is not a free lunch.
         assert!(
             samples(&for_dollars, "liveput-zone") < samples(&for_samples, "liveput-zone"),

@@ -240,6 +240,26 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
         assert!(cost >= 0.9 * hours + egress - 1e-9 && cost <= 1.2 * hours + egress + 1e-9);
         let per_usd = s["samples_per_usd"].as_f64().unwrap();
         assert!((per_usd - s["samples"].as_f64().unwrap() / cost).abs() < 1e-6);
+        // The ledger per pool adds up to the bill, each pool billed at most what it offered.
+        let pools = s["pools"].as_array().unwrap();
+        let billed: f64 = pools.iter().map(|p| p["billed_node_hours"].as_f64().unwrap()).sum();
+        let usd: f64 = pools.iter().map(|p| p["usd"].as_f64().unwrap()).sum();
+        assert!((billed - hours).abs() < 1e-9 && (usd + egress - cost).abs() < 1e-6, "{s}");
+        for p in pools {
+            assert!(p["billed_node_hours"].as_f64() <= p["held_node_hours"].as_f64(), "{p}");
+        }
+    }
+    // Advice for each pool under the plan at the run's end.
+    let advice = v["advice"].as_array().unwrap();
+    assert_eq!(advice.len(), 2);
+    for (a, pool) in advice.iter().zip(["a", "b"]) {
+        assert_eq!(a["pool"], pool);
+        let want = match (a["nodes_now"].as_u64(), a["nodes_used"].as_u64()) {
+            (_, Some(0)) => "release",
+            (now, used) if used >= now => "grow",
+            _ => "keep",
+        };
+        assert_eq!(a["action"], want, "{a}");
     }
     let ours = strategies[0]["samples"].as_f64().unwrap();
     assert!(ours >= strategies[1]["samples"].as_f64().unwrap());

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use parcae_strategies::cost::CostModel;
+use parcae_strategies::cost::advice::advise;
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
 use parcae_strategies::cost::links::{Links, valid_pool_name};
@@ -134,6 +135,18 @@ struct FleetReport {
     objective: &'static str,
     zones: Vec<ZoneJson>,
     strategies: Vec<FleetStrategyJson>,
+    /// What to do with each pool under `liveput-zone`'s plan at the run's last interval.
+    advice: Vec<AdviceJson>,
+}
+
+/// One pool's advice (`cost::advice`).
+#[derive(Serialize)]
+struct AdviceJson {
+    pool: String,
+    nodes_now: u32,
+    nodes_used: u32,
+    action: &'static str,
+    reason: String,
 }
 
 #[derive(Serialize)]
@@ -282,11 +295,51 @@ pub fn run(args: FleetArgs) -> Result<()> {
                 })
                 .collect(),
             strategies: rows,
+            advice: last_advice(&mut fleet, &traces, range.clone(), &runs)?,
         };
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Each pool's nodes per interval of `traces`, and of those the first run's (`liveput-zone`)
+/// per interval of `range`.
+fn ours_on_pools(
+    fleet: &mut Fleet,
+    traces: &[Trace],
+    range: std::ops::Range<usize>,
+    runs: &[FleetRun],
+) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+    let counts = compositions(traces)?.counts;
+    let ours = &runs.first().context("no strategy ran")?.run;
+    let used = nodes_used(fleet, Layout::ZoneAware, &counts, ours, range.start);
+    Ok((counts, used))
+}
+
+/// The advice for each pool under the first run's plan (`liveput-zone`) at the last interval
+/// of `range`.
+fn last_advice(
+    fleet: &mut Fleet,
+    traces: &[Trace],
+    range: std::ops::Range<usize>,
+    runs: &[FleetRun],
+) -> Result<Vec<AdviceJson>> {
+    let (counts, used) = ours_on_pools(fleet, traces, range.clone(), runs)?;
+    let (Some(held), Some(used)) = (counts.get(range.end.saturating_sub(1)), used.last()) else {
+        return Ok(Vec::new());
+    };
+    Ok(advise(held, used)
+        .into_iter()
+        .enumerate()
+        .map(|(z, a)| AdviceJson {
+            pool: fleet.zones()[z].name.clone(),
+            nodes_now: held[z],
+            nodes_used: used[z],
+            action: a.action.as_str(),
+            reason: a.reason,
+        })
+        .collect())
 }
 
 /// The plot of `runs` over `range`: each zone's nodes and those the zone-aware strategy (the
@@ -299,9 +352,7 @@ fn plot(
     range: std::ops::Range<usize>,
     runs: &[FleetRun],
 ) -> Result<()> {
-    let counts = compositions(traces)?.counts;
-    let ours = &runs.first().context("no strategy ran")?.run;
-    let used = nodes_used(fleet, Layout::ZoneAware, &counts, ours, range.start);
+    let (counts, used) = ours_on_pools(fleet, traces, range.clone(), runs)?;
     let zones: Vec<ZoneLine> = fleet
         .zones()
         .iter()
