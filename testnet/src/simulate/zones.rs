@@ -303,6 +303,9 @@ pub fn run(args: FleetArgs) -> Result<()> {
     Ok(())
 }
 
+/// Nodes of each pool, one row per interval.
+type PerInterval = Vec<Vec<u32>>;
+
 /// Each pool's nodes per interval of `traces`, and of those the first run's (`liveput-zone`)
 /// per interval of `range`.
 fn ours_on_pools(
@@ -310,7 +313,7 @@ fn ours_on_pools(
     traces: &[Trace],
     range: std::ops::Range<usize>,
     runs: &[FleetRun],
-) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+) -> Result<(PerInterval, PerInterval)> {
     let counts = compositions(traces)?.counts;
     let ours = &runs.first().context("no strategy ran")?.run;
     let used = nodes_used(fleet, Layout::ZoneAware, &counts, ours, range.start);
