@@ -100,10 +100,6 @@ pub enum AssignError {
 /// Scale of byte weights, leaving the units digit for the keep-your-slot tie-break.
 const WEIGHT_SCALE: i64 = 4;
 
-/// Weight of a node in a slot outside its zone: below any sum of real weights, so the matching
-/// takes one only where no node of the slot's zone is left, which [`assign_in_zones`] refuses.
-const WRONG_ZONE: i64 = -(1 << 50);
-
 /// Assign `config` over `nodes` for a model whose layer `i` carries `layer_bytes[i]` of state,
 /// with new stage boundaries `partition` (`p + 1` entries from 0 to the layer count).
 pub fn assign<Id: Clone + Ord>(
@@ -112,11 +108,31 @@ pub fn assign<Id: Clone + Ord>(
     partition: &[usize],
     layer_bytes: &[f64],
 ) -> Result<Assignment<Id>, AssignError> {
-    assign_where(nodes, config, partition, layer_bytes, &|_, _| true)
+    let slots = checked_slots(nodes, config, partition, layer_bytes)?;
+    let all_slots: Vec<usize> = (0..slots.len()).collect();
+    let all_nodes: Vec<usize> = (0..nodes.len()).collect();
+    let chosen = matched(
+        nodes,
+        &slots,
+        &all_slots,
+        &all_nodes,
+        partition,
+        layer_bytes,
+    );
+    Ok(assignment_of(
+        nodes,
+        &slots,
+        &chosen,
+        partition,
+        layer_bytes,
+    ))
 }
 
 /// [`assign`] over zones: node `n` is in zone `node_zones[n]`, and slot `(i, s)` must go to a
-/// node of zone `slot_zones[i][s]` (a placement of `cost::fleet`).
+/// node of zone `slot_zones[i][s]` (a placement of `cost::fleet`). No slot may go outside its
+/// zone, so each zone's slots are matched to its own nodes alone: the same optimum as one
+/// matching over all of them, in a zone's share of its time (Kuhn-Munkres is cubic: 4 zones of
+/// 128 nodes match ~16x faster than 512 at once).
 pub fn assign_in_zones<Id: Clone + Ord>(
     nodes: &[Holding<Id>],
     config: ParallelConfig,
@@ -131,32 +147,44 @@ pub fn assign_in_zones<Id: Clone + Ord>(
     if !fits {
         return Err(AssignError::BadPlacement { config });
     }
-    let zone_of = |s: Slot| slot_zones[s.pipeline as usize][s.stage as usize];
-    let a = assign_where(nodes, config, partition, layer_bytes, &|n, s| {
-        node_zones[n] == zone_of(s)
-    })?;
-    for (n, holding) in nodes.iter().enumerate() {
-        if let Some(slot) = a.slots.get(&holding.node)
-            && node_zones[n] != zone_of(*slot)
-        {
-            return Err(AssignError::ZoneShort {
-                config,
-                zone: zone_of(*slot),
-            });
+    let slots = checked_slots(nodes, config, partition, layer_bytes)?;
+    let zone_of = |s: &Slot| slot_zones[s.pipeline as usize][s.stage as usize];
+    let mut zones: Vec<usize> = slots.iter().map(zone_of).collect();
+    zones.sort_unstable();
+    zones.dedup();
+    let mut chosen = vec![0; slots.len()];
+    for zone in zones {
+        let rows: Vec<usize> = (0..slots.len())
+            .filter(|&r| zone_of(&slots[r]) == zone)
+            .collect();
+        let cols: Vec<usize> = (0..nodes.len())
+            .filter(|&c| node_zones[c] == zone)
+            .collect();
+        if cols.len() < rows.len() {
+            return Err(AssignError::ZoneShort { config, zone });
+        }
+        let matched = matched(nodes, &slots, &rows, &cols, partition, layer_bytes);
+        for (&r, c) in rows.iter().zip(matched) {
+            chosen[r] = c;
         }
     }
-    Ok(a)
+    Ok(assignment_of(
+        nodes,
+        &slots,
+        &chosen,
+        partition,
+        layer_bytes,
+    ))
 }
 
-/// [`assign`] where node `n` may take slot `s` only if `allowed(n, s)` (or no allowed node is
-/// left for it).
-fn assign_where<Id: Clone + Ord>(
+/// The slots of `config`, pipeline by pipeline, once `partition` is known to split the layers
+/// into its stages and `nodes` are enough for it.
+fn checked_slots<Id>(
     nodes: &[Holding<Id>],
     config: ParallelConfig,
     partition: &[usize],
     layer_bytes: &[f64],
-    allowed: &dyn Fn(usize, Slot) -> bool,
-) -> Result<Assignment<Id>, AssignError> {
+) -> Result<Vec<Slot>, AssignError> {
     let need = config.nodes();
     let valid = partition.len() == config.p as usize + 1
         && partition.first() == Some(&0)
@@ -176,9 +204,33 @@ fn assign_where<Id: Clone + Ord>(
             have: nodes.len(),
         });
     }
-    let slots: Vec<Slot> = (0..config.d)
+    Ok((0..config.d)
         .flat_map(|pipeline| (0..config.p).map(move |stage| Slot { pipeline, stage }))
-        .collect();
+        .collect())
+}
+
+/// For each of the slots `rows` (indices into `slots`, no more than `cols`), the node of `cols`
+/// (indices into `nodes`) a maximum-weight matching gives it: the weight is the bytes of the
+/// slot's stage the node holds, and one more where the node keeps its own slot.
+fn matched<Id: PartialEq>(
+    nodes: &[Holding<Id>],
+    slots: &[Slot],
+    rows: &[usize],
+    cols: &[usize],
+    partition: &[usize],
+    layer_bytes: &[f64],
+) -> Vec<usize> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    // Nodes that hold nothing and had no slot (a cluster's first plan) weigh nothing anywhere:
+    // every matching is as good, so the first of them take the slots in order.
+    if cols
+        .iter()
+        .all(|&c| nodes[c].layers.is_empty() && nodes[c].slot.is_none())
+    {
+        return cols[..rows.len()].to_vec();
+    }
     let held = |n: &Holding<Id>, s: &Slot| -> i64 {
         let r = partition[s.stage as usize]..partition[s.stage as usize + 1];
         let lo = r.start.max(n.layers.start);
@@ -188,18 +240,25 @@ fn assign_where<Id: Clone + Ord>(
         (bytes as i64).saturating_mul(WEIGHT_SCALE) + keep
     };
     // Kuhn-Munkres wants rows <= columns: slots are rows, nodes columns.
-    let weights = Matrix::from_fn(slots.len(), nodes.len(), |(r, c)| {
-        if allowed(c, slots[r]) {
-            held(&nodes[c], &slots[r])
-        } else {
-            WRONG_ZONE
-        }
+    let weights = Matrix::from_fn(rows.len(), cols.len(), |(r, c)| {
+        held(&nodes[cols[c]], &slots[rows[r]])
     });
-    let chosen: Vec<usize> = if slots.is_empty() {
-        Vec::new()
-    } else {
-        kuhn_munkres(&weights).1
-    };
+    kuhn_munkres(&weights)
+        .1
+        .into_iter()
+        .map(|c| cols[c])
+        .collect()
+}
+
+/// The assignment that gives slot `slots[r]` to node `chosen[r]`, with the fetches each node
+/// makes for the layers of its stage it lacks (spread over every holder).
+fn assignment_of<Id: Clone + Ord>(
+    nodes: &[Holding<Id>],
+    slots: &[Slot],
+    chosen: &[usize],
+    partition: &[usize],
+    layer_bytes: &[f64],
+) -> Assignment<Id> {
     let mut out = Assignment {
         slots: BTreeMap::new(),
         transfers: BTreeMap::new(),
@@ -243,7 +302,7 @@ fn assign_where<Id: Clone + Ord>(
         }
     }
     out.lost_layers.sort_unstable();
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -349,5 +408,56 @@ mod tests {
             assign(&nodes, ParallelConfig::new(1, 2), &[0, 4], &[1.0; 4]),
             Err(AssignError::BadPartition { .. })
         ));
+    }
+
+    #[test]
+    fn zones_are_matched_apart_and_fresh_nodes_in_order_as_one_matching_would() {
+        // Four zones of three nodes, 2 x 4 slots placed two per zone; in zone 2 one node holds
+        // stage 1's layers and keeps its slot, in zone 3 one holds stage 0's.
+        let mut nodes: Vec<Holding<u32>> = (0..12).map(|n| holding(n, None, 0..0)).collect();
+        nodes[7] = holding(7, Some((1, 1)), 2..4);
+        nodes[10] = holding(10, Some((0, 0)), 0..2);
+        let node_zones: Vec<usize> = (0..12).map(|n| n / 3).collect();
+        let slot_zones = vec![vec![0, 1], vec![2, 2], vec![3, 3], vec![0, 1]];
+        let config = ParallelConfig::new(4, 2);
+        let a = assign_in_zones(
+            &nodes,
+            config,
+            &[0, 2, 4],
+            &[1.0; 4],
+            &node_zones,
+            &slot_zones,
+        )
+        .unwrap();
+        for (node, slot) in &a.slots {
+            let zone = slot_zones[slot.pipeline as usize][slot.stage as usize];
+            assert_eq!(node_zones[*node as usize], zone, "{node} in {slot:?}");
+        }
+        assert_eq!(
+            a.slots[&7],
+            Slot {
+                pipeline: 1,
+                stage: 1
+            },
+            "keeps its slot"
+        );
+        assert_eq!(a.slots[&10].stage, 0, "keeps its layers");
+        // Both holders keep their layers: the six fresh nodes in the other slots fetch two
+        // layers each.
+        assert_eq!(a.moved_bytes, 12.0, "{a:?}");
+        // Fresh nodes alone take the slots in order, the first nodes of each zone.
+        let fresh: Vec<Holding<u32>> = (0..4).map(|n| holding(n, None, 0..0)).collect();
+        let a = assign_in_zones(
+            &fresh,
+            ParallelConfig::new(2, 1),
+            &[0, 4],
+            &[1.0; 4],
+            &[0, 1, 0, 1],
+            &[vec![1], vec![0]],
+        )
+        .unwrap();
+        let slot = |pipeline| Slot { pipeline, stage: 0 };
+        assert_eq!((a.slots[&1], a.slots[&0]), (slot(0), slot(1)));
+        assert_eq!(a.lost_layers, vec![0, 1, 2, 3]);
     }
 }

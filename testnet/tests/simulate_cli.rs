@@ -242,11 +242,20 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
         assert!((per_usd - s["samples"].as_f64().unwrap() / cost).abs() < 1e-6);
         // The ledger per pool adds up to the bill, each pool billed at most what it offered.
         let pools = s["pools"].as_array().unwrap();
-        let billed: f64 = pools.iter().map(|p| p["billed_node_hours"].as_f64().unwrap()).sum();
+        let billed: f64 = pools
+            .iter()
+            .map(|p| p["billed_node_hours"].as_f64().unwrap())
+            .sum();
         let usd: f64 = pools.iter().map(|p| p["usd"].as_f64().unwrap()).sum();
-        assert!((billed - hours).abs() < 1e-9 && (usd + egress - cost).abs() < 1e-6, "{s}");
+        assert!(
+            (billed - hours).abs() < 1e-9 && (usd + egress - cost).abs() < 1e-6,
+            "{s}"
+        );
         for p in pools {
-            assert!(p["billed_node_hours"].as_f64() <= p["held_node_hours"].as_f64(), "{p}");
+            assert!(
+                p["billed_node_hours"].as_f64() <= p["held_node_hours"].as_f64(),
+                "{p}"
+            );
         }
     }
     // Advice for each pool under the plan at the run's end.
