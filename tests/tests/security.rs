@@ -672,7 +672,14 @@ fn the_cluster_key_is_rotated_through_raft_while_training_goes_on() {
         (s.members.len() == 4 && s.members.iter().any(|m| m.peer_id == s.peer_id)).then_some(())
     })
     .unwrap_or_else(|| panic!("a node with the new key did not join\n{}", c.logs()));
-    let s = c.nodes[stale].status().expect("stale node runs");
+    // The fresh node may join before the stale one, started first, serves `/status` on a
+    // loaded machine.
+    let s = wait_for(Duration::from_secs(30), || c.nodes[stale].status()).unwrap_or_else(|| {
+        panic!(
+            "the node with the old key does not serve /status\n{}",
+            c.logs()
+        )
+    });
     assert!(s.connected_peers.is_empty(), "{s:?}");
     assert!(s.members.is_empty());
     assert_eq!(c.nodes[0].status().expect("status").members.len(), 4);

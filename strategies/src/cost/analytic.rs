@@ -365,10 +365,22 @@ fn allreduce_ms(bytes: f64, width: u32, mb_per_ms: f64) -> f64 {
 /// Per-stage finish time of a 1F1B schedule of `m` micro-batches; `comm` is the transfer time
 /// of one boundary activation or gradient between neighbouring stages.
 fn one_f_one_b(stages: &[StageCost], m: usize, comm: f64) -> Vec<f64> {
+    // A planner simulates thousands of schedules in a row, each needing up to a few hundred
+    // KB for its op ends: fresh buffers each time were a third of a 512-node decision, the
+    // allocator handing back pages the kernel zeroes again.
+    thread_local! {
+        static ENDS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    ENDS.with_borrow_mut(|ends| one_f_one_b_in(stages, m, comm, ends))
+}
+
+/// [`one_f_one_b`] with `ends` for the forwards' and backwards' ends.
+fn one_f_one_b_in(stages: &[StageCost], m: usize, comm: f64, ends: &mut Vec<f64>) -> Vec<f64> {
     let p = stages.len();
     // End of each stage's forward and backward of each micro-batch (row s at s * m).
-    let mut fwd_end = vec![f64::NAN; p * m];
-    let mut bwd_end = vec![f64::NAN; p * m];
+    ends.clear();
+    ends.resize(2 * p * m, f64::NAN);
+    let (fwd_end, bwd_end) = ends.split_at_mut(p * m);
     let mut free = vec![0.0f64; p];
     let mut next = vec![0usize; p];
     let mut remaining = 2 * p * m;

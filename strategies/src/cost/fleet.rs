@@ -157,11 +157,17 @@ pub struct Fleet {
     paces: Vec<f64>,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Shares, Option<Arc<Arranged>>>,
+    pair_shapes: HashMap<u32, Arc<[two_zones::PairShape]>>,
+    /// Mixed pipelines by each zone's nodes per pipeline, `d` and `p`: the floor they were
+    /// sought above and what was found.
+    mixed_found: HashMap<MixedKey, (f64, Option<Arc<Placement>>)>,
+    zone_placed: HashMap<ZoneKey, Option<Arc<Placement>>>,
     staggered: HashMap<Shares, Option<Arc<Staggered>>>,
     heads: HashMap<(usize, usize), Arc<Splits>>,
     schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
     tails: HashMap<usize, Arc<Splits>>,
     local_rates: HashMap<LocalKey, f64>,
+    local_stages: HashMap<(usize, usize, u32), Option<Stages>>,
     shared: HashMap<SharedKey, Option<(f64, Vec<u32>)>>,
     split: HashMap<(usize, u32), Option<Vec<usize>>>,
 }
@@ -179,6 +185,17 @@ enum Pipeline {
 
 /// A pipeline's stages in each zone, by the zones' order (zero past the fleet's zones).
 type Shares = [usize; MAX_ZONES];
+
+/// Mixed pipelines depend on the composition only through each zone's nodes per pipeline
+/// (with `d` and `p`).
+type MixedKey = ([u32; MAX_ZONES], u32, u32);
+
+/// A pipeline's stages, shared by the memos that price it.
+type Stages = Arc<[StageCost]>;
+
+/// Zone pipelines by the zones that hold them, in the order they were filled (`u8::MAX` past
+/// the last), how many each holds, and `p`.
+type ZoneKey = ([u8; MAX_ZONES], [u32; MAX_ZONES], u32);
 
 /// A zone pipeline's rate depends on its zone, the zone whose split it takes, its depth, the
 /// pipelines and the ring's link (bandwidth and latency bits): not on the rest of the
@@ -226,11 +243,15 @@ impl Fleet {
             paces,
             memo: HashMap::new(),
             arranged: HashMap::new(),
+            pair_shapes: HashMap::new(),
+            mixed_found: HashMap::new(),
+            zone_placed: HashMap::new(),
             staggered: HashMap::new(),
             heads: HashMap::new(),
             schedules: HashMap::new(),
             tails: HashMap::new(),
             local_rates: HashMap::new(),
+            local_stages: HashMap::new(),
             shared: HashMap::new(),
             split: HashMap::new(),
         })
@@ -279,6 +300,8 @@ impl Fleet {
         if self.memo.len() >= MAX_COMPOSITIONS {
             self.memo.clear();
             self.shared.clear();
+            self.mixed_found.clear();
+            self.zone_placed.clear();
         }
         // A composition of another fleet has no placement.
         let total: u32 = if counts.len() == self.zones.len() {
@@ -416,28 +439,50 @@ impl Fleet {
             // may buy more per dollar there than in a larger one of the same price.
             orders.extend((0..counts.len()).map(|z| vec![z]));
         }
-        let mut laid: Vec<Laid> = Vec::new();
+        let mut placed: Vec<Arc<Placement>> = Vec::new();
         for order in orders {
             let Some(per_zone) = fill(counts, &order, d, p) else {
                 continue;
             };
-            laid.extend(self.filled(&order, &per_zone, d, p));
+            placed.extend(self.zone_placement(&order, &per_zone, p));
         }
         if self.prices.is_none() {
-            // The fastest (the first on a tie) is the one priced for its egress.
-            let mut fastest: Option<Laid> = None;
-            for l in laid.drain(..) {
-                if fastest.as_ref().is_none_or(|f| l.rate > f.rate) {
-                    fastest = Some(l);
+            // The fastest, the first on a tie.
+            let fastest = placed.into_iter().reduce(|f, l| {
+                if l.samples_per_sec > f.samples_per_sec {
+                    l
+                } else {
+                    f
                 }
-            }
-            laid.extend(fastest);
+            });
+            return fastest.map(|placed| (*placed).clone());
         }
-        let placed: Vec<Placement> = laid
-            .into_iter()
-            .map(|l| self.placement(l.pipelines, l.bounds, l.rate, d, l.micro))
-            .collect();
-        self.best_of(placed.into_iter(), counts)
+        self.best_of(placed.iter().map(|placed| (**placed).clone()), counts)
+    }
+
+    /// [`Self::filled`] with its egress priced (memoised: it depends on the zones in `order`
+    /// that hold pipelines and on how many each holds, not on the rest of the composition).
+    fn zone_placement(
+        &mut self,
+        order: &[usize],
+        per_zone: &[u32],
+        p: u32,
+    ) -> Option<Arc<Placement>> {
+        let mut key: ZoneKey = ([u8::MAX; MAX_ZONES], [0; MAX_ZONES], p);
+        let used = order.iter().filter(|&&z| per_zone[z] > 0);
+        for (slot, (&z, held)) in used.zip(&mut key.1).enumerate() {
+            key.0[slot] = z as u8;
+            *held = per_zone[z];
+        }
+        if let Some(placed) = self.zone_placed.get(&key) {
+            return placed.clone();
+        }
+        let d = per_zone.iter().sum();
+        let placed = self
+            .filled(order, per_zone, d, p)
+            .map(|l| Arc::new(self.placement(l.pipelines, l.bounds, l.rate, d, l.micro)));
+        self.zone_placed.insert(key, placed.clone());
+        placed
     }
 
     /// `d` pipelines of `p` stages, `per_zone[z]` of them inside zone `z`, the zones taken in
@@ -506,14 +551,26 @@ impl Fleet {
         if let Some(rate) = self.local_rates.get(&key) {
             return *rate;
         }
-        let devices = vec![&self.zones[z].device; p as usize];
         let within = self.link(z, z);
-        let rate = mixed::stages_of(&self.spec, &devices, bounds).map_or(0.0, |stages| {
+        let rate = self.local_stages(z, slowest, bounds).map_or(0.0, |stages| {
             let pipeline = Pipeline::Local { z, slowest, p };
             self.scheduled_rate(pipeline, &stages, d, ring, within)
         });
         self.local_rates.insert(key, rate);
         rate
+    }
+
+    /// The stages of a zone pipeline on zone `z`'s device split at `bounds`, zone `slowest`'s
+    /// split (memoised by the three: `None` where a stage does not fit).
+    fn local_stages(&mut self, z: usize, slowest: usize, bounds: &[usize]) -> Option<Stages> {
+        let p = (bounds.len() - 1) as u32;
+        if let Some(stages) = self.local_stages.get(&(z, slowest, p)) {
+            return stages.clone();
+        }
+        let devices = vec![&self.zones[z].device; p as usize];
+        let stages: Option<Stages> = mixed::stages_of(&self.spec, &devices, bounds).map(Into::into);
+        self.local_stages.insert((z, slowest, p), stages.clone());
+        stages
     }
 
     /// Samples per second of `d` copies of `pipeline` over `stages`, all-reducing over `ring`

@@ -93,8 +93,7 @@ impl Fleet {
         m: u32,
     ) -> Option<f64> {
         let p = (bounds.len() - 1) as u32;
-        let devices = vec![&self.zones[z].device; p as usize];
-        let stages = mixed::stages_of(&self.spec, &devices, bounds)?;
+        let stages = self.local_stages(z, slowest, bounds)?;
         let within = self.link(z, z);
         let ends = self.schedule_of(Pipeline::Local { z, slowest, p }, &stages, within, m);
         Some(mixed::iteration_after(

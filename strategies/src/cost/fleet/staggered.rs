@@ -10,8 +10,9 @@
 
 use std::sync::Arc;
 
-use super::two_zones::{fastest_by_bound, pair_shares};
+use super::two_zones::fastest_by_bound;
 use super::{Fleet, Pipeline, Placement, Shares, Staggered, transfer_over};
+use crate::cost::analytic;
 use crate::cost::mixed::{self, DeviceCosts};
 use crate::cost::traffic::Pipelines;
 
@@ -30,16 +31,23 @@ impl Fleet {
         if d < 2 {
             return None;
         }
+        // Strictly faster than `floor`: on a tie the other layouts, whose rings all stay inside
+        // a zone, are kept.
+        let floor = floor.next_up();
+        // The arranged shape's coarse bound is above the staggered pipelines' bound.
+        let reach = floor / (1.0 + 1e-6);
+        let micro = analytic::micro_batches(&self.spec, d);
         let mut candidates: Vec<(f64, usize, (Shares, u32))> = Vec::new();
-        for (rank, k) in pair_shares(p as usize, counts.len()).enumerate() {
-            let Some(arranged) = self.arranged(&k) else {
-                continue;
-            };
+        for shape in self.pair_shapes(p).iter() {
+            let (k, rank, arranged) = (shape.k, shape.rank, &shape.arranged);
             let (first, second) = (arranged.order[0], arranged.order[p as usize - 1]);
             let Some(m) = arranged_pipelines(counts[first], counts[second], k[first], k[second], d)
             else {
                 continue;
             };
+            if shape.rate_above(&self.spec, d, micro) < reach {
+                continue;
+            }
             let Some(staggered) = self.staggered(&k) else {
                 continue;
             };
@@ -52,11 +60,8 @@ impl Fleet {
             let bound = bound(&arranged.stages).min(bound(&staggered.stages));
             candidates.push((bound, rank, (k, m)));
         }
-        // Strictly faster than `floor`: on a tie the other layouts, whose rings all stay inside
-        // a zone, are kept.
-        let (rate, (k, m)) = fastest_by_bound(candidates, floor.next_up(), |(k, _)| {
-            self.staggered_rate(k, d)
-        })?;
+        let (rate, (k, m)) =
+            fastest_by_bound(candidates, floor, |(k, _)| self.staggered_rate(k, d))?;
         let (arranged, staggered) = (self.arranged(&k)?, self.staggered(&k)?);
         let pipelines = vec![
             Pipelines {

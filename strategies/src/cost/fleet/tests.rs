@@ -1,5 +1,5 @@
 use super::staggered::arranged_pipelines;
-use super::two_zones::pair_splits;
+use super::two_zones::{caps_of, fits, pair_shares};
 use super::*;
 use crate::cost::builtin::builtin;
 use crate::cost::objective::Objective;
@@ -132,6 +132,12 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
 
 #[test]
 fn stages_are_split_over_zones_within_their_counts() {
+    let pair_splits = |p: usize, counts: &[u32], d: u32| -> Vec<Shares> {
+        let caps = caps_of(counts, d);
+        pair_shares(p, counts.len())
+            .filter(|k| fits(k, &caps))
+            .collect()
+    };
     assert_eq!(pair_splits(3, &[4, 6], 2), vec![[1, 2, 0, 0], [2, 1, 0, 0]]);
     assert_eq!(
         pair_splits(2, &[1, 1, 1], 1),

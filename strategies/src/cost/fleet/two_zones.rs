@@ -5,21 +5,25 @@
 use std::sync::Arc;
 
 use super::{Arranged, Fleet, MAX_ZONES, Pipeline, Placement, Shares, transfer_over};
+use crate::cost::analytic;
 use crate::cost::links::Link;
 use crate::cost::mixed::{self, DeviceCosts};
+use crate::cost::spec::ModelSpec;
 use crate::cost::split::Splits;
 use crate::cost::traffic::Pipelines;
 
 impl Fleet {
     /// `d` pipelines that each hold `k[z]` stages in zone `z`, for every such `k` over two
-    /// zones that the counts allow; the fastest (the first of `pair_splits` on a tie), unless
+    /// zones that the counts allow; the fastest (the first of `pair_shares` on a tie), unless
     /// it trains less than `floor`. Pipelines over three zones or more are not tried: each more
     /// zone is one more boundary crossing and one more zone's preemptions on every pipeline,
     /// and the block orders and the splits grow as a power of the zones.
     ///
     /// The candidates are simulated in the order of a bound on their rate that needs no
     /// schedule ([`Self::mixed_bound`]), and no further once the bound cannot beat the best
-    /// found.
+    /// found; a coarser bound in O(1) ([`PairShape::rate_above`]) drops first those that
+    /// cannot reach `floor`. What the counts allow is each zone's nodes per pipeline, so a
+    /// composition one node away mostly finds the answer kept.
     pub(super) fn mixed_pipelines(
         &mut self,
         counts: &[u32],
@@ -27,40 +31,82 @@ impl Fleet {
         p: u32,
         floor: f64,
     ) -> Option<Placement> {
-        let candidates: Vec<(f64, usize, Shares)> = pair_splits(p as usize, counts, d)
-            .into_iter()
-            .enumerate()
-            .filter_map(|(rank, k)| Some((self.mixed_bound(&k, d)?, rank, k)))
-            .collect();
-        let (rate, k) = fastest_by_bound(candidates, floor, |k| self.mixed_rate(k, d))?;
-        let arranged = self.arranged(&k)?;
-        let pipelines = vec![Pipelines {
-            pools: arranged.order.clone(),
-            count: d,
-        }];
-        Some(self.placement(pipelines, arranged.bounds.clone(), rate, d, None))
+        let caps = caps_of(counts, d);
+        let key = (caps, d, p);
+        // The fastest of those that reached a lower floor is the fastest at `floor`, if it
+        // reaches it.
+        if let Some((_, found)) = self
+            .mixed_found
+            .get(&key)
+            .filter(|(seen, _)| floor >= *seen)
+        {
+            return found
+                .as_ref()
+                .filter(|placed| placed.samples_per_sec >= floor)
+                .map(|placed| (**placed).clone());
+        }
+        let found = self.fastest_mixed(&caps, d, p, floor).map(Arc::new);
+        self.mixed_found.insert(key, (floor, found.clone()));
+        found.map(|placed| (*placed).clone())
     }
 
-    /// At least the rate of `d` pipelines holding `k[z]` stages in zone `z`, with no schedule
-    /// simulated.
-    fn mixed_bound(&mut self, k: &Shares, d: u32) -> Option<f64> {
-        let a = self.arranged(k)?;
-        let bound = mixed::samples_per_sec_bound(
+    /// [`Self::mixed_pipelines`] unmemoised, for `caps[z]` nodes of zone `z` per pipeline.
+    fn fastest_mixed(
+        &mut self,
+        caps: &[u32; MAX_ZONES],
+        d: u32,
+        p: u32,
+        floor: f64,
+    ) -> Option<Placement> {
+        let m = analytic::micro_batches(&self.spec, d);
+        // The coarse bound sums the same times as the bound in another order.
+        let reach = floor / (1.0 + 1e-6);
+        let shapes = self.pair_shapes(p);
+        let candidates: Vec<(f64, usize, &PairShape)> = shapes
+            .iter()
+            .filter(|s| fits(&s.k, caps))
+            .filter(|s| s.rate_above(&self.spec, d, m) >= reach)
+            .map(|s| (self.mixed_bound(&s.arranged, d), s.rank, s))
+            .collect();
+        let (rate, shape) = fastest_by_bound(candidates, floor, |s| {
+            let a = &s.arranged;
+            let pipeline = Pipeline::Mixed(s.k);
+            Some(self.scheduled_rate(pipeline, &a.stages, d, a.ring, a.boundary))
+        })?;
+        let pipelines = vec![Pipelines {
+            pools: shape.arranged.order.clone(),
+            count: d,
+        }];
+        let bounds = shape.arranged.bounds.clone();
+        Some(self.placement(pipelines, bounds, rate, d, None))
+    }
+
+    /// At least the rate of `d` pipelines arranged as `a`, with no schedule simulated.
+    fn mixed_bound(&self, a: &Arranged, d: u32) -> f64 {
+        mixed::samples_per_sec_bound(
             &self.spec,
             &a.stages,
             d,
             a.ring.mib_per_ms(),
             &transfer_over(a.boundary),
-        );
-        Some(bound)
+        )
     }
 
-    /// Samples per second of `d` pipelines holding `k[z]` stages in zone `z` (its arrangement
-    /// and schedule memoised: it depends on `k` and `d` alone, not on the rest of the
-    /// composition).
-    fn mixed_rate(&mut self, k: &Shares, d: u32) -> Option<f64> {
-        let a = self.arranged(k)?;
-        Some(self.scheduled_rate(Pipeline::Mixed(*k), &a.stages, d, a.ring, a.boundary))
+    /// Every share of `p` stages over two zones whose pipeline can be arranged, with its rank
+    /// among [`pair_shares`] (memoised by depth).
+    pub(super) fn pair_shapes(&mut self, p: u32) -> Arc<[PairShape]> {
+        if let Some(shapes) = self.pair_shapes.get(&p) {
+            return shapes.clone();
+        }
+        let mut shapes = Vec::new();
+        for (rank, k) in pair_shares(p as usize, self.zones.len()).enumerate() {
+            if let Some(arranged) = self.arranged(&k) {
+                shapes.push(PairShape::new(k, rank, arranged));
+            }
+        }
+        let shapes: Arc<[PairShape]> = shapes.into();
+        self.pair_shapes.insert(p, shapes.clone());
+        shapes
     }
 
     /// The pipeline holding `k[z]` stages in zone `z`, over two zones (memoised: the same `k`
@@ -138,6 +184,54 @@ impl Fleet {
     }
 }
 
+/// A share of a depth's stages over two zones, arranged, with the lines of a coarse bound on
+/// its iteration.
+pub(super) struct PairShape {
+    /// Stages per zone.
+    pub k: Shares,
+    /// Its place among [`pair_shares`]: a tie goes to the lower.
+    pub rank: usize,
+    /// Its pipeline.
+    pub arranged: Arc<Arranged>,
+    /// `(before, pace)` of its slowest stage and of its last: a stage starts its first
+    /// micro-batch no sooner than the stages before it ran that one forward, ends its last no
+    /// sooner than they ran it backward, and works `pace` ms a micro-batch in between, so an
+    /// iteration of `m` micro-batches takes at least `before + m pace`.
+    lines: [(f64, f64); 2],
+}
+
+impl PairShape {
+    fn new(k: Shares, rank: usize, arranged: Arc<Arranged>) -> Self {
+        let (mut before, mut slowest, mut last) = (0.0, (0.0, 0.0), (0.0, 0.0));
+        for stage in &arranged.stages {
+            let pace = stage.pace_ms();
+            if pace > slowest.1 {
+                slowest = (before, pace);
+            }
+            last = (before, pace);
+            before += pace;
+        }
+        Self {
+            k,
+            rank,
+            arranged,
+            lines: [slowest, last],
+        }
+    }
+
+    /// At least the samples per second of `d` pipelines of this shape, each running `m`
+    /// micro-batches: the schedule bound's terms ([`mixed::samples_per_sec_bound`]) without
+    /// its hops, all-reduce and step, in O(1).
+    pub(super) fn rate_above(&self, spec: &ModelSpec, d: u32, m: u32) -> f64 {
+        let ms = self
+            .lines
+            .iter()
+            .map(|(before, pace)| before + f64::from(m) * pace)
+            .fold(0.0, f64::max);
+        analytic::rate_of(spec, d, ms)
+    }
+}
+
 /// The fastest of `candidates` (a bound on each one's rate, its rank, the candidate) that
 /// trains at least `floor`, the lower rank on a tie: priced by `rate` in the order of their
 /// bounds, and no further once a bound cannot reach the best found.
@@ -168,13 +262,19 @@ pub(super) fn fastest_by_bound<K>(
         .map(|(rate, _, k)| (rate, k))
 }
 
-/// Every way to give `p` stages to two zones, at least one each, such that `d` pipelines fit
-/// the zones' `counts`: one stage count per zone, zero outside the pair.
-pub(super) fn pair_splits(p: usize, counts: &[u32], d: u32) -> Vec<Shares> {
-    let caps: Vec<usize> = counts.iter().map(|&n| (n / d.max(1)) as usize).collect();
-    pair_shares(p, counts.len())
-        .filter(|k| k.iter().zip(&caps).all(|(k, cap)| k <= cap))
-        .collect()
+/// Each zone's nodes per pipeline when `d` pipelines share the zones' `counts` (zero past the
+/// fleet's zones).
+pub(super) fn caps_of(counts: &[u32], d: u32) -> [u32; MAX_ZONES] {
+    let mut caps = [0; MAX_ZONES];
+    for (cap, &n) in caps.iter_mut().zip(counts) {
+        *cap = n / d.max(1);
+    }
+    caps
+}
+
+/// Whether pipelines holding `k[z]` stages in zone `z` fit `caps[z]` nodes of it each.
+pub(super) fn fits(k: &Shares, caps: &[u32; MAX_ZONES]) -> bool {
+    k.iter().zip(caps).all(|(&k, &cap)| k <= cap as usize)
 }
 
 /// Every way to give `p` stages to two of `zones` zones (at most [`MAX_ZONES`]), at least one
