@@ -129,6 +129,54 @@ struct Arranged {
     boundary: Link,
 }
 
+/// A share of a depth's stages over two zones, arranged, with the lines of a coarse bound on
+/// its iteration.
+struct PairShape {
+    /// Stages per zone.
+    k: Shares,
+    /// Its place among `two_zones::pair_shares`: a tie goes to the lower.
+    rank: usize,
+    /// Its pipeline.
+    arranged: Arc<Arranged>,
+    /// `(before, pace)` of its slowest stage and of its last: a stage starts its first
+    /// micro-batch no sooner than the stages before it ran that one forward, ends its last no
+    /// sooner than they ran it backward, and works `pace` ms a micro-batch in between, so an
+    /// iteration of `m` micro-batches takes at least `before + m pace`.
+    lines: [(f64, f64); 2],
+}
+
+impl PairShape {
+    fn new(k: Shares, rank: usize, arranged: Arc<Arranged>) -> Self {
+        let (mut before, mut slowest, mut last) = (0.0, (0.0, 0.0), (0.0, 0.0));
+        for stage in &arranged.stages {
+            let pace = stage.pace_ms();
+            if pace > slowest.1 {
+                slowest = (before, pace);
+            }
+            last = (before, pace);
+            before += pace;
+        }
+        Self {
+            k,
+            rank,
+            arranged,
+            lines: [slowest, last],
+        }
+    }
+
+    /// At least the samples per second of `d` pipelines of this shape, each running `m`
+    /// micro-batches: the schedule bound's terms (`mixed::samples_per_sec_bound`) without
+    /// its hops, all-reduce and step, in O(1).
+    fn rate_above(&self, spec: &ModelSpec, d: u32, m: u32) -> f64 {
+        let ms = self
+            .lines
+            .iter()
+            .map(|(before, pace)| before + f64::from(m) * pace)
+            .fold(0.0, f64::max);
+        analytic::rate_of(spec, d, ms)
+    }
+}
+
 /// The second shape of a staggered layout: the arranged pipeline of the same shares with its
 /// junction stage in the second zone.
 struct Staggered {
@@ -157,7 +205,7 @@ pub struct Fleet {
     paces: Vec<f64>,
     memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
     arranged: HashMap<Shares, Option<Arc<Arranged>>>,
-    pair_shapes: HashMap<u32, Arc<[two_zones::PairShape]>>,
+    pair_shapes: HashMap<u32, Arc<[PairShape]>>,
     /// Mixed pipelines by each zone's nodes per pipeline, `d` and `p`: the floor they were
     /// sought above and what was found.
     mixed_found: HashMap<MixedKey, (f64, Option<Arc<Placement>>)>,

@@ -4,11 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{Arranged, Fleet, MAX_ZONES, Pipeline, Placement, Shares, transfer_over};
+use super::{Arranged, Fleet, MAX_ZONES, PairShape, Pipeline, Placement, Shares, transfer_over};
 use crate::cost::analytic;
 use crate::cost::links::Link;
 use crate::cost::mixed::{self, DeviceCosts};
-use crate::cost::spec::ModelSpec;
 use crate::cost::split::Splits;
 use crate::cost::traffic::Pipelines;
 
@@ -181,54 +180,6 @@ impl Fleet {
             .entry(z)
             .or_insert_with(|| Arc::new(mixed::tails(spec, device, stages)))
             .clone()
-    }
-}
-
-/// A share of a depth's stages over two zones, arranged, with the lines of a coarse bound on
-/// its iteration.
-pub(super) struct PairShape {
-    /// Stages per zone.
-    pub k: Shares,
-    /// Its place among [`pair_shares`]: a tie goes to the lower.
-    pub rank: usize,
-    /// Its pipeline.
-    pub arranged: Arc<Arranged>,
-    /// `(before, pace)` of its slowest stage and of its last: a stage starts its first
-    /// micro-batch no sooner than the stages before it ran that one forward, ends its last no
-    /// sooner than they ran it backward, and works `pace` ms a micro-batch in between, so an
-    /// iteration of `m` micro-batches takes at least `before + m pace`.
-    lines: [(f64, f64); 2],
-}
-
-impl PairShape {
-    fn new(k: Shares, rank: usize, arranged: Arc<Arranged>) -> Self {
-        let (mut before, mut slowest, mut last) = (0.0, (0.0, 0.0), (0.0, 0.0));
-        for stage in &arranged.stages {
-            let pace = stage.pace_ms();
-            if pace > slowest.1 {
-                slowest = (before, pace);
-            }
-            last = (before, pace);
-            before += pace;
-        }
-        Self {
-            k,
-            rank,
-            arranged,
-            lines: [slowest, last],
-        }
-    }
-
-    /// At least the samples per second of `d` pipelines of this shape, each running `m`
-    /// micro-batches: the schedule bound's terms ([`mixed::samples_per_sec_bound`]) without
-    /// its hops, all-reduce and step, in O(1).
-    pub(super) fn rate_above(&self, spec: &ModelSpec, d: u32, m: u32) -> f64 {
-        let ms = self
-            .lines
-            .iter()
-            .map(|(before, pace)| before + f64::from(m) * pace)
-            .fold(0.0, f64::max);
-        analytic::rate_of(spec, d, ms)
     }
 }
 
