@@ -11,6 +11,9 @@
 //! "nothing known yet" instead of failing, and unknown fields are ignored.
 
 pub mod client;
+mod fleet;
+
+pub use fleet::{EstimateView, FleetView, LinkView, PoolAdviceView, ZoneView};
 
 use serde::{Deserialize, Serialize};
 
@@ -212,77 +215,6 @@ pub enum TrainingPhase {
     /// Some layers have no live holder and no complete checkpoint is left to roll back to:
     /// training waits until the job is restored from a store (see `error`).
     Stopped,
-}
-
-/// The planner's throughput estimate of a configuration, from the measured cost model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EstimateView {
-    /// `[D, P]`.
-    pub config: [u32; 2],
-    /// Estimated samples per second.
-    pub samples_per_sec: f64,
-    /// Over zones: the nodes it would run in each zone, in [`FleetView::zones`]' order (empty
-    /// when the workers are planned as one zone).
-    #[serde(default)]
-    pub zones: Vec<u32>,
-}
-
-/// What the leader plans over when its workers are in several zones (issue 37): each zone's
-/// nodes and the device speed it measured, and the links the plans are priced on.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FleetView {
-    /// The zones, by name.
-    pub zones: Vec<ZoneView>,
-    /// A link inside a zone.
-    pub within: LinkView,
-    /// A link between two zones of one region.
-    pub across: LinkView,
-    /// A link between zones of two regions.
-    pub across_regions: LinkView,
-    /// What to do with each pool under the plan in force.
-    pub advice: Vec<PoolAdviceView>,
-}
-
-/// What to do with one pool under the plan in force.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PoolAdviceView {
-    /// The pool (`ZONE` or `ZONE/TYPE`).
-    pub pool: String,
-    /// Workers it holds now.
-    pub nodes_now: u32,
-    /// Of those, the plan's.
-    pub nodes_used: u32,
-    /// `release`, `grow` or `keep`.
-    pub action: String,
-    /// Why, in words.
-    pub reason: String,
-}
-
-/// One zone as the leader prices it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ZoneView {
-    /// Its name (the members' `zone`).
-    pub name: String,
-    /// Workers in it.
-    pub nodes: u32,
-    /// Forward and backward of every layer on one micro-batch on its device, ms (its own
-    /// nodes' reports, or other zones' scaled to its speed): how fast it is.
-    pub model_ms: f64,
-}
-
-/// A link's price in the plans.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct LinkView {
-    /// Bandwidth, Gbit/s.
-    pub gbit_per_s: f64,
-    /// Latency, ms.
-    pub latency_ms: f64,
-    /// Egress price, USD per GB.
-    pub usd_per_gb: f64,
 }
 
 /// The trainer's side of `/status`.

@@ -1,5 +1,6 @@
 use super::staggered::arranged_pipelines;
 use super::two_zones::{caps_of, fits, pair_shares};
+use super::zone_pipelines::fill;
 use super::*;
 use crate::cost::builtin::builtin;
 use crate::cost::objective::Objective;
