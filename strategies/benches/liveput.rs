@@ -15,7 +15,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
-use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
+use parcae_strategies::cost::fleet::{Fleet, Zone};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::transfer::TransferModel;
@@ -206,7 +206,7 @@ fn fleet(zones: usize) -> Fleet {
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let zones = (0..zones)
         .map(|i| Zone {
-            name: format!("z{i}"),
+            pool: format!("z{i}").parse().expect("a pool's name"),
             device: v100.derived("d", 1.0 + 0.5 * i as f64, (16 + 8 * i) as f64 * 1024.0),
         })
         .collect();
@@ -220,20 +220,20 @@ fn fleet_tables(c: &mut Criterion) {
         g.bench_function(format!("cold {zones} x {n} nodes"), |b| {
             b.iter_batched(
                 || fleet(zones),
-                |mut f| f.plans(Layout::ZoneAware, &vec![n; zones]),
+                |mut f| f.plans(&vec![n; zones]),
                 BatchSize::PerIteration,
             )
         });
     }
     for (zones, n) in [(2, 16), (4, 128)] {
         let mut f = fleet(zones);
-        f.plans(Layout::ZoneAware, &vec![n; zones]);
+        f.plans(&vec![n; zones]);
         let mut counts = vec![n; zones];
         counts[0] -= 1;
         g.bench_function(format!("one node changed, {zones} x {n} nodes"), |b| {
             b.iter_batched(
                 || f.clone(),
-                |mut f| f.plans(Layout::ZoneAware, &counts),
+                |mut f| f.plans(&counts),
                 BatchSize::PerIteration,
             )
         });

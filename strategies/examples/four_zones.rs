@@ -32,7 +32,7 @@ fn main() {
             ("d", v100.clone()),
         ]
         .map(|(name, device)| Zone {
-            name: name.into(),
+            pool: name.parse().expect("a pool's name"),
             device,
         });
         let mut traces = vec![p3.clone()];

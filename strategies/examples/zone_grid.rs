@@ -51,11 +51,11 @@ fn main() {
                 let device = v100.derived("b", speed, memory_gib * 1024.0);
                 let zones = vec![
                     Zone {
-                        name: names[0].into(),
+                        pool: names[0].parse().expect("a pool's name"),
                         device: v100.clone(),
                     },
                     Zone {
-                        name: names[1].into(),
+                        pool: names[1].parse().expect("a pool's name"),
                         device,
                     },
                 ];

@@ -18,6 +18,7 @@ use crate::predict::{self, Bounds, ForecastInput, NoticeAware, Predictor, ZoneMo
 use crate::trace::{Interval, Trace};
 
 pub mod fleet;
+pub mod join_order;
 
 /// Where a liveput strategy's view of the future comes from.
 pub enum Forecast {

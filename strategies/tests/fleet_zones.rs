@@ -6,11 +6,11 @@ mod common;
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
-use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
+use parcae_strategies::cost::fleet::{Fleet, Zone};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::sim::fleet::{
-    FLEET_STRATEGIES, FleetRun, Objective, compositions, nodes_used, simulate_fleet,
+    FLEET_STRATEGIES, FleetRun, Layout, Objective, compositions, nodes_used, simulate_fleet,
 };
 use parcae_strategies::trace::{self, Trace};
 
@@ -33,11 +33,11 @@ fn fleet_runs_for(
     let device = v100.derived("other", speed, memory_gib * 1024.0);
     let zones = vec![
         Zone {
-            name: "p3".into(),
+            pool: "p3".parse().unwrap(),
             device: v100,
         },
         Zone {
-            name: "b".into(),
+            pool: "b".parse().unwrap(),
             device,
         },
     ];
@@ -140,7 +140,7 @@ fn a_dollar_objective_without_every_price_is_refused() {
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let zones = ["a", "b"]
         .map(|name| Zone {
-            name: name.into(),
+            pool: name.parse().unwrap(),
             device: v100.clone(),
         })
         .to_vec();
@@ -182,11 +182,11 @@ fn the_nodes_used_per_zone_are_the_placements_and_within_each_zone() {
     let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
     let zones = vec![
         Zone {
-            name: "a".into(),
+            pool: "a".parse().unwrap(),
             device: v100,
         },
         Zone {
-            name: "b".into(),
+            pool: "b".parse().unwrap(),
             device: fast,
         },
     ];
@@ -215,7 +215,7 @@ fn the_nodes_used_per_zone_are_the_placements_and_within_each_zone() {
             used.iter().zip(have).all(|(u, h)| u <= h),
             "{k}: {used:?} of {have:?}"
         );
-        let placed = fleet.plans(Layout::ZoneAware, have);
+        let placed = fleet.plans(have);
         let expected = if placed.placements.contains_key(config) {
             config.nodes()
         } else {
@@ -237,11 +237,11 @@ fn planned_for_samples_per_dollar_a_dear_pool_is_left_idle_and_the_cheap_one_alo
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let zones = vec![
         Zone {
-            name: "cheap".into(),
+            pool: "cheap".parse().unwrap(),
             device: v100.clone(),
         },
         Zone {
-            name: "stable".into(),
+            pool: "stable".parse().unwrap(),
             device: v100.derived("stable", 1.5, 24.0 * 1024.0),
         },
     ];

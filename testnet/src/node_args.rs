@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use parcae_strategies::cost::objective::ObjectiveKind;
 
 use crate::cluster::NoticeMode;
 use crate::gpus::{self, DeviceArg};
 use crate::node_config::{Emulate, NodeSettings};
-use crate::simulate::zones::ObjectiveArg;
 
 /// Planning strategies of the node (`[planner] strategy`).
 pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
@@ -80,7 +80,7 @@ pub struct NodeArgs {
     /// What the nodes' plans over zones (`--zones`) are after: the most samples, or the most
     /// samples per dollar of nodes and egress (`[planner] objective`; needs --price-spot).
     #[arg(long, value_enum, default_value = "samples")]
-    pub objective: ObjectiveArg,
+    pub objective: ObjectiveKind,
     /// The spot prices of `--price-spot` (`run` and `compare` take them from their price
     /// flags): with --objective samples-per-dollar, each zone's (or pool's) is given to the
     /// nodes' planners (`[planner] zone_prices`).
@@ -134,7 +134,7 @@ impl NodeArgs {
                 "--emulate paces CPU work to a profiled GPU; it cannot be combined with --device cuda"
             );
         }
-        if self.objective == ObjectiveArg::SamplesPerDollar && self.spot_prices.is_empty() {
+        if self.objective == ObjectiveKind::SamplesPerDollar && self.spot_prices.is_empty() {
             bail!("--objective samples-per-dollar needs --price-spot for every zone of --zones");
         }
         if self.netns && self.notice == NoticeMode::Metadata {

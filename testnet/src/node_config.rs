@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use parcae_pool::Pool;
 use parcae_testnet::error::TestnetError;
 
 use crate::gpus::Devices;
@@ -149,13 +150,11 @@ pub fn render(
     if let Some(section) = s.devices.section(k) {
         out.push_str(&section);
     }
-    if let Some((name, _)) = zone {
-        // A pool (`ZONE/TYPE`) is a zone's nodes of one instance type.
-        match name.split_once('/') {
-            Some((zone, kind)) => out.push_str(&format!(
-                "[placement]\nzone = {zone:?}\ninstance_type = {kind:?}\n"
-            )),
-            None => out.push_str(&format!("[placement]\nzone = {name:?}\n")),
+    // A pool (`ZONE/TYPE`) is a zone's nodes of one instance type; `--zones` checked its name.
+    if let Some(pool) = zone.and_then(|(name, _)| name.parse::<Pool>().ok()) {
+        out.push_str(&format!("[placement]\nzone = {:?}\n", pool.zone()));
+        if let Some(kind) = pool.instance_type() {
+            out.push_str(&format!("instance_type = {kind:?}\n"));
         }
     }
     if let Some(url) = aws_base_url {

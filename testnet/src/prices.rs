@@ -2,7 +2,8 @@
 //! (see `parcae_strategies::cost::money`), and the spot prices of a job over zones.
 
 use anyhow::{Context, Result, bail};
-use parcae_strategies::cost::links::{pool_price, zone_of_pool};
+use parcae_pool::Pool;
+use parcae_strategies::cost::links::pool_price;
 use parcae_strategies::cost::money::Prices;
 
 /// The price flags.
@@ -44,33 +45,44 @@ pub fn uniform_spot(entries: &[String]) -> Result<Option<f64>> {
     parse_usd(first, first).map(Some)
 }
 
-/// Each zone's (or pool's) spot price per node-hour from `--price-spot` `entries`, in the order
-/// of `names`: every one priced, or none. An entry names a pool (`ZONE/TYPE`), whose price it
+/// Each pool's spot price per node-hour from `--price-spot` `entries`, in the order of
+/// `pools`: every one priced, or none. An entry names a pool (`ZONE/TYPE`), whose price it
 /// is, or a zone, whose price it is and that of each of its pools no entry prices; a bare
 /// price prices the rest.
-pub fn zone_prices(entries: &[String], names: &[&str]) -> Result<Option<Vec<f64>>> {
+pub fn zone_prices(entries: &[String], pools: &[Pool]) -> Result<Option<Vec<f64>>> {
     if entries.is_empty() {
         return Ok(None);
     }
     let mut named: Vec<(String, f64)> = Vec::new();
     for entry in entries.iter().filter(|e| e.contains('=')) {
         let (name, usd) = parse_price(entry)?;
-        if !names.iter().any(|n| *n == name || zone_of_pool(n) == name) {
+        if !pools
+            .iter()
+            .any(|p| p.to_string() == name || p.zone() == name)
+        {
             bail!("--price-spot {entry:?}: no zone or pool {name:?} in --zones");
         }
         named.push((name, usd));
     }
     let rest = uniform_spot(entries)?;
     let price = |of: &str| named.iter().find(|(n, _)| n == of).map(|(_, usd)| *usd);
-    names
+    pools
         .iter()
-        .map(|n| {
-            pool_price(n, price)
+        .map(|p| {
+            pool_price(p, price)
                 .or(rest)
-                .with_context(|| format!("--price-spot: {n:?} has no price"))
+                .with_context(|| format!("--price-spot: \"{p}\" has no price"))
         })
         .collect::<Result<Vec<_>>>()
         .map(Some)
+}
+
+/// The pools named `names` (each `ZONE` or `ZONE/TYPE`, as `--zones` gave them).
+pub fn pools_named(names: &[&str]) -> Result<Vec<Pool>> {
+    names
+        .iter()
+        .map(|n| n.parse().map_err(|e| anyhow::anyhow!("pool {n:?}: {e}")))
+        .collect()
 }
 
 /// One `--price-spot` entry that names its zone or pool, `ZONE[/TYPE]=USD`.
@@ -100,13 +112,17 @@ pub fn names_zones(entries: &[String]) -> bool {
 mod tests {
     use super::*;
 
+    fn pools(names: &[&str]) -> Vec<Pool> {
+        names.iter().map(|name| name.parse().unwrap()).collect()
+    }
+
     fn entries(list: &[&str]) -> Vec<String> {
         list.iter().map(|e| e.to_string()).collect()
     }
 
     #[test]
     fn every_zone_is_priced_or_none() {
-        let specs = ["a", "b"];
+        let specs = pools(&["a", "b"]);
         let both = zone_prices(&["a=0.9".into(), "b=1.2".into()], &specs).unwrap();
         assert_eq!(both, Some(vec![0.9, 1.2]));
         assert_eq!(zone_prices(&[], &specs).unwrap(), None);
@@ -126,7 +142,7 @@ mod tests {
 
     #[test]
     fn a_pool_takes_its_own_price_else_its_zone_s() {
-        let specs = ["a/p3.2xlarge", "a/g5.xlarge", "b/p3.2xlarge"];
+        let specs = pools(&["a/p3.2xlarge", "a/g5.xlarge", "b/p3.2xlarge"]);
         let named = entries(&["a=0.9", "a/g5.xlarge=0.5", "b/p3.2xlarge=1.2"]);
         let prices = zone_prices(&named, &specs).unwrap();
         assert_eq!(prices, Some(vec![0.9, 0.5, 1.2]));

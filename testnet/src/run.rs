@@ -20,14 +20,14 @@ use crate::node_args::{NodeArgs, OutputArgs, STRATEGIES};
 use crate::node_bin;
 use crate::node_config::NodeSettings;
 use crate::predicted;
-use crate::prices::{PriceArgs, names_zones, zone_prices};
+use crate::prices::{PriceArgs, names_zones, pools_named, zone_prices};
 use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
 use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
-use crate::simulate::zones::{ObjectiveArg, parse_zone};
+use crate::simulate::zones::parse_zone;
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
-use parcae_strategies::cost::objective::Objective;
+use parcae_strategies::cost::objective::{Objective, ObjectiveKind};
 use parcae_testnet::interrupt::Interrupt;
 use parcae_testnet::local_cluster::Ports;
 
@@ -234,8 +234,9 @@ fn simulate_zoned_session(outcome: &mut Outcome, node: &NodeArgs, profile: &str,
     let strategy = outcome.report.strategy.clone();
     let names: Vec<&str> = zones.iter().map(|z| z.name).collect();
     // The run's zones were checked priced when it was planned.
-    let objective = match zone_prices(&node.spot_prices, &names) {
-        Ok(Some(usd_per_node_hour)) if node.objective == ObjectiveArg::SamplesPerDollar => {
+    let prices = pools_named(&names).and_then(|pools| zone_prices(&node.spot_prices, &pools));
+    let objective = match prices {
+        Ok(Some(usd_per_node_hour)) if node.objective == ObjectiveKind::SamplesPerDollar => {
             Objective::SamplesPerDollar { usd_per_node_hour }
         }
         _ => Objective::Samples,
@@ -402,11 +403,11 @@ pub fn hold_to_simulator(
 /// What the nodes' planners price each of `zones` at: with --objective samples-per-dollar,
 /// its spot price; else none (they plan for samples).
 fn planned_prices(node: &NodeArgs, zones: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
-    if node.objective != ObjectiveArg::SamplesPerDollar {
+    if node.objective != ObjectiveKind::SamplesPerDollar {
         return Ok(Vec::new());
     }
     let names: Vec<&str> = zones.iter().map(|(n, _)| n.as_str()).collect();
-    let prices = zone_prices(&node.spot_prices, &names)?.unwrap_or_default();
+    let prices = zone_prices(&node.spot_prices, &pools_named(&names)?)?.unwrap_or_default();
     Ok(names
         .iter()
         .zip(prices)
@@ -438,9 +439,9 @@ fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<
             trace: zone.trace,
             ..trace.clone()
         })
-        .with_context(|| format!("zone {}", zone.name))?;
-        sources.push(format!("{}={}", zone.name, planned.source));
-        zones.push((zone.name, planned.counts));
+        .with_context(|| format!("zone {}", zone.pool))?;
+        sources.push(format!("{}={}", zone.pool, planned.source));
+        zones.push((zone.pool.to_string(), planned.counts));
     }
     if zones
         .iter()
@@ -450,7 +451,7 @@ fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<
         bail!("--zones names a zone twice");
     }
     let names: Vec<&str> = zones.iter().map(|(n, _)| n.as_str()).collect();
-    zone_prices(&node.spot_prices, &names)?;
+    zone_prices(&node.spot_prices, &pools_named(&names)?)?;
     let replay = Replay::zoned(
         zones,
         speeds,

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::builtin::MODELS;
 use parcae_strategies::cost::money::{self, Bill, OnDemand, Prices};
+use parcae_strategies::cost::objective::ObjectiveKind;
 
 use crate::prices::{PriceArgs, names_zones};
 use parcae_strategies::cost::throughput::Profile;
@@ -78,7 +79,7 @@ pub struct Args {
     /// What the zone-aware planners want with --zones: the most samples, or the most samples
     /// per dollar of nodes and egress (needs --price-spot).
     #[arg(long, value_enum, default_value = "samples")]
-    objective: zones::ObjectiveArg,
+    objective: ObjectiveKind,
 }
 
 /// The JSON document `--json` writes.
@@ -142,7 +143,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     if !args.links.is_empty()
         || names_zones(&args.prices.price_spot)
-        || args.objective != zones::ObjectiveArg::Samples
+        || args.objective != ObjectiveKind::Samples
     {
         bail!(
             "--link, --price-spot ZONE=USD and --objective plan a fleet: give its zones with --zones"

@@ -289,7 +289,7 @@ fn zones_run_the_fleet_strategies_with_their_bills_and_refuse_bad_zones() {
     ]);
     assert_one_line_error(&out, &["--price-spot", "\"b\" has no price"]);
     let out = testnet(&["simulate", "--zones", "a=synthetic:quiet,a=synthetic:hh"]);
-    assert_one_line_error(&out, &["zone \"a\" is named twice"]);
+    assert_one_line_error(&out, &["pool \"a\" is named twice"]);
     let out = testnet(&["simulate", "--link", "a/b=1,1,0"]);
     assert_one_line_error(&out, &["--zones"]);
     let out = testnet(&["simulate", "--objective", "samples-per-dollar"]);

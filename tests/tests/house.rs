@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Crates whose files must not import each other.
-const CRATES: [&str; 7] = [
+const CRATES: [&str; 8] = [
     "api",
+    "pool",
     "strategies",
     "model",
     "consensus",

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use parcae_pool::Pool;
+
 use super::ControlState;
 use super::command::{Command, Rejection, StateEvent};
 use super::limits;
@@ -10,8 +12,8 @@ use super::training::{
     StepReport, activate_due_plan, adopt_cut, checkpointed, restore_cut, roll_back, step_committed,
 };
 use super::types::{
-    AvailabilitySample, Capabilities, CutPart, Job, KeyId, LayerCost, LinkTime, Member,
-    MemberStatus, NodeCosts, PeerInfo, Plan, RaftRole, Retired, StageSlot, ZoneCount,
+    AvailabilitySample, CutPart, Job, KeyId, LayerCost, LinkTime, Member, MemberStatus, NodeCosts,
+    PeerInfo, Plan, RaftRole, Retired, StageSlot, ZoneCount,
 };
 use crate::ids::NodeId;
 
@@ -343,7 +345,7 @@ fn check_zone_counts(count: u32, zones: &[ZoneCount]) -> Result<(), String> {
         if z.zone.is_empty() {
             return Err("a zone without a name".into());
         }
-        Capabilities::check_label(&z.zone)?;
+        z.zone.parse::<Pool>().map_err(|e| e.to_string())?;
     }
     if let Some(pair) = zones.windows(2).find(|w| w[0].zone >= w[1].zone) {
         return Err(format!(

@@ -154,11 +154,20 @@ fn a_member_says_where_it_runs_and_on_what_within_bounds() {
     let bad = [
         (
             Capabilities {
-                zone: "z".repeat(limits::MAX_LABEL_BYTES + 1),
+                zone: "z".repeat(65),
                 ..caps.clone()
             },
             "caps.zone",
-            "65 bytes",
+            "1 to 64 characters",
+        ),
+        (
+            // A `/` joins a zone to its instance type: no zone may hold one.
+            Capabilities {
+                zone: "us-east-1a/p3".into(),
+                ..caps.clone()
+            },
+            "caps.zone",
+            "must be",
         ),
         (
             Capabilities {
@@ -166,7 +175,7 @@ fn a_member_says_where_it_runs_and_on_what_within_bounds() {
                 ..caps.clone()
             },
             "caps.instance_type",
-            "' '",
+            "\"p3 2xlarge\" must be",
         ),
         (
             Capabilities {
@@ -337,7 +346,12 @@ fn availability_by_zone_adds_up_to_the_count_over_named_zones_in_order() {
     refused(&mut s, vec![zone("b", 5), zone("a", 3)], "ascending order");
     refused(&mut s, vec![zone("a", 5), zone("a", 3)], "ascending order");
     refused(&mut s, vec![zone("", 8)], "without a name");
-    refused(&mut s, vec![zone("a b", 8)], "only A-Z");
+    refused(&mut s, vec![zone("a b", 8)], "must be 1 to 64 characters");
+    refused(
+        &mut s,
+        vec![zone("a/p3/x", 8)],
+        "must be 1 to 64 characters",
+    );
     let many = (0..=limits::MAX_SAMPLE_ZONES)
         .map(|z| zone(&format!("z{z:02}"), u32::from(z == 0) * 8))
         .collect();

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use parcae_pool::{check_instance_type, check_zone};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -81,9 +82,11 @@ impl Job {
     }
 }
 
-/// Where a node runs and on what, as it says when it joins: the planner tells zones and device
-/// kinds apart by these, and `/status` shows them. Each is empty where the node does not know,
-/// at most [`super::limits::MAX_LABEL_BYTES`] of `A-Z a-z 0-9 . _ : / -`.
+/// Where a node runs and on what, as it says when it joins: the planner tells pools (a zone,
+/// or an instance type in a zone) and device kinds apart by these, and `/status` shows them.
+/// Each is empty where the node does not know; the zone and the instance type follow
+/// `parcae_pool`'s rule (the one every crate reads pools by), the device is at most
+/// [`super::limits::MAX_LABEL_BYTES`] of `A-Z a-z 0-9 . _ : / -`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Capabilities {
     /// The cloud zone (`us-east-1a`): `[placement] zone`, `--zone`, or the cloud's metadata.
@@ -98,7 +101,7 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Whether a zone, instance type or device name may hold `c`.
+    /// Whether a device name may hold `c`.
     pub fn allows(c: char) -> bool {
         c.is_ascii_alphanumeric() || ".:_/-".contains(c)
     }
@@ -106,13 +109,14 @@ impl Capabilities {
     /// The first field that breaks the rules above (a device's memory at most
     /// [`super::limits::MAX_DEVICE_MEMORY_MIB`]), and why.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
-        for (field, value) in [
-            ("caps.zone", &self.zone),
-            ("caps.instance_type", &self.instance_type),
-            ("caps.device", &self.device),
-        ] {
-            Self::check_label(value).map_err(|reason| (field, reason))?;
+        if !self.zone.is_empty() {
+            check_zone(&self.zone).map_err(|e| ("caps.zone", e.to_string()))?;
         }
+        if !self.instance_type.is_empty() {
+            check_instance_type(&self.instance_type)
+                .map_err(|e| ("caps.instance_type", e.to_string()))?;
+        }
+        Self::check_label(&self.device).map_err(|reason| ("caps.device", reason))?;
         if self.memory_mib > super::limits::MAX_DEVICE_MEMORY_MIB {
             return Err((
                 "caps.memory_mib",
@@ -126,7 +130,7 @@ impl Capabilities {
         Ok(())
     }
 
-    /// Why `value` may not be a zone, instance type or device name, if it may not.
+    /// Why `value` may not be a device name, if it may not.
     pub fn check_label(value: &str) -> Result<(), String> {
         if value.len() > super::limits::MAX_LABEL_BYTES {
             return Err(format!(
@@ -212,10 +216,11 @@ pub struct AvailabilitySample {
     pub zones: Vec<ZoneCount>,
 }
 
-/// Nodes available in one zone.
+/// Nodes available in one pool (a zone, or an instance type in a zone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZoneCount {
-    /// The zone's name (`caps.zone` of its members).
+    /// The pool's name (`ZONE` or `ZONE/TYPE`, `parcae_pool::Pool`'s form), checked when the
+    /// count is committed.
     pub zone: String,
     /// Its nodes.
     pub nodes: u32,

@@ -14,7 +14,7 @@ pub use device::{DeviceChoice, DeviceConfig, DeviceKind};
 pub use error::ConfigError;
 pub use placement::PlacementConfig;
 pub use sections::{
-    NetConfig, NoticeConfig, NoticeProvider, Objective, PlanStrategy, PlannerConfig, RaftConfig,
+    NetConfig, NoticeConfig, NoticeProvider, PlanStrategy, PlannerConfig, RaftConfig,
 };
 pub use train::{JobSource, ModelPreset, TokenDtypeName, TrainConfig};
 

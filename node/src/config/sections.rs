@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use parcae_strategies::cost::links::Links;
+use parcae_strategies::cost::objective::ObjectiveKind;
 use serde::Deserialize;
 
 use super::error::ConfigError;
@@ -54,7 +55,7 @@ pub struct PlannerConfig {
     pub profile: Option<PathBuf>,
     /// What plans over zones are after: `samples` (the most) or `samples-per-dollar` (the
     /// most per dollar of the nodes held, at `zone_prices`, and of the egress between zones).
-    pub objective: Objective,
+    pub objective: ObjectiveKind,
     /// Spot price of a node-hour, USD, by zone or by pool (`ZONE/TYPE`, one instance type in a
     /// zone; a pool without an entry of its own takes its zone's). `samples-per-dollar` plans
     /// over pools whose every one has a price; others are planned for samples.
@@ -63,17 +64,6 @@ pub struct PlannerConfig {
     /// --link`; the same zone twice sets that zone's own link): what the plans are priced on
     /// for those pairs, over what the nodes measured and the cloud's defaults.
     pub links: Vec<String>,
-}
-
-/// See [`PlannerConfig::objective`].
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Objective {
-    /// The most samples.
-    #[default]
-    Samples,
-    /// The most samples per dollar.
-    SamplesPerDollar,
 }
 
 /// Most zones `planner.zone_prices` names.
@@ -109,7 +99,7 @@ impl PlannerConfig {
                 "planner.zone_prices.{zone:?}: {usd} is not a price (USD per node-hour, >= 0)"
             )));
         }
-        if self.objective == Objective::SamplesPerDollar && self.zone_prices.is_empty() {
+        if self.objective == ObjectiveKind::SamplesPerDollar && self.zone_prices.is_empty() {
             return Err(ConfigError::Invalid(
                 "planner.objective = \"samples-per-dollar\" needs planner.zone_prices".into(),
             ));
@@ -202,7 +192,7 @@ impl Default for PlannerConfig {
             max_nodes: 64,
             pin: None,
             profile: None,
-            objective: Objective::Samples,
+            objective: ObjectiveKind::Samples,
             zone_prices: BTreeMap::new(),
             links: Vec::new(),
         }

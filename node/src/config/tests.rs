@@ -1,3 +1,5 @@
+use parcae_strategies::cost::objective::ObjectiveKind;
+
 use super::*;
 
 #[test]
@@ -336,7 +338,7 @@ fn the_node_says_its_zone_instance_type_and_device() {
     assert_eq!(from_file("p".repeat(200)).name().len(), 64);
     let e = NodeConfig::parse("[placement]\nzone = \"us east\"\n", "x").unwrap_err();
     assert!(
-        e.to_string().contains("placement.zone") && e.to_string().contains("' '"),
+        e.to_string().contains("placement.zone") && e.to_string().contains("\"us east\" must be"),
         "{e}"
     );
     let e = NodeConfig::parse("[placement]\nrack = \"r1\"\n", "x").unwrap_err();
@@ -351,9 +353,12 @@ fn a_dollar_objective_needs_sound_zone_prices() {
         "x",
     )
     .unwrap();
-    assert_eq!(c.planner.objective, Objective::SamplesPerDollar);
+    assert_eq!(c.planner.objective, ObjectiveKind::SamplesPerDollar);
     assert_eq!(c.planner.zone_prices["us-east-1b"], 1.2);
-    assert_eq!(NodeConfig::default().planner.objective, Objective::Samples);
+    assert_eq!(
+        NodeConfig::default().planner.objective,
+        ObjectiveKind::Samples
+    );
     for (text, needle) in [
         (
             "objective = \"samples-per-dollar\"\n",

@@ -10,13 +10,13 @@ use std::time::Instant;
 
 use parcae_consensus::state::{Capabilities, Job, LayerCost, PeerInfo, ZoneCount};
 use parcae_consensus::{Command, ControlState, NodeId};
+use parcae_strategies::cost::objective::ObjectiveKind;
 use serde::Serialize;
 
 use super::costs::{CPU_MEMORY_MB, JobShape, MeasuredCache};
 use super::decide::decide;
 use super::strategy::liveput::Liveput;
 use super::zones::FleetCache;
-use crate::config::Objective;
 
 /// Most nodes and pools the bench builds (a cluster past the consensus' bounds is not planned).
 pub const MAX_NODES: u32 = 4096;
@@ -191,7 +191,7 @@ impl Bench {
         PlannerCaches {
             strategy: Liveput::new(LOOKAHEAD, INTERVAL_SECS),
             costs: MeasuredCache::default(),
-            fleets: FleetCache::new(Objective::default(), BTreeMap::new(), 1.0),
+            fleets: FleetCache::new(ObjectiveKind::default(), BTreeMap::new(), 1.0),
         }
     }
 

@@ -178,14 +178,19 @@ pub fn next_interval(state: &ControlState) -> u64 {
 /// said its zone (what a planner over zones forecasts each pool from), continuing the
 /// replicated sequence (so a new leader goes on where the old one stopped).
 pub fn availability_tick(state: &ControlState) -> Command {
+    // By name: the record keeps the counts in the names' order.
     let mut by_zone: BTreeMap<String, u32> = BTreeMap::new();
+    let mut unnamed = 0;
     for (id, _) in state.members.iter().filter(|(_, m)| m.status.is_healthy()) {
-        *by_zone.entry(pool_of(state, id)).or_default() += 1;
+        match pool_of(state, id) {
+            Some(pool) => *by_zone.entry(pool.to_string()).or_default() += 1,
+            None => unnamed += 1,
+        }
     }
-    let named = !by_zone.contains_key("") && by_zone.len() <= limits::MAX_SAMPLE_ZONES;
+    let named = unnamed == 0 && by_zone.len() <= limits::MAX_SAMPLE_ZONES;
     Command::AvailabilityTick {
         interval: next_interval(state),
-        count: by_zone.values().sum(),
+        count: by_zone.values().sum::<u32>() + unnamed,
         zones: if named {
             by_zone
                 .into_iter()

@@ -97,7 +97,10 @@ pub fn zones_forecast(
         let removed = state
             .members
             .iter()
-            .filter(|(id, m)| departure(m.status).is_some() && pool_of(state, id) == *name)
+            .filter(|(id, m)| {
+                departure(m.status).is_some()
+                    && pool_of(state, id).is_some_and(|pool| pool.to_string() == *name)
+            })
             .count() as u32;
         before += nodes + removed;
         now.push(ZoneNow {

@@ -16,21 +16,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use parcae_api::{FleetView, LinkView, PoolAdviceView, ZoneView};
-use parcae_consensus::state::limits;
 use parcae_consensus::{ControlState, NodeId};
+use parcae_pool::Pool;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::advice::advise;
-use parcae_strategies::cost::fleet::{Fleet, Layout, MAX_ZONES, Plans, Zone};
+use parcae_strategies::cost::fleet::{Fleet, MAX_ZONES, Plans, Zone};
 use parcae_strategies::cost::links::{Link, Links, pool_price};
 use parcae_strategies::cost::mixed::DeviceCosts;
-use parcae_strategies::cost::objective;
+use parcae_strategies::cost::objective::{self, ObjectiveKind};
 use parcae_strategies::cost::region::regions_apart;
 use parcae_strategies::cost::spec::LayerCost;
 use parcae_strategies::cost::throughput::ThroughputTable;
 use parcae_strategies::cost::transfer::TransferModel;
 
 use super::costs::{JobShape, reported_layers};
-use crate::config::Objective;
 
 /// The workers as a fleet of zones at this moment.
 pub struct Zoned {
@@ -83,7 +82,7 @@ impl Zoned {
 #[derive(Default)]
 pub struct FleetCache {
     fleet: Option<Fleet>,
-    objective: Objective,
+    objective: ObjectiveKind,
     zone_prices: BTreeMap<String, f64>,
     /// Device hours per wall-clock hour: an emulated device's time scale, else 1.
     time_scale: f64,
@@ -97,7 +96,11 @@ impl FleetCache {
     /// A cache whose plans are after `objective`, zones priced at `zone_prices` (USD per
     /// node-hour by zone name), on devices that run `time_scale` device hours per wall-clock
     /// hour (an emulated one's time scale; 1 on a real one).
-    pub fn new(objective: Objective, zone_prices: BTreeMap<String, f64>, time_scale: f64) -> Self {
+    pub fn new(
+        objective: ObjectiveKind,
+        zone_prices: BTreeMap<String, f64>,
+        time_scale: f64,
+    ) -> Self {
         Self {
             fleet: None,
             objective,
@@ -122,12 +125,12 @@ impl FleetCache {
     pub fn table(&mut self, counts: &[u32]) -> Option<Arc<ThroughputTable>> {
         let objective = self.planned_for.as_ref()?;
         let fleet = self.fleet.as_mut()?;
-        Some(objective.table(&fleet.plans(Layout::ZoneAware, counts), counts))
+        Some(objective.table(&fleet.plans(counts), counts))
     }
 
-    /// What the plans over the pools `names` are after: samples per dollar where asked and
-    /// every pool has a price (its own, `ZONE/TYPE`, or its zone's); else samples.
-    fn objective(&self, names: &[String]) -> objective::Objective {
+    /// What the plans over `pools` are after: samples per dollar where asked and every pool
+    /// has a price (its own, `ZONE/TYPE`, or its zone's); else samples.
+    fn objective(&self, pools: &[Pool]) -> objective::Objective {
         // A node-hour is priced in the device's time: an emulated cluster at time scale k
         // lives k of them per wall-clock hour, while its rates and egress per second are wall
         // clock ones, so the bill per wall second is k times the price's.
@@ -136,14 +139,14 @@ impl FleetCache {
         } else {
             1.0
         };
-        let prices: Option<Vec<f64>> = names
+        let prices: Option<Vec<f64>> = pools
             .iter()
             .map(|n| {
                 pool_price(n, |name| self.zone_prices.get(name).copied()).map(|usd| usd * scale)
             })
             .collect();
         match (self.objective, prices) {
-            (Objective::SamplesPerDollar, Some(usd_per_node_hour)) => {
+            (ObjectiveKind::SamplesPerDollar, Some(usd_per_node_hour)) => {
                 objective::Objective::SamplesPerDollar { usd_per_node_hour }
             }
             _ => objective::Objective::Samples,
@@ -159,27 +162,31 @@ impl FleetCache {
         shape: &JobShape,
         cost: &CostModel,
     ) -> Option<Zoned> {
-        let pools: Vec<String> = workers.iter().map(|id| pool_of(state, id)).collect();
-        let names: Vec<String> = pools
+        let pools: Vec<Option<Pool>> = workers.iter().map(|id| pool_of(state, id)).collect();
+        let names: Vec<Pool> = pools
             .iter()
             .cloned()
-            .collect::<BTreeSet<_>>()
+            .collect::<Option<BTreeSet<_>>>()?
             .into_iter()
             .collect();
-        if names.len() < 2 || names.len() > MAX_ZONES || names.iter().any(String::is_empty) {
+        if names.len() < 2 || names.len() > MAX_ZONES {
             return None;
         }
         let reported: Vec<BTreeMap<u32, LayerCost>> = names
             .iter()
-            .map(|name| reported_layers(state, shape, &|id| pool_of(state, id) == *name))
+            .map(|name| {
+                reported_layers(state, shape, &|id| {
+                    pool_of(state, id).as_ref() == Some(name)
+                })
+            })
             .collect();
         let zones: Vec<Zone> = names
             .iter()
             .zip(zone_layers(&reported, &cost.spec.layers))
             .map(|(name, layers)| Zone {
-                name: name.clone(),
+                pool: name.clone(),
                 device: DeviceCosts {
-                    name: name.clone(),
+                    name: name.to_string(),
                     layers,
                     memory_mb: pool_memory_mb(state, workers, name, shape),
                 },
@@ -196,23 +203,24 @@ impl FleetCache {
             self.fleet = Fleet::new(cost.spec.clone(), zones, links)
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
+            let shown: Vec<String> = names.iter().map(Pool::to_string).collect();
             if let Some(fleet) = &self.fleet {
                 let model_ms: Vec<String> = (0..names.len())
                     .map(|z| format!("{}={:.1}", names[z], fleet.pace(z)))
                     .collect();
                 tracing::info!(
-                    zones = ?names,
+                    zones = ?shown,
                     model_ms = ?model_ms,
                     within_gbit = fleet.links().within.gbit_per_s,
                     across_gbit = fleet.links().across.gbit_per_s,
                     "planning over zones"
                 );
             }
-            if self.objective == Objective::SamplesPerDollar
+            if self.objective == ObjectiveKind::SamplesPerDollar
                 && self.objective(&names) == objective::Objective::Samples
             {
                 tracing::warn!(
-                    zones = ?names,
+                    zones = ?shown,
                     "planning for samples: planner.zone_prices does not price every zone"
                 );
             }
@@ -221,14 +229,8 @@ impl FleetCache {
         self.planned_for = Some(objective.clone());
         let fleet = self.fleet.as_mut()?;
         fleet.set_prices(objective.prices());
-        let node_zones: Vec<usize> = pools
-            .iter()
-            .map(|pool| names.iter().position(|n| n == pool).unwrap_or(0))
-            .collect();
-        let counts: Vec<u32> = (0..names.len())
-            .map(|z| node_zones.iter().filter(|&&x| x == z).count() as u32)
-            .collect();
-        let plans = fleet.plans(Layout::ZoneAware, &counts);
+        let (node_zones, counts) = counted(&pools, &names);
+        let plans = fleet.plans(&counts);
         let view = fleet_view(fleet, &counts);
         let cost = CostModel::new(
             cost.spec.clone(),
@@ -245,6 +247,24 @@ impl FleetCache {
     }
 }
 
+/// The index in `names` of each worker's pool (`pools`, in the workers' order), and how many
+/// workers each of `names` holds.
+fn counted(pools: &[Option<Pool>], names: &[Pool]) -> (Vec<usize>, Vec<u32>) {
+    let node_zones: Vec<usize> = pools
+        .iter()
+        .map(|pool| {
+            names
+                .iter()
+                .position(|n| Some(n) == pool.as_ref())
+                .unwrap_or(0)
+        })
+        .collect();
+    let counts = (0..names.len())
+        .map(|z| node_zones.iter().filter(|&&x| x == z).count() as u32)
+        .collect();
+    (node_zones, counts)
+}
+
 /// The zone member `id` said it is in (`""` when it did not, or is not a member).
 pub(crate) fn zone_of<'a>(state: &'a ControlState, id: &NodeId) -> &'a str {
     state
@@ -253,26 +273,22 @@ pub(crate) fn zone_of<'a>(state: &'a ControlState, id: &NodeId) -> &'a str {
         .map_or("", |m| m.peer.caps.zone.as_str())
 }
 
-/// The pool member `id` is in: `ZONE/TYPE` when it said its zone and its instance type, its
-/// zone when it said no type (or the two overrun a label), `""` when it said no zone.
-pub(crate) fn pool_of(state: &ControlState, id: &NodeId) -> String {
-    let Some(m) = state.members.get(id) else {
-        return String::new();
-    };
-    let (zone, kind) = (&m.peer.caps.zone, &m.peer.caps.instance_type);
-    if zone.is_empty() || kind.is_empty() || zone.len() + 1 + kind.len() > limits::MAX_LABEL_BYTES {
-        zone.clone()
-    } else {
-        format!("{zone}/{kind}")
-    }
+/// The pool member `id` is in: its instance type in its zone, or its zone alone where it said
+/// no type; `None` when it said no zone (or is not a member).
+pub(crate) fn pool_of(state: &ControlState, id: &NodeId) -> Option<Pool> {
+    let caps = &state.members.get(id)?.peer.caps;
+    // The membership record was checked by the same rule when it was committed.
+    Pool::of_node(&caps.zone, &caps.instance_type)
+        .ok()
+        .flatten()
 }
 
-/// The memory the pool `name`'s devices hold, MiB: the least its `workers` said in their
-/// membership records, or `shape`'s (the planner's own device's) where none said.
-fn pool_memory_mb(state: &ControlState, workers: &[NodeId], name: &str, shape: &JobShape) -> f64 {
+/// The memory `pool`'s devices hold, MiB: the least its `workers` said in their membership
+/// records, or `shape`'s (the planner's own device's) where none said.
+fn pool_memory_mb(state: &ControlState, workers: &[NodeId], pool: &Pool, shape: &JobShape) -> f64 {
     workers
         .iter()
-        .filter(|id| pool_of(state, id) == name)
+        .filter(|id| pool_of(state, id).as_ref() == Some(pool))
         .filter_map(|id| state.members.get(id))
         .map(|m| m.peer.caps.memory_mib)
         .filter(|&mib| mib > 0)
@@ -294,7 +310,7 @@ fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
             .zip(counts)
             .enumerate()
             .map(|(z, (zone, nodes))| ZoneView {
-                name: zone.name.clone(),
+                name: zone.pool.to_string(),
                 nodes: *nodes,
                 model_ms: fleet.pace(z),
             })

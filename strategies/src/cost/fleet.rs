@@ -25,6 +25,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use parcae_pool::Pool;
+
 use super::analytic::{self, StageCost};
 use super::links::{Link, Links};
 use super::mixed::{self, DeviceCosts, balanced_bounds};
@@ -52,11 +54,12 @@ pub const MAX_ZONES: usize = 4;
 /// Most compositions whose plans are kept; the memo starts over past it.
 pub const MAX_COMPOSITIONS: usize = 1024;
 
-/// One zone of the fleet: its name and the device kind its nodes run.
+/// One zone of the fleet, or one pool (an instance type in a zone): which, and the device kind
+/// its nodes run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Zone {
-    /// The zone's name (as the links name it).
-    pub name: String,
+    /// The pool (a zone alone where its nodes' type is not told apart).
+    pub pool: Pool,
     /// The kind of device every node of the zone runs.
     pub device: DeviceCosts,
 }
@@ -86,15 +89,6 @@ pub struct Plans {
     pub placements: BTreeMap<ParallelConfig, Placement>,
 }
 
-/// Which planner lays the plans out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Layout {
-    /// Zone pipelines or mixed pipelines, whichever trains more.
-    ZoneAware,
-    /// The worst device's split over nodes taken from every zone in turn.
-    ZoneBlind,
-}
-
 /// Why a fleet was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FleetError {
@@ -102,11 +96,11 @@ pub enum FleetError {
     #[error("a fleet spans 1 to {MAX_ZONES} zones, not {0}")]
     Zones(usize),
     /// Two zones of one name.
-    #[error("zone {0:?} is named twice")]
-    Duplicate(String),
+    #[error("pool \"{0}\" is named twice")]
+    Duplicate(Pool),
     /// A device whose layers are not the job's.
-    #[error("zone {0:?}: its device times {1} layers, the job has {2}")]
-    Layers(String, usize, usize),
+    #[error("pool \"{0}\": its device times {1} layers, the job has {2}")]
+    Layers(Pool, usize, usize),
 }
 
 /// A pipeline over two zones as [`mixed::arrange_two`] lays it: its zone per stage, its stage
@@ -193,7 +187,11 @@ pub struct Fleet {
     worst: DeviceCosts,
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
-    memo: HashMap<(Layout, Vec<u32>), Arc<Plans>>,
+    memo: HashMap<Vec<u32>, Arc<Plans>>,
+    /// The zone-blind plans by the nodes' zones in join order.
+    blind_memo: HashMap<Arc<[u8]>, Arc<Plans>>,
+    /// A zone-blind pipeline's rate by its zone, `d`, `p` and link (bandwidth and latency bits).
+    blind_rates: HashMap<(usize, u32, u32, u64, u64), f64>,
     arranged: HashMap<Shares, Option<Arc<Arranged>>>,
     pair_shapes: HashMap<u32, Arc<[PairShape]>>,
     /// Mixed pipelines by each zone's nodes per pipeline, `d` and `p`: the floor they were
@@ -247,12 +245,12 @@ impl Fleet {
             return Err(FleetError::Zones(zones.len()));
         }
         for (i, z) in zones.iter().enumerate() {
-            if zones[..i].iter().any(|o| o.name == z.name) {
-                return Err(FleetError::Duplicate(z.name.clone()));
+            if zones[..i].iter().any(|o| o.pool == z.pool) {
+                return Err(FleetError::Duplicate(z.pool.clone()));
             }
             if z.device.layers.len() != spec.layers.len() {
                 return Err(FleetError::Layers(
-                    z.name.clone(),
+                    z.pool.clone(),
                     z.device.layers.len(),
                     spec.layers.len(),
                 ));
@@ -269,8 +267,8 @@ impl Fleet {
                     .sum()
             })
             .collect();
-        let names: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
-        let table = LinkTable::new(&links, &names);
+        let pools: Vec<Pool> = zones.iter().map(|z| z.pool.clone()).collect();
+        let table = LinkTable::new(&links, &pools);
         Ok(Self {
             spec,
             zones,
@@ -280,6 +278,8 @@ impl Fleet {
             worst,
             paces,
             memo: HashMap::new(),
+            blind_memo: HashMap::new(),
+            blind_rates: HashMap::new(),
             arranged: HashMap::new(),
             pair_shapes: HashMap::new(),
             mixed_found: HashMap::new(),
@@ -309,6 +309,7 @@ impl Fleet {
         if prices != self.prices {
             self.prices = prices;
             self.memo.clear();
+            self.blind_memo.clear();
         }
     }
 
@@ -328,10 +329,9 @@ impl Fleet {
         &self.worst
     }
 
-    /// The plans of `layout` on a fleet whose zone `z` holds `counts[z]` nodes (memoised).
-    pub fn plans(&mut self, layout: Layout, counts: &[u32]) -> Arc<Plans> {
-        let key = (layout, counts.to_vec());
-        if let Some(plans) = self.memo.get(&key) {
+    /// The zone-aware plans on a fleet whose zone `z` holds `counts[z]` nodes (memoised).
+    pub fn plans(&mut self, counts: &[u32]) -> Arc<Plans> {
+        if let Some(plans) = self.memo.get(counts) {
             return plans.clone();
         }
         // A leader lives for days and the zones' counts wander: keep the memo bounded.
@@ -347,53 +347,34 @@ impl Fleet {
         } else {
             0
         };
+        let plans = self.plans_of(total, |fleet, d, p| fleet.zone_aware(counts, d, p));
+        self.memo.insert(counts.to_vec(), plans.clone());
+        plans
+    }
+
+    /// Every configuration `(d, p)` of `total` nodes that `place` lays out, as plans.
+    fn plans_of(
+        &mut self,
+        total: u32,
+        mut place: impl FnMut(&mut Self, u32, u32) -> Option<Placement>,
+    ) -> Arc<Plans> {
         let mut placements = BTreeMap::new();
         for p in self.spec.depths.clone() {
             for d in 1..=total / p.max(1) {
                 if !self.spec.admits(d, p) {
                     continue;
                 }
-                let placed = match layout {
-                    Layout::ZoneAware => self.zone_aware(counts, d, p),
-                    Layout::ZoneBlind => self.zone_blind(counts, d, p),
-                };
-                if let Some(placed) = placed.filter(|pl| pl.samples_per_sec > 0.0) {
+                if let Some(placed) = place(self, d, p).filter(|pl| pl.samples_per_sec > 0.0) {
                     placements.insert(ParallelConfig::new(d, p), placed);
                 }
             }
         }
         let table =
             ThroughputTable::from_rows(placements.iter().map(|(c, pl)| (*c, pl.samples_per_sec)));
-        let plans = Arc::new(Plans {
+        Arc::new(Plans {
             table: Arc::new(table),
             placements,
-        });
-        self.memo.insert(key, plans.clone());
-        plans
-    }
-
-    /// The table of a cluster of `max_nodes` nodes of one `device` in one zone, split as the
-    /// zone-aware planner splits a zone pipeline: what a planner of one zone (or one that
-    /// believes its nodes alike) plans with.
-    pub fn uniform_table(&self, device: &DeviceCosts, max_nodes: u32) -> ThroughputTable {
-        let link = self.links.within;
-        let mut rows = Vec::new();
-        for &p in &self.spec.depths {
-            let devices = vec![device; p as usize];
-            let Some(bounds) = balanced_bounds(&self.spec, &devices) else {
-                continue;
-            };
-            for d in 1..=max_nodes / p.max(1) {
-                if !self.spec.admits(d, p) {
-                    continue;
-                }
-                let rate = self.rate(&devices, &bounds, d, link, link);
-                if let Some(rate) = rate {
-                    rows.push((ParallelConfig::new(d, p), rate));
-                }
-            }
-        }
-        ThroughputTable::from_rows(rows)
+        })
     }
 
     /// Samples per second of `d` pipelines over `devices` split at `bounds`, all-reducing over

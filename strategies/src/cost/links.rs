@@ -13,23 +13,18 @@
 //! America: set the pair). Every figure is overridable per zone pair
 //! (`ZONE/ZONE=GBIT,MS,USD_PER_GB`).
 //!
-//! A fleet's unit may be a zone or a *pool*, one instance type in one zone (`ZONE/TYPE`, e.g.
-//! `us-east-1a/p3.2xlarge`): its own trace, device and price. Links join zones, so two pools
-//! of one zone talk over the zone's own link, free.
+//! A fleet's unit is a [`Pool`], one instance type in one zone (`ZONE/TYPE`, e.g.
+//! `us-east-1a/p3.2xlarge`) or a zone alone: its own trace, device and price. Links join
+//! zones, so two pools of one zone talk over the zone's own link, free.
 
 use std::collections::BTreeMap;
+
+use parcae_pool::{MAX_ZONE_NAME, Pool, check_zone};
 
 use super::region::regions_apart;
 
 /// Bytes of one gradient value in the all-reduce (Parcae's fp16 gradients).
 pub const GRADIENT_BYTES_PER_PARAM: f64 = 2.0;
-
-/// Longest zone name (AWS's are ~15 characters: `us-east-1a`, `use1-az4`).
-pub const MAX_ZONE_NAME: usize = 64;
-
-/// Longest instance type name in a pool's (AWS's, GCE's and Azure's are under 30 characters:
-/// `p3.2xlarge`, `a2-highgpu-1g`, `Standard_NC6s_v3`).
-pub const MAX_TYPE_NAME: usize = 64;
 
 /// Most zone pairs a configuration may set.
 pub const MAX_PAIRS: usize = 256;
@@ -130,11 +125,9 @@ impl Default for Links {
 }
 
 impl Links {
-    /// The link between zones (or pools) `a` and `b`, either way round: the link of their
-    /// zones, as set for the pair, else within a zone, across zones of a region, or across
-    /// regions.
+    /// The link between zones `a` and `b` (a pool's is its zone's), either way round: as set
+    /// for the pair, else within a zone, across zones of a region, or across regions.
     pub fn between(&self, a: &str, b: &str) -> Link {
-        let (a, b) = (zone_of_pool(a), zone_of_pool(b));
         let (x, y) = ordered(a, b);
         // A scan, not a keyed lookup: the planner asks this for every placement it prices, and
         // a key of owned names would allocate each time; there are a few pairs at most.
@@ -176,37 +169,9 @@ impl Links {
     }
 }
 
-/// Whether `zone` is 1 to [`MAX_ZONE_NAME`] characters of `a-z`, `0-9`, `-`, `_` or `.`.
-pub fn valid_zone_name(zone: &str) -> bool {
-    (1..=MAX_ZONE_NAME).contains(&zone.len())
-        && zone
-            .bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
-}
-
-/// The zone of `pool`, named `ZONE` or `ZONE/TYPE`.
-pub fn zone_of_pool(pool: &str) -> &str {
-    pool.split_once('/').map_or(pool, |(zone, _)| zone)
-}
-
 /// The price of `pool` from `price_of` (by name): its own, else its zone's.
-pub fn pool_price(pool: &str, price_of: impl Fn(&str) -> Option<f64>) -> Option<f64> {
-    price_of(pool).or_else(|| price_of(zone_of_pool(pool)))
-}
-
-/// Whether `pool` is a valid zone, or `ZONE/TYPE` with a valid zone and a type of 1 to
-/// [`MAX_TYPE_NAME`] characters of `A-Z`, `a-z`, `0-9`, `-`, `_` or `.`.
-pub fn valid_pool_name(pool: &str) -> bool {
-    match pool.split_once('/') {
-        None => valid_zone_name(pool),
-        Some((zone, kind)) => {
-            valid_zone_name(zone)
-                && (1..=MAX_TYPE_NAME).contains(&kind.len())
-                && kind
-                    .bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
-        }
-    }
+pub fn pool_price(pool: &Pool, price_of: impl Fn(&str) -> Option<f64>) -> Option<f64> {
+    price_of(&pool.to_string()).or_else(|| price_of(pool.zone()))
 }
 
 fn ordered<'a>(a: &'a str, b: &'a str) -> (&'a str, &'a str) {
@@ -218,7 +183,7 @@ fn parse_pair(text: &str) -> Result<(String, String, Link), LinkError> {
     let (zones, figures) = text.split_once('=').ok_or_else(format)?;
     let (a, b) = zones.split_once('/').ok_or_else(format)?;
     for zone in [a, b] {
-        if !valid_zone_name(zone) {
+        if check_zone(zone).is_err() {
             return Err(LinkError::Zone {
                 text: text.into(),
                 zone: zone.into(),

@@ -3,8 +3,33 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::fleet::Plans;
 use super::throughput::ThroughputTable;
+
+/// What to plan for as a user says it, in a node's configuration (`[planner] objective`) or on
+/// a command line (`--objective`): [`Objective`] is the same choice with the pools' prices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectiveKind {
+    /// The most samples.
+    #[default]
+    Samples,
+    /// The most samples per dollar.
+    SamplesPerDollar,
+}
+
+impl ObjectiveKind {
+    /// Its name in configuration files, flags and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Samples => "samples",
+            Self::SamplesPerDollar => "samples-per-dollar",
+        }
+    }
+}
 
 /// What a zone-aware planner plans for: the user's choice.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -22,6 +47,14 @@ pub enum Objective {
 }
 
 impl Objective {
+    /// Which choice it is.
+    pub fn kind(&self) -> ObjectiveKind {
+        match self {
+            Self::Samples => ObjectiveKind::Samples,
+            Self::SamplesPerDollar { .. } => ObjectiveKind::SamplesPerDollar,
+        }
+    }
+
     /// The pools' prices a fleet lays its plans out by (`None`: for samples).
     pub fn prices(&self) -> Option<&[f64]> {
         match self {

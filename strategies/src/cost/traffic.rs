@@ -2,7 +2,9 @@
 //! pools of a fleet by index over a table of the links between them, so pricing a placement
 //! compares no names (the planner prices thousands of placements a decision).
 
-use super::links::{GRADIENT_BYTES_PER_PARAM, Link, Links, zone_of_pool};
+use parcae_pool::Pool;
+
+use super::links::{GRADIENT_BYTES_PER_PARAM, Link, Links};
 use super::spec::ModelSpec;
 
 /// Bytes of a billed GB (the clouds' price lists bill decimal gigabytes).
@@ -18,31 +20,29 @@ pub struct LinkTable {
     /// `crosses[a * pools + b]`: whether `a` and `b` lie in two zones (traffic between them is
     /// billed).
     crosses: Vec<bool>,
-    /// Each pool's place in the order of the pools' names: a ring visits its members in it, so
-    /// each zone's members are neighbours (a pool's name begins with its zone's and a `/`,
-    /// which no zone name holds).
+    /// Each pool's place in the pools' order (by zone, then instance type): a ring visits its
+    /// members in it, so each zone's members are neighbours.
     rank: Vec<usize>,
 }
 
 impl LinkTable {
-    /// The links of `links` between the pools named `pools`.
-    pub fn new<S: AsRef<str>>(links: &Links, pools: &[S]) -> Self {
-        let names: Vec<&str> = pools.iter().map(AsRef::as_ref).collect();
-        let n = names.len();
+    /// The links of `links` between `pools`.
+    pub fn new(links: &Links, pools: &[Pool]) -> Self {
+        let n = pools.len();
         let mut table = Self {
             pools: n,
             links: Vec::with_capacity(n * n),
             crosses: Vec::with_capacity(n * n),
             rank: vec![0; n],
         };
-        for &a in &names {
-            for &b in &names {
-                table.links.push(links.between(a, b));
-                table.crosses.push(zone_of_pool(a) != zone_of_pool(b));
+        for a in pools {
+            for b in pools {
+                table.links.push(links.between(a.zone(), b.zone()));
+                table.crosses.push(!a.shares_zone(b));
             }
         }
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&i| names[i]);
+        order.sort_by_key(|&i| &pools[i]);
         for (place, i) in order.into_iter().enumerate() {
             table.rank[i] = place;
         }

@@ -5,8 +5,9 @@
 //!   trains taken from the zone-aware layout of the nodes each zone holds
 //!   ([`Layout::ZoneAware`]);
 //! * `zone-blind`: the same rule over the same nodes, planning with the worst device's table
-//!   as if every node were alike and in one zone, and booked at what its layout really trains
-//!   ([`Layout::ZoneBlind`]);
+//!   as if every node were alike and in one zone, its pipelines filled with the nodes in the
+//!   order they joined (a zone-ignorant system's ranks, [`join_orders`]), and booked at what
+//!   that layout really trains ([`Layout::ZoneBlind`]);
 //! * `reactive` over every zone: the zone-aware throughput-optimal plan, restarted from a
 //!   checkpoint on every change in any zone;
 //! * `single-zone-best`: `liveput-zone` on each zone alone, its own nodes and device; the best
@@ -23,10 +24,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::join_order::join_orders;
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::config::ParallelConfig;
 use crate::cost::CostModel;
-use crate::cost::fleet::{Fleet, Layout};
+use crate::cost::fleet::{Fleet, Plans};
 use crate::cost::migration::MigrationEvent;
 use crate::cost::money::machine_hours;
 pub use crate::cost::objective::Objective;
@@ -139,11 +141,31 @@ pub fn compositions(traces: &[Trace]) -> Result<Compositions, FleetTraceError> {
     })
 }
 
+/// How a strategy lays its nodes out.
+#[derive(Clone, Copy, Debug)]
+pub enum Layout<'a> {
+    /// Zone-aware ([`Fleet::plans`]), on each interval's nodes per zone.
+    ZoneAware,
+    /// Zone-blind ([`Fleet::blind_plans`]), on each interval's nodes in the order they joined
+    /// (the zones of `join_order::join_orders`).
+    ZoneBlind(&'a [Arc<[u8]>]),
+}
+
+impl Layout<'_> {
+    /// The plans of interval `i`, whose nodes per zone are `counts[i]`.
+    pub fn plans(self, fleet: &mut Fleet, counts: &[Vec<u32>], i: usize) -> Arc<Plans> {
+        match self {
+            Layout::ZoneAware => fleet.plans(&counts[i]),
+            Layout::ZoneBlind(joined) => fleet.blind_plans(&joined[i]),
+        }
+    }
+}
+
 /// The tables a fleet strategy plans by and is booked at.
 struct FleetSpeeds<'a> {
     fleet: &'a mut Fleet,
     counts: &'a [Vec<u32>],
-    layout: Layout,
+    layout: Layout<'a>,
     /// A table the strategy believes whatever the composition (the zone-blind planner's); else
     /// the composition's own, as `objective` weighs it.
     believed: Option<Arc<ThroughputTable>>,
@@ -155,7 +177,7 @@ struct FleetSpeeds<'a> {
 
 impl Speeds for FleetSpeeds<'_> {
     fn at(&mut self, i: usize) -> (Arc<ThroughputTable>, Arc<ThroughputTable>) {
-        let plans = self.fleet.plans(self.layout, &self.counts[i]);
+        let plans = self.layout.plans(self.fleet, self.counts, i);
         let believed = match &self.believed {
             Some(table) => table.clone(),
             None => self.objective.table(&plans, &self.counts[i]),
@@ -176,9 +198,9 @@ impl Speeds for FleetSpeeds<'_> {
                 event: trace.seen_at(i, first),
             })
             .collect();
-        let (fleet, layout, objective) = (&mut *self.fleet, self.layout, self.objective);
+        let (fleet, objective) = (&mut *self.fleet, self.objective);
         let ahead = self.forecasts.lookahead(&now, horizon, |counts| {
-            objective.table(&fleet.plans(layout, counts), counts)
+            objective.table(&fleet.plans(counts), counts)
         });
         Some(ahead)
     }
@@ -193,17 +215,18 @@ impl Speeds for FleetSpeeds<'_> {
         if first || i == 0 || ev.from.is_idle() {
             return ev;
         }
-        let (before, after, layout) = (&self.counts[i - 1], &self.counts[i], self.layout);
-        let used = |fleet: &mut Fleet, counts: &[u32], config: ParallelConfig| {
-            let plans = fleet.plans(layout, counts);
+        let (counts, layout) = (self.counts, self.layout);
+        let before = &counts[i - 1];
+        let used = |fleet: &mut Fleet, i: usize, config: ParallelConfig| {
+            let plans = layout.plans(fleet, counts, i);
             plans
                 .placements
                 .get(&config)
-                .map(|placed| placed.nodes_per_zone(counts.len()))
+                .map(|placed| placed.nodes_per_zone(before.len()))
         };
         let (Some(from), to) = (
-            used(self.fleet, before, ev.from),
-            used(self.fleet, after, to).unwrap_or_default(),
+            used(self.fleet, i - 1, ev.from),
+            used(self.fleet, i, to).unwrap_or_default(),
         ) else {
             return ev;
         };
@@ -268,16 +291,17 @@ pub fn simulate_fleet(
         .map(|i| i.nodes)
         .max()
         .unwrap_or(0);
-    let aware = fleet.plans(Layout::ZoneAware, &most).table.clone();
+    let aware = fleet.plans(&most).table.clone();
     let interval_secs = comps.pooled.interval_secs;
     let believed = Arc::new(fleet.uniform_table(&fleet.worst().clone(), total));
     let union = ThroughputTable::from_rows(believed.configs().chain(aware.configs()));
     let setup = setup(fleet, union, lookahead, seed);
     let held = held_hours(&comps.counts[range.clone()], interval_secs);
+    let joined = join_orders(traces, comps.counts.len(), seed);
     let mut runs = Vec::new();
     for (name, layout, belief) in [
         ("liveput-zone", Layout::ZoneAware, None),
-        ("zone-blind", Layout::ZoneBlind, Some(believed)),
+        ("zone-blind", Layout::ZoneBlind(&joined), Some(believed)),
         ("reactive", Layout::ZoneAware, None),
     ] {
         let strategy = match name {
@@ -353,7 +377,7 @@ fn best_single_zone(
             held_node_hours: node_hours.clone(),
             node_hours,
             egress_usd: 0.0,
-            zone: Some(zone.name.clone()),
+            zone: Some(zone.pool.to_string()),
         };
         if best.as_ref().is_none_or(|b| value(&alone) > value(b)) {
             best = Some(alone);
@@ -412,7 +436,7 @@ fn held_hours(counts: &[Vec<u32>], interval_secs: u64) -> Vec<f64> {
 /// placement's egress per sample.
 fn egress(
     fleet: &mut Fleet,
-    layout: Layout,
+    layout: Layout<'_>,
     counts: &[Vec<u32>],
     run: &StrategyRun,
     start: usize,
@@ -422,7 +446,7 @@ fn egress(
     for (k, (config, cumulative)) in run.configs.iter().zip(&run.cumulative).enumerate() {
         let samples = cumulative - before;
         before = *cumulative;
-        let plans = fleet.plans(layout, &counts[start + k]);
+        let plans = layout.plans(fleet, counts, start + k);
         if let Some(placed) = plans.placements.get(config) {
             usd += samples * placed.egress_usd_per_sample;
         }
@@ -435,7 +459,7 @@ fn egress(
 /// configuration has no placement there, as while it migrates).
 pub fn nodes_used(
     fleet: &mut Fleet,
-    layout: Layout,
+    layout: Layout<'_>,
     counts: &[Vec<u32>],
     run: &StrategyRun,
     start: usize,
@@ -445,7 +469,7 @@ pub fn nodes_used(
         .iter()
         .enumerate()
         .map(|(k, config)| {
-            let plans = fleet.plans(layout, &counts[start + k]);
+            let plans = layout.plans(fleet, counts, start + k);
             plans
                 .placements
                 .get(config)

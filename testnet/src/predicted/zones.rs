@@ -53,11 +53,15 @@ pub fn simulate(
     let base = DeviceCosts::profiled(&emulated.spec, profile, emulated.hardware.memory_mb);
     let fleet_zones = zones
         .iter()
-        .map(|z| Zone {
-            name: z.name.to_string(),
-            device: base.derived(&format!("{profile}x{}", z.speed), z.speed, base.memory_mb),
+        .map(|z| {
+            Ok(Zone {
+                pool: z.name.parse()?,
+                device: base.derived(&format!("{profile}x{}", z.speed), z.speed, base.memory_mb),
+            })
         })
-        .collect();
+        .collect::<Result<_, parcae_pool::PoolError>>()
+        .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
+        .ok()?;
     let mut fleet = Fleet::new(emulated.spec, fleet_zones, Links::default())
         .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
         .ok()?;

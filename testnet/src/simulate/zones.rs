@@ -5,14 +5,16 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use parcae_pool::Pool;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::advice::advise;
 use parcae_strategies::cost::analytic::Hardware;
-use parcae_strategies::cost::fleet::{Fleet, Layout, Zone};
-use parcae_strategies::cost::links::{Links, valid_pool_name};
+use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
+use parcae_strategies::cost::objective::ObjectiveKind;
 use parcae_strategies::sim::fleet::{
-    FleetRun, Objective, compositions, nodes_used, simulate_fleet,
+    FleetRun, Layout, Objective, compositions, nodes_used, simulate_fleet,
 };
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
@@ -29,8 +31,8 @@ const MAX_MEMORY_GIB: f64 = 4096.0;
 /// instance type in a zone (`ZONE/TYPE`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ZoneSpec {
-    /// The zone's name, or the pool's (`ZONE/TYPE`).
-    pub name: String,
+    /// The zone, or the pool (`ZONE/TYPE`).
+    pub pool: Pool,
     /// Its trace (a file or `synthetic:...`).
     pub trace: String,
     /// Its device's speed against the model's profiled device.
@@ -46,12 +48,9 @@ pub fn parse_zone(text: &str) -> Result<ZoneSpec> {
     let (name, rest) = text
         .split_once('=')
         .with_context(|| format!("zone {text:?}: {usage}"))?;
-    if !valid_pool_name(name) {
-        bail!(
-            "zone {text:?}: the name {name:?} must be a zone of 1 to 64 characters of a-z, 0-9, \
-             '-', '_' or '.', or ZONE/TYPE with a type of 1 to 64 of A-Z, a-z, 0-9, '-', '_' or '.'"
-        );
-    }
+    let pool: Pool = name.parse().map_err(|e| {
+        anyhow::anyhow!("zone {text:?}: the name {name:?} is not a ZONE or ZONE/TYPE: {e}")
+    })?;
     let (trace, device) = match rest.rsplit_once('@') {
         Some((trace, device)) => (trace, Some(device)),
         None => (rest, None),
@@ -90,20 +89,11 @@ pub fn parse_zone(text: &str) -> Result<ZoneSpec> {
         }
     };
     Ok(ZoneSpec {
-        name: name.into(),
+        pool,
         trace: trace.into(),
         speed,
         memory_gib,
     })
-}
-
-/// `--objective`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ObjectiveArg {
-    /// The most samples.
-    Samples,
-    /// The most samples per dollar.
-    SamplesPerDollar,
 }
 
 /// What `--zones` needs from `simulate`'s options.
@@ -111,7 +101,7 @@ pub struct FleetArgs<'a> {
     pub zones: &'a [String],
     pub links: &'a [String],
     pub prices: &'a [String],
-    pub objective: ObjectiveArg,
+    pub objective: ObjectiveKind,
     pub model: &'a CostModel,
     pub model_name: &'a str,
     pub interval_secs: u64,
@@ -204,14 +194,14 @@ pub fn run(args: FleetArgs) -> Result<()> {
     for link in args.links {
         links.set(link)?;
     }
-    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-    let prices = zone_prices(args.prices, &names)?;
+    let pools: Vec<Pool> = specs.iter().map(|s| s.pool.clone()).collect();
+    let prices = zone_prices(args.prices, &pools)?;
     let objective = match (args.objective, &prices) {
-        (ObjectiveArg::Samples, _) => Objective::Samples,
-        (ObjectiveArg::SamplesPerDollar, Some(p)) => Objective::SamplesPerDollar {
+        (ObjectiveKind::Samples, _) => Objective::Samples,
+        (ObjectiveKind::SamplesPerDollar, Some(p)) => Objective::SamplesPerDollar {
             usd_per_node_hour: p.clone(),
         },
-        (ObjectiveArg::SamplesPerDollar, None) => {
+        (ObjectiveKind::SamplesPerDollar, None) => {
             bail!("--objective samples-per-dollar needs --price-spot for every zone")
         }
     };
@@ -225,11 +215,11 @@ pub fn run(args: FleetArgs) -> Result<()> {
     for z in &specs {
         traces.push(
             trace::load(&z.trace, args.interval_secs)
-                .with_context(|| format!("zone {}", z.name))?,
+                .with_context(|| format!("zone {}", z.pool))?,
         );
         let memory_mb = z.memory_gib.map_or(base.memory_mb, |g| g * 1024.0);
         zones.push(Zone {
-            name: z.name.clone(),
+            pool: z.pool.clone(),
             device: base.derived(
                 &format!("{}x{}", args.model_name, z.speed),
                 z.speed,
@@ -259,7 +249,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
         args.seed,
         &objective,
     )?;
-    let rows = rows(&runs, &names, prices.as_deref());
+    let rows = rows(&runs, &pools, prices.as_deref());
     print_rows(&specs, args.model_name, range.len(), &rows);
     if let Some(path) = args.plot {
         plot(
@@ -278,16 +268,13 @@ pub fn run(args: FleetArgs) -> Result<()> {
             intervals: range.len(),
             interval_secs: args.interval_secs,
             node_default: parcae_strategies::sim::NODE_DEFAULT,
-            objective: match args.objective {
-                ObjectiveArg::Samples => "samples",
-                ObjectiveArg::SamplesPerDollar => "samples-per-dollar",
-            },
+            objective: args.objective.as_str(),
             zones: specs
                 .iter()
                 .zip(fleet.zones())
                 .enumerate()
                 .map(|(i, (s, z))| ZoneJson {
-                    name: s.name.clone(),
+                    name: s.pool.to_string(),
                     trace: s.trace.clone(),
                     speed: s.speed,
                     memory_gib: z.device.memory_mb / 1024.0,
@@ -336,7 +323,7 @@ fn last_advice(
         .into_iter()
         .enumerate()
         .map(|(z, a)| AdviceJson {
-            pool: fleet.zones()[z].name.clone(),
+            pool: fleet.zones()[z].pool.to_string(),
             nodes_now: held[z],
             nodes_used: used[z],
             action: a.action.as_str(),
@@ -356,12 +343,12 @@ fn plot(
     runs: &[FleetRun],
 ) -> Result<()> {
     let (counts, used) = ours_on_pools(fleet, traces, range.clone(), runs)?;
-    let zones: Vec<ZoneLine> = fleet
-        .zones()
+    let names: Vec<String> = fleet.zones().iter().map(|z| z.pool.to_string()).collect();
+    let zones: Vec<ZoneLine> = names
         .iter()
         .enumerate()
-        .map(|(z, zone)| ZoneLine {
-            name: &zone.name,
+        .map(|(z, name)| ZoneLine {
+            name,
             held: counts[range.clone()].iter().map(|c| c[z]).collect(),
             used: used.iter().map(|u| u[z]).collect(),
         })
@@ -372,7 +359,7 @@ fn plot(
     fleet_simulation(path, &title, interval_secs, &zones, &runs)
 }
 
-fn rows(runs: &[FleetRun], names: &[&str], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
+fn rows(runs: &[FleetRun], pools: &[Pool], prices: Option<&[f64]>) -> Vec<FleetStrategyJson> {
     let samples = |name: &str| {
         runs.iter()
             .find(|r| r.run.name == name)
@@ -392,11 +379,11 @@ fn rows(runs: &[FleetRun], names: &[&str], prices: Option<&[f64]>) -> Vec<FleetS
                 node_hours: r.node_hours.iter().sum(),
                 held_node_hours: r.held_node_hours.iter().sum(),
                 egress_usd: r.egress_usd,
-                pools: names
+                pools: pools
                     .iter()
                     .enumerate()
-                    .map(|(z, name)| PoolLedgerJson {
-                        name: (*name).to_owned(),
+                    .map(|(z, pool)| PoolLedgerJson {
+                        name: pool.to_string(),
                         held_node_hours: r.held_node_hours.get(z).copied().unwrap_or(0.0),
                         billed_node_hours: r.node_hours.get(z).copied().unwrap_or(0.0),
                         usd: prices.and_then(|p| Some(p.get(z)? * r.node_hours.get(z)?)),
@@ -422,7 +409,7 @@ fn print_rows(specs: &[ZoneSpec], model: &str, intervals: usize, rows: &[FleetSt
             .map_or("profiled".into(), |g| format!("{g} GiB"));
         println!(
             "  {:<16} {} (device x{}, memory {memory})",
-            z.name, z.trace, z.speed
+            z.pool, z.trace, z.speed
         );
     }
     let show = |x: Option<f64>, digits: usize| x.map_or("-".into(), |v| format!("{v:.digits$}"));
@@ -473,7 +460,7 @@ mod tests {
     #[test]
     fn a_zone_names_its_trace_and_device() {
         let z = parse_zone("us-east-1b=synthetic:quiet:2@1.5/24").unwrap();
-        assert_eq!(z.name, "us-east-1b");
+        assert_eq!(z.pool.to_string(), "us-east-1b");
         assert_eq!(z.trace, "synthetic:quiet:2");
         assert_eq!(z.speed, 1.5);
         assert_eq!(z.memory_gib, Some(24.0));
@@ -502,7 +489,8 @@ mod tests {
     #[test]
     fn a_pool_is_a_zone_and_an_instance_type() {
         let pool = parse_zone("a/g5.xlarge=t@0.6/24").unwrap();
-        assert_eq!((pool.name.as_str(), pool.speed), ("a/g5.xlarge", 0.6));
+        assert_eq!(pool.pool.instance_type(), Some("g5.xlarge"));
+        assert_eq!((pool.pool.zone(), pool.speed), ("a", 0.6));
         for bad in ["a/=t", "a/p3 2x=t", "A/p3=t"] {
             let err = parse_zone(bad).unwrap_err().to_string();
             assert!(err.contains("ZONE/TYPE"), "{bad}: {err}");

@@ -9,6 +9,7 @@ use std::time::Instant;
 use actix::prelude::*;
 use libp2p::PeerId;
 use parcae_consensus::{Command, StepError};
+use parcae_pool::{check_instance_type, check_zone};
 
 use super::{
     ControlDriver, MAX_CLOCK_REFUSALS_SHOWN, MAX_DIAL_BACK_ADDRS, MAX_NOTICES_SHOWN, node_id,
@@ -215,14 +216,21 @@ impl Handler<CloudPlacement> for ControlDriver {
 
     /// The cloud's word on where this machine runs fills what the configuration left empty
     /// (`[placement]`, `--zone`, `--instance-type` win); the next membership check joins again
-    /// with the new record.
+    /// with the new record. A name the pool rule refuses is left out (the cluster would refuse
+    /// the record), with a warning.
     fn handle(&mut self, found: CloudPlacement, _: &mut Context<Self>) {
         let placement = &mut self.config.placement;
         if placement.zone.is_empty() {
-            placement.zone = found.zone;
+            match check_zone(&found.zone) {
+                Ok(()) => placement.zone = found.zone,
+                Err(e) => tracing::warn!("the cloud's zone is not used: {e}"),
+            }
         }
         if placement.instance_type.is_empty() {
-            placement.instance_type = found.instance_type;
+            match check_instance_type(&found.instance_type) {
+                Ok(()) => placement.instance_type = found.instance_type,
+                Err(e) => tracing::warn!("the cloud's instance type is not used: {e}"),
+            }
         }
         tracing::info!(
             zone = placement.zone,

@@ -28,14 +28,23 @@ fn shape() -> JobShape {
 fn cluster(zones: &[&str]) -> ControlState {
     let members: Vec<Member> = zones
         .iter()
-        .map(|zone| Member {
-            zone: zone.split('/').next().unwrap_or_default().into(),
-            instance_type: zone.split_once('/').map_or("", |(_, t)| t).into(),
-            speed: if zone.split('/').any(|part| part == "fast") {
-                2.0
-            } else {
-                1.0
-            },
+        .map(|name| {
+            // "" for a member that names no zone.
+            let pool: Option<Pool> = (!name.is_empty()).then(|| name.parse().unwrap());
+            let zone = pool.as_ref().map_or("", Pool::zone);
+            let kind = pool
+                .as_ref()
+                .and_then(Pool::instance_type)
+                .unwrap_or_default();
+            Member {
+                zone: zone.into(),
+                instance_type: kind.into(),
+                speed: if zone == "fast" || kind == "fast" {
+                    2.0
+                } else {
+                    1.0
+                },
+            }
         })
         .collect();
     crate::planner::bench::cluster(&members, LAYERS, 0).unwrap()
@@ -61,7 +70,10 @@ fn each_zone_is_priced_at_what_its_own_nodes_measured() {
     assert_eq!(z.node_zones, vec![0, 0, 0, 0, 1, 1, 1, 1]);
     let fleet = fleets.fleet.as_ref().unwrap();
     let (fast, slow) = (&fleet.zones()[0], &fleet.zones()[1]);
-    assert_eq!((fast.name.as_str(), slow.name.as_str()), ("fast", "slow"));
+    assert_eq!(
+        (fast.pool.to_string(), slow.pool.to_string()),
+        ("fast".to_string(), "slow".to_string())
+    );
     assert_eq!(fast.device.layers[3].forward_ms, 5.0);
     assert_eq!(slow.device.layers[3].forward_ms, 10.0);
     // The strategy chooses on the zones' table: a pipeline over both zones, split unevenly,
@@ -222,7 +234,7 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
         zones.iter().map(|(z, p)| ((*z).to_string(), *p)).collect()
     };
     let both = prices(&[("fast", 3.0), ("slow", 1.0)]);
-    let mut dollars = FleetCache::new(Objective::SamplesPerDollar, both.clone(), 1.0);
+    let mut dollars = FleetCache::new(ObjectiveKind::SamplesPerDollar, both.clone(), 1.0);
     let z = zoned(&state, &mut dollars).expect("two named zones");
     let (mut crossing, mut alone) = (0, 0);
     for (config, placed) in &z.plans.placements {
@@ -249,9 +261,9 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
     let six = |zones: &[(&'static str, f64)]| -> Vec<(&'static str, f64)> {
         zones.iter().map(|(z, p)| (*z, p * 6.0)).collect()
     };
-    let mut scaled = FleetCache::new(Objective::SamplesPerDollar, both.clone(), 6.0);
+    let mut scaled = FleetCache::new(ObjectiveKind::SamplesPerDollar, both.clone(), 6.0);
     let mut pricier = FleetCache::new(
-        Objective::SamplesPerDollar,
+        ObjectiveKind::SamplesPerDollar,
         prices(&six(&[("fast", 3.0), ("slow", 1.0)])),
         1.0,
     );
@@ -268,8 +280,12 @@ fn a_dollar_objective_weighs_what_crosses_zones_where_every_zone_is_priced() {
     }
     // Planning for samples, or with a zone unpriced, the strategy chooses on the plans' rates.
     for mut fleets in [
-        FleetCache::new(Objective::Samples, both.clone(), 1.0),
-        FleetCache::new(Objective::SamplesPerDollar, prices(&[("fast", 3.0)]), 1.0),
+        FleetCache::new(ObjectiveKind::Samples, both.clone(), 1.0),
+        FleetCache::new(
+            ObjectiveKind::SamplesPerDollar,
+            prices(&[("fast", 3.0)]),
+            1.0,
+        ),
     ] {
         let z = zoned(&state, &mut fleets).expect("two named zones");
         for (config, placed) in &z.plans.placements {
@@ -313,9 +329,14 @@ fn two_instance_types_in_one_zone_are_two_pools_on_the_zone_s_free_link() {
     let prices: BTreeMap<String, f64> = [("a".to_string(), 1.0), ("a/fast".to_string(), 3.0)]
         .into_iter()
         .collect();
-    let priced = FleetCache::new(Objective::SamplesPerDollar, prices, 1.0);
+    let priced = FleetCache::new(ObjectiveKind::SamplesPerDollar, prices, 1.0);
     assert_eq!(
-        priced.objective(&names),
+        priced.objective(
+            &names
+                .iter()
+                .map(|n| n.parse().unwrap())
+                .collect::<Vec<Pool>>()
+        ),
         objective::Objective::SamplesPerDollar {
             usd_per_node_hour: vec![3.0, 1.0]
         }
@@ -380,7 +401,7 @@ fn planned_for_dollars_a_dear_pool_is_left_idle_and_status_advises_releasing_it(
     let prices: BTreeMap<String, f64> = [("fast".to_string(), 3.0), ("slow".to_string(), 1.0)]
         .into_iter()
         .collect();
-    let mut fleets = FleetCache::new(Objective::SamplesPerDollar, prices, 1.0);
+    let mut fleets = FleetCache::new(ObjectiveKind::SamplesPerDollar, prices, 1.0);
     let decision = reactive_decision(&state, &mut fleets);
     let plan = decision.plan.expect("a plan");
     let fleet = decision.fleet.expect("planned over pools");

@@ -1,31 +1,62 @@
 //! The zone-blind planner's layout (Parcae's, run over every zone at once): the worst device's
-//! split, nodes taken from every zone present in turn, and the ring over the zones it spans.
+//! split over the nodes in the order they joined, whatever their zone (a zone-ignorant system
+//! ranks its workers by registration), and the ring over the zones those nodes are in.
 
-use super::{Fleet, Placement};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Fleet, MAX_COMPOSITIONS, Placement, Plans};
+use crate::config::ParallelConfig;
 use crate::cost::links::Link;
-use crate::cost::mixed::balanced_bounds;
+use crate::cost::mixed::{DeviceCosts, balanced_bounds};
+use crate::cost::throughput::ThroughputTable;
 use crate::cost::traffic::Pipelines;
 
 impl Fleet {
-    /// The zone-blind planner's `(d, p)`: the worst device's split, nodes taken from every zone
-    /// present in turn, paced by the slowest kind present.
-    pub(super) fn zone_blind(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
-        let present: Vec<usize> = (0..counts.len()).filter(|&z| counts[z] > 0).collect();
-        if present.is_empty() || counts.iter().sum::<u32>() < d * p {
-            return None;
+    /// The zone-blind plans of the nodes whose zones (the fleet's indices) are `joined`, in the
+    /// order they joined (memoised).
+    pub fn blind_plans(&mut self, joined: &[u8]) -> Arc<Plans> {
+        if let Some(plans) = self.blind_memo.get(joined) {
+            return plans.clone();
         }
-        let bounds = balanced_bounds(&self.spec, &vec![&self.worst; p as usize])?;
-        let mut left = counts.to_vec();
-        let mut slots = Vec::with_capacity((d * p) as usize);
-        let mut turn = 0;
-        while slots.len() < (d * p) as usize {
-            let z = present[turn % present.len()];
-            turn += 1;
-            if left[z] > 0 {
-                left[z] -= 1;
-                slots.push(z);
-            }
+        if self.blind_memo.len() >= MAX_COMPOSITIONS {
+            self.blind_memo.clear();
         }
+        let zones = self.zones.len();
+        let total = if joined.iter().all(|&z| usize::from(z) < zones) {
+            joined.len() as u32
+        } else {
+            0
+        };
+        let mut splits: HashMap<u32, Option<Vec<usize>>> = HashMap::new();
+        let plans = self.plans_of(total, |fleet, d, p| {
+            let bounds = splits
+                .entry(p)
+                .or_insert_with(|| balanced_bounds(&fleet.spec, &vec![&fleet.worst; p as usize]))
+                .clone()?;
+            fleet.zone_blind(joined, bounds, d, p)
+        });
+        self.blind_memo.insert(joined.into(), plans.clone());
+        plans
+    }
+
+    /// The zone-blind planner's `(d, p)` on the worst device's split `bounds`: the first `d p`
+    /// nodes to join, `p` at a time a pipeline, paced by the slowest kind among them.
+    fn zone_blind(
+        &mut self,
+        joined: &[u8],
+        bounds: Vec<usize>,
+        d: u32,
+        p: u32,
+    ) -> Option<Placement> {
+        let slots: Vec<usize> = joined
+            .get(..(d * p) as usize)?
+            .iter()
+            .map(|&z| usize::from(z))
+            .collect();
+        let mut present = slots.clone();
+        present.sort_unstable();
+        present.dedup();
         // Consecutive pipelines of one shape as one entry.
         let mut pipelines: Vec<Pipelines> = Vec::new();
         for pools in slots.chunks(p as usize) {
@@ -37,25 +68,59 @@ impl Fleet {
                 }),
             }
         }
-        let spans = present.len() > 1 && d * p > 1;
         let link = match present.as_slice() {
-            [z] => self.link(*z, *z),
+            [_] => self.links.within,
             _ => self.slowest_ring_link(&present),
-        };
-        let (ring, boundary) = if spans {
-            (link, link)
-        } else {
-            (self.links.within, self.links.within)
         };
         let mut rate = f64::INFINITY;
         for &z in &present {
-            let devices = vec![&self.zones[z].device; p as usize];
-            rate = rate.min(
-                self.rate(&devices, &bounds, d, ring, boundary)
-                    .unwrap_or(0.0),
-            );
+            rate = rate.min(self.blind_rate(z, &bounds, d, link));
         }
         Some(self.placement(pipelines, bounds, rate, d, None))
+    }
+
+    /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds`, their ring
+    /// and activations over `link` (memoised by the zone, `d`, `p` and the link).
+    fn blind_rate(&mut self, z: usize, bounds: &[usize], d: u32, link: Link) -> f64 {
+        let p = (bounds.len() - 1) as u32;
+        let key = (
+            z,
+            d,
+            p,
+            link.gbit_per_s.to_bits(),
+            link.latency_ms.to_bits(),
+        );
+        if let Some(rate) = self.blind_rates.get(&key) {
+            return *rate;
+        }
+        let devices = vec![&self.zones[z].device; p as usize];
+        let rate = self.rate(&devices, bounds, d, link, link).unwrap_or(0.0);
+        self.blind_rates.insert(key, rate);
+        rate
+    }
+
+    /// The table of a cluster of `max_nodes` nodes of one `device` in one zone, split as the
+    /// zone-aware planner splits a zone pipeline: what a planner of one zone (or one that
+    /// believes its nodes alike) plans with.
+    pub fn uniform_table(&self, device: &DeviceCosts, max_nodes: u32) -> ThroughputTable {
+        let link = self.links.within;
+        let mut rows = Vec::new();
+        for &p in &self.spec.depths {
+            let devices = vec![device; p as usize];
+            let Some(bounds) = balanced_bounds(&self.spec, &devices) else {
+                continue;
+            };
+            for d in 1..=max_nodes / p.max(1) {
+                if !self.spec.admits(d, p) {
+                    continue;
+                }
+                let rate = self.rate(&devices, &bounds, d, link, link);
+                if let Some(rate) = rate {
+                    rows.push((ParallelConfig::new(d, p), rate));
+                }
+            }
+        }
+        ThroughputTable::from_rows(rows)
     }
 
     /// The slowest link of a ring over `zones` (each zone's own link when it is alone).

@@ -14,7 +14,7 @@ fn gpt() -> ModelSpec {
 
 fn zone(name: &str, device: DeviceCosts) -> Zone {
     Zone {
-        name: name.into(),
+        pool: name.parse().unwrap(),
         device,
     }
 }
@@ -32,6 +32,21 @@ fn two_kinds(speed: f64) -> Fleet {
     .unwrap()
 }
 
+/// The zones of `counts[z]` nodes of each zone `z`, joined one from each zone in turn.
+fn alternating(counts: &[u32]) -> Vec<u8> {
+    let mut left = counts.to_vec();
+    let mut joined = Vec::new();
+    while left.iter().any(|&n| n > 0) {
+        for (z, n) in left.iter_mut().enumerate() {
+            if *n > 0 {
+                *n -= 1;
+                joined.push(z as u8);
+            }
+        }
+    }
+    joined
+}
+
 fn sizes(bounds: &[usize]) -> Vec<usize> {
     bounds.windows(2).map(|w| w[1] - w[0]).collect()
 }
@@ -40,8 +55,8 @@ fn sizes(bounds: &[usize]) -> Vec<usize> {
 fn uneven_stages_on_unequal_devices_beat_the_worst_devices_split() {
     let mut fleet = two_kinds(2.0);
     let c = ParallelConfig::new(2, 8);
-    let aware = fleet.plans(Layout::ZoneAware, &[8, 8]);
-    let blind = fleet.plans(Layout::ZoneBlind, &[8, 8]);
+    let aware = fleet.plans(&[8, 8]);
+    let blind = fleet.blind_plans(&alternating(&[8, 8]));
     let (a, b) = (&aware.placements[&c], &blind.placements[&c]);
     let a_zones = a.slot_zones();
     // Two pipelines of four V100 stages and four fast ones: the fast stages hold more layers.
@@ -73,7 +88,7 @@ fn with_one_kind_pipelines_stay_in_the_fewest_zones_and_pay_no_egress() {
     let zones = vec![zone("a", v100.clone()), zone("b", v100)];
     let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
     let c = ParallelConfig::new(2, 8);
-    let aware = fleet.plans(Layout::ZoneAware, &[16, 10]);
+    let aware = fleet.plans(&[16, 10]);
     let placed = &aware.placements[&c];
     assert!(
         placed.slot_zones().iter().flatten().all(|&z| z == 0),
@@ -81,13 +96,23 @@ fn with_one_kind_pipelines_stay_in_the_fewest_zones_and_pay_no_egress() {
         placed.pipelines
     );
     assert_eq!(placed.egress_usd_per_sample, 0.0);
-    let blind = fleet.plans(Layout::ZoneBlind, &[16, 10]);
+    let blind = fleet.blind_plans(&alternating(&[16, 10]));
     let spread = &blind.placements[&c];
     assert!(spread.egress_usd_per_sample > 0.0);
     assert!(spread.samples_per_sec < placed.samples_per_sec);
+    // Nodes that joined zone by zone: the blind planner's first 16 are all in zone a, as a
+    // zone-ignorant system's first 16 ranks would be.
+    let mut by_zone = vec![0; 16];
+    by_zone.extend([1; 10]);
+    let in_order = &fleet.blind_plans(&by_zone).placements[&c];
+    assert!(in_order.slot_zones().iter().flatten().all(|&z| z == 0));
+    assert_eq!(in_order.egress_usd_per_sample, 0.0);
+    assert!(in_order.samples_per_sec > spread.samples_per_sec);
+    // A zone index past the fleet's lays nothing out.
+    assert!(fleet.blind_plans(&[0, 2, 1]).placements.is_empty());
     // A fleet of one zone plans as the one-zone table does.
     let table = fleet.uniform_table(&fleet.zones()[0].device.clone(), 16);
-    let alone = fleet.plans(Layout::ZoneAware, &[16, 0]);
+    let alone = fleet.plans(&[16, 0]);
     assert_eq!(alone.table.samples_per_sec(c), table.samples_per_sec(c));
     assert!(table.samples_per_sec(c) > 0.0);
 }
@@ -117,14 +142,14 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
     assert_eq!(fleet(five), Some(FleetError::Zones(5)));
     assert_eq!(
         fleet(vec![zone("a", v100.clone()), zone("a", v100.clone())]),
-        Some(FleetError::Duplicate("a".into()))
+        Some(FleetError::Duplicate("a".parse().unwrap()))
     );
     let mut short = v100.clone();
     short.layers.pop();
     assert_eq!(
         fleet(vec![zone("a", short)]),
         Some(FleetError::Layers(
-            "a".into(),
+            "a".parse().unwrap(),
             spec.layers.len() - 1,
             spec.layers.len()
         ))
@@ -156,7 +181,7 @@ fn a_dollar_table_weighs_each_rate_by_its_egress_against_the_bill() {
     let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
     let zones = vec![zone("a", v100), zone("b", fast)];
     let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
-    let plans = fleet.plans(Layout::ZoneAware, &[8, 8]);
+    let plans = fleet.plans(&[8, 8]);
     // 16 nodes at $1 an hour each.
     let (counts, usd) = ([8, 8], [1.0, 1.0]);
     let bill = 16.0 / 3600.0;
@@ -223,8 +248,8 @@ fn staggered_pipelines_hold_a_composition_that_equal_pipelines_do_not() {
     let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
     let c = ParallelConfig::new(3, 8);
     let counts = [14, 10];
-    let aware = fleet.plans(Layout::ZoneAware, &counts);
-    let blind = fleet.plans(Layout::ZoneBlind, &counts);
+    let aware = fleet.plans(&counts);
+    let blind = fleet.blind_plans(&alternating(&counts));
     let placed = &aware.placements[&c];
     // Two orders of zones that differ only at one stage.
     let mut orders = placed.slot_zones();
@@ -254,7 +279,7 @@ fn staggered_pipelines_hold_a_composition_that_equal_pipelines_do_not() {
 #[test]
 fn zone_pipelines_of_a_faster_kind_take_more_of_the_batch() {
     let mut fleet = two_kinds(2.0);
-    let aware = fleet.plans(Layout::ZoneAware, &[16, 16]);
+    let aware = fleet.plans(&[16, 16]);
     // Two pipelines of 16 stages, one in each zone: the twice-as-fast zone's runs about twice
     // the micro-batches, and the batch is still 128 samples.
     let placed = &aware.placements[&ParallelConfig::new(2, 16)];
@@ -275,11 +300,11 @@ fn planned_for_samples_per_dollar_a_plan_may_leave_a_dear_pool_idle() {
     let objective = Objective::SamplesPerDollar {
         usd_per_node_hour: usd.to_vec(),
     };
-    let for_samples = fleet.plans(Layout::ZoneAware, &counts);
+    let for_samples = fleet.plans(&counts);
     let fastest = for_samples.table.best(32);
     assert!(for_samples.placements[&fastest].nodes_per_zone(2)[1] > 0);
     fleet.set_prices(objective.prices());
-    let for_dollars = fleet.plans(Layout::ZoneAware, &counts);
+    let for_dollars = fleet.plans(&counts);
     let table = objective.table(&for_dollars, &counts);
     let chosen = table.best(32);
     let placed = &for_dollars.placements[&chosen];
@@ -306,5 +331,5 @@ fn planned_for_samples_per_dollar_a_plan_may_leave_a_dear_pool_idle() {
     }
     // Back to samples: the first plans again.
     fleet.set_prices(None);
-    assert_eq!(*fleet.plans(Layout::ZoneAware, &counts), *for_samples);
+    assert_eq!(*fleet.plans(&counts), *for_samples);
 }

@@ -1,6 +1,10 @@
 use super::*;
 use crate::cost::builtin::builtin;
 
+fn pools(names: &[&str]) -> Vec<Pool> {
+    names.iter().map(|name| name.parse().unwrap()).collect()
+}
+
 fn gpt() -> ModelSpec {
     builtin("gpt-1.5b").unwrap().0
 }
@@ -17,7 +21,12 @@ fn priced(spec: &ModelSpec, bounds: &[usize], rows: &[&[&str]], links: &Links) -
             count: 1,
         })
         .collect();
-    traffic(spec, bounds, &pipelines, &LinkTable::new(links, &names))
+    traffic(
+        spec,
+        bounds,
+        &pipelines,
+        &LinkTable::new(links, &pools(&names)),
+    )
 }
 
 #[test]
@@ -59,7 +68,7 @@ fn a_plan_that_does_not_match_its_stages_is_refused() {
     let spec = gpt();
     let bounds = spec.partition(4);
     let links = Links::default();
-    let table = LinkTable::new(&links, &["a"]);
+    let table = LinkTable::new(&links, &pools(&["a"]));
     assert!(traffic(&spec, &bounds, &[], &table).is_none());
     assert!(priced(&spec, &bounds, &[&["a"; 3]], &links).is_none());
     assert!(priced(&spec, &[], &[&["a"; 4]], &links).is_none());
@@ -121,7 +130,7 @@ fn pipelines_of_one_shape_counted_once_cost_what_they_cost_listed_one_by_one() {
     let bounds = spec.partition(4);
     let mut links = Links::default();
     links.set("a/c=1,7,0.5").unwrap();
-    let table = LinkTable::new(&links, &["a", "b", "c"]);
+    let table = LinkTable::new(&links, &pools(&["a", "b", "c"]));
     let shapes = [
         Pipelines {
             pools: vec![0, 0, 1, 1],
