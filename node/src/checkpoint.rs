@@ -269,6 +269,7 @@ mod tests {
             at_step: 0,
             joins_before: 0,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         });
         state.progress.last_committed_step = Some(9);
         assert_eq!(may_store(&state, id(1), 10, &(0..3)), Ok(()));

@@ -56,6 +56,8 @@ metrics! {
     notices_published_total: Counter => "Preemption notices this node gossiped.",
     notices_received_total: Counter => "Valid preemption notices received from peers.",
     notices_rejected_total: Counter => "Gossip messages on the notice topic that failed validation.",
+    allreduce_bytes_total: Counter => "Bytes this node sent in gradient all-reduces.",
+    allreduce_cross_zone_bytes_total: Counter => "Of them, bytes sent to a replica in another zone.",
     raft_term: UGauge => "Current raft term.",
     raft_is_leader: UGauge => "1 when this node is the raft leader.",
     raft_commit_index: UGauge => "Highest committed raft log index.",

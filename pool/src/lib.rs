@@ -9,12 +9,18 @@
 //! comes from outside (configuration, flags, cloud metadata, peers): [`Pool::from_str`] and
 //! [`check_zone`] / [`check_instance_type`] say what is wrong with one, never panic.
 //!
+//! [`AllReduce`], how a stage's replicas spread over zones average their gradients, is here
+//! too: the planner chooses it and the replicated plan carries it.
+//!
 //! [`Pool::from_str`]: std::str::FromStr::from_str
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+mod all_reduce;
+pub use all_reduce::AllReduce;
 
 /// Longest zone name (AWS's are ~15 characters: `us-east-1a`, `use1-az4`).
 pub const MAX_ZONE_NAME: usize = 64;

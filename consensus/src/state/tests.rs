@@ -68,6 +68,7 @@ fn plan(epoch: u64, d: u32, p: u32, at_step: u64) -> Plan {
         at_step,
         joins_before: 0,
         batch_shares: Vec::new(),
+        all_reduce: Default::default(),
     }
 }
 

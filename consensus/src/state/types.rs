@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use parcae_pool::{check_instance_type, check_zone};
+use parcae_pool::{AllReduce, check_instance_type, check_zone};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -260,6 +260,8 @@ pub struct Plan {
     /// where they differ (pipelines on devices of unequal speed: the faster take more);
     /// empty: the batch is cut evenly.
     pub batch_shares: Vec<u32>,
+    /// How each stage's replicas average their gradients.
+    pub all_reduce: AllReduce,
 }
 
 impl Plan {

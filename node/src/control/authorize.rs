@@ -108,6 +108,7 @@ mod tests {
             at_step: 0,
             joins_before: 0,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         });
         state
     }

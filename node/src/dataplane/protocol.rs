@@ -22,6 +22,12 @@ pub enum LinkKind {
     Pipeline,
     /// From replica `d` to replica `d + 1` of the same stage: the gradient all-reduce ring.
     Ring,
+    /// From a replica to the next of the same stage in its zone: the ring inside a zone of
+    /// the all-reduce by zone.
+    ZoneRing,
+    /// From a replica to one of the next zone's replicas of the same stage whose part of the
+    /// all-reduce by zone overlaps its own.
+    AcrossZones,
 }
 
 /// The first message on every data-plane connection; says what the connection is for.

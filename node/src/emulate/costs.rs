@@ -10,6 +10,7 @@ use parcae_strategies::cost::analytic::{Hardware, MIB, stage_allreduce_ms};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::profile::{ProfileError, emulated};
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
+use parcae_strategies::cost::traffic::{by_zone_time, share};
 use parcae_strategies::cost::transfer::TransferModel;
 
 /// Slowest a derived emulated device may be against the profiled one.
@@ -68,6 +69,21 @@ pub struct Crossings {
     pub prev: bool,
     /// The stage's replicas are in more than one zone.
     pub ring: bool,
+    /// They all-reduce by zone: how they spread over the zones.
+    pub by_zone: Option<ZoneSpread>,
+}
+
+/// How a stage's replicas spread over zones, as the all-reduce by zone's time depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneSpread {
+    /// Replicas.
+    pub replicas: u32,
+    /// Zones they are in.
+    pub zones: u32,
+    /// Replicas of the zone holding the fewest.
+    pub fewest: u32,
+    /// Replicas of the zone holding the most.
+    pub most: u32,
 }
 
 /// The layers fetched from one live holder, whether that holder is in another zone, and what
@@ -316,7 +332,7 @@ impl Emulation {
                 params,
                 replicas,
                 first_of_several,
-                self.allreduce_mb_per_ms(crossings.ring),
+                self.allreduce_mb_per_ms(crossings),
             )),
             state: self.ms(self.link.cost_ms(self.spec.state_bytes(params))),
         })
@@ -330,13 +346,22 @@ impl Emulation {
     }
 
     /// The all-reduce rate of a ring within a zone (the hardware's, as the simulator has it),
-    /// or of one that spans zones (the cloud's link between them, as the zone-aware planner
-    /// has it), MiB per ms.
-    fn allreduce_mb_per_ms(&self, across: bool) -> f64 {
-        if across {
-            Links::default().across.mib_per_ms()
-        } else {
-            self.hardware.allreduce_mb_per_ms
+    /// of one that spans zones (the cloud's link between them, as the zone-aware planner has
+    /// it), or of the flat ring that takes as long as the all-reduce by zone over the two,
+    /// MiB per ms.
+    fn allreduce_mb_per_ms(&self, crossings: Crossings) -> f64 {
+        let (within, across) = (
+            self.hardware.allreduce_mb_per_ms,
+            Links::default().across.mib_per_ms(),
+        );
+        match crossings.by_zone {
+            Some(spread) => {
+                let inside = share(spread.most) / within;
+                let time = by_zone_time(inside, spread.zones, spread.fewest, across);
+                share(spread.replicas) / time
+            }
+            None if crossings.ring => across,
+            None => within,
         }
     }
 

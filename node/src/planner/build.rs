@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use parcae_consensus::state::{Member, MemberStatus, Plan, StageSlot, ZoneCount, limits};
 use parcae_consensus::{Command, ControlState, NodeId};
+use parcae_pool::AllReduce;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::assign::{Holding, Slot, assign, assign_in_zones};
 use parcae_strategies::cost::CostModel;
@@ -165,6 +166,7 @@ pub fn build_plan(
         at_step,
         joins_before: state.next_join_seq,
         batch_shares: shares,
+        all_reduce: placed.map_or(AllReduce::Ring, |(_, placement)| placement.all_reduce),
     })
 }
 
@@ -269,6 +271,7 @@ mod tests {
             at_step: 4,
             joins_before: 2,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         });
         state.progress.last_committed_step = Some(4);
         let end = |epoch: u64| StepEnd {

@@ -198,6 +198,7 @@ mod tests {
             at_step: 0,
             joins_before: 0,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         });
         assert_eq!(
             first_plan_settles_until(&planned, t0, t0),
@@ -243,6 +244,7 @@ mod tests {
             at_step: 0,
             joins_before: 0,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         });
         let t0 = Instant::now();
         let settle = |notices: bool, since: Instant, now: Instant, state: &ControlState| {

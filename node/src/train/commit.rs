@@ -83,6 +83,7 @@ pub fn train_step<M: PipelineModel>(
         timeout: setup.peer_timeout,
         view: io.view.clone(),
         pacing: setup.pacing.as_ref(),
+        metrics: &setup.metrics,
     };
     let result = step::run(&mut step_io, &mut current.stage, &spec)?;
     let ran = started.elapsed();

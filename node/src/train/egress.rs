@@ -102,6 +102,7 @@ mod tests {
             at_step: 5,
             joins_before: 0,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         }
     }
 

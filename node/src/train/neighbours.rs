@@ -7,9 +7,10 @@ use parcae_model::{Collective, Neighbours};
 
 use super::error::TrainError;
 use super::waiter::Waiter;
-use crate::dataplane::collective::{RingLinks, all_reduce_mean};
-use crate::dataplane::links::{PipeLink, RingLink};
+use crate::dataplane::collective::{all_reduce_mean, all_reduce_mean_by_zone};
+use crate::dataplane::links::{PipeLink, ReduceLink};
 use crate::dataplane::protocol::{Header, MsgKind, Round};
+use crate::metrics::Metrics;
 
 /// Largest activation or gradient message accepted from a pipeline neighbour (the wire decoder
 /// then checks its shape against the stage's limits).
@@ -100,14 +101,16 @@ impl Neighbours for LinkNeighbours<'_, '_> {
     }
 }
 
-/// The all-reduce ring of this node's stage for one step.
+/// The all-reduce of this node's stage for one step.
 pub(crate) struct RingCollective<'w, 'l> {
     /// Bounds the reduction.
     pub(crate) waiter: &'w Waiter<'w>,
     /// The step's round, in every chunk's header.
     pub(crate) round: Round,
-    /// The ring.
-    pub(crate) ring: &'l mut RingLink,
+    /// The links of the all-reduce.
+    pub(crate) links: &'l mut ReduceLink,
+    /// Counts what the all-reduce sends.
+    pub(crate) metrics: &'l Metrics,
 }
 
 impl Collective for RingCollective<'_, '_> {
@@ -122,15 +125,24 @@ impl Collective for RingCollective<'_, '_> {
         values: &mut [f32],
         entered: u64,
     ) -> Result<u64, TrainError> {
-        let links = RingLinks {
-            rank: self.ring.rank,
-            size: self.ring.size,
-            next: &mut self.ring.next,
-            prev: &mut self.ring.prev,
+        let (round, waiter) = (self.round, self.waiter);
+        let reduced = match self.links {
+            ReduceLink::Ring(ring) => waiter.wait(
+                "all-reduce",
+                all_reduce_mean(values, ring.links(), round, entered),
+            )?,
+            ReduceLink::ByZone(by_zone) => {
+                let layout = by_zone.layout.clone();
+                waiter.wait(
+                    "all-reduce by zone",
+                    all_reduce_mean_by_zone(values, &layout, by_zone.links(), round, entered),
+                )?
+            }
         };
-        self.waiter.wait(
-            "all-reduce",
-            all_reduce_mean(values, links, self.round, entered),
-        )
+        self.metrics.allreduce_bytes_total.inc_by(reduced.sent);
+        self.metrics
+            .allreduce_cross_zone_bytes_total
+            .inc_by(reduced.across);
+        Ok(reduced.latest)
     }
 }

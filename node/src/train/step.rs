@@ -24,6 +24,7 @@ use super::waiter::Waiter;
 use crate::dataplane::links::EpochLinks;
 use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
 use crate::emulate::{Crossings, Pacing, StepPacing};
+use crate::metrics::Metrics;
 
 /// What one step is: the plan's shape, this node's slot and the samples.
 #[derive(Debug, Clone)]
@@ -89,6 +90,8 @@ pub struct StepIo<'a> {
     pub view: watch::Receiver<Arc<ControlState>>,
     /// How the device's time passes.
     pub pacing: &'a dyn Pacing,
+    /// The node's metrics (what the all-reduce sends).
+    pub metrics: &'a Metrics,
 }
 
 /// Runs forward and backward of the step and combines gradients and norms with the other
@@ -152,12 +155,13 @@ fn run_inner<M: PipelineModel>(
     let validation_loss = (!samples.held_out.is_empty()).then_some(validation);
     // Where gradients cross a ring they are read once (joined on the device), then the loss,
     // then the reduced norm; else the norm and the loss are the step's one read.
-    let (reduced_loss, local) = match links.ring.as_mut() {
-        Some(ring) => {
+    let (reduced_loss, local) = match links.reduce.as_mut() {
+        Some(reduce) => {
             let ring = RingCollective {
                 waiter: &w,
                 round,
-                ring,
+                links: reduce,
+                metrics: io.metrics,
             };
             let loss = reduce_gradients(stage, ring, pacing)?;
             (loss, stage.grad_sq_norm()?)
@@ -398,7 +402,7 @@ mod wire_tests {
             epoch: 3,
             prev: Some(rt.block_on(async { PipeLink::new(ours) })),
             next: None,
-            ring: None,
+            reduce: None,
         };
         let task = SyntheticTask::default_for(1, cfg.vocab_size, cfg.seq_len).unwrap();
         let data = DataSource {
@@ -416,6 +420,7 @@ mod wire_tests {
                 at_step: 0,
                 joins_before: 0,
                 batch_shares: Vec::new(),
+                all_reduce: Default::default(),
             }),
             ..ControlState::default()
         };
@@ -427,6 +432,7 @@ mod wire_tests {
             timeout: Duration::from_secs(5),
             view,
             pacing: &crate::emulate::RealTime,
+            metrics: &Metrics::default(),
         };
         let err = run(&mut io, &mut stage, &spec).unwrap_err();
         assert!(matches!(err, TrainError::Model(_)), "{err}");

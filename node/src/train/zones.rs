@@ -5,7 +5,11 @@
 use parcae_consensus::state::{Plan, StageSlot};
 use parcae_consensus::{ControlState, NodeId};
 
-use crate::emulate::Crossings;
+use std::collections::BTreeMap;
+
+use parcae_pool::AllReduce;
+
+use crate::emulate::{Crossings, ZoneSpread};
 use crate::planner::zones::zone_of;
 
 /// Whether `a` and `b` said zones and they differ.
@@ -31,15 +35,31 @@ pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot) -> Crossing
     let replicas: Vec<NodeId> = (0..plan.data_parallel)
         .filter_map(|p| node_at(p, slot.stage))
         .collect();
+    let ring = replicas
+        .iter()
+        .any(|r| replicas.iter().any(|q| crosses(state, r, q)));
     Crossings {
         next: crosses_to(node_at(slot.pipeline, slot.stage + 1)),
         prev: slot
             .stage
             .checked_sub(1)
             .is_some_and(|s| crosses_to(node_at(slot.pipeline, s))),
-        ring: replicas
-            .iter()
-            .any(|r| replicas.iter().any(|q| crosses(state, r, q))),
+        ring,
+        by_zone: (ring && plan.all_reduce == AllReduce::ByZone).then(|| spread(state, &replicas)),
+    }
+}
+
+/// How `replicas` spread over their zones.
+fn spread(state: &ControlState, replicas: &[NodeId]) -> ZoneSpread {
+    let mut per_zone: BTreeMap<&str, u32> = BTreeMap::new();
+    for r in replicas {
+        *per_zone.entry(zone_of(state, r)).or_default() += 1;
+    }
+    ZoneSpread {
+        replicas: replicas.len() as u32,
+        zones: per_zone.len() as u32,
+        fewest: per_zone.values().copied().min().unwrap_or(1),
+        most: per_zone.values().copied().max().unwrap_or(1),
     }
 }
 
@@ -81,6 +101,7 @@ mod tests {
             at_step: 0,
             joins_before: 0,
             batch_shares: Vec::new(),
+            all_reduce: Default::default(),
         };
         (state, plan)
     }
@@ -106,6 +127,24 @@ mod tests {
             let c = crossings(&state, &plan, s);
             assert_eq!((c.next, c.prev, c.ring), (false, false, true), "{s:?}");
         }
+    }
+
+    #[test]
+    fn a_plan_by_zone_says_how_each_ring_spreads_over_zones() {
+        let (state, mut plan) = planned(&["a", "a", "b", "b"]);
+        assert_eq!(crossings(&state, &plan, slot(0, 1)).by_zone, None);
+        plan.all_reduce = AllReduce::ByZone;
+        let spread = ZoneSpread {
+            replicas: 2,
+            zones: 2,
+            fewest: 1,
+            most: 1,
+        };
+        assert_eq!(crossings(&state, &plan, slot(0, 1)).by_zone, Some(spread));
+        // A ring inside one zone is one ring whatever the plan says.
+        let (state, mut plan) = planned(&["a", "b", "a", "b"]);
+        plan.all_reduce = AllReduce::ByZone;
+        assert_eq!(crossings(&state, &plan, slot(1, 0)).by_zone, None);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use parcae_pool::Pool;
+use parcae_pool::{AllReduce, Pool};
 
 use super::analytic::{self, StageCost};
 use super::links::{Link, Links};
@@ -78,6 +78,8 @@ pub struct Placement {
     /// Micro-batches each pipeline runs, where they differ (zone pipelines of unequal kinds:
     /// `shares`); `None` when the batch is cut evenly.
     pub micro_batches: Option<Vec<u32>>,
+    /// How the stages whose replicas span zones all-reduce.
+    pub all_reduce: AllReduce,
 }
 
 /// Every configuration's placement on one composition of the fleet.
@@ -497,28 +499,31 @@ impl Fleet {
             .clone()
     }
 
-    /// A placement with its egress per sample.
+    /// A placement with its egress per sample; its rings across zones by zone where `by_zone`
+    /// allows it and it is no slower (as its rate was priced).
     fn placement(
         &self,
         pipelines: Vec<Pipelines>,
         bounds: Vec<usize>,
-        samples_per_sec: f64,
-        d: u32,
+        (samples_per_sec, d): (f64, u32),
         micro_batches: Option<Vec<u32>>,
+        by_zone: bool,
     ) -> Placement {
         let micro = micro_batches.as_ref().map_or_else(
             || d * analytic::micro_batches(&self.spec, d),
             |m| m.iter().sum(),
         );
         let samples = f64::from(self.spec.micro_batch.max(1) * micro);
-        let egress =
-            traffic(&self.spec, &bounds, &pipelines, &self.table).map_or(0.0, |t| t.egress_usd);
+        let traffic = traffic(&self.spec, &bounds, &pipelines, &self.table, by_zone);
+        let (egress, all_reduce) =
+            traffic.map_or((0.0, AllReduce::Ring), |t| (t.egress_usd, t.all_reduce));
         Placement {
             pipelines,
             bounds,
             samples_per_sec,
             egress_usd_per_sample: egress / samples,
             micro_batches,
+            all_reduce,
         }
     }
 

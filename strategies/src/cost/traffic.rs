@@ -2,7 +2,7 @@
 //! pools of a fleet by index over a table of the links between them, so pricing a placement
 //! compares no names (the planner prices thousands of placements a decision).
 
-use parcae_pool::Pool;
+use parcae_pool::{AllReduce, Pool};
 
 use super::links::{GRADIENT_BYTES_PER_PARAM, Link, Links};
 use super::spec::ModelSpec;
@@ -84,22 +84,27 @@ pub struct Traffic {
     pub egress_usd: f64,
     /// The slowest activation transfer between two neighbouring stages of any pipeline, ms.
     pub slowest_boundary_ms: f64,
-    /// Each stage's all-reduce over its ring, paced by the ring's slowest link, ms.
+    /// Each stage's all-reduce, ms.
     pub allreduce_ms: Vec<f64>,
+    /// How the stages whose replicas span zones all-reduce (by zone where that was allowed
+    /// and no slower for one of them).
+    pub all_reduce: AllReduce,
 }
 
 /// The traffic of one iteration of the plan of `pipelines`, whose stage `s` runs the layers
 /// between `bounds[s]` and `bounds[s + 1]` in its pool of `table`: each pipeline
 /// sends every micro-batch's activation forward and its gradient back across each stage
-/// boundary, and each stage's replicas all-reduce their gradients in a ring that visits the
+/// boundary, and each stage's replicas all-reduce their gradients: in a ring that visits the
 /// pools in the order of their names (so a ring over `k` zones crosses `k` zone boundaries, the
-/// fewest there can be). `None` when there is no pipeline, one has other than `bounds.len() - 1`
-/// stages or a pool is not in `table`.
+/// fewest there can be), or, where `by_zone` allows it and it is no slower, by zone
+/// ([`LinkTable::reduction`]). `None` when there is no pipeline, one has other than
+/// `bounds.len() - 1` stages or a pool is not in `table`.
 pub fn traffic(
     spec: &ModelSpec,
     bounds: &[usize],
     pipelines: &[Pipelines],
     table: &LinkTable,
+    by_zone: bool,
 ) -> Option<Traffic> {
     let stages = bounds.len().checked_sub(1)?;
     let d: u32 = pipelines.iter().map(|p| p.count).sum();
@@ -134,7 +139,7 @@ pub fn traffic(
         for shape in pipelines {
             members[shape.pools[s]] += shape.count;
         }
-        let ms = out.ring(table, &members, params * GRADIENT_BYTES_PER_PARAM);
+        let ms = out.all_reduce(table, &members, params * GRADIENT_BYTES_PER_PARAM, by_zone);
         out.allreduce_ms.push(ms);
     }
     Some(out)
@@ -148,43 +153,22 @@ impl Traffic {
         }
     }
 
-    /// A ring all-reduce of `bytes` over `members[z]` members in each pool `z`, visited in the
-    /// order of the pools' names: each member sends `2 (w - 1) / w` of the bytes to the next
-    /// in `2 (w - 1)` steps, at the pace of the slowest link of the ring.
-    fn ring(&mut self, table: &LinkTable, members: &[u32], bytes: f64) -> f64 {
-        let w: u32 = members.iter().sum();
-        if w <= 1 {
-            return 0.0;
+    /// The all-reduce of `bytes` over `members[p]` replicas in each pool `p` ([`reduce`]):
+    /// its crossings counted; its time, ms.
+    fn all_reduce(&mut self, table: &LinkTable, members: &[u32], bytes: f64, by_zone: bool) -> f64 {
+        let reduction = table.reduction(members, by_zone);
+        for (a, b, sent) in reduction.crossings(bytes) {
+            self.add_crossing(table, a, b, sent);
         }
-        let sent = bytes * 2.0 * f64::from(w - 1) / f64::from(w);
-        let mut order: Vec<usize> = (0..members.len()).filter(|&z| members[z] > 0).collect();
-        order.sort_by_key(|&z| table.rank[z]);
-        // The ring's edges in its order: between two members of a pool wherever it holds two
-        // (a ring in one pool has only those), then on to the next pool.
-        let mut edges = Vec::new();
-        for (i, &z) in order.iter().enumerate() {
-            if members[z] > 1 || order.len() == 1 {
-                edges.push((z, z));
-            }
-            if order.len() > 1 {
-                edges.push((z, order[(i + 1) % order.len()]));
-            }
+        if reduction.kind == AllReduce::ByZone {
+            self.all_reduce = AllReduce::ByZone;
         }
-        let mut slowest: Option<Link> = None;
-        for (a, b) in edges {
-            let link = table.link(a, b);
-            if a != b {
-                self.add_crossing(table, a, b, sent);
-            }
-            if slowest.is_none_or(|s| link.gbit_per_s < s.gbit_per_s) {
-                slowest = Some(link);
-            }
-        }
-        slowest.map_or(0.0, |link| {
-            link.transfer_ms(sent) + link.latency_ms * (2 * (w - 1) - 1) as f64
-        })
+        reduction.ms(bytes)
     }
 }
+
+mod reduce;
+pub use reduce::{Reduction, by_zone_time, share};
 
 #[cfg(test)]
 mod tests;

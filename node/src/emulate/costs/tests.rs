@@ -72,6 +72,7 @@ fn what_crosses_zones_takes_the_link_between_zones() {
         next: true,
         prev: false,
         ring: true,
+        by_zone: None,
     };
     let s = e.stage_crossing(1..9, 1, 3, crossing).unwrap();
     let across = across_zones();
@@ -204,4 +205,38 @@ fn a_boundary_activation_takes_the_stage_s_crossing() {
     assert!((link.secs - stage.to_next.as_secs_f64()).abs() < 1e-12);
     // The profiled curve at 13.1 MB (14.7 ms at 10 Gb/s), on the paced clock.
     assert!((link.secs * 6.0 - 0.014730).abs() < 1e-5, "{}", link.secs);
+}
+
+#[test]
+fn a_ring_by_zone_takes_its_zones_rings_then_a_share_across() {
+    let e = Emulation::new("gpt-1.5b", 1.0).unwrap();
+    let across = Crossings {
+        ring: true,
+        ..Crossings::default()
+    };
+    let spread = ZoneSpread {
+        replicas: 4,
+        zones: 2,
+        fewest: 2,
+        most: 2,
+    };
+    let by_zone = Crossings {
+        by_zone: Some(spread),
+        ..across
+    };
+    let (within, flat, zoned) = (
+        ms(e.stage(1..9, 1, 4).unwrap().all_reduce),
+        ms(e.stage_crossing(1..9, 1, 4, across).unwrap().all_reduce),
+        ms(e.stage_crossing(1..9, 1, 4, by_zone).unwrap().all_reduce),
+    );
+    // The flat ring moves 2 * 3/4 of the gradients at the crossing's rate; by zone, 2 * 1/2
+    // inside at the zone's rate, then 2 * 1/2 of each replica's half across.
+    let at_across = flat / 1.5;
+    let at_within = within / 1.5;
+    let expected = at_within + 0.5 * at_across;
+    assert!(
+        (zoned - expected).abs() < 1e-6 * expected,
+        "{zoned} vs {expected}"
+    );
+    assert!(zoned < flat);
 }

@@ -76,7 +76,7 @@ impl Fleet {
         for &z in &present {
             rate = rate.min(self.blind_rate(z, &bounds, d, link));
         }
-        Some(self.placement(pipelines, bounds, rate, d, None))
+        Some(self.placement(pipelines, bounds, (rate, d), None, false))
     }
 
     /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds`, their ring

@@ -73,7 +73,7 @@ impl Fleet {
                 count: d - m,
             },
         ];
-        Some(self.placement(pipelines, arranged.bounds.clone(), rate, d, None))
+        Some(self.placement(pipelines, arranged.bounds.clone(), (rate, d), None, false))
     }
 
     /// Samples per second of `d` staggered pipelines of shares `k`: the arranged shape and the

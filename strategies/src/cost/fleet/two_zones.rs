@@ -77,7 +77,7 @@ impl Fleet {
             count: d,
         }];
         let bounds = shape.arranged.bounds.clone();
-        Some(self.placement(pipelines, bounds, rate, d, None))
+        Some(self.placement(pipelines, bounds, (rate, d), None, true))
     }
 
     /// At least the rate of `d` pipelines arranged as `a`, with no schedule simulated.

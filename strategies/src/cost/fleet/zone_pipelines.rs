@@ -84,7 +84,7 @@ impl Fleet {
         let d = per_zone.iter().sum();
         let placed = self
             .filled(order, per_zone, d, p)
-            .map(|l| Arc::new(self.placement(l.pipelines, l.bounds, l.rate, d, l.micro)));
+            .map(|l| Arc::new(self.placement(l.pipelines, l.bounds, (l.rate, d), l.micro, true)));
         self.zone_placed.insert(key, placed.clone());
         placed
     }
@@ -98,7 +98,8 @@ impl Fleet {
             .iter()
             .max_by(|&&a, &&b| self.pace(a).total_cmp(&self.pace(b)))?;
         let bounds = self.zone_split(slowest, p)?;
-        let ring = self.slowest_ring_link(&used);
+        // Each stage has per_zone[z] replicas in zone z: priced as the planner will run it.
+        let ring = self.table.reduction(per_zone, true).link;
         let mut rate = f64::INFINITY;
         for &z in &used {
             rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
