@@ -228,6 +228,10 @@ pub struct TrainingView {
     pub phase: TrainingPhase,
     /// Duration of the last step this node trained, ms.
     pub last_step_ms: f64,
+    /// Bytes this node process has sent in gradient all-reduces.
+    pub allreduce_bytes: u64,
+    /// Of them, bytes sent to a replica in another zone.
+    pub allreduce_cross_zone_bytes: u64,
     /// Reconfigurations this node took part in, oldest first (bounded).
     pub migrations: Vec<MigrationView>,
     /// The planner's cost estimates (on the leader): samples/s of the best configurations.

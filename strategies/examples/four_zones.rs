@@ -3,9 +3,10 @@
 //! 0.8x and an outage zone `d` of 24 V100s, the synthetic zones of seeds 1-3, gpt-1.5b,
 //! H = 12, seed 1: the mixed planner's samples against each other strategy's.
 //!
-//!     cargo run --release -p parcae-strategies --example four_zones [P3TRACE]
+//!     cargo run --release -p parcae-strategies --example four_zones [P3TRACE] [--flat-rings]
 //!
-//! `P3TRACE` defaults to `../shared/traces/parcae/liveput/traces/p3trace.csv`.
+//! `P3TRACE` defaults to `../shared/traces/parcae/liveput/traces/p3trace.csv`. With
+//! `--flat-rings` every ring across zones is one flat ring, as before the all-reduce by zone.
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
@@ -16,8 +17,12 @@ use parcae_strategies::sim::fleet::{FleetRun, Objective, simulate_fleet};
 use parcae_strategies::trace;
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flat_rings = args.iter().any(|a| a == "--flat-rings");
+    let path = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
         .unwrap_or_else(|| "../shared/traces/parcae/liveput/traces/p3trace.csv".into());
     let p3 = trace::load(&path, 60).expect("the p3 trace");
     let spec = builtin("gpt-1.5b").expect("gpt-1.5b").0;
@@ -43,8 +48,9 @@ fn main() {
         ] {
             traces.push(trace::load(&other, 60).expect("a synthetic zone"));
         }
-        let mut fleet =
-            Fleet::new(spec.clone(), zones.to_vec(), Links::default()).expect("a fleet");
+        let mut fleet = Fleet::new(spec.clone(), zones.to_vec(), Links::default())
+            .expect("a fleet")
+            .with_all_reduce_by_zone(!flat_rings);
         let runs = simulate_fleet(&mut fleet, &traces, 0..p3.len(), 12, 1, &Objective::Samples)
             .expect("a fleet run");
         let of = |name: &str| -> &FleetRun {

@@ -7,9 +7,10 @@
 //! 1.5x kind in the p3 trace's own zone, as a second pool (instance type) of it: the two pools
 //! share the zone's free link.
 //!
-//!     cargo run --release -p parcae-strategies --example zone_grid [P3TRACE]
+//!     cargo run --release -p parcae-strategies --example zone_grid [P3TRACE] [--flat-rings]
 //!
-//! `P3TRACE` defaults to `../shared/traces/parcae/liveput/traces/p3trace.csv`.
+//! `P3TRACE` defaults to `../shared/traces/parcae/liveput/traces/p3trace.csv`. With
+//! `--flat-rings` every ring across zones is one flat ring, as before the all-reduce by zone.
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
@@ -23,8 +24,12 @@ const FAMILIES: [&str; 4] = ["quiet", "outage", "diurnal", "shifting"];
 const P3_USD: f64 = 0.918;
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flat_rings = args.iter().any(|a| a == "--flat-rings");
+    let path = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
         .unwrap_or_else(|| "../shared/traces/parcae/liveput/traces/p3trace.csv".into());
     let p3 = trace::load(&path, 60).expect("the p3 trace");
     let spec = builtin("gpt-1.5b").expect("gpt-1.5b").0;
@@ -61,8 +66,9 @@ fn main() {
                 ];
                 let traces = [p3.clone(), b];
                 let run = |objective: &Objective| -> Vec<FleetRun> {
-                    let mut fleet =
-                        Fleet::new(spec.clone(), zones.clone(), Links::default()).expect("a fleet");
+                    let mut fleet = Fleet::new(spec.clone(), zones.clone(), Links::default())
+                        .expect("a fleet")
+                        .with_all_reduce_by_zone(!flat_rings);
                     simulate_fleet(&mut fleet, &traces, 0..p3.len(), 12, 1, objective)
                         .expect("a fleet run")
                 };

@@ -78,6 +78,9 @@ pub struct Monitor {
     pub estimates: Vec<EstimateView>,
     /// Each node's latest emulated-accelerator pacing, by peer id (kept after it is gone).
     pub emulated: BTreeMap<String, EmulatedView>,
+    /// Each node process's latest all-reduce bytes, all and across zones, by its index and pid
+    /// (kept after it is gone; a restarted node counts from zero again).
+    pub all_reduce: BTreeMap<(usize, Option<u32>), (u64, u64)>,
     /// Memory and CPU of the node processes and of the testnet.
     pub resources: ResourceLedger,
     /// The leader killed on purpose, if any, and the failover that followed.
@@ -111,11 +114,12 @@ impl Monitor {
             .zip(read_each(&addrs, |a| client.status(a).ok()))
             .filter_map(|(i, s)| Some((i, s?)))
             .collect();
-        for (_, s) in &statuses {
+        for (i, s) in &statuses {
             self.migrations.observe(&s.migrations, t);
             if let Some(e) = s.training.as_ref().and_then(|t| t.emulated.as_ref()) {
                 self.emulated.insert(s.peer_id.clone(), e.clone());
             }
+            self.observe_all_reduce(cluster, *i, s);
         }
         if let Some(f) = &mut self.failover {
             f.observe(t + started.elapsed().as_secs_f64(), &statuses);
@@ -154,6 +158,23 @@ impl Monitor {
         });
     }
 
+    /// Keeps node `i`'s all-reduce bytes as its status `s` reports them.
+    fn observe_all_reduce(&mut self, cluster: &Cluster, i: usize, s: &StatusSnapshot) {
+        if let Some(t) = &s.training {
+            let key = (i, cluster.node(i).pid());
+            let seen = self.all_reduce.entry(key).or_default();
+            seen.0 = seen.0.max(t.allreduce_bytes);
+            seen.1 = seen.1.max(t.allreduce_cross_zone_bytes);
+        }
+    }
+
+    /// Bytes every node process sent in all-reduces, all and across zones.
+    pub fn all_reduce_bytes(&self) -> (u64, u64) {
+        self.all_reduce
+            .values()
+            .fold((0, 0), |(a, c), (x, y)| (a + x, c + y))
+    }
+
     /// Reads node `i`'s `/steps` (e.g. right before it is killed).
     pub fn observe_steps_of(&mut self, cluster: &Cluster, i: usize) {
         if let Ok(list) = cluster.client().steps(cluster.node(i).status_addr) {
@@ -173,6 +194,7 @@ impl Monitor {
             let addr = cluster.node(i).status_addr;
             if let Ok(s) = patient.status(addr) {
                 self.migrations.observe(&s.migrations, t);
+                self.observe_all_reduce(cluster, i, &s);
             }
             if let Ok(list) = patient.steps(addr) {
                 self.steps.observe(&list);

@@ -81,6 +81,10 @@ pub struct NodeArgs {
     /// samples per dollar of nodes and egress (`[planner] objective`; needs --price-spot).
     #[arg(long, value_enum, default_value = "samples")]
     pub objective: ObjectiveKind,
+    /// Keep every all-reduce across zones one flat ring (`[planner] all_reduce_by_zone =
+    /// false`), as before the all-reduce by zone: to measure what it saves.
+    #[arg(long)]
+    pub flat_rings: bool,
     /// The spot prices of `--price-spot` (`run` and `compare` take them from their price
     /// flags): with --objective samples-per-dollar, each zone's (or pool's) is given to the
     /// nodes' planners (`[planner] zone_prices`).
@@ -178,6 +182,7 @@ impl NodeArgs {
             pin: self.pin,
             zones: Vec::new(),
             zone_prices: Vec::new(),
+            flat_rings: self.flat_rings,
         })
     }
 }

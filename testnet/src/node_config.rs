@@ -55,6 +55,8 @@ pub struct NodeSettings {
     /// Each zone's price of a node-hour: when given, the nodes plan over zones for samples
     /// per dollar (`[planner] objective` and `zone_prices`).
     pub zone_prices: Vec<(String, f64)>,
+    /// Every ring across zones flat (`[planner] all_reduce_by_zone = false`).
+    pub flat_rings: bool,
 }
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
@@ -129,6 +131,9 @@ pub fn render(
         lost = s.lost_timeout_ms,
         interval = s.interval_secs,
     );
+    if s.flat_rings {
+        out.push_str("all_reduce_by_zone = false\n");
+    }
     if !s.zone_prices.is_empty() {
         let prices: Vec<String> = s
             .zone_prices
@@ -367,6 +372,7 @@ mod tests {
             pin: None,
             zones: Vec::new(),
             zone_prices: Vec::new(),
+            flat_rings: false,
         }
     }
 

@@ -57,6 +57,12 @@ pub struct RunReport {
     /// Wall-clock seconds of the run: cluster start-up, replay and collection (not a build of
     /// the node binary).
     pub wall_secs: f64,
+    /// Bytes the nodes sent in gradient all-reduces (as each node last reported them).
+    #[serde(default)]
+    pub allreduce_bytes: u64,
+    /// Of them, bytes sent to a replica in another zone.
+    #[serde(default)]
+    pub allreduce_cross_zone_bytes: u64,
     /// The nodes' emulated accelerator and how far real work overran it (absent on CPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emulated: Option<EmulatedReport>,
@@ -252,6 +258,8 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         rolled_back_steps: obs.monitor.steps.rolled_back(seq),
         duplicate_samples: duplicates,
         wall_secs: meta.wall_secs,
+        allreduce_bytes: obs.monitor.all_reduce_bytes().0,
+        allreduce_cross_zone_bytes: obs.monitor.all_reduce_bytes().1,
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
         resources: obs.monitor.resources.report(),
         leader_failover: obs.monitor.failover.clone(),

@@ -74,6 +74,11 @@ pub fn shard(
 /// The checkpoints the first replica of each stage took after the last step equal the model
 /// one process trains over the same steps: two pipelines of the same stages, same data order.
 pub fn assert_model_equals_one_process(c: &LocalCluster, steps_total: u64) {
+    assert_model_equals_one_process_as(c, steps_total, [2, 2]);
+}
+
+/// [`assert_model_equals_one_process`] of a cluster that trained as `[d, p]`.
+pub fn assert_model_equals_one_process_as(c: &LocalCluster, steps_total: u64, [d, p]: [u64; 2]) {
     let files = wait_for(Duration::from_secs(30), || {
         let mut f: Vec<_> = c
             .nodes
@@ -83,7 +88,7 @@ pub fn assert_model_equals_one_process(c: &LocalCluster, steps_total: u64) {
             .collect();
         f.sort_by_key(|(_, r, _)| r.start);
         f.dedup_by_key(|(_, r, _)| r.start);
-        (f.len() == 2).then_some(f)
+        (f.len() as u64 == p).then_some(f)
     })
     .unwrap_or_else(|| panic!("no final checkpoints\n{}", c.logs()));
     let ranges: Vec<_> = files.iter().map(|(_, r, _)| r.clone()).collect();
@@ -96,14 +101,14 @@ pub fn assert_model_equals_one_process(c: &LocalCluster, steps_total: u64) {
         ..StageConfig::default()
     };
     let device = parcae_model::default_device();
-    let mut replicas: Vec<Pipeline<Gpt>> = (0..2)
+    let mut replicas: Vec<Pipeline<Gpt>> = (0..d)
         .map(|_| {
             Pipeline::new(model.clone(), &ranges, SEED, &device, stage_config.clone()).unwrap()
         })
         .collect();
     for k in 0..steps_total {
-        let shards: Vec<Vec<Batch>> = (0..2)
-            .map(|d| shard(&task, &sampler, k * BATCH, d, 2))
+        let shards: Vec<Vec<Batch>> = (0..d)
+            .map(|i| shard(&task, &sampler, k * BATCH, i, d))
             .collect();
         data_parallel_step(&mut replicas, &shards).unwrap();
     }

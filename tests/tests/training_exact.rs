@@ -103,6 +103,50 @@ fn two_zones_place_every_slot_in_a_zone_and_train_as_one_process() {
     assert_model_equals_one_process(&c, steps_total);
 }
 
+/// Four nodes, two in each zone, pinned to 4 x 1: the one stage's four replicas span both zones,
+/// so the plan all-reduces by zone (issue 67): each zone's pair reduce-scatter the gradients,
+/// each sends its half's share to its counterpart in the other zone, and each pair all-gathers.
+/// The model is the one a single process trains, and each node sends across zones a third of
+/// what it sends (a flat ring over the zones sends all of a crossing member's 2 x 3/4 buffers
+/// across, and nothing of the others').
+#[test]
+fn replicas_in_two_zones_all_reduce_by_zone_and_train_as_one_process() {
+    let _serial = serial();
+    let steps_total = 12u64;
+    let config = train_config(
+        "pin = [4, 1]",
+        &format!("max_steps = {steps_total}\ncheckpoint_every = {steps_total}"),
+    );
+    let zone = |k: usize| {
+        if k % 2 == 0 {
+            "us-east-1a"
+        } else {
+            "us-east-1b"
+        }
+    };
+    let mut c = new_cluster(&config);
+    if let Err(e) = c.start_nodes_with(4, &|_| true, &mut |k| {
+        Ok(format!("{config}[placement]\nzone = \"{}\"\n", zone(k)))
+    }) {
+        panic!("starting 4 nodes: {e}\n{}", c.logs());
+    }
+    all_steps_committed(&c, steps_total);
+    let sent: Vec<(u64, u64)> = c
+        .statuses()
+        .into_iter()
+        .filter_map(|(_, s)| {
+            let t = s.training?;
+            Some((t.allreduce_bytes, t.allreduce_cross_zone_bytes))
+        })
+        .collect();
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    for (all, across) in &sent {
+        let share = *across as f64 / *all as f64;
+        assert!((0.3..0.37).contains(&share), "a third across: {sent:?}");
+    }
+    assert_model_equals_one_process_as(&c, steps_total, [4, 1]);
+}
+
 /// Both replicas of a stage are SIGKILLed at once in a 2 x 2 run: the cluster rolls back to
 /// its newest complete checkpoint cut (no layer is restored from an older step than the live
 /// ones), trains the rolled-back samples again, and ends with the model one process trains.

@@ -64,6 +64,10 @@ pub struct PlannerConfig {
     /// --link`; the same zone twice sets that zone's own link): what the plans are priced on
     /// for those pairs, over what the nodes measured and the cloud's defaults.
     pub links: Vec<String>,
+    /// Whether a stage's replicas spread over zones may all-reduce by zone (a ring in each
+    /// zone, shards across; chosen where no slower than one ring); `false` keeps one flat ring
+    /// over them, as a planner blind to zones runs it.
+    pub all_reduce_by_zone: bool,
 }
 
 /// Most zones `planner.zone_prices` names.
@@ -193,6 +197,7 @@ impl Default for PlannerConfig {
             pin: None,
             profile: None,
             objective: ObjectiveKind::Samples,
+            all_reduce_by_zone: true,
             zone_prices: BTreeMap::new(),
             links: Vec::new(),
         }

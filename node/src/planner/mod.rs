@@ -102,7 +102,8 @@ impl Planner {
             .with_links(config.planner.set_links().unwrap_or_else(|e| {
                 tracing::error!("planning on measured and default links: {e}");
                 Links::default()
-            })),
+            }))
+            .with_all_reduce_by_zone(config.planner.all_reduce_by_zone),
             clock: IntervalClock::default(),
             next_tick: None,
             proposed: None,

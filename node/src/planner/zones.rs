@@ -90,6 +90,8 @@ pub struct FleetCache {
     planned_for: Option<objective::Objective>,
     /// The links the configuration sets by zone pair (`[planner] links`).
     set_links: Links,
+    /// Whether rings across zones may all-reduce by zone (`[planner] all_reduce_by_zone`).
+    by_zone: bool,
 }
 
 impl FleetCache {
@@ -108,7 +110,13 @@ impl FleetCache {
             time_scale,
             planned_for: None,
             set_links: Links::default(),
+            by_zone: true,
         }
+    }
+
+    /// The cache whose plans keep every ring across zones flat where `by_zone` is false.
+    pub fn with_all_reduce_by_zone(self, by_zone: bool) -> Self {
+        Self { by_zone, ..self }
     }
 
     /// The cache with the links `set` sets by zone pair over what the nodes measured.
@@ -201,6 +209,7 @@ impl FleetCache {
         });
         if !current {
             self.fleet = Fleet::new(cost.spec.clone(), zones, links)
+                .map(|fleet| fleet.with_all_reduce_by_zone(self.by_zone))
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
             let shown: Vec<String> = names.iter().map(Pool::to_string).collect();

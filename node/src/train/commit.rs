@@ -120,6 +120,8 @@ pub fn train_step<M: PipelineModel>(
     current.digest = None;
     let stepped = started.elapsed();
     board.view.last_step_ms = stepped.as_secs_f64() * 1e3;
+    board.view.allreduce_bytes = setup.metrics.allreduce_bytes_total.get();
+    board.view.allreduce_cross_zone_bytes = setup.metrics.allreduce_cross_zone_bytes_total.get();
     Ok(StepTimes {
         started,
         ran,

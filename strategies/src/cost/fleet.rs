@@ -186,6 +186,8 @@ pub struct Fleet {
     table: LinkTable,
     /// Each pool's price of a node-hour, where the plans are laid out for samples per dollar.
     prices: Option<Vec<f64>>,
+    /// Whether a ring across zones may all-reduce by zone (else every ring is flat).
+    by_zone: bool,
     worst: DeviceCosts,
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
@@ -277,6 +279,7 @@ impl Fleet {
             links,
             table,
             prices: None,
+            by_zone: true,
             worst,
             paces,
             memo: HashMap::new(),
@@ -295,6 +298,12 @@ impl Fleet {
             shared: HashMap::new(),
             split: HashMap::new(),
         })
+    }
+
+    /// The fleet with every ring across zones flat where `by_zone` is false (a zone-aware plan's
+    /// rings go by zone where that is no slower by default).
+    pub fn with_all_reduce_by_zone(self, by_zone: bool) -> Self {
+        Self { by_zone, ..self }
     }
 
     /// The job.
@@ -514,6 +523,7 @@ impl Fleet {
             |m| m.iter().sum(),
         );
         let samples = f64::from(self.spec.micro_batch.max(1) * micro);
+        let by_zone = by_zone && self.by_zone;
         let traffic = traffic(&self.spec, &bounds, &pipelines, &self.table, by_zone);
         let (egress, all_reduce) =
             traffic.map_or((0.0, AllReduce::Ring), |t| (t.egress_usd, t.all_reduce));

@@ -160,6 +160,8 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         rolled_back_steps: 0,
         duplicate_samples: 0,
         wall_secs: 1.0,
+        allreduce_bytes: 0,
+        allreduce_cross_zone_bytes: 0,
         emulated: Some(e),
         resources: None,
         leader_failover: None,

@@ -99,7 +99,7 @@ impl Fleet {
             .max_by(|&&a, &&b| self.pace(a).total_cmp(&self.pace(b)))?;
         let bounds = self.zone_split(slowest, p)?;
         // Each stage has per_zone[z] replicas in zone z: priced as the planner will run it.
-        let ring = self.table.reduction(per_zone, true).link;
+        let ring = self.table.reduction(per_zone, self.by_zone).link;
         let mut rate = f64::INFINITY;
         for &z in &used {
             rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
