@@ -247,7 +247,7 @@ fn simulate_zoned_session(outcome: &mut Outcome, node: &NodeArgs, profile: &str,
         interval_secs,
         node.seed,
         &strategy,
-        &objective,
+        (&objective, !node.flat_rings),
     );
     if let Some(run) = account {
         outcome.report.compare_with_simulator(run.samples, 0.0);

@@ -80,6 +80,10 @@ pub struct Args {
     /// per dollar of nodes and egress (needs --price-spot).
     #[arg(long, value_enum, default_value = "samples")]
     objective: ObjectiveKind,
+    /// With --zones: every ring across zones of the zone-aware strategies one flat ring, as
+    /// before the all-reduce by zone (to measure what it gains).
+    #[arg(long)]
+    flat_rings: bool,
 }
 
 /// The JSON document `--json` writes.
@@ -130,6 +134,7 @@ pub fn run(args: Args) -> Result<()> {
             links: &args.links,
             prices: &args.prices.price_spot,
             objective: args.objective,
+            by_zone: !args.flat_rings,
             model: &model,
             model_name: &args.model,
             interval_secs: args.interval_secs,
@@ -144,9 +149,10 @@ pub fn run(args: Args) -> Result<()> {
     if !args.links.is_empty()
         || names_zones(&args.prices.price_spot)
         || args.objective != ObjectiveKind::Samples
+        || args.flat_rings
     {
         bail!(
-            "--link, --price-spot ZONE=USD and --objective plan a fleet: give its zones with --zones"
+            "--link, --price-spot ZONE=USD, --objective and --flat-rings plan a fleet: give its zones with --zones"
         );
     }
     let prices = args.prices.prices()?;

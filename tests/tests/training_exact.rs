@@ -24,6 +24,17 @@ fn all_steps_committed(c: &LocalCluster, steps_total: u64) -> usize {
     i
 }
 
+/// Four nodes of `config`, node `k` in zone `zone(k)`.
+fn four_nodes_in_zones(config: &str, zone: impl Fn(usize) -> &'static str) -> LocalCluster {
+    let mut c = new_cluster(config);
+    if let Err(e) = c.start_nodes_with(4, &|_| true, &mut |k| {
+        Ok(format!("{config}[placement]\nzone = \"{}\"\n", zone(k)))
+    }) {
+        panic!("starting 4 nodes: {e}\n{}", c.logs());
+    }
+    c
+}
+
 #[test]
 fn two_by_two_across_processes_matches_one_process() {
     let _serial = serial();
@@ -62,12 +73,7 @@ fn two_zones_place_every_slot_in_a_zone_and_train_as_one_process() {
             "us-east-1b"
         }
     };
-    let mut c = new_cluster(&config);
-    if let Err(e) = c.start_nodes_with(4, &|_| true, &mut |k| {
-        Ok(format!("{config}[placement]\nzone = \"{}\"\n", zone(k)))
-    }) {
-        panic!("starting 4 nodes: {e}\n{}", c.logs());
-    }
+    let c = four_nodes_in_zones(&config, &zone);
     let i = all_steps_committed(&c, steps_total);
     let slots: Vec<(usize, [u32; 2])> = c
         .statuses()
@@ -124,12 +130,7 @@ fn replicas_in_two_zones_all_reduce_by_zone_and_train_as_one_process() {
             "us-east-1b"
         }
     };
-    let mut c = new_cluster(&config);
-    if let Err(e) = c.start_nodes_with(4, &|_| true, &mut |k| {
-        Ok(format!("{config}[placement]\nzone = \"{}\"\n", zone(k)))
-    }) {
-        panic!("starting 4 nodes: {e}\n{}", c.logs());
-    }
+    let c = four_nodes_in_zones(&config, &zone);
     all_steps_committed(&c, steps_total);
     let sent: Vec<(u64, u64)> = c
         .statuses()

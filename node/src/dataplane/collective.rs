@@ -411,6 +411,21 @@ mod tests {
         (out, across)
     }
 
+    /// A buffer of `len` values for each of `n` replicas, and their mean.
+    fn buffers_and_mean(n: usize, len: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
+        let data: Vec<Vec<f32>> = (0..n)
+            .map(|r| {
+                (0..len)
+                    .map(|i| (i * (r + 1)) as f32 * 0.001 - r as f32)
+                    .collect()
+            })
+            .collect();
+        let mean = (0..len)
+            .map(|i| data.iter().map(|d| d[i]).sum::<f32>() / n as f32)
+            .collect();
+        (data, mean)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn by_zone_gives_the_flat_mean_on_every_replica() {
         for zones in [
@@ -421,16 +436,7 @@ mod tests {
         ] {
             let n = zones.len();
             let len = 1001;
-            let data: Vec<Vec<f32>> = (0..n)
-                .map(|r| {
-                    (0..len)
-                        .map(|i| (i * (r + 1)) as f32 * 0.001 - r as f32)
-                        .collect()
-                })
-                .collect();
-            let mean: Vec<f32> = (0..len)
-                .map(|i| data.iter().map(|d| d[i]).sum::<f32>() / n as f32)
-                .collect();
+            let (data, mean) = buffers_and_mean(n, len);
             let (out, across) = reduce_by_zone(zones, data).await;
             for v in &out {
                 assert_eq!(v, &out[0], "replicas of {zones:?} differ");
@@ -460,16 +466,7 @@ mod tests {
     async fn ring_mean_matches_direct_mean() {
         for n in [1usize, 2, 3, 4] {
             let len = 1001;
-            let data: Vec<Vec<f32>> = (0..n)
-                .map(|r| {
-                    (0..len)
-                        .map(|i| (i * (r + 1)) as f32 * 0.001 - r as f32)
-                        .collect()
-                })
-                .collect();
-            let mean: Vec<f32> = (0..len)
-                .map(|i| data.iter().map(|d| d[i]).sum::<f32>() / n as f32)
-                .collect();
+            let (data, mean) = buffers_and_mean(n, len);
             let links = ring(n).await;
             let round = Round { epoch: 3, step: 9 };
             let mut tasks = Vec::new();

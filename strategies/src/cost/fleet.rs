@@ -2,25 +2,29 @@
 //! on the nodes each zone holds at a moment, laid out as a zone-aware planner lays it, and as a
 //! planner blind to zones and types lays it.
 //!
-//! A zone-aware plan is the fastest of three layouts:
+//! A zone-aware plan is the fastest of four layouts:
 //!
 //! * **zone pipelines**: every pipeline inside one zone, the pipelines filled from the fastest
 //!   device kind first (or from the fullest zone first, where crossing fewer zones pays more);
-//!   the step waits for the slowest pipeline, and each stage's all-reduce ring crosses every
-//!   zone used, at the pace of its slowest link;
+//!   the step waits for the slowest pipeline, and each stage's all-reduce crosses every zone
+//!   used: one ring at the pace of its slowest link, or by zone where that is no slower
+//!   (`traffic::Reduction`);
 //! * **mixed pipelines**: every pipeline holds `k_a` stages in zone `a` and `k_b` in `b`, its
 //!   layers split unevenly over the kinds by `mixed::arrange_two`, so each stage's replicas
 //!   share a zone and its all-reduce never leaves it; only the activations cross zones;
 //! * **staggered pipelines**: where equal shares do not fit the two zones' counts but `d p`
 //!   of their nodes are there, some of the mixed pipelines hold their junction stage in the
 //!   second zone instead of the first (`staggered`), so that one stage's ring crosses the
-//!   zones and every other stage's stays inside one.
+//!   zones and every other stage's stays inside one;
+//! * **packed pipelines**: the nodes zone by zone, fastest kind first, `p` at a time a
+//!   pipeline (`blind`), priced as the zone-blind layout is: where links between zones cost
+//!   little, no node is left idle for want of a whole pipeline in its zone.
 //!
 //! The zone-blind planner (Parcae's, run over every zone at once) believes every node is the
 //! worst device of the fleet (the slowest layers, the least memory), so it splits the layers
-//! for that device and takes nodes as membership lists them: from every zone present, in
-//! turn. What it really trains is its split on the devices it got, paced by the slowest kind
-//! present, with rings and pipelines crossing zones.
+//! for that device and takes nodes in the order they joined. What it really trains is its
+//! split on the devices it got, paced by the slowest kind present, with rings and pipelines
+//! crossing zones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -421,7 +425,11 @@ impl Fleet {
         let mixed = self.mixed_pipelines(counts, d, p, rate(&local));
         let floor = rate(&local).max(rate(&mixed));
         let staggered = self.staggered_pipelines(counts, d, p, floor);
-        self.best_of([local, mixed, staggered].into_iter().flatten(), counts)
+        let packed = self.packed_pipelines(counts, d, p);
+        self.best_of(
+            [local, mixed, staggered, packed].into_iter().flatten(),
+            counts,
+        )
     }
 
     /// The placement of `placements` a planner for this fleet's objective takes: the most

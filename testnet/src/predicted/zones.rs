@@ -38,7 +38,8 @@ fn fleet_strategy(node_strategy: &str) -> Option<&'static str> {
 
 /// `node_strategy` simulated over `zones` of the emulated `profile`, intervals of
 /// `interval_secs` emulated seconds, scenarios seeded with `seed`, the zone-aware strategies
-/// planning for `objective` as the nodes did; `None` for a profile or a
+/// planning for `objective` as the nodes did (their rings across zones by zone where
+/// `by_zone`); `None` for a profile or a
 /// strategy the fleet simulator cannot take, or zones it refuses (the reason is logged).
 pub fn simulate(
     profile: &str,
@@ -46,7 +47,7 @@ pub fn simulate(
     interval_secs: f64,
     seed: u64,
     node_strategy: &str,
-    objective: &Objective,
+    (objective, by_zone): (&Objective, bool),
 ) -> Option<StrategyRun> {
     let name = fleet_strategy(node_strategy)?;
     let emulated = profile::emulated(profile).ok()?;
@@ -64,7 +65,8 @@ pub fn simulate(
         .ok()?;
     let mut fleet = Fleet::new(emulated.spec, fleet_zones, Links::default())
         .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
-        .ok()?;
+        .ok()?
+        .with_all_reduce_by_zone(by_zone);
     let interval = interval_secs.round().max(1.0) as u64;
     let traces: Vec<_> = zones
         .iter()

@@ -102,6 +102,8 @@ pub struct FleetArgs<'a> {
     pub links: &'a [String],
     pub prices: &'a [String],
     pub objective: ObjectiveKind,
+    /// Whether rings across zones may all-reduce by zone.
+    pub by_zone: bool,
     pub model: &'a CostModel,
     pub model_name: &'a str,
     pub interval_secs: u64,
@@ -240,7 +242,8 @@ pub fn run(args: FleetArgs) -> Result<()> {
             end
         );
     }
-    let mut fleet = Fleet::new(args.model.spec.clone(), zones, links)?;
+    let mut fleet =
+        Fleet::new(args.model.spec.clone(), zones, links)?.with_all_reduce_by_zone(args.by_zone);
     let runs = simulate_fleet(
         &mut fleet,
         &traces,

@@ -1,10 +1,12 @@
 //! The zone-blind planner's layout (Parcae's, run over every zone at once): the worst device's
 //! split over the nodes in the order they joined, whatever their zone (a zone-ignorant system
-//! ranks its workers by registration), and the ring over the zones those nodes are in.
+//! ranks its workers by registration), and the ring over the zones those nodes are in; and the
+//! zone-aware planner's packed layout, the same over the nodes taken zone by zone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::zone_pipelines::fill;
 use super::{Fleet, MAX_COMPOSITIONS, Placement, Plans};
 use crate::config::ParallelConfig;
 use crate::cost::links::Link;
@@ -34,20 +36,52 @@ impl Fleet {
                 .entry(p)
                 .or_insert_with(|| balanced_bounds(&fleet.spec, &vec![&fleet.worst; p as usize]))
                 .clone()?;
-            fleet.zone_blind(joined, bounds, d, p)
+            fleet.zone_blind(joined, bounds, (d, p), false)
         });
         self.blind_memo.insert(joined.into(), plans.clone());
         plans
     }
 
+    /// `d` pipelines of `p` stages packed over the zones: the nodes of each zone in turn,
+    /// fastest kind first, `p` at a time a pipeline, so that a pipeline spans two zones only
+    /// where one zone's nodes run out; on the slowest used kind's split, priced as the
+    /// zone-blind layout is, its rings by zone where that is no slower. What a zone-aware
+    /// planner does where its zones' links are as good as one zone's and pipelines inside a
+    /// zone would leave nodes idle.
+    pub(super) fn packed_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+        let mut order: Vec<usize> = (0..counts.len()).collect();
+        order.sort_by(|&a, &b| {
+            self.pace(a)
+                .total_cmp(&self.pace(b))
+                .then(counts[b].cmp(&counts[a]))
+        });
+        // Where whole pipelines fit inside the zones in this order, the zone pipelines are at
+        // least as fast: the same nodes, their rings and activations on links no slower.
+        if fill(counts, &order, d, p).is_some() {
+            return None;
+        }
+        let packed: Vec<u8> = order
+            .iter()
+            .flat_map(|&z| std::iter::repeat_n(z as u8, counts[z] as usize))
+            .take((d * p) as usize)
+            .collect();
+        let slowest = packed
+            .iter()
+            .map(|&z| usize::from(z))
+            .max_by(|&a, &b| self.pace(a).total_cmp(&self.pace(b)))?;
+        let bounds = self.zone_split(slowest, p)?;
+        self.zone_blind(&packed, bounds, (d, p), true)
+    }
+
     /// The zone-blind planner's `(d, p)` on the worst device's split `bounds`: the first `d p`
-    /// nodes to join, `p` at a time a pipeline, paced by the slowest kind among them.
+    /// nodes to join, `p` at a time a pipeline, paced by the slowest kind among them (its rings
+    /// by zone where `by_zone` allows it and it is no slower).
     fn zone_blind(
         &mut self,
         joined: &[u8],
         bounds: Vec<usize>,
-        d: u32,
-        p: u32,
+        (d, p): (u32, u32),
+        by_zone: bool,
     ) -> Option<Placement> {
         let slots: Vec<usize> = joined
             .get(..(d * p) as usize)?
@@ -76,7 +110,7 @@ impl Fleet {
         for &z in &present {
             rate = rate.min(self.blind_rate(z, &bounds, d, link));
         }
-        Some(self.placement(pipelines, bounds, (rate, d), None, false))
+        Some(self.placement(pipelines, bounds, (rate, d), None, by_zone))
     }
 
     /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds`, their ring

@@ -333,3 +333,34 @@ fn planned_for_samples_per_dollar_a_plan_may_leave_a_dear_pool_idle() {
     fleet.set_prices(None);
     assert_eq!(*fleet.plans(&counts), *for_samples);
 }
+
+#[test]
+fn where_links_cost_nothing_packed_pipelines_leave_no_node_idle() {
+    // Four zones of V100s joined by links as good as one zone's: pipelines of 8 inside a zone
+    // hold 32 of 40 nodes; packed over the zones, 5 x 8 holds them all, and the zone-aware
+    // planner is never behind the zone-blind one.
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let mut links = Links::default();
+    links.across = links.within;
+    let zones = ["a", "b", "c", "d"].map(|n| zone(n, v100.clone())).to_vec();
+    let mut fleet = Fleet::new(spec, zones, links).unwrap();
+    let counts = [13, 11, 9, 7];
+    let aware = fleet.plans(&counts);
+    let blind = fleet.blind_plans(&alternating(&counts));
+    let c = ParallelConfig::new(5, 8);
+    let packed = &aware.placements[&c];
+    assert_eq!(packed.nodes_per_zone(4), vec![13, 11, 9, 7]);
+    assert!(packed.samples_per_sec >= blind.placements[&c].samples_per_sec);
+    for (config, b) in &blind.placements {
+        let a = aware
+            .placements
+            .get(config)
+            .map_or(0.0, |p| p.samples_per_sec);
+        assert!(
+            a >= b.samples_per_sec * (1.0 - 1e-9),
+            "{config:?}: {a} < {}",
+            b.samples_per_sec
+        );
+    }
+}
