@@ -73,7 +73,7 @@ fn two_zones_place_every_slot_in_a_zone_and_train_as_one_process() {
             "us-east-1b"
         }
     };
-    let c = four_nodes_in_zones(&config, &zone);
+    let c = four_nodes_in_zones(&config, zone);
     let i = all_steps_committed(&c, steps_total);
     let slots: Vec<(usize, [u32; 2])> = c
         .statuses()
@@ -124,13 +124,13 @@ fn replicas_in_two_zones_all_reduce_by_zone_and_train_as_one_process() {
         &format!("max_steps = {steps_total}\ncheckpoint_every = {steps_total}"),
     );
     let zone = |k: usize| {
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             "us-east-1a"
         } else {
             "us-east-1b"
         }
     };
-    let c = four_nodes_in_zones(&config, &zone);
+    let c = four_nodes_in_zones(&config, zone);
     all_steps_committed(&c, steps_total);
     let sent: Vec<(u64, u64)> = c
         .statuses()

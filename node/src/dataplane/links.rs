@@ -6,10 +6,9 @@
 
 use parcae_consensus::ControlState;
 use parcae_consensus::state::{Plan, StageSlot};
+use parcae_pool::AllReduce;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-
-use parcae_pool::AllReduce;
 
 use super::DataplaneError;
 use super::client::{self, PeerAddr};
@@ -17,7 +16,7 @@ use super::collective::{RingLinks, ZoneLayout, ZoneLinks, ZoneMember};
 use super::protocol::LinkKind;
 use super::server::Endpoint;
 use super::{SecureReader, SecureStream, SecureWriter};
-use crate::planner::zones::zone_of;
+use crate::planner::zones::{zone_of, zones_differ};
 
 /// One pipeline link: receive in schedule order, send without blocking.
 pub struct PipeLink {
@@ -196,7 +195,7 @@ pub async fn connect(
         }
         let ring = ring(ep, state, plan, slot, Ring::Replicas, (rank, d as usize)).await?;
         Ok(Some(ReduceLink::Ring(RingLink {
-            next_crosses: zones[rank] != zones[(rank + 1) % zones.len()],
+            next_crosses: zones_differ(zones[rank], zones[(rank + 1) % zones.len()]),
             ..ring
         })))
     };

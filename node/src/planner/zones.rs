@@ -90,8 +90,9 @@ pub struct FleetCache {
     planned_for: Option<objective::Objective>,
     /// The links the configuration sets by zone pair (`[planner] links`).
     set_links: Links,
-    /// Whether rings across zones may all-reduce by zone (`[planner] all_reduce_by_zone`).
-    by_zone: bool,
+    /// Every ring across zones flat (`[planner] all_reduce_by_zone = false`); by zone where
+    /// no slower otherwise.
+    flat_rings: bool,
 }
 
 impl FleetCache {
@@ -110,13 +111,16 @@ impl FleetCache {
             time_scale,
             planned_for: None,
             set_links: Links::default(),
-            by_zone: true,
+            flat_rings: false,
         }
     }
 
     /// The cache whose plans keep every ring across zones flat where `by_zone` is false.
     pub fn with_all_reduce_by_zone(self, by_zone: bool) -> Self {
-        Self { by_zone, ..self }
+        Self {
+            flat_rings: !by_zone,
+            ..self
+        }
     }
 
     /// The cache with the links `set` sets by zone pair over what the nodes measured.
@@ -209,7 +213,7 @@ impl FleetCache {
         });
         if !current {
             self.fleet = Fleet::new(cost.spec.clone(), zones, links)
-                .map(|fleet| fleet.with_all_reduce_by_zone(self.by_zone))
+                .map(|fleet| fleet.with_all_reduce_by_zone(!self.flat_rings))
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
             let shown: Vec<String> = names.iter().map(Pool::to_string).collect();
@@ -280,6 +284,12 @@ pub(crate) fn zone_of<'a>(state: &'a ControlState, id: &NodeId) -> &'a str {
         .members
         .get(id)
         .map_or("", |m| m.peer.caps.zone.as_str())
+}
+
+/// Whether zones `a` and `b` were both said and differ (what crosses between them leaves a
+/// zone; a member that said no zone crosses nothing).
+pub(crate) fn zones_differ(a: &str, b: &str) -> bool {
+    !a.is_empty() && !b.is_empty() && a != b
 }
 
 /// The pool member `id` is in: its instance type in its zone, or its zone alone where it said

@@ -10,12 +10,11 @@ use std::collections::BTreeMap;
 use parcae_pool::AllReduce;
 
 use crate::emulate::{Crossings, ZoneSpread};
-use crate::planner::zones::zone_of;
+use crate::planner::zones::{zone_of, zones_differ};
 
 /// Whether `a` and `b` said zones and they differ.
 pub fn crosses(state: &ControlState, a: &NodeId, b: &NodeId) -> bool {
-    let (za, zb) = (zone_of(state, a), zone_of(state, b));
-    !za.is_empty() && !zb.is_empty() && za != zb
+    zones_differ(zone_of(state, a), zone_of(state, b))
 }
 
 /// The transfers of `slot` under `plan` that leave its node's zone: activations to the next

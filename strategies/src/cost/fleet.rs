@@ -53,7 +53,7 @@ pub(crate) struct ZoneGroup {
 }
 
 /// Most zones a fleet spans.
-pub const MAX_ZONES: usize = 4;
+pub const MAX_ZONES: usize = 8;
 
 /// Most compositions whose plans are kept; the memo starts over past it.
 pub const MAX_COMPOSITIONS: usize = 1024;
@@ -176,8 +176,6 @@ struct Staggered {
     stages: Vec<StageCost>,
     /// The stage whose replicas lie in both zones.
     junction: usize,
-    /// The link its ring crosses.
-    across: Link,
 }
 
 /// A job on a fleet of zones, with the plans of every composition seen so far.

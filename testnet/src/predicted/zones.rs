@@ -109,7 +109,7 @@ mod tests {
             60.0,
             1,
             "liveput",
-            &Objective::Samples,
+            (&Objective::Samples, true),
         )
         .unwrap();
         let faster = simulate(
@@ -118,7 +118,7 @@ mod tests {
             60.0,
             1,
             "liveput",
-            &Objective::Samples,
+            (&Objective::Samples, true),
         )
         .unwrap();
         assert_eq!(even.name, "liveput-zone");
@@ -136,7 +136,7 @@ mod tests {
                 60.0,
                 1,
                 "reactive",
-                &Objective::Samples
+                (&Objective::Samples, true)
             )
             .unwrap()
             .name,
@@ -149,7 +149,7 @@ mod tests {
                 60.0,
                 1,
                 "liveput-predict",
-                &Objective::Samples
+                (&Objective::Samples, true)
             )
             .is_none()
         );
@@ -160,7 +160,7 @@ mod tests {
                 60.0,
                 1,
                 "liveput",
-                &Objective::Samples
+                (&Objective::Samples, true)
             )
             .is_none()
         );

@@ -66,6 +66,8 @@ fn report_fields_are_the_issue_contract() {
     assert_eq!(
         keys,
         [
+            "allreduce_bytes",
+            "allreduce_cross_zone_bytes",
             "committed_steps",
             "duplicate_samples",
             "intervals",

@@ -61,7 +61,7 @@ impl Fleet {
             candidates.push((bound, rank, (k, m)));
         }
         let (rate, (k, m)) =
-            fastest_by_bound(candidates, floor, |(k, _)| self.staggered_rate(k, d))?;
+            fastest_by_bound(candidates, floor, |(k, m)| self.staggered_rate(k, d, *m))?;
         let (arranged, staggered) = (self.arranged(&k)?, self.staggered(&k)?);
         let pipelines = vec![
             Pipelines {
@@ -73,12 +73,13 @@ impl Fleet {
                 count: d - m,
             },
         ];
-        Some(self.placement(pipelines, arranged.bounds.clone(), (rate, d), None, false))
+        Some(self.placement(pipelines, arranged.bounds.clone(), (rate, d), None, true))
     }
 
-    /// Samples per second of `d` staggered pipelines of shares `k`: the arranged shape and the
-    /// staggered one, each on its own schedule, the junction stage's ring across the zones.
-    fn staggered_rate(&mut self, k: &Shares, d: u32) -> Option<f64> {
+    /// Samples per second of `d` pipelines of shares `k`, `m` of them arranged and the others
+    /// staggered, each shape on its own schedule; the junction stage's `m` and `d - m` replicas
+    /// all-reduce across the two zones (by zone where that is no slower).
+    fn staggered_rate(&mut self, k: &Shares, d: u32, m: u32) -> Option<f64> {
         let (arranged, staggered) = (self.arranged(k)?, self.staggered(k)?);
         let first = self.schedule(Pipeline::Mixed(*k), &arranged.stages, arranged.boundary, d);
         let second = self.schedule(
@@ -87,7 +88,15 @@ impl Fleet {
             arranged.boundary,
             d,
         );
-        let (within, across) = (arranged.ring.mib_per_ms(), staggered.across.mib_per_ms());
+        let mut members = vec![0; self.zones.len()];
+        members[arranged.order[0]] = m;
+        members[staggered.order[staggered.junction]] = d - m;
+        let across = self
+            .table
+            .reduction(&members, self.by_zone)
+            .link
+            .mib_per_ms();
+        let within = arranged.ring.mib_per_ms();
         let ring = |s: usize| {
             if s == staggered.junction {
                 across
@@ -117,17 +126,10 @@ impl Fleet {
         order[junction] = second;
         let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
         let stages = mixed::stages_of(&self.spec, &devices, &arranged.bounds)?;
-        let link = self.link(first, second);
-        let across = if link.gbit_per_s < arranged.ring.gbit_per_s {
-            link
-        } else {
-            arranged.ring
-        };
         Some(Staggered {
             order,
             stages,
             junction,
-            across,
         })
     }
 }

@@ -136,10 +136,10 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
     let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
     let fleet = |zones| Fleet::new(gpt(), zones, Links::default()).err();
     assert_eq!(fleet(vec![]), Some(FleetError::Zones(0)));
-    let five: Vec<Zone> = (0..5)
+    let many: Vec<Zone> = (0..=MAX_ZONES)
         .map(|i| zone(&format!("z{i}"), v100.clone()))
         .collect();
-    assert_eq!(fleet(five), Some(FleetError::Zones(5)));
+    assert_eq!(fleet(many), Some(FleetError::Zones(MAX_ZONES + 1)));
     assert_eq!(
         fleet(vec![zone("a", v100.clone()), zone("a", v100.clone())]),
         Some(FleetError::Duplicate("a".parse().unwrap()))
@@ -158,16 +158,21 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
 
 #[test]
 fn stages_are_split_over_zones_within_their_counts() {
-    let pair_splits = |p: usize, counts: &[u32], d: u32| -> Vec<Shares> {
+    // Each share's stages in the first zones (the rest of the array is zero).
+    let pair_splits = |p: usize, counts: &[u32], d: u32| -> Vec<Vec<usize>> {
         let caps = caps_of(counts, d);
         pair_shares(p, counts.len())
             .filter(|k| fits(k, &caps))
+            .map(|k| {
+                assert!(k[counts.len()..].iter().all(|&s| s == 0), "{k:?}");
+                k[..counts.len()].to_vec()
+            })
             .collect()
     };
-    assert_eq!(pair_splits(3, &[4, 6], 2), vec![[1, 2, 0, 0], [2, 1, 0, 0]]);
+    assert_eq!(pair_splits(3, &[4, 6], 2), vec![vec![1, 2], vec![2, 1]]);
     assert_eq!(
         pair_splits(2, &[1, 1, 1], 1),
-        vec![[1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 1, 0]]
+        vec![vec![1, 1, 0], vec![1, 0, 1], vec![0, 1, 1]]
     );
     assert!(pair_splits(4, &[1, 1], 1).is_empty());
     assert_eq!(fill(&[16, 9], &[1, 0], 3, 8), Some(vec![2, 1]));
@@ -363,4 +368,48 @@ fn where_links_cost_nothing_packed_pipelines_leave_no_node_idle() {
             b.samples_per_sec
         );
     }
+}
+
+#[test]
+fn eight_pools_are_planned_and_never_behind_zone_blind() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
+    let zones: Vec<Zone> = (0..MAX_ZONES)
+        .map(|i| {
+            let device = if i % 2 == 0 {
+                v100.clone()
+            } else {
+                fast.clone()
+            };
+            zone(&format!("us-east-1{}", (b'a' + i as u8) as char), device)
+        })
+        .collect();
+    let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
+    let counts = [9, 8, 7, 6, 5, 4, 3, 2];
+    let aware = fleet.plans(&counts);
+    let blind = fleet.blind_plans(&alternating(&counts));
+    assert!(!aware.placements.is_empty());
+    for (config, b) in &blind.placements {
+        let a = aware
+            .placements
+            .get(config)
+            .map_or(0.0, |p| p.samples_per_sec);
+        assert!(
+            a >= b.samples_per_sec * (1.0 - 1e-9),
+            "{config:?}: {a} < {}",
+            b.samples_per_sec
+        );
+    }
+    // Eight small zones hold no pipeline of the model's depths inside one: the best is packed
+    // over the zones, as fast as zone-blind's layout (priced alike) and crossing fewer zones.
+    let c = ParallelConfig::new(4, 11);
+    let (a, b) = (&aware.placements[&c], &blind.placements[&c]);
+    assert_eq!(a.samples_per_sec, b.samples_per_sec);
+    assert!(
+        a.egress_usd_per_sample < 0.75 * b.egress_usd_per_sample,
+        "{} vs {}",
+        a.egress_usd_per_sample,
+        b.egress_usd_per_sample
+    );
 }

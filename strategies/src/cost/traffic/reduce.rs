@@ -10,7 +10,7 @@
 
 use parcae_pool::AllReduce;
 
-use super::LinkTable;
+use super::table::LinkTable;
 use crate::cost::links::Link;
 
 /// The zones of a stage's replicas, in the ring's order: a pool of each (where they cross
@@ -49,7 +49,7 @@ impl LinkTable {
             .filter(|&p| members[p] > 0)
             .map(|p| (p, members[p]))
             .collect();
-        order.sort_by_key(|&(p, _)| self.rank[p]);
+        order.sort_by_key(|&(p, _)| self.rank(p));
         let replicas = order.iter().map(|o| o.1).sum();
         let mut zones: Vec<ZoneGroup> = Vec::new();
         for &(p, n) in &order {

@@ -1,5 +1,8 @@
 use super::*;
+use parcae_pool::Pool;
+
 use crate::cost::builtin::builtin;
+use crate::cost::links::{Link, Links};
 
 fn pools(names: &[&str]) -> Vec<Pool> {
     names.iter().map(|name| name.parse().unwrap()).collect()
