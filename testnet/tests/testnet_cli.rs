@@ -414,9 +414,12 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
         "lost_committed_steps",
         "rolled_back_steps",
         "duplicate_samples",
+        "allreduce_bytes",
+        "allreduce_cross_zone_bytes",
     ] {
         assert!(v[key].is_u64(), "{key}: {v}");
     }
+    assert!(v["allreduce_cross_zone_bytes"].as_u64() <= v["allreduce_bytes"].as_u64());
     for key in ["loss_first", "loss_last", "val_loss_first", "val_loss_last"] {
         assert!(v[key].is_f64() || v[key].is_null(), "{key}: {v}");
     }
@@ -465,7 +468,7 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     }
     assert_eq!(
         v.as_object().unwrap().len(),
-        21 + [
+        23 + [
             "outage",
             "fidelity",
             "faults",
