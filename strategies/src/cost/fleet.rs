@@ -34,7 +34,7 @@ use parcae_pool::{AllReduce, Pool};
 use super::analytic::{self, StageCost};
 use super::links::{Link, Links};
 use super::mixed::{self, DeviceCosts, balanced_bounds};
-use super::spec::{LayerCost, ModelSpec};
+use super::spec::ModelSpec;
 use super::split::Splits;
 use super::throughput::ThroughputTable;
 use super::traffic::{LinkTable, Pipelines, traffic};
@@ -262,7 +262,8 @@ impl Fleet {
                 ));
             }
         }
-        let worst = worst_device(&spec, &zones);
+        let devices: Vec<&DeviceCosts> = zones.iter().map(|z| &z.device).collect();
+        let worst = worst::worst_device(&spec, &devices);
         let paces = zones
             .iter()
             .map(|z| {
@@ -562,40 +563,12 @@ fn transfer_over(link: Link) -> TransferModel {
     }
 }
 
-/// Each layer as slow as the slowest kind runs it, with the least memory of any kind.
-fn worst_device(spec: &ModelSpec, zones: &[Zone]) -> DeviceCosts {
-    let layers = (0..spec.layers.len())
-        .map(|i| {
-            let on = |f: fn(&LayerCost) -> f64| {
-                zones
-                    .iter()
-                    .map(|z| f(&z.device.layers[i]))
-                    .fold(0.0, f64::max)
-            };
-            LayerCost {
-                forward_ms: on(|l| l.forward_ms),
-                backward_ms: on(|l| l.backward_ms),
-                optimizer_ms: on(|l| l.optimizer_ms),
-                ..spec.layers[i]
-            }
-        })
-        .collect();
-    let memory_mb = zones
-        .iter()
-        .map(|z| z.device.memory_mb)
-        .fold(f64::INFINITY, f64::min);
-    DeviceCosts {
-        name: "worst".into(),
-        layers,
-        memory_mb,
-    }
-}
-
 mod blind;
 mod placement;
 pub mod shares;
 mod staggered;
 mod two_zones;
+mod worst;
 mod zone_pipelines;
 
 #[cfg(test)]

@@ -49,12 +49,7 @@ impl Fleet {
     /// planner does where its zones' links are as good as one zone's and pipelines inside a
     /// zone would leave nodes idle.
     pub(super) fn packed_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
-        let mut order: Vec<usize> = (0..counts.len()).collect();
-        order.sort_by(|&a, &b| {
-            self.pace(a)
-                .total_cmp(&self.pace(b))
-                .then(counts[b].cmp(&counts[a]))
-        });
+        let order = self.by_speed(counts);
         // Where whole pipelines fit inside the zones in this order, the zone pipelines are at
         // least as fast: the same nodes, their rings and activations on links no slower.
         if fill(counts, &order, d, p).is_some() {

@@ -357,17 +357,7 @@ fn where_links_cost_nothing_packed_pipelines_leave_no_node_idle() {
     let packed = &aware.placements[&c];
     assert_eq!(packed.nodes_per_zone(4), vec![13, 11, 9, 7]);
     assert!(packed.samples_per_sec >= blind.placements[&c].samples_per_sec);
-    for (config, b) in &blind.placements {
-        let a = aware
-            .placements
-            .get(config)
-            .map_or(0.0, |p| p.samples_per_sec);
-        assert!(
-            a >= b.samples_per_sec * (1.0 - 1e-9),
-            "{config:?}: {a} < {}",
-            b.samples_per_sec
-        );
-    }
+    assert_never_behind(&aware, &blind);
 }
 
 #[test]
@@ -390,17 +380,7 @@ fn eight_pools_are_planned_and_never_behind_zone_blind() {
     let aware = fleet.plans(&counts);
     let blind = fleet.blind_plans(&alternating(&counts));
     assert!(!aware.placements.is_empty());
-    for (config, b) in &blind.placements {
-        let a = aware
-            .placements
-            .get(config)
-            .map_or(0.0, |p| p.samples_per_sec);
-        assert!(
-            a >= b.samples_per_sec * (1.0 - 1e-9),
-            "{config:?}: {a} < {}",
-            b.samples_per_sec
-        );
-    }
+    assert_never_behind(&aware, &blind);
     // Eight small zones hold no pipeline of the model's depths inside one: the best is packed
     // over the zones, as fast as zone-blind's layout (priced alike) and crossing fewer zones.
     let c = ParallelConfig::new(4, 11);
@@ -412,4 +392,19 @@ fn eight_pools_are_planned_and_never_behind_zone_blind() {
         a.egress_usd_per_sample,
         b.egress_usd_per_sample
     );
+}
+
+/// Every configuration of `blind` is laid out by `aware` at least as fast.
+fn assert_never_behind(aware: &Plans, blind: &Plans) {
+    for (config, b) in &blind.placements {
+        let a = aware
+            .placements
+            .get(config)
+            .map_or(0.0, |p| p.samples_per_sec);
+        assert!(
+            a >= b.samples_per_sec * (1.0 - 1e-9),
+            "{config:?}: {a} < {}",
+            b.samples_per_sec
+        );
+    }
 }

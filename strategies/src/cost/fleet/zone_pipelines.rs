@@ -25,12 +25,7 @@ impl Fleet {
     /// first (a node-hour's price times the model's pace) or in one pool alone, whichever the
     /// objective prefers.
     pub(super) fn zone_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
-        let mut by_speed: Vec<usize> = (0..counts.len()).collect();
-        by_speed.sort_by(|&a, &b| {
-            self.pace(a)
-                .total_cmp(&self.pace(b))
-                .then(counts[b].cmp(&counts[a]))
-        });
+        let by_speed = self.by_speed(counts);
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
         let mut orders = vec![by_speed, by_count];
@@ -62,6 +57,17 @@ impl Fleet {
             return fastest.map(|placed| (*placed).clone());
         }
         self.best_of(placed.iter().map(|placed| (**placed).clone()), counts)
+    }
+
+    /// The zones fastest kind first, the fullest first among equals.
+    pub(super) fn by_speed(&self, counts: &[u32]) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..counts.len()).collect();
+        order.sort_by(|&a, &b| {
+            self.pace(a)
+                .total_cmp(&self.pace(b))
+                .then(counts[b].cmp(&counts[a]))
+        });
+        order
     }
 
     /// [`Self::filled`] with its egress priced (memoised: it depends on the zones in `order`
