@@ -265,6 +265,17 @@ fn assignment_of<Id: Clone + Ord>(
         lost_layers: Vec::new(),
         moved_bytes: 0.0,
     };
+    // Who holds each layer, in the nodes' order: a large cluster asks for every layer of
+    // every node, and scanning all nodes for each was quadratic in them.
+    let layers = layer_bytes.len();
+    let mut holders: Vec<Vec<usize>> = vec![Vec::new(); layers];
+    for (i, node) in nodes.iter().enumerate() {
+        let end = node.layers.end.min(layers);
+        let held = node.layers.start.min(end)..end;
+        for holding in &mut holders[held] {
+            holding.push(i);
+        }
+    }
     let mut load: BTreeMap<Id, f64> = BTreeMap::new();
     for (r, &c) in chosen.iter().enumerate() {
         let slot = slots[r];
@@ -273,9 +284,11 @@ fn assignment_of<Id: Clone + Ord>(
         let wanted = partition[slot.stage as usize]..partition[slot.stage as usize + 1];
         let mut fetches: Vec<Transfer<Id>> = Vec::new();
         for layer in wanted.filter(|l| !node.layers.contains(l)) {
-            let source = nodes
-                .iter()
-                .filter(|h| h.layers.contains(&layer))
+            let source = holders
+                .get(layer)
+                .into_iter()
+                .flatten()
+                .map(|&i| &nodes[i])
                 .min_by(|a, b| {
                     let la = load.get(&a.node).copied().unwrap_or(0.0);
                     let lb = load.get(&b.node).copied().unwrap_or(0.0);

@@ -26,10 +26,11 @@
 //! split on the devices it got, paced by the slowest kind present, with rings and pipelines
 //! crossing zones.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parcae_pool::{AllReduce, Pool};
+use rustc_hash::FxHashMap;
 
 use super::analytic::{self, StageCost};
 use super::links::{Link, Links};
@@ -178,7 +179,9 @@ struct Staggered {
     junction: usize,
 }
 
-/// A job on a fleet of zones, with the plans of every composition seen so far.
+/// A job on a fleet of zones, with the plans of every composition seen so far. Its memos are
+/// keyed by small integers and arrays, looked up a few hundred thousand times a decision, so
+/// they hash with FxHash.
 #[derive(Clone)]
 pub struct Fleet {
     spec: ModelSpec,
@@ -193,25 +196,25 @@ pub struct Fleet {
     worst: DeviceCosts,
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
-    memo: HashMap<Vec<u32>, Arc<Plans>>,
+    memo: FxHashMap<Vec<u32>, Arc<Plans>>,
     /// The zone-blind plans by the nodes' zones in join order.
-    blind_memo: HashMap<Arc<[u8]>, Arc<Plans>>,
+    blind_memo: FxHashMap<Arc<[u8]>, Arc<Plans>>,
     /// A zone-blind pipeline's rate by its zone, `d`, `p` and link (bandwidth and latency bits).
-    blind_rates: HashMap<(usize, u32, u32, u64, u64), f64>,
-    arranged: HashMap<Shares, Option<Arc<Arranged>>>,
-    pair_shapes: HashMap<u32, Arc<[PairShape]>>,
+    blind_rates: FxHashMap<(usize, u32, u32, u64, u64), f64>,
+    arranged: FxHashMap<Shares, Option<Arc<Arranged>>>,
+    pair_shapes: FxHashMap<u32, Arc<[PairShape]>>,
     /// Mixed pipelines by each zone's nodes per pipeline, `d` and `p`: the floor they were
     /// sought above and what was found.
-    mixed_found: HashMap<MixedKey, (f64, Option<Arc<Placement>>)>,
-    zone_placed: HashMap<ZoneKey, Option<Arc<Placement>>>,
-    staggered: HashMap<Shares, Option<Arc<Staggered>>>,
-    heads: HashMap<(usize, usize), Arc<Splits>>,
-    schedules: HashMap<(Pipeline, u32), Arc<[f64]>>,
-    tails: HashMap<usize, Arc<Splits>>,
-    local_rates: HashMap<LocalKey, f64>,
-    local_stages: HashMap<(usize, usize, u32), Option<Stages>>,
-    shared: HashMap<SharedKey, Option<(f64, Vec<u32>)>>,
-    split: HashMap<(usize, u32), Option<Vec<usize>>>,
+    mixed_found: FxHashMap<MixedKey, (f64, Option<Arc<Placement>>)>,
+    zone_placed: FxHashMap<ZoneKey, Option<Arc<Placement>>>,
+    staggered: FxHashMap<Shares, Option<Arc<Staggered>>>,
+    heads: FxHashMap<(usize, usize), Arc<Splits>>,
+    schedules: FxHashMap<(Pipeline, u32), Arc<[f64]>>,
+    tails: FxHashMap<usize, Arc<Splits>>,
+    local_rates: FxHashMap<LocalKey, f64>,
+    local_stages: FxHashMap<(usize, usize, u32), Option<Stages>>,
+    shared: FxHashMap<SharedKey, Option<(f64, Vec<u32>)>>,
+    split: FxHashMap<(usize, u32), Option<Vec<usize>>>,
 }
 
 /// A pipeline whose 1F1B schedule is memoised: a zone pipeline on zone `z`'s device at zone
@@ -285,21 +288,21 @@ impl Fleet {
             by_zone: true,
             worst,
             paces,
-            memo: HashMap::new(),
-            blind_memo: HashMap::new(),
-            blind_rates: HashMap::new(),
-            arranged: HashMap::new(),
-            pair_shapes: HashMap::new(),
-            mixed_found: HashMap::new(),
-            zone_placed: HashMap::new(),
-            staggered: HashMap::new(),
-            heads: HashMap::new(),
-            schedules: HashMap::new(),
-            tails: HashMap::new(),
-            local_rates: HashMap::new(),
-            local_stages: HashMap::new(),
-            shared: HashMap::new(),
-            split: HashMap::new(),
+            memo: FxHashMap::default(),
+            blind_memo: FxHashMap::default(),
+            blind_rates: FxHashMap::default(),
+            arranged: FxHashMap::default(),
+            pair_shapes: FxHashMap::default(),
+            mixed_found: FxHashMap::default(),
+            zone_placed: FxHashMap::default(),
+            staggered: FxHashMap::default(),
+            heads: FxHashMap::default(),
+            schedules: FxHashMap::default(),
+            tails: FxHashMap::default(),
+            local_rates: FxHashMap::default(),
+            local_stages: FxHashMap::default(),
+            shared: FxHashMap::default(),
+            split: FxHashMap::default(),
         })
     }
 
@@ -474,7 +477,7 @@ impl Fleet {
     fn memoised<V>(
         &mut self,
         k: &Shares,
-        cache: fn(&mut Fleet) -> &mut HashMap<Shares, Option<Arc<V>>>,
+        cache: fn(&mut Fleet) -> &mut FxHashMap<Shares, Option<Arc<V>>>,
         build: fn(&mut Fleet, &Shares) -> Option<V>,
     ) -> Option<Arc<V>> {
         if let Some(found) = cache(self).get(k) {

@@ -78,14 +78,22 @@ pub fn traffic(
         }
     }
     let mut members = vec![0u32; table.pools()];
+    // Most stages spread over the pools as the one before them (every stage of a pipeline
+    // inside one zone does): their reduction is priced once.
+    let mut last: Option<(Vec<u32>, Reduction)> = None;
     for (s, w) in bounds.windows(2).enumerate() {
         let params: f64 = spec.layers.get(w[0]..w[1])?.iter().map(|l| l.params).sum();
         members.fill(0);
         for shape in pipelines {
             members[shape.pools[s]] += shape.count;
         }
-        let ms = out.all_reduce(table, &members, params * GRADIENT_BYTES_PER_PARAM, by_zone);
+        let reduction = match last.take() {
+            Some((of, reduction)) if of == members => (of, reduction),
+            _ => (members.clone(), table.reduction(&members, by_zone)),
+        };
+        let ms = out.all_reduce(table, &reduction.1, params * GRADIENT_BYTES_PER_PARAM);
         out.allreduce_ms.push(ms);
+        last = Some(reduction);
     }
     Some(out)
 }
@@ -98,10 +106,9 @@ impl Traffic {
         }
     }
 
-    /// The all-reduce of `bytes` over `members[p]` replicas in each pool `p` ([`reduce`]):
-    /// its crossings counted; its time, ms.
-    fn all_reduce(&mut self, table: &LinkTable, members: &[u32], bytes: f64, by_zone: bool) -> f64 {
-        let reduction = table.reduction(members, by_zone);
+    /// The all-reduce of `bytes` as `reduction` prices it ([`reduce`]): its crossings counted;
+    /// its time, ms.
+    fn all_reduce(&mut self, table: &LinkTable, reduction: &Reduction, bytes: f64) -> f64 {
         for (a, b, sent) in reduction.crossings(bytes) {
             self.add_crossing(table, a, b, sent);
         }
