@@ -6,6 +6,9 @@
 //! stage's parameters), so a peer's bytes never size an allocation, and refuses every length,
 //! scale or value that could not have come from an honest encoder.
 
+use std::fmt;
+use std::str::FromStr;
+
 use half::bf16;
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +29,32 @@ pub enum Wire {
     /// One byte a value and a scale a block: an error of at most the block's largest magnitude
     /// over 254.
     Int8,
+}
+
+impl FromStr for Wire {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Wire::F32),
+            "bf16" => Ok(Wire::Bf16),
+            "int8" => Ok(Wire::Int8),
+            _ => Err(format!(
+                "pseudo-gradient wire form \"{}\": expected f32, bf16 or int8",
+                s.chars().take(64).collect::<String>()
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Wire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Wire::F32 => "f32",
+            Wire::Bf16 => "bf16",
+            Wire::Int8 => "int8",
+        })
+    }
 }
 
 /// Why a pseudo-gradient could not be encoded or decoded.
@@ -180,6 +209,19 @@ mod tests {
                 wire.encoded_len(1000).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn wire_forms_parse_and_print_back() {
+        for wire in [Wire::F32, Wire::Bf16, Wire::Int8] {
+            assert_eq!(wire.to_string().parse::<Wire>(), Ok(wire));
+        }
+        assert!(
+            "fp8"
+                .parse::<Wire>()
+                .unwrap_err()
+                .contains("expected f32, bf16 or int8")
+        );
     }
 
     #[test]

@@ -51,8 +51,16 @@ fn main() {
         let mut fleet = Fleet::new(spec.clone(), zones.to_vec(), Links::default())
             .expect("a fleet")
             .with_all_reduce_by_zone(!flat_rings);
-        let runs = simulate_fleet(&mut fleet, &traces, 0..p3.len(), 12, 1, &Objective::Samples)
-            .expect("a fleet run");
+        let runs = simulate_fleet(
+            &mut fleet,
+            &traces,
+            0..p3.len(),
+            12,
+            1,
+            &Objective::Samples,
+            None,
+        )
+        .expect("a fleet run");
         let of = |name: &str| -> &FleetRun {
             runs.iter()
                 .find(|r| r.run.name == name)

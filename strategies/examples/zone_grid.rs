@@ -69,7 +69,7 @@ fn main() {
                     let mut fleet = Fleet::new(spec.clone(), zones.clone(), Links::default())
                         .expect("a fleet")
                         .with_all_reduce_by_zone(!flat_rings);
-                    simulate_fleet(&mut fleet, &traces, 0..p3.len(), 12, 1, objective)
+                    simulate_fleet(&mut fleet, &traces, 0..p3.len(), 12, 1, objective, None)
                         .expect("a fleet run")
                 };
                 let samples = run(&Objective::Samples);

@@ -17,6 +17,7 @@ use crate::liveput::{LiveputOptimizer, Lookahead, PlanState, Terminal};
 use crate::predict::{self, Bounds, ForecastInput, NoticeAware, Predictor, ZoneModel};
 use crate::trace::{Interval, Trace};
 
+pub mod diloco;
 pub mod fleet;
 pub mod join_order;
 
@@ -89,6 +90,14 @@ pub struct MigrationCounts {
 }
 
 impl MigrationCounts {
+    /// Adds `other`'s counts (runs of several groups, each its own migrations).
+    pub fn add(&mut self, other: &MigrationCounts) {
+        self.intra += other.intra;
+        self.inter += other.inter;
+        self.repartition += other.repartition;
+        self.restart += other.restart;
+    }
+
     /// Count one migration of `kind`.
     pub fn record(&mut self, kind: MigrationKind) {
         match kind {

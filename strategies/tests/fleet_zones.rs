@@ -43,7 +43,16 @@ fn fleet_runs_for(
     ];
     let mut fleet = Fleet::new(spec, zones, Links::default()).unwrap();
     let b = trace::load(other, 60).unwrap();
-    simulate_fleet(&mut fleet, &[p3.clone(), b], 0..p3.len(), 12, 1, objective).unwrap()
+    simulate_fleet(
+        &mut fleet,
+        &[p3.clone(), b],
+        0..p3.len(),
+        12,
+        1,
+        objective,
+        None,
+    )
+    .unwrap()
 }
 
 fn samples(runs: &[FleetRun], name: &str) -> f64 {
@@ -150,8 +159,16 @@ fn a_dollar_objective_without_every_price_is_refused() {
         let objective = Objective::SamplesPerDollar {
             usd_per_node_hour: prices.clone(),
         };
-        let err = simulate_fleet(&mut fleet, &[t.clone(), t.clone()], 0..10, 4, 1, &objective)
-            .unwrap_err();
+        let err = simulate_fleet(
+            &mut fleet,
+            &[t.clone(), t.clone()],
+            0..10,
+            4,
+            1,
+            &objective,
+            None,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().contains("price for each of the 2 zones"),
             "{prices:?}: {err}"
@@ -202,6 +219,7 @@ fn the_nodes_used_per_zone_are_the_placements_and_within_each_zone() {
         12,
         1,
         &Objective::Samples,
+        None,
     )
     .unwrap();
     let counts = compositions(&traces).unwrap().counts;
@@ -252,7 +270,7 @@ fn planned_for_samples_per_dollar_a_dear_pool_is_left_idle_and_the_cheap_one_alo
     let prices = [0.55, 1.2];
     let run = |objective: &Objective| {
         let mut fleet = Fleet::new(spec.clone(), zones.clone(), Links::default()).unwrap();
-        simulate_fleet(&mut fleet, &traces, 0..48 * 60, 12, 1, objective).unwrap()
+        simulate_fleet(&mut fleet, &traces, 0..48 * 60, 12, 1, objective, None).unwrap()
     };
     let for_samples = run(&Objective::Samples);
     let for_dollars = run(&Objective::SamplesPerDollar {

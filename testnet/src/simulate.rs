@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use parcae_outer::{SyncMode, Wire};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::builtin::MODELS;
 use parcae_strategies::cost::money::{self, Bill, OnDemand, Prices};
@@ -12,6 +13,7 @@ use parcae_strategies::cost::objective::ObjectiveKind;
 use crate::prices::{PriceArgs, names_zones};
 use parcae_strategies::cost::throughput::Profile;
 use parcae_strategies::cost::{CostModel, RepartitionRule};
+use parcae_strategies::sim::diloco::Rounds;
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
@@ -84,6 +86,14 @@ pub struct Args {
     /// before the all-reduce by zone (to measure what it gains).
     #[arg(long)]
     flat_rings: bool,
+    /// With --zones: how the pools synchronise. `step` (one synchronous job, every strategy
+    /// above) or `diloco:H` (adds DiLoCo between the pools: each trains alone, H inner steps of
+    /// the job's batch a round, then one exchange of pseudo-gradients).
+    #[arg(long, default_value = "step")]
+    sync: SyncMode,
+    /// With --sync diloco:H: the pseudo-gradient's wire form, f32, bf16 or int8.
+    #[arg(long, default_value = "f32")]
+    pseudo_gradient: Wire,
 }
 
 /// The JSON document `--json` writes.
@@ -127,6 +137,16 @@ pub struct StrategyJson {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let rounds = match args.sync {
+        SyncMode::Step => None,
+        SyncMode::Diloco(inner_steps) => Some(Rounds {
+            inner_steps,
+            wire: args.pseudo_gradient,
+        }),
+        SyncMode::Auto => bail!(
+            "--sync auto: the planner does not choose between step and diloco:H yet; give one"
+        ),
+    };
     if !args.zones.is_empty() {
         let model = cost_model(&args)?;
         return zones::run(zones::FleetArgs {
@@ -135,6 +155,7 @@ pub fn run(args: Args) -> Result<()> {
             prices: &args.prices.price_spot,
             objective: args.objective,
             by_zone: !args.flat_rings,
+            rounds,
             model: &model,
             model_name: &args.model,
             interval_secs: args.interval_secs,
@@ -150,9 +171,10 @@ pub fn run(args: Args) -> Result<()> {
         || names_zones(&args.prices.price_spot)
         || args.objective != ObjectiveKind::Samples
         || args.flat_rings
+        || rounds.is_some()
     {
         bail!(
-            "--link, --price-spot ZONE=USD, --objective and --flat-rings plan a fleet: give its zones with --zones"
+            "--link, --price-spot ZONE=USD, --objective, --flat-rings and --sync diloco:H plan a fleet: give its zones with --zones"
         );
     }
     let prices = args.prices.prices()?;

@@ -344,3 +344,71 @@ fn two_instance_types_of_one_zone_are_pools_priced_apart_that_pay_no_egress() {
     ]);
     assert_one_line_error(&out, &["--price-spot \"c=2\"", "no zone or pool \"c\""]);
 }
+
+#[test]
+fn diloco_between_the_pools_reports_its_rounds_and_bad_sync_modes_are_refused() {
+    let zones = "a=synthetic:quiet:1:nodes=12:days=1,b=synthetic:quiet:2:nodes=12:days=1@1.5/24";
+    let (_, v) = simulate_json(
+        &[
+            "--zones",
+            zones,
+            "--price-spot",
+            "a=0.9,b=1.2",
+            "--end-hour",
+            "3",
+            "--sync",
+            "diloco:20",
+            "--pseudo-gradient",
+            "bf16",
+        ],
+        "sim-diloco",
+    );
+    let strategies = v["strategies"].as_array().unwrap();
+    let by = |name: &str| strategies.iter().find(|s| s["name"] == name).unwrap();
+    let (diloco, single) = (by("diloco:20"), by("single-zone-best"));
+    assert_eq!(strategies.last().unwrap()["name"], "diloco:20");
+    // Both pools train, each on its own: more samples than either alone, every node billed.
+    let samples = |s: &serde_json::Value| s["samples"].as_f64().unwrap();
+    assert!(
+        samples(diloco) > 1.5 * samples(single),
+        "{diloco} vs {single}"
+    );
+    assert_eq!(diloco["node_hours"], diloco["held_node_hours"]);
+    let rounds = &diloco["rounds"];
+    let (n, crossed) = (
+        rounds["rounds"].as_f64().unwrap(),
+        rounds["cross_zone_bytes"].as_f64().unwrap(),
+    );
+    assert!(n >= 1.0, "{rounds}");
+    // Two groups: each sends the whole model once a round, two bytes a parameter (bf16),
+    // gpt-1.5b's 1.5 B parameters or so.
+    let per_round = crossed / n;
+    assert!(
+        (2.0 * 2.0 * 1.4e9..2.0 * 2.0 * 1.7e9).contains(&per_round),
+        "{per_round}"
+    );
+    assert!(diloco["egress_usd"].as_f64().unwrap() > 0.0);
+    assert!(single.get("rounds").is_none());
+    let out = testnet(&["simulate", "--zones", zones, "--sync", "auto"]);
+    assert_one_line_error(&out, &["--sync auto", "step and diloco:H"]);
+    // Refused as the command line is parsed: clap's error, exit code 2.
+    let refused = |out: &Output, needles: &[&str]| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+        assert!(needles.iter().all(|n| err.contains(n)), "{err}");
+    };
+    let out = testnet(&["simulate", "--zones", zones, "--sync", "diloco:0"]);
+    refused(&out, &["diloco:0", "inner steps must be 1 to"]);
+    let out = testnet(&[
+        "simulate",
+        "--zones",
+        zones,
+        "--sync",
+        "diloco:20",
+        "--pseudo-gradient",
+        "fp8",
+    ]);
+    refused(&out, &["fp8", "f32, bf16 or int8"]);
+    let out = testnet(&["simulate", "--sync", "diloco:20"]);
+    assert_one_line_error(&out, &["--sync diloco:H", "--zones"]);
+}

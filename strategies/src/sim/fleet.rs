@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::diloco::{Rounds, RoundsReport, diloco};
 use super::join_order::join_orders;
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::config::ParallelConfig;
@@ -77,6 +78,9 @@ pub struct FleetRun {
     pub egress_usd: f64,
     /// For `single-zone-best`, the zone it ran in.
     pub zone: Option<String>,
+    /// For DiLoCo, what its rounds did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<RoundsReport>,
 }
 
 impl FleetRun {
@@ -252,7 +256,8 @@ impl Speeds for FleetSpeeds<'_> {
 /// intervals `range`, looking `lookahead` intervals ahead, scenarios seeded with `seed`; the
 /// zone-aware strategies (`liveput-zone`, `reactive`) plan for `objective`, the zone-blind one
 /// by its one table (it cannot see what crosses zones), and the best single zone for samples
-/// (it crosses none).
+/// (it crosses none). With `rounds`, DiLoCo between the pools too (`diloco:H`, after the
+/// others: [`diloco`]), each pool trained alone as `single-zone-best` runs it.
 pub fn simulate_fleet(
     fleet: &mut Fleet,
     traces: &[Trace],
@@ -260,6 +265,7 @@ pub fn simulate_fleet(
     lookahead: usize,
     seed: u64,
     objective: &Objective,
+    rounds: Option<Rounds>,
 ) -> Result<Vec<FleetRun>, FleetTraceError> {
     if traces.len() != fleet.zones().len() {
         return Err(FleetTraceError::Count {
@@ -328,34 +334,44 @@ pub fn simulate_fleet(
             held_node_hours: held.clone(),
             egress_usd,
             zone: None,
+            rounds: None,
         });
     }
-    runs.extend(best_single_zone(
-        fleet,
-        traces,
-        range,
-        lookahead,
-        seed,
-        objective.prices(),
-    ));
+    let alone = alone_runs(fleet, traces, range, lookahead, seed);
+    let diloco = rounds.map(|r| FleetRun {
+        held_node_hours: held.clone(),
+        ..diloco(fleet, &alone, interval_secs as f64, r)
+    });
+    runs.extend(best_single_zone(alone, objective.prices()));
+    runs.extend(diloco);
     Ok(runs)
 }
 
-/// `liveput-zone` on each zone alone; the zone that trains the most, or where the pools are
+/// The zone of `alone` (each zone trained alone) that trains the most, or where the pools are
 /// priced (`usd_per_node_hour`) the most per dollar.
-fn best_single_zone(
-    fleet: &Fleet,
-    traces: &[Trace],
-    range: Range<usize>,
-    lookahead: usize,
-    seed: u64,
-    usd_per_node_hour: Option<&[f64]>,
-) -> Option<FleetRun> {
+fn best_single_zone(alone: Vec<FleetRun>, usd_per_node_hour: Option<&[f64]>) -> Option<FleetRun> {
     let value = |r: &FleetRun| match usd_per_node_hour {
         Some(usd) => r.run.samples / r.cost_usd(usd).max(f64::MIN_POSITIVE),
         None => r.run.samples,
     };
     let mut best: Option<FleetRun> = None;
+    for alone in alone {
+        if best.as_ref().is_none_or(|b| value(&alone) > value(b)) {
+            best = Some(alone);
+        }
+    }
+    best
+}
+
+/// `liveput-zone` on each zone alone, its own nodes and device, named `single-zone-best`.
+fn alone_runs(
+    fleet: &Fleet,
+    traces: &[Trace],
+    range: Range<usize>,
+    lookahead: usize,
+    seed: u64,
+) -> Vec<FleetRun> {
+    let mut runs = Vec::with_capacity(traces.len());
     for (z, zone) in fleet.zones().iter().enumerate() {
         let trace = &traces[z];
         let most = trace.intervals[range.clone()]
@@ -372,18 +388,16 @@ fn best_single_zone(
             trace.intervals[range.clone()].iter().map(|i| i.nodes),
             trace.interval_secs as f64,
         );
-        let alone = FleetRun {
+        runs.push(FleetRun {
             run,
             held_node_hours: node_hours.clone(),
             node_hours,
             egress_usd: 0.0,
             zone: Some(zone.pool.to_string()),
-        };
-        if best.as_ref().is_none_or(|b| value(&alone) > value(b)) {
-            best = Some(alone);
-        }
+            rounds: None,
+        });
     }
-    best
+    runs
 }
 
 /// A simulation setup whose candidates are `table`'s rows, migrations priced on Parcae's

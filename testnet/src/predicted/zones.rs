@@ -73,9 +73,17 @@ pub fn simulate(
         .map(|z| replayed_trace(z.name, z.counts, interval))
         .collect();
     let len = traces.iter().map(|t| t.len()).min().unwrap_or(0);
-    let runs = simulate_fleet(&mut fleet, &traces, 0..len, LOOKAHEAD, seed, objective)
-        .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
-        .ok()?;
+    let runs = simulate_fleet(
+        &mut fleet,
+        &traces,
+        0..len,
+        LOOKAHEAD,
+        seed,
+        objective,
+        None,
+    )
+    .inspect_err(|e| eprintln!("no simulated account over zones: {e}"))
+    .ok()?;
     runs.into_iter()
         .find(|r| r.run.name == name && r.zone.is_none())
         .map(|r| r.run)

@@ -13,6 +13,7 @@ use parcae_strategies::cost::fleet::{Fleet, Zone};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective::ObjectiveKind;
+use parcae_strategies::sim::diloco::{Rounds, RoundsReport};
 use parcae_strategies::sim::fleet::{
     FleetRun, Layout, Objective, compositions, nodes_used, simulate_fleet,
 };
@@ -104,6 +105,8 @@ pub struct FleetArgs<'a> {
     pub objective: ObjectiveKind,
     /// Whether rings across zones may all-reduce by zone.
     pub by_zone: bool,
+    /// DiLoCo's rounds, where `--sync diloco:H` asks for them.
+    pub rounds: Option<Rounds>,
     pub model: &'a CostModel,
     pub model_name: &'a str,
     pub interval_secs: u64,
@@ -182,6 +185,9 @@ struct FleetStrategyJson {
     samples_per_usd: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     zone: Option<String>,
+    /// DiLoCo's rounds: how many, what crossed zones, the waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rounds: Option<RoundsReport>,
     configs: Vec<[u32; 2]>,
 }
 
@@ -251,6 +257,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
         args.lookahead,
         args.seed,
         &objective,
+        args.rounds,
     )?;
     let rows = rows(&runs, &pools, prices.as_deref());
     print_rows(&specs, args.model_name, range.len(), &rows);
@@ -395,6 +402,7 @@ fn rows(runs: &[FleetRun], pools: &[Pool], prices: Option<&[f64]>) -> Vec<FleetS
                 cost,
                 samples_per_usd: cost.filter(|c| *c > 0.0).map(|c| r.run.samples / c),
                 zone: r.zone.clone(),
+                rounds: r.rounds.clone(),
                 configs: r.run.configs.iter().map(|c| [c.d, c.p]).collect(),
             }
         })

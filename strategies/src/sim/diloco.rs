@@ -1,0 +1,418 @@
+//! DiLoCo between the fleet's pools, simulated (issue 68): each pool is a group that trains on
+//! its own nodes as `liveput-zone` plans one pool alone (its own forecast, migrations and
+//! restarts: the very runs `single-zone-best` picks from). A round is paced by the fleet, not
+//! by its slowest group: it is due once the groups together have trained `H` inner steps of
+//! the job's batch for every group training, each group contributing what it trained (a
+//! faster group more inner steps, a group that lost its nodes mid-round what it had; its
+//! pseudo-gradient weighted by its samples), so no group waits for another. Then the groups
+//! that trained exchange their pseudo-gradients once, a ring over them in the pools' order
+//! (each sends `2 (G - 1) / G` of the model's bytes in the wire form, spread over its nodes,
+//! each node over its own link), and every group waits for the exchange before the next
+//! round. A round of one group exchanges nothing.
+//!
+//! What this does not model is learning: DiLoCo's samples are worth less than synchronous ones
+//! (the loss at equal samples), which the testnet measures.
+
+use parcae_outer::Wire;
+use serde::{Deserialize, Serialize};
+
+use super::fleet::FleetRun;
+use super::{MigrationCounts, StrategyRun};
+use crate::cost::fleet::Fleet;
+use crate::cost::links::Link;
+use crate::cost::traffic::share;
+
+/// Bytes in a GB, as links are priced.
+const GB: f64 = 1e9;
+
+/// How DiLoCo's rounds run: `H` and the pseudo-gradient's wire form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rounds {
+    /// Inner steps a group takes a round.
+    pub inner_steps: u32,
+    /// How pseudo-gradients cross between groups.
+    pub wire: Wire,
+}
+
+/// What DiLoCo's rounds did besides training.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoundsReport {
+    /// Rounds closed.
+    pub rounds: u32,
+    /// Bytes of pseudo-gradients that crossed zones.
+    pub cross_zone_bytes: f64,
+    /// Seconds every group spent in exchanges.
+    pub exchange_secs: f64,
+}
+
+/// One group in a round.
+#[derive(Clone, Copy, Debug, Default)]
+struct Member {
+    /// Samples trained this round.
+    trained: f64,
+    /// Its nodes when it last trained, that share its sending.
+    nodes: u32,
+}
+
+/// DiLoCo over `alone[g]` (pool `g` of `fleet` trained alone, intervals of `interval_secs`):
+/// the run it trains, what its rounds cost in `rounds`.
+pub fn diloco(fleet: &Fleet, alone: &[FleetRun], interval_secs: f64, rounds: Rounds) -> FleetRun {
+    let intervals = alone
+        .iter()
+        .map(|r| r.run.cumulative.len())
+        .min()
+        .unwrap_or(0);
+    let spec = fleet.spec();
+    let per_group = f64::from(rounds.inner_steps.max(1)) * f64::from(spec.global_batch);
+    let params: f64 = spec.layers.iter().map(|l| l.params).sum();
+    let mut state = RoundState {
+        members: vec![Member::default(); alone.len()],
+        pause_secs: 0.0,
+        report: RoundsReport::default(),
+        egress_usd: 0.0,
+    };
+    let exchange = Exchange {
+        fleet,
+        bytes: params * bytes_per_value(rounds.wire),
+    };
+    let mut cumulative = Vec::with_capacity(intervals);
+    let mut samples = 0.0;
+    for k in 0..intervals {
+        let rates: Vec<f64> = alone
+            .iter()
+            .map(|r| {
+                let before = k.checked_sub(1).map_or(0.0, |j| r.run.cumulative[j]);
+                (r.run.cumulative[k] - before).max(0.0) / interval_secs
+            })
+            .collect();
+        for (m, r) in state.members.iter_mut().zip(alone) {
+            if let Some(c) = r.run.configs.get(k).filter(|c| c.d * c.p > 0) {
+                m.nodes = c.d * c.p;
+            }
+        }
+        samples += state.interval(&rates, interval_secs, per_group, &exchange);
+        cumulative.push(samples);
+    }
+    let mut kinds = MigrationCounts::default();
+    for r in alone {
+        kinds.add(&r.run.kinds);
+    }
+    let node_hours: Vec<f64> = (0..alone.len())
+        .map(|g| alone[g].node_hours.get(g).copied().unwrap_or(0.0))
+        .collect();
+    let run = StrategyRun {
+        name: format!("diloco:{}", rounds.inner_steps),
+        samples,
+        migrations: alone.iter().map(|r| r.run.migrations).sum(),
+        kinds,
+        migration_secs: alone.iter().map(|r| r.run.migration_secs).sum(),
+        // Each group runs its own configuration: no one configuration is the run's.
+        configs: Vec::new(),
+        cumulative,
+        charged_secs: Vec::new(),
+    };
+    FleetRun {
+        run,
+        held_node_hours: node_hours.clone(),
+        node_hours,
+        egress_usd: state.egress_usd,
+        zone: None,
+        rounds: Some(state.report),
+    }
+}
+
+/// Bytes of one value in the `wire` form (`int8`'s scale shared by its block).
+fn bytes_per_value(wire: Wire) -> f64 {
+    match wire {
+        Wire::F32 => 4.0,
+        Wire::Bf16 => 2.0,
+        Wire::Int8 => 1.0 + 4.0 / parcae_outer::codec::INT8_BLOCK as f64,
+    }
+}
+
+/// The rounds in progress across intervals.
+struct RoundState {
+    members: Vec<Member>,
+    /// Seconds of the exchange still to wait.
+    pause_secs: f64,
+    report: RoundsReport,
+    egress_usd: f64,
+}
+
+impl RoundState {
+    /// One interval of `secs` in which group `g` trains `rates[g]` samples a second, a round
+    /// due at `per_group` samples for each group training: the samples trained.
+    fn interval(
+        &mut self,
+        rates: &[f64],
+        secs: f64,
+        per_group: f64,
+        exchange: &Exchange<'_>,
+    ) -> f64 {
+        let training = rates.iter().filter(|&&r| r > 0.0).count();
+        let (fleet_rate, target) = (rates.iter().sum::<f64>(), per_group * training as f64);
+        let (mut t, mut trained) = (0.0, 0.0);
+        while t < secs {
+            if self.pause_secs > 0.0 {
+                let wait = self.pause_secs.min(secs - t);
+                self.pause_secs -= wait;
+                self.report.exchange_secs += wait;
+                t += wait;
+                continue;
+            }
+            if training == 0 {
+                break;
+            }
+            let left = target - self.members.iter().map(|m| m.trained).sum::<f64>();
+            // What rounding leaves of a round all but done closes it too.
+            if left <= 1e-9 * target {
+                self.close(exchange);
+                continue;
+            }
+            let dt = (left / fleet_rate).min(secs - t);
+            for (m, rate) in self.members.iter_mut().zip(rates) {
+                m.trained += rate * dt;
+            }
+            trained += fleet_rate * dt;
+            t += dt;
+        }
+        trained
+    }
+
+    /// Closes the round: the groups that trained exchange, and the next round begins.
+    fn close(&mut self, exchange: &Exchange<'_>) {
+        let contributors: Vec<(usize, u32)> = (0..self.members.len())
+            .filter(|&g| self.members[g].trained > 0.0)
+            .map(|g| (g, self.members[g].nodes))
+            .collect();
+        self.report.rounds += 1;
+        let (secs, crossed, usd) = exchange.cost(&contributors);
+        self.pause_secs = secs;
+        self.report.cross_zone_bytes += crossed;
+        self.egress_usd += usd;
+        for m in &mut self.members {
+            m.trained = 0.0;
+        }
+    }
+}
+
+/// The pseudo-gradients' exchange of a round.
+struct Exchange<'a> {
+    fleet: &'a Fleet,
+    /// Bytes of one group's pseudo-gradient on the wire.
+    bytes: f64,
+}
+
+impl Exchange<'_> {
+    /// The exchange among `groups` (each with its nodes): seconds, bytes that crossed zones,
+    /// egress dollars. A ring over them in the pools' order: each sends `share(G)` of the
+    /// bytes to the next, its nodes in parallel, at the slowest link of the ring, each step's
+    /// latency added.
+    fn cost(&self, groups: &[(usize, u32)]) -> (f64, f64, f64) {
+        let g = groups.len();
+        if g < 2 {
+            return (0.0, 0.0, 0.0);
+        }
+        let pools = self.fleet.zones();
+        let mut ring = groups.to_vec();
+        ring.sort_by(|a, b| pools[a.0].pool.cmp(&pools[b.0].pool));
+        let sent = share(g as u32) * self.bytes;
+        let (mut slowest, mut crossed, mut usd): (Option<Link>, f64, f64) = (None, 0.0, 0.0);
+        for (i, &(a, _)) in ring.iter().enumerate() {
+            let b = ring[(i + 1) % g].0;
+            let link = self
+                .fleet
+                .links()
+                .between(pools[a].pool.zone(), pools[b].pool.zone());
+            if !pools[a].pool.shares_zone(&pools[b].pool) {
+                crossed += sent;
+                usd += sent / GB * link.usd_per_gb;
+            }
+            slowest = Some(match slowest {
+                Some(s) if s.gbit_per_s <= link.gbit_per_s => s,
+                _ => link,
+            });
+        }
+        let fewest = ring.iter().map(|&(_, n)| n).min().unwrap_or(1).max(1);
+        let secs = slowest.map_or(0.0, |link| {
+            let steps = 2.0 * (g as f64 - 1.0);
+            sent / f64::from(fewest) * 8.0 / (link.gbit_per_s * 1e9) + steps * link.latency_ms / 1e3
+        });
+        (secs, crossed, usd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ParallelConfig;
+    use crate::cost::builtin::builtin;
+    use crate::cost::fleet::Zone;
+    use crate::cost::links::Links;
+    use crate::cost::mixed::DeviceCosts;
+
+    const SECS: f64 = 60.0;
+
+    fn fleet() -> Fleet {
+        let spec = builtin("gpt-1.5b").unwrap().0;
+        let v100 = DeviceCosts::profiled(&spec, "v100", 15.5 * 1024.0);
+        let zone = |name: &str| Zone {
+            pool: name.parse().unwrap(),
+            device: v100.clone(),
+        };
+        Fleet::new(
+            spec,
+            vec![zone("us-east-1b"), zone("us-east-1a")],
+            Links::default(),
+        )
+        .unwrap()
+    }
+
+    /// A pool trained alone at `rate[k]` samples a second in interval `k`, on one 1 x 8
+    /// pipeline (none where the rate is 0).
+    fn alone(pool: usize, rates: &[f64]) -> FleetRun {
+        let mut cumulative = Vec::new();
+        let mut samples = 0.0;
+        for r in rates {
+            samples += r * SECS;
+            cumulative.push(samples);
+        }
+        let mut node_hours = vec![0.0; 2];
+        node_hours[pool] = 8.0 * SECS * rates.len() as f64 / 3600.0;
+        FleetRun {
+            run: StrategyRun {
+                name: "single-zone-best".into(),
+                samples,
+                migrations: 1,
+                kinds: MigrationCounts::default(),
+                migration_secs: 10.0,
+                configs: rates
+                    .iter()
+                    .map(|&r| ParallelConfig::new(u32::from(r > 0.0), 8))
+                    .collect(),
+                cumulative,
+                charged_secs: Vec::new(),
+            },
+            held_node_hours: node_hours.clone(),
+            node_hours,
+            egress_usd: 0.0,
+            zone: None,
+            rounds: None,
+        }
+    }
+
+    const H10: Rounds = Rounds {
+        inner_steps: 10,
+        wire: Wire::F32,
+    };
+
+    /// One group's pseudo-gradient in f32, and the link between the two pools.
+    fn model_bytes_and_link(fleet: &Fleet) -> (f64, Link) {
+        let params: f64 = fleet.spec().layers.iter().map(|l| l.params).sum();
+        (
+            params * 4.0,
+            fleet.links().between("us-east-1a", "us-east-1b"),
+        )
+    }
+
+    #[test]
+    fn equal_groups_exchange_once_a_round_and_lose_only_the_exchange() {
+        let fleet = fleet();
+        let (bytes, link) = model_bytes_and_link(&fleet);
+        let run = diloco(
+            &fleet,
+            &[alone(0, &[32.0; 30]), alone(1, &[32.0; 30])],
+            SECS,
+            H10,
+        );
+        let report = run.rounds.clone().unwrap();
+        // A round is 10 steps of the job's batch a group at 32 samples a second, then the
+        // exchange (each group sends the whole model once, eight nodes sharing it).
+        let round = 10.0 * f64::from(fleet.spec().global_batch) / 32.0;
+        let exchange = bytes / 8.0 * 8.0 / (link.gbit_per_s * 1e9) + 2.0 * link.latency_ms / 1e3;
+        let rounds = f64::from(report.rounds);
+        assert_eq!(report.rounds, (1800.0 / (round + exchange)).floor() as u32);
+        // Every whole round's exchange waited, and no more than the last one's besides.
+        assert!(report.exchange_secs >= rounds * exchange - exchange - 1e-9);
+        assert!(report.exchange_secs <= rounds * exchange + 1e-9);
+        assert_eq!(
+            report.cross_zone_bytes,
+            f64::from(report.rounds) * 2.0 * bytes
+        );
+        assert!((run.egress_usd - report.cross_zone_bytes / 1e9 * link.usd_per_gb).abs() < 1e-6);
+        let whole = 2.0 * 32.0 * 1800.0;
+        assert!(
+            (run.run.samples - (whole - 2.0 * 32.0 * report.exchange_secs)).abs() < 1e-6,
+            "{}",
+            run.run.samples
+        );
+        assert_eq!(run.run.cumulative.len(), 30);
+        assert_eq!(run.run.name, "diloco:10");
+        assert_eq!((run.run.migrations, run.run.migration_secs), (2, 20.0));
+        assert_eq!(run.node_hours, [4.0, 4.0]);
+    }
+
+    #[test]
+    fn a_faster_group_trains_more_inner_steps_nobody_waits_and_bf16_halves_the_bytes() {
+        let fleet = fleet();
+        let (bytes, link) = model_bytes_and_link(&fleet);
+        let rounds = Rounds {
+            wire: Wire::Bf16,
+            ..H10
+        };
+        let run = diloco(
+            &fleet,
+            &[alone(0, &[32.0; 30]), alone(1, &[16.0; 30])],
+            SECS,
+            rounds,
+        );
+        let report = run.rounds.clone().unwrap();
+        // A round is due at 20 steps' samples between the two, 48 samples a second: the fast
+        // group trains two thirds of it.
+        let round = 20.0 * f64::from(fleet.spec().global_batch) / 48.0;
+        let exchange =
+            bytes / 2.0 / 8.0 * 8.0 / (link.gbit_per_s * 1e9) + 2.0 * link.latency_ms / 1e3;
+        assert_eq!(report.rounds, (1800.0 / (round + exchange)).floor() as u32);
+        assert_eq!(
+            report.cross_zone_bytes,
+            f64::from(report.rounds) * 2.0 * bytes / 2.0
+        );
+        let whole = 48.0 * 1800.0;
+        assert!(
+            (run.run.samples - (whole - 48.0 * report.exchange_secs)).abs() < 1e-6,
+            "{}",
+            run.run.samples
+        );
+    }
+
+    #[test]
+    fn a_group_without_nodes_drops_out_and_the_others_never_wait_for_it() {
+        let fleet = fleet();
+        let mut gone = vec![32.0; 5];
+        gone.extend([0.0; 25]);
+        let run = diloco(&fleet, &[alone(0, &[32.0; 30]), alone(1, &gone)], SECS, H10);
+        let report = run.rounds.clone().unwrap();
+        // Both trained their 300 s but for the exchanges; then the first trains alone,
+        // exchanging nothing.
+        let (bytes, link) = model_bytes_and_link(&fleet);
+        let exchange = bytes / 8.0 * 8.0 / (link.gbit_per_s * 1e9) + 2.0 * link.latency_ms / 1e3;
+        let most = 32.0 * 1800.0 + 32.0 * 300.0;
+        assert!(run.run.samples <= most, "{}", run.run.samples);
+        assert!(
+            run.run.samples >= most - 64.0 * (300.0 / 40.0 + 1.0) * exchange,
+            "{}",
+            run.run.samples
+        );
+        // Rounds of both while both trained (300 s), each exchanging; alone, none crosses.
+        let round = 10.0 * f64::from(fleet.spec().global_batch) / 32.0;
+        let both = (300.0 / round).floor();
+        assert!(
+            (report.cross_zone_bytes / (2.0 * bytes) - both).abs() <= 1.0,
+            "{report:?}"
+        );
+        assert!(
+            f64::from(report.rounds) >= 1800.0 / round - 2.0,
+            "{report:?}"
+        );
+    }
+}
