@@ -13,7 +13,7 @@ use parcae_strategies::cost::objective::ObjectiveKind;
 use crate::prices::{PriceArgs, names_zones};
 use parcae_strategies::cost::throughput::Profile;
 use parcae_strategies::cost::{CostModel, RepartitionRule};
-use parcae_strategies::sim::diloco::Rounds;
+use parcae_strategies::sim::diloco::{Outer, Rounds};
 use parcae_strategies::sim::{self, STRATEGIES, SimSetup, StrategyRun};
 use parcae_strategies::trace::{self, Trace};
 use serde::Serialize;
@@ -87,8 +87,9 @@ pub struct Args {
     #[arg(long)]
     flat_rings: bool,
     /// With --zones: how the pools synchronise. `step` (one synchronous job, every strategy
-    /// above) or `diloco:H` (adds DiLoCo between the pools: each trains alone, H inner steps of
-    /// the job's batch a round, then one exchange of pseudo-gradients).
+    /// above), `diloco:H` (adds DiLoCo between the pools: each trains alone, H inner steps of
+    /// the job's batch a round, then one exchange of pseudo-gradients) or `auto` (adds the
+    /// pools and H the cost model picks for --objective, or the synchronous plan).
     #[arg(long, default_value = "step")]
     sync: SyncMode,
     /// With --sync diloco:H: the pseudo-gradient's wire form, f32, bf16 or int8.
@@ -137,15 +138,13 @@ pub struct StrategyJson {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let rounds = match args.sync {
+    let outer = match args.sync {
         SyncMode::Step => None,
-        SyncMode::Diloco(inner_steps) => Some(Rounds {
+        SyncMode::Diloco(inner_steps) => Some(Outer::Rounds(Rounds {
             inner_steps,
             wire: args.pseudo_gradient,
-        }),
-        SyncMode::Auto => bail!(
-            "--sync auto: the planner does not choose between step and diloco:H yet; give one"
-        ),
+        })),
+        SyncMode::Auto => Some(Outer::Auto(args.pseudo_gradient)),
     };
     if !args.zones.is_empty() {
         let model = cost_model(&args)?;
@@ -155,7 +154,7 @@ pub fn run(args: Args) -> Result<()> {
             prices: &args.prices.price_spot,
             objective: args.objective,
             by_zone: !args.flat_rings,
-            rounds,
+            outer,
             model: &model,
             model_name: &args.model,
             interval_secs: args.interval_secs,
@@ -171,10 +170,10 @@ pub fn run(args: Args) -> Result<()> {
         || names_zones(&args.prices.price_spot)
         || args.objective != ObjectiveKind::Samples
         || args.flat_rings
-        || rounds.is_some()
+        || outer.is_some()
     {
         bail!(
-            "--link, --price-spot ZONE=USD, --objective, --flat-rings and --sync diloco:H plan a fleet: give its zones with --zones"
+            "--link, --price-spot ZONE=USD, --objective, --flat-rings and --sync diloco:H|auto plan a fleet: give its zones with --zones"
         );
     }
     let prices = args.prices.prices()?;

@@ -389,8 +389,21 @@ fn diloco_between_the_pools_reports_its_rounds_and_bad_sync_modes_are_refused() 
     );
     assert!(diloco["egress_usd"].as_f64().unwrap() > 0.0);
     assert!(single.get("rounds").is_none());
-    let out = testnet(&["simulate", "--zones", zones, "--sync", "auto"]);
-    assert_one_line_error(&out, &["--sync auto", "step and diloco:H"]);
+    // Auto, planned for samples: both pools join the rounds, H one of the planner's.
+    let (_, v) = simulate_json(
+        &["--zones", zones, "--end-hour", "3", "--sync", "auto"],
+        "sim-auto",
+    );
+    let auto = v["strategies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "auto")
+        .unwrap()
+        .clone();
+    assert_eq!(auto["rounds"]["pools"], serde_json::json!(["a", "b"]));
+    let h = auto["rounds"]["inner_steps"].as_u64().unwrap();
+    assert!([20, 50, 100, 200, 500].contains(&h), "{auto}");
     // Refused as the command line is parsed: clap's error, exit code 2.
     let refused = |out: &Output, needles: &[&str]| {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -410,5 +423,5 @@ fn diloco_between_the_pools_reports_its_rounds_and_bad_sync_modes_are_refused() 
     ]);
     refused(&out, &["fp8", "f32, bf16 or int8"]);
     let out = testnet(&["simulate", "--sync", "diloco:20"]);
-    assert_one_line_error(&out, &["--sync diloco:H", "--zones"]);
+    assert_one_line_error(&out, &["--sync diloco:H|auto", "--zones"]);
 }

@@ -27,6 +27,7 @@ pub mod objective;
 pub mod profile;
 pub mod region;
 pub mod restart;
+pub mod rounds;
 pub mod spec;
 mod split;
 pub mod throughput;

@@ -19,24 +19,26 @@ use serde::{Deserialize, Serialize};
 use super::fleet::FleetRun;
 use super::{MigrationCounts, StrategyRun};
 use crate::cost::fleet::Fleet;
-use crate::cost::links::Link;
-use crate::cost::traffic::share;
+pub use crate::cost::rounds::Rounds;
+use crate::cost::rounds::{exchange, pseudo_gradient_bytes};
 
-/// Bytes in a GB, as links are priced.
-const GB: f64 = 1e9;
-
-/// How DiLoCo's rounds run: `H` and the pseudo-gradient's wire form.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rounds {
-    /// Inner steps a group takes a round.
-    pub inner_steps: u32,
-    /// How pseudo-gradients cross between groups.
-    pub wire: Wire,
+/// How the pools synchronise besides the synchronous strategies: DiLoCo's rounds as given, or
+/// as `--sync auto` chooses them (`cost::rounds::choose`) with the pseudo-gradients in `Wire`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outer {
+    /// `diloco:H` over every pool.
+    Rounds(Rounds),
+    /// The pools and `H` chosen from the cost model at the run's first interval.
+    Auto(Wire),
 }
 
 /// What DiLoCo's rounds did besides training.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoundsReport {
+    /// Inner steps of a round.
+    pub inner_steps: u32,
+    /// The pools in the rounds.
+    pub pools: Vec<String>,
     /// Rounds closed.
     pub rounds: u32,
     /// Bytes of pseudo-gradients that crossed zones.
@@ -48,15 +50,24 @@ pub struct RoundsReport {
 /// One group in a round.
 #[derive(Clone, Copy, Debug, Default)]
 struct Member {
+    /// Its pool.
+    pool: usize,
     /// Samples trained this round.
     trained: f64,
     /// Its nodes when it last trained, that share its sending.
     nodes: u32,
 }
 
-/// DiLoCo over `alone[g]` (pool `g` of `fleet` trained alone, intervals of `interval_secs`):
-/// the run it trains, what its rounds cost in `rounds`.
-pub fn diloco(fleet: &Fleet, alone: &[FleetRun], interval_secs: f64, rounds: Rounds) -> FleetRun {
+/// DiLoCo over the pools `groups` of `fleet`, pool `g` trained as `alone[g]` (intervals of
+/// `interval_secs`): the run it trains, billed for those pools alone, and what its rounds cost.
+pub fn diloco(
+    fleet: &Fleet,
+    every: &[FleetRun],
+    groups: &[usize],
+    interval_secs: f64,
+    rounds: Rounds,
+) -> FleetRun {
+    let alone: Vec<&FleetRun> = groups.iter().filter_map(|&g| every.get(g)).collect();
     let intervals = alone
         .iter()
         .map(|r| r.run.cumulative.len())
@@ -64,16 +75,28 @@ pub fn diloco(fleet: &Fleet, alone: &[FleetRun], interval_secs: f64, rounds: Rou
         .unwrap_or(0);
     let spec = fleet.spec();
     let per_group = f64::from(rounds.inner_steps.max(1)) * f64::from(spec.global_batch);
-    let params: f64 = spec.layers.iter().map(|l| l.params).sum();
     let mut state = RoundState {
-        members: vec![Member::default(); alone.len()],
+        members: groups
+            .iter()
+            .map(|&pool| Member {
+                pool,
+                ..Member::default()
+            })
+            .collect(),
         pause_secs: 0.0,
-        report: RoundsReport::default(),
+        report: RoundsReport {
+            inner_steps: rounds.inner_steps,
+            pools: groups
+                .iter()
+                .map(|&g| fleet.zones()[g].pool.to_string())
+                .collect(),
+            ..RoundsReport::default()
+        },
         egress_usd: 0.0,
     };
     let exchange = Exchange {
         fleet,
-        bytes: params * bytes_per_value(rounds.wire),
+        bytes: pseudo_gradient_bytes(fleet, rounds.wire),
     };
     let mut cumulative = Vec::with_capacity(intervals);
     let mut samples = 0.0;
@@ -85,7 +108,7 @@ pub fn diloco(fleet: &Fleet, alone: &[FleetRun], interval_secs: f64, rounds: Rou
                 (r.run.cumulative[k] - before).max(0.0) / interval_secs
             })
             .collect();
-        for (m, r) in state.members.iter_mut().zip(alone) {
+        for (m, r) in state.members.iter_mut().zip(&alone) {
             if let Some(c) = r.run.configs.get(k).filter(|c| c.d * c.p > 0) {
                 m.nodes = c.d * c.p;
             }
@@ -94,12 +117,13 @@ pub fn diloco(fleet: &Fleet, alone: &[FleetRun], interval_secs: f64, rounds: Rou
         cumulative.push(samples);
     }
     let mut kinds = MigrationCounts::default();
-    for r in alone {
+    for r in &alone {
         kinds.add(&r.run.kinds);
     }
-    let node_hours: Vec<f64> = (0..alone.len())
-        .map(|g| alone[g].node_hours.get(g).copied().unwrap_or(0.0))
-        .collect();
+    let mut node_hours = vec![0.0; fleet.zones().len()];
+    for (&g, r) in groups.iter().zip(&alone) {
+        node_hours[g] = r.node_hours.get(g).copied().unwrap_or(0.0);
+    }
     let run = StrategyRun {
         name: format!("diloco:{}", rounds.inner_steps),
         samples,
@@ -118,15 +142,6 @@ pub fn diloco(fleet: &Fleet, alone: &[FleetRun], interval_secs: f64, rounds: Rou
         egress_usd: state.egress_usd,
         zone: None,
         rounds: Some(state.report),
-    }
-}
-
-/// Bytes of one value in the `wire` form (`int8`'s scale shared by its block).
-fn bytes_per_value(wire: Wire) -> f64 {
-    match wire {
-        Wire::F32 => 4.0,
-        Wire::Bf16 => 2.0,
-        Wire::Int8 => 1.0 + 4.0 / parcae_outer::codec::INT8_BLOCK as f64,
     }
 }
 
@@ -180,66 +195,28 @@ impl RoundState {
     }
 
     /// Closes the round: the groups that trained exchange, and the next round begins.
-    fn close(&mut self, exchange: &Exchange<'_>) {
-        let contributors: Vec<(usize, u32)> = (0..self.members.len())
-            .filter(|&g| self.members[g].trained > 0.0)
-            .map(|g| (g, self.members[g].nodes))
+    fn close(&mut self, exchange_of: &Exchange<'_>) {
+        let contributors: Vec<(usize, u32)> = self
+            .members
+            .iter()
+            .filter(|m| m.trained > 0.0)
+            .map(|m| (m.pool, m.nodes))
             .collect();
         self.report.rounds += 1;
-        let (secs, crossed, usd) = exchange.cost(&contributors);
-        self.pause_secs = secs;
-        self.report.cross_zone_bytes += crossed;
-        self.egress_usd += usd;
+        let cost = exchange(exchange_of.fleet, exchange_of.bytes, &contributors);
+        self.pause_secs = cost.secs;
+        self.report.cross_zone_bytes += cost.cross_zone_bytes;
+        self.egress_usd += cost.egress_usd;
         for m in &mut self.members {
             m.trained = 0.0;
         }
     }
 }
 
-/// The pseudo-gradients' exchange of a round.
+/// What a round's exchange is priced on: the fleet's links and one group's bytes.
 struct Exchange<'a> {
     fleet: &'a Fleet,
-    /// Bytes of one group's pseudo-gradient on the wire.
     bytes: f64,
-}
-
-impl Exchange<'_> {
-    /// The exchange among `groups` (each with its nodes): seconds, bytes that crossed zones,
-    /// egress dollars. A ring over them in the pools' order: each sends `share(G)` of the
-    /// bytes to the next, its nodes in parallel, at the slowest link of the ring, each step's
-    /// latency added.
-    fn cost(&self, groups: &[(usize, u32)]) -> (f64, f64, f64) {
-        let g = groups.len();
-        if g < 2 {
-            return (0.0, 0.0, 0.0);
-        }
-        let pools = self.fleet.zones();
-        let mut ring = groups.to_vec();
-        ring.sort_by(|a, b| pools[a.0].pool.cmp(&pools[b.0].pool));
-        let sent = share(g as u32) * self.bytes;
-        let (mut slowest, mut crossed, mut usd): (Option<Link>, f64, f64) = (None, 0.0, 0.0);
-        for (i, &(a, _)) in ring.iter().enumerate() {
-            let b = ring[(i + 1) % g].0;
-            let link = self
-                .fleet
-                .links()
-                .between(pools[a].pool.zone(), pools[b].pool.zone());
-            if !pools[a].pool.shares_zone(&pools[b].pool) {
-                crossed += sent;
-                usd += sent / GB * link.usd_per_gb;
-            }
-            slowest = Some(match slowest {
-                Some(s) if s.gbit_per_s <= link.gbit_per_s => s,
-                _ => link,
-            });
-        }
-        let fewest = ring.iter().map(|&(_, n)| n).min().unwrap_or(1).max(1);
-        let secs = slowest.map_or(0.0, |link| {
-            let steps = 2.0 * (g as f64 - 1.0);
-            sent / f64::from(fewest) * 8.0 / (link.gbit_per_s * 1e9) + steps * link.latency_ms / 1e3
-        });
-        (secs, crossed, usd)
-    }
 }
 
 #[cfg(test)]
@@ -248,7 +225,7 @@ mod tests {
     use crate::config::ParallelConfig;
     use crate::cost::builtin::builtin;
     use crate::cost::fleet::Zone;
-    use crate::cost::links::Links;
+    use crate::cost::links::{Link, Links};
     use crate::cost::mixed::DeviceCosts;
 
     const SECS: f64 = 60.0;
@@ -322,6 +299,7 @@ mod tests {
         let run = diloco(
             &fleet,
             &[alone(0, &[32.0; 30]), alone(1, &[32.0; 30])],
+            &[0, 1],
             SECS,
             H10,
         );
@@ -363,6 +341,7 @@ mod tests {
         let run = diloco(
             &fleet,
             &[alone(0, &[32.0; 30]), alone(1, &[16.0; 30])],
+            &[0, 1],
             SECS,
             rounds,
         );
@@ -390,7 +369,13 @@ mod tests {
         let fleet = fleet();
         let mut gone = vec![32.0; 5];
         gone.extend([0.0; 25]);
-        let run = diloco(&fleet, &[alone(0, &[32.0; 30]), alone(1, &gone)], SECS, H10);
+        let run = diloco(
+            &fleet,
+            &[alone(0, &[32.0; 30]), alone(1, &gone)],
+            &[0, 1],
+            SECS,
+            H10,
+        );
         let report = run.rounds.clone().unwrap();
         // Both trained their 300 s but for the exchanges; then the first trains alone,
         // exchanging nothing.

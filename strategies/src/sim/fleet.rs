@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::diloco::{Rounds, RoundsReport, diloco};
+use super::diloco::{Outer, RoundsReport, diloco};
 use super::join_order::join_orders;
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::config::ParallelConfig;
@@ -33,6 +33,7 @@ use crate::cost::fleet::{Fleet, Plans};
 use crate::cost::migration::MigrationEvent;
 use crate::cost::money::machine_hours;
 pub use crate::cost::objective::Objective;
+use crate::cost::rounds::choose;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
 use crate::liveput::Lookahead;
@@ -256,8 +257,10 @@ impl Speeds for FleetSpeeds<'_> {
 /// intervals `range`, looking `lookahead` intervals ahead, scenarios seeded with `seed`; the
 /// zone-aware strategies (`liveput-zone`, `reactive`) plan for `objective`, the zone-blind one
 /// by its one table (it cannot see what crosses zones), and the best single zone for samples
-/// (it crosses none). With `rounds`, DiLoCo between the pools too (`diloco:H`, after the
-/// others: [`diloco`]), each pool trained alone as `single-zone-best` runs it.
+/// (it crosses none). With `outer`, DiLoCo between the pools too, after the others ([`diloco`],
+/// each pool trained alone as `single-zone-best` runs it): `diloco:H` over every pool, or
+/// `auto` (the pools and `H` that `cost::rounds::choose` picks at the first interval for
+/// `objective`; the zone-aware run itself where it picks fewer than two pools).
 pub fn simulate_fleet(
     fleet: &mut Fleet,
     traces: &[Trace],
@@ -265,7 +268,7 @@ pub fn simulate_fleet(
     lookahead: usize,
     seed: u64,
     objective: &Objective,
-    rounds: Option<Rounds>,
+    outer: Option<Outer>,
 ) -> Result<Vec<FleetRun>, FleetTraceError> {
     if traces.len() != fleet.zones().len() {
         return Err(FleetTraceError::Count {
@@ -337,10 +340,28 @@ pub fn simulate_fleet(
             rounds: None,
         });
     }
-    let alone = alone_runs(fleet, traces, range, lookahead, seed);
-    let diloco = rounds.map(|r| FleetRun {
-        held_node_hours: held.clone(),
-        ..diloco(fleet, &alone, interval_secs as f64, r)
+    let alone = alone_runs(fleet, traces, range.clone(), lookahead, seed);
+    let every: Vec<usize> = (0..traces.len()).collect();
+    let (groups, rounds, name) = match outer {
+        None => (every, None, String::new()),
+        Some(Outer::Rounds(r)) => (every, Some(r), format!("diloco:{}", r.inner_steps)),
+        Some(Outer::Auto(wire)) => {
+            let first = comps.counts.get(range.start).map_or(&[][..], Vec::as_slice);
+            let chosen = choose(fleet, first, objective.prices(), wire);
+            (chosen.groups, chosen.rounds, "auto".to_string())
+        }
+    };
+    let diloco = match (outer, rounds) {
+        (_, Some(r)) => Some(FleetRun {
+            held_node_hours: held.clone(),
+            ..diloco(fleet, &alone, &groups, interval_secs as f64, r)
+        }),
+        (Some(Outer::Auto(_)), None) => runs.first().cloned(),
+        (_, None) => None,
+    }
+    .map(|mut run| {
+        run.run.name = name;
+        run
     });
     runs.extend(best_single_zone(alone, objective.prices()));
     runs.extend(diloco);

@@ -13,7 +13,7 @@ use parcae_strategies::cost::fleet::{Fleet, Zone};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective::ObjectiveKind;
-use parcae_strategies::sim::diloco::{Rounds, RoundsReport};
+use parcae_strategies::sim::diloco::{Outer, RoundsReport};
 use parcae_strategies::sim::fleet::{
     FleetRun, Layout, Objective, compositions, nodes_used, simulate_fleet,
 };
@@ -105,8 +105,8 @@ pub struct FleetArgs<'a> {
     pub objective: ObjectiveKind,
     /// Whether rings across zones may all-reduce by zone.
     pub by_zone: bool,
-    /// DiLoCo's rounds, where `--sync diloco:H` asks for them.
-    pub rounds: Option<Rounds>,
+    /// DiLoCo's rounds, where `--sync diloco:H|auto` asks for them.
+    pub outer: Option<Outer>,
     pub model: &'a CostModel,
     pub model_name: &'a str,
     pub interval_secs: u64,
@@ -257,7 +257,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
         args.lookahead,
         args.seed,
         &objective,
-        args.rounds,
+        args.outer,
     )?;
     let rows = rows(&runs, &pools, prices.as_deref());
     print_rows(&specs, args.model_name, range.len(), &rows);
