@@ -149,21 +149,21 @@ pub fn choose(
         })
         .collect();
     let bytes = pseudo_gradient_bytes(fleet, wire);
-    let per_dollar = |g: &[Alone], egress_per_sec: f64| {
-        let usd: f64 = g.iter().map(|a| a.usd_per_sec).sum::<f64>() + egress_per_sec;
+    let per_dollar = |g: &[Alone]| {
+        let usd: f64 = g.iter().map(|a| a.usd_per_sec).sum();
         let rate: f64 = g.iter().map(|a| a.samples_per_sec).sum();
         if usd > 0.0 { rate / usd } else { f64::INFINITY }
     };
     let groups: Vec<Alone> = match usd_per_node_hour {
         None => pools,
         Some(_) => {
-            pools.sort_by(|a, b| per_dollar(&[*b], 0.0).total_cmp(&per_dollar(&[*a], 0.0)));
+            pools.sort_by(|a, b| per_dollar(&[*b]).total_cmp(&per_dollar(&[*a])));
             let floor =
-                pools.first().map_or(0.0, |best| per_dollar(&[*best], 0.0)) * (1.0 - DOLLAR_SLACK);
+                pools.first().map_or(0.0, |best| per_dollar(&[*best])) * (1.0 - DOLLAR_SLACK);
             let mut chosen: Vec<Alone> = Vec::new();
             for pool in pools {
                 chosen.push(pool);
-                if chosen.len() > 1 && per_dollar(&chosen, 0.0) / (1.0 + EXCHANGE_SHARE) < floor {
+                if chosen.len() > 1 && per_dollar(&chosen) / (1.0 + EXCHANGE_SHARE) < floor {
                     chosen.pop();
                     break;
                 }
