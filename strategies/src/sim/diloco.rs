@@ -16,7 +16,6 @@
 use parcae_outer::Wire;
 use serde::{Deserialize, Serialize};
 
-use super::fleet::FleetRun;
 use super::{MigrationCounts, StrategyRun};
 use crate::cost::fleet::Fleet;
 pub use crate::cost::rounds::Rounds;
@@ -58,21 +57,43 @@ struct Member {
     nodes: u32,
 }
 
-/// DiLoCo over the pools `groups` of `fleet`, pool `g` trained as `alone[g]` (intervals of
+/// One pool trained alone: its run and the node-hours it billed.
+#[derive(Clone, Copy, Debug)]
+pub struct Alone<'a> {
+    /// The run.
+    pub run: &'a StrategyRun,
+    /// Node-hours billed in its pool.
+    pub node_hours: f64,
+}
+
+/// What DiLoCo trained over the pools, what it billed and what its rounds cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DilocoRun {
+    /// The run, one row of samples for every group together.
+    pub run: StrategyRun,
+    /// Node-hours billed in each pool of the fleet (none outside the rounds).
+    pub node_hours: Vec<f64>,
+    /// Egress dollars of the pseudo-gradients.
+    pub egress_usd: f64,
+    /// The rounds.
+    pub rounds: RoundsReport,
+}
+
+/// DiLoCo over the pools `groups` of `fleet`, pool `g` trained as `every[g]` (intervals of
 /// `interval_secs`): the run it trains, billed for those pools alone, and what its rounds cost.
 pub fn diloco(
     fleet: &Fleet,
-    every: &[FleetRun],
+    every: &[Alone<'_>],
     groups: &[usize],
     interval_secs: f64,
     rounds: Rounds,
-) -> FleetRun {
-    let alone: Vec<&FleetRun> = groups.iter().filter_map(|&g| every.get(g)).collect();
-    let intervals = alone
+) -> DilocoRun {
+    let alone: Vec<&StrategyRun> = groups
         .iter()
-        .map(|r| r.run.cumulative.len())
-        .min()
-        .unwrap_or(0);
+        .filter_map(|&g| every.get(g))
+        .map(|a| a.run)
+        .collect();
+    let intervals = alone.iter().map(|r| r.cumulative.len()).min().unwrap_or(0);
     let spec = fleet.spec();
     let per_group = f64::from(rounds.inner_steps.max(1)) * f64::from(spec.global_batch);
     let mut state = RoundState {
@@ -104,12 +125,12 @@ pub fn diloco(
         let rates: Vec<f64> = alone
             .iter()
             .map(|r| {
-                let before = k.checked_sub(1).map_or(0.0, |j| r.run.cumulative[j]);
-                (r.run.cumulative[k] - before).max(0.0) / interval_secs
+                let before = k.checked_sub(1).map_or(0.0, |j| r.cumulative[j]);
+                (r.cumulative[k] - before).max(0.0) / interval_secs
             })
             .collect();
         for (m, r) in state.members.iter_mut().zip(&alone) {
-            if let Some(c) = r.run.configs.get(k).filter(|c| c.d * c.p > 0) {
+            if let Some(c) = r.configs.get(k).filter(|c| c.d * c.p > 0) {
                 m.nodes = c.d * c.p;
             }
         }
@@ -118,30 +139,30 @@ pub fn diloco(
     }
     let mut kinds = MigrationCounts::default();
     for r in &alone {
-        kinds.add(&r.run.kinds);
+        kinds.add(&r.kinds);
     }
     let mut node_hours = vec![0.0; fleet.zones().len()];
-    for (&g, r) in groups.iter().zip(&alone) {
-        node_hours[g] = r.node_hours.get(g).copied().unwrap_or(0.0);
+    for &g in groups {
+        if let (Some(hours), Some(a)) = (node_hours.get_mut(g), every.get(g)) {
+            *hours = a.node_hours;
+        }
     }
     let run = StrategyRun {
         name: format!("diloco:{}", rounds.inner_steps),
         samples,
-        migrations: alone.iter().map(|r| r.run.migrations).sum(),
+        migrations: alone.iter().map(|r| r.migrations).sum(),
         kinds,
-        migration_secs: alone.iter().map(|r| r.run.migration_secs).sum(),
+        migration_secs: alone.iter().map(|r| r.migration_secs).sum(),
         // Each group runs its own configuration: no one configuration is the run's.
         configs: Vec::new(),
         cumulative,
         charged_secs: Vec::new(),
     };
-    FleetRun {
+    DilocoRun {
         run,
-        held_node_hours: node_hours.clone(),
         node_hours,
         egress_usd: state.egress_usd,
-        zone: None,
-        rounds: Some(state.report),
+        rounds: state.report,
     }
 }
 
@@ -247,35 +268,43 @@ mod tests {
 
     /// A pool trained alone at `rate[k]` samples a second in interval `k`, on one 1 x 8
     /// pipeline (none where the rate is 0).
-    fn alone(pool: usize, rates: &[f64]) -> FleetRun {
+    fn alone(rates: &[f64]) -> StrategyRun {
         let mut cumulative = Vec::new();
         let mut samples = 0.0;
         for r in rates {
             samples += r * SECS;
             cumulative.push(samples);
         }
-        let mut node_hours = vec![0.0; 2];
-        node_hours[pool] = 8.0 * SECS * rates.len() as f64 / 3600.0;
-        FleetRun {
-            run: StrategyRun {
-                name: "single-zone-best".into(),
-                samples,
-                migrations: 1,
-                kinds: MigrationCounts::default(),
-                migration_secs: 10.0,
-                configs: rates
-                    .iter()
-                    .map(|&r| ParallelConfig::new(u32::from(r > 0.0), 8))
-                    .collect(),
-                cumulative,
-                charged_secs: Vec::new(),
-            },
-            held_node_hours: node_hours.clone(),
-            node_hours,
-            egress_usd: 0.0,
-            zone: None,
-            rounds: None,
+        StrategyRun {
+            name: "single-zone-best".into(),
+            samples,
+            migrations: 1,
+            kinds: MigrationCounts::default(),
+            migration_secs: 10.0,
+            configs: rates
+                .iter()
+                .map(|&r| ParallelConfig::new(u32::from(r > 0.0), 8))
+                .collect(),
+            cumulative,
+            charged_secs: Vec::new(),
         }
+    }
+
+    /// DiLoCo over two pools trained alone at `a` and `b`, each billed eight nodes throughout.
+    fn over_two(fleet: &Fleet, a: &[f64], b: &[f64], rounds: Rounds) -> DilocoRun {
+        let (a, b) = (alone(a), alone(b));
+        let hours = |r: &StrategyRun| 8.0 * SECS * r.cumulative.len() as f64 / 3600.0;
+        let every = [
+            Alone {
+                run: &a,
+                node_hours: hours(&a),
+            },
+            Alone {
+                run: &b,
+                node_hours: hours(&b),
+            },
+        ];
+        diloco(fleet, &every, &[0, 1], SECS, rounds)
     }
 
     const H10: Rounds = Rounds {
@@ -296,14 +325,8 @@ mod tests {
     fn equal_groups_exchange_once_a_round_and_lose_only_the_exchange() {
         let fleet = fleet();
         let (bytes, link) = model_bytes_and_link(&fleet);
-        let run = diloco(
-            &fleet,
-            &[alone(0, &[32.0; 30]), alone(1, &[32.0; 30])],
-            &[0, 1],
-            SECS,
-            H10,
-        );
-        let report = run.rounds.clone().unwrap();
+        let run = over_two(&fleet, &[32.0; 30], &[32.0; 30], H10);
+        let report = run.rounds.clone();
         // A round is 10 steps of the job's batch a group at 32 samples a second, then the
         // exchange (each group sends the whole model once, eight nodes sharing it).
         let round = 10.0 * f64::from(fleet.spec().global_batch) / 32.0;
@@ -338,14 +361,8 @@ mod tests {
             wire: Wire::Bf16,
             ..H10
         };
-        let run = diloco(
-            &fleet,
-            &[alone(0, &[32.0; 30]), alone(1, &[16.0; 30])],
-            &[0, 1],
-            SECS,
-            rounds,
-        );
-        let report = run.rounds.clone().unwrap();
+        let run = over_two(&fleet, &[32.0; 30], &[16.0; 30], rounds);
+        let report = run.rounds.clone();
         // A round is due at 20 steps' samples between the two, 48 samples a second: the fast
         // group trains two thirds of it.
         let round = 20.0 * f64::from(fleet.spec().global_batch) / 48.0;
@@ -369,14 +386,8 @@ mod tests {
         let fleet = fleet();
         let mut gone = vec![32.0; 5];
         gone.extend([0.0; 25]);
-        let run = diloco(
-            &fleet,
-            &[alone(0, &[32.0; 30]), alone(1, &gone)],
-            &[0, 1],
-            SECS,
-            H10,
-        );
-        let report = run.rounds.clone().unwrap();
+        let run = over_two(&fleet, &[32.0; 30], &gone, H10);
+        let report = run.rounds.clone();
         // Both trained their 300 s but for the exchanges; then the first trains alone,
         // exchanging nothing.
         let (bytes, link) = model_bytes_and_link(&fleet);

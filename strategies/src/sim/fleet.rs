@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::diloco::{Outer, RoundsReport, diloco};
+use super::diloco::{Alone, Outer, RoundsReport, diloco};
 use super::join_order::join_orders;
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::config::ParallelConfig;
@@ -351,11 +351,26 @@ pub fn simulate_fleet(
             (chosen.groups, chosen.rounds, "auto".to_string())
         }
     };
-    let diloco = match (outer, rounds) {
-        (_, Some(r)) => Some(FleetRun {
-            held_node_hours: held.clone(),
-            ..diloco(fleet, &alone, &groups, interval_secs as f64, r)
-        }),
+    let every: Vec<Alone<'_>> = alone
+        .iter()
+        .enumerate()
+        .map(|(z, r)| Alone {
+            run: &r.run,
+            node_hours: r.node_hours.get(z).copied().unwrap_or(0.0),
+        })
+        .collect();
+    let outer_run = match (outer, rounds) {
+        (_, Some(r)) => {
+            let ran = diloco(fleet, &every, &groups, interval_secs as f64, r);
+            Some(FleetRun {
+                run: ran.run,
+                node_hours: ran.node_hours,
+                held_node_hours: held.clone(),
+                egress_usd: ran.egress_usd,
+                zone: None,
+                rounds: Some(ran.rounds),
+            })
+        }
         (Some(Outer::Auto(_)), None) => runs.first().cloned(),
         (_, None) => None,
     }
@@ -364,7 +379,7 @@ pub fn simulate_fleet(
         run
     });
     runs.extend(best_single_zone(alone, objective.prices()));
-    runs.extend(diloco);
+    runs.extend(outer_run);
     Ok(runs)
 }
 
