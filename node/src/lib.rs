@@ -78,6 +78,7 @@ mod trainer;
 pub mod adopt;
 pub mod device_info;
 pub mod export;
+pub mod learn;
 pub mod prepare;
 pub mod profile;
 pub mod replay;

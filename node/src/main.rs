@@ -21,6 +21,7 @@ use parcae_node::config::{JobSource, NodeConfig};
 use parcae_node::device_info::burn_device;
 use parcae_node::export::{ExportOptions, export};
 use parcae_node::key::ClusterKey;
+use parcae_node::learn::{LearnOptions, learn};
 use parcae_node::planner_bench::time_decision;
 use parcae_node::prepare::{PrepareOptions, prepare};
 use parcae_node::profile::{ProfileOptions, profile};
@@ -88,6 +89,9 @@ enum Command {
     /// Train the whole model in this process for some steps at a fixed batch: tokens/s, MFU,
     /// peak memory, the cold start apart from the warm steps.
     TrainBench(TrainBenchOptions),
+    /// Train the job in this process as groups that synchronise every step or every H steps
+    /// (DiLoCo), at equal samples: validation loss against samples, bytes between groups.
+    Learn(LearnOptions),
     /// Time the leader's whole decision (the default strategy over pools of unlike speeds):
     /// cold, as a fresh planner makes it, and memoised, as the next one is made.
     BenchPlanner(BenchPlannerArgs),
@@ -234,6 +238,16 @@ vocab_size = {}",
                 r.cold_start_s,
                 r.losses.first().copied().unwrap_or(f32::NAN),
                 r.losses.last().copied().unwrap_or(f32::NAN)
+            );
+            Ok(())
+        }
+        Command::Learn(opts) => {
+            let r = learn(&opts)?;
+            println!(
+                "wrote {} ({} runs of {} parameters)",
+                opts.out.display(),
+                r.runs.len(),
+                r.params
             );
             Ok(())
         }

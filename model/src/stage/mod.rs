@@ -9,7 +9,8 @@
 //! The stage's work is cut by job: [`init`] builds layers from per-layer seeds, `execute` runs
 //! micro-batches forward and backward on lanes, `wire_io` is the same at the wire-bytes
 //! boundary between stages, `grads` lays out, exchanges and measures the accumulated gradients
-//! for the data-parallel all-reduce and clipping, and `optimize` applies AdamW. The stage's
+//! for the data-parallel all-reduce and clipping, `optimize` applies AdamW, and `params_io`
+//! reads and writes the parameter values alone (for an outer optimizer between groups). The stage's
 //! state export and import are `crate::state`'s; its cost probe is `crate::costs`'.
 
 mod execute;
@@ -17,6 +18,7 @@ mod flight;
 mod grads;
 mod init;
 mod optimize;
+mod params_io;
 mod wire_io;
 
 use std::collections::HashMap;
