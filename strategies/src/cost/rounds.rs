@@ -7,10 +7,11 @@
 //!
 //! Under samples per dollar the rounds may give up [`DOLLAR_SLACK`] of the best pool's samples
 //! per dollar for the samples the others add (the pools joining in order of their own samples
-//! per dollar, while the group's, its exchange's egress at most [`EXCHANGE_SHARE`] of its bill,
-//! stays within the slack); for samples every pool joins. `H` is the fewest inner steps of
+//! per dollar, while the group's, its exchange's wait and egress counted, stays within the
+//! slack); for samples every pool joins. `H` is the fewest inner steps of
 //! [`INNER_STEPS`] whose exchange takes at most [`EXCHANGE_SHARE`] of a round's time (and, for
-//! dollars, of its bill). Fewer than two pools: synchronous steps.
+//! dollars, whose egress adds at most [`EGRESS_SHARE`] to its bill). Fewer than two pools:
+//! synchronous steps.
 
 use parcae_outer::Wire;
 use serde::{Deserialize, Serialize};
@@ -28,8 +29,12 @@ pub const INNER_STEPS: [u32; 5] = [20, 50, 100, 200, 500];
 /// Samples per dollar the rounds may give up against the best pool alone.
 pub const DOLLAR_SLACK: f64 = 0.1;
 
-/// Most of a round's time (and, planned for dollars, of its node bill) its exchange may take.
+/// Most of a round's time its exchange may take.
 pub const EXCHANGE_SHARE: f64 = 0.05;
+
+/// Most of a round's node bill its exchange's egress may add, planned for dollars: every
+/// share of it is a share of the samples per dollar the slack can spend on more pools.
+pub const EGRESS_SHARE: f64 = 0.01;
 
 /// How DiLoCo's rounds run: `H` and the pseudo-gradient's wire form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +105,25 @@ pub fn exchange(fleet: &Fleet, bytes: f64, groups: &[(usize, u32)]) -> ExchangeC
     cost
 }
 
+/// A one-way copy of `bytes` from pool `from` to pool `to` (each a pool index and the nodes
+/// sharing the transfer): a pool that joins the rounds fetching the outer weights.
+pub fn fetch(fleet: &Fleet, bytes: f64, from: (usize, u32), to: (usize, u32)) -> ExchangeCost {
+    let pools = fleet.zones();
+    let (a, b) = (&pools[from.0].pool, &pools[to.0].pool);
+    let link = fleet.links().between(a.zone(), b.zone());
+    let crossing = !a.shares_zone(b);
+    let nodes = from.1.min(to.1).max(1);
+    ExchangeCost {
+        secs: bytes / f64::from(nodes) * 8.0 / (link.gbit_per_s * 1e9) + link.latency_ms / 1e3,
+        cross_zone_bytes: if crossing { bytes } else { 0.0 },
+        egress_usd: if crossing {
+            bytes / GB * link.usd_per_gb
+        } else {
+            0.0
+        },
+    }
+}
+
 /// What `--sync auto` chose: the pools of the rounds and how they run (`None`: synchronous
 /// steps over the fleet).
 #[derive(Clone, Debug, PartialEq)]
@@ -110,25 +134,28 @@ pub struct SyncChoice {
     pub rounds: Option<Rounds>,
 }
 
-/// One pool alone at its nodes: its best configuration's rate and nodes.
-#[derive(Clone, Copy, Debug)]
-struct Alone {
-    pool: usize,
-    samples_per_sec: f64,
-    nodes: u32,
-    usd_per_sec: f64,
+/// One pool as the choice weighs it: what it trains alone, on how many nodes, what it bills.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolValue {
+    /// The pool, by index.
+    pub pool: usize,
+    /// Samples a second it trains alone.
+    pub samples_per_sec: f64,
+    /// Its nodes, that share its sending.
+    pub nodes: u32,
+    /// What its held nodes cost a second, dollars (0 unpriced).
+    pub usd_per_sec: f64,
 }
 
-/// Which pools of `fleet`, holding `counts[g]` nodes, join DiLoCo's rounds and with what `H`,
-/// the pseudo-gradients sent as `wire`; `usd_per_node_hour` where the plan is for samples per
-/// dollar.
-pub fn choose(
+/// Each pool of `fleet` with `counts[g]` nodes valued by its plan: its best configuration's
+/// rate at its nodes, every held node billed at `usd_per_node_hour` (none unpriced). Pools that
+/// can train nothing are left out.
+pub fn planned_values(
     fleet: &Fleet,
     counts: &[u32],
     usd_per_node_hour: Option<&[f64]>,
-    wire: Wire,
-) -> SyncChoice {
-    let mut pools: Vec<Alone> = fleet
+) -> Vec<PoolValue> {
+    fleet
         .zones()
         .iter()
         .enumerate()
@@ -140,63 +167,105 @@ pub fn choose(
             let price = usd_per_node_hour
                 .and_then(|p| p.get(pool).copied())
                 .unwrap_or(0.0);
-            (samples_per_sec > 0.0).then_some(Alone {
+            (samples_per_sec > 0.0).then_some(PoolValue {
                 pool,
                 samples_per_sec,
                 nodes: best.nodes(),
                 usd_per_sec: f64::from(held) * price / 3600.0,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Which pools of `fleet`, holding `counts[g]` nodes, join DiLoCo's rounds and with what `H`,
+/// the pseudo-gradients sent as `wire`; `usd_per_node_hour` where the plan is for samples per
+/// dollar. Each pool valued by its plan ([`planned_values`]).
+pub fn choose(
+    fleet: &Fleet,
+    counts: &[u32],
+    usd_per_node_hour: Option<&[f64]>,
+    wire: Wire,
+) -> SyncChoice {
+    let values = planned_values(fleet, counts, usd_per_node_hour);
+    choose_from(fleet, values, usd_per_node_hour.is_some(), wire)
+}
+
+/// [`choose`] from the pools' `values` however they were found; `priced` where the plan is
+/// for samples per dollar.
+pub fn choose_from(
+    fleet: &Fleet,
+    mut pools: Vec<PoolValue>,
+    priced: bool,
+    wire: Wire,
+) -> SyncChoice {
+    pools.retain(|p| p.samples_per_sec > 0.0);
     let bytes = pseudo_gradient_bytes(fleet, wire);
-    let per_dollar = |g: &[Alone]| {
-        let usd: f64 = g.iter().map(|a| a.usd_per_sec).sum();
-        let rate: f64 = g.iter().map(|a| a.samples_per_sec).sum();
-        if usd > 0.0 { rate / usd } else { f64::INFINITY }
-    };
-    let groups: Vec<Alone> = match usd_per_node_hour {
-        None => pools,
-        Some(_) => {
-            pools.sort_by(|a, b| per_dollar(&[*b]).total_cmp(&per_dollar(&[*a])));
-            let floor =
-                pools.first().map_or(0.0, |best| per_dollar(&[*best])) * (1.0 - DOLLAR_SLACK);
-            let mut chosen: Vec<Alone> = Vec::new();
-            for pool in pools {
-                chosen.push(pool);
-                if chosen.len() > 1 && per_dollar(&chosen) / (1.0 + EXCHANGE_SHARE) < floor {
-                    chosen.pop();
-                    break;
-                }
+    let groups: Vec<PoolValue> = if priced {
+        let alone = |p: &PoolValue| per_dollar(p.samples_per_sec, p.usd_per_sec);
+        pools.sort_by(|a, b| alone(b).total_cmp(&alone(a)));
+        let floor = pools.first().map_or(0.0, alone) * (1.0 - DOLLAR_SLACK);
+        let mut chosen: Vec<PoolValue> = Vec::new();
+        for pool in pools {
+            chosen.push(pool);
+            if chosen.len() > 1 && rounds_of(fleet, &chosen, priced, bytes).per_dollar < floor {
+                chosen.pop();
+                break;
             }
-            chosen
         }
+        chosen
+    } else {
+        pools
     };
     let mut indices: Vec<usize> = groups.iter().map(|a| a.pool).collect();
     indices.sort_unstable();
-    if groups.len() < 2 {
-        return SyncChoice {
-            groups: indices,
-            rounds: None,
-        };
+    let rounds = (groups.len() >= 2).then(|| Rounds {
+        inner_steps: rounds_of(fleet, &groups, priced, bytes).inner_steps,
+        wire,
+    });
+    SyncChoice {
+        groups: indices,
+        rounds,
     }
+}
+
+/// Samples per dollar of `rate` samples a second billed `usd` a second (unpriced: unbounded).
+fn per_dollar(rate: f64, usd: f64) -> f64 {
+    if usd > 0.0 { rate / usd } else { f64::INFINITY }
+}
+
+/// How rounds of `groups` run: their inner steps and what they buy a dollar.
+struct GroupRounds {
+    inner_steps: u32,
+    /// Samples per dollar of the groups' nodes and of their exchanges' egress.
+    per_dollar: f64,
+}
+
+/// The fewest inner steps of [`INNER_STEPS`] whose exchange of `bytes` a group takes at most
+/// [`EXCHANGE_SHARE`] of a round's time (and its egress, `priced`, at most [`EGRESS_SHARE`] of
+/// its node bill), and the samples per
+/// dollar the groups buy with that exchange's egress.
+fn rounds_of(fleet: &Fleet, groups: &[PoolValue], priced: bool, bytes: f64) -> GroupRounds {
     let members: Vec<(usize, u32)> = groups.iter().map(|a| (a.pool, a.nodes)).collect();
     let cost = exchange(fleet, bytes, &members);
     let rate: f64 = groups.iter().map(|a| a.samples_per_sec).sum();
     let bill_per_sec: f64 = groups.iter().map(|a| a.usd_per_sec).sum();
     let batch = f64::from(fleet.spec().global_batch);
+    let round_secs = |h: u32| groups.len() as f64 * f64::from(h) * batch / rate;
     let fits = |h: u32| {
-        let round_secs = groups.len() as f64 * f64::from(h) * batch / rate;
-        let priced = usd_per_node_hour.is_none()
-            || cost.egress_usd <= EXCHANGE_SHARE * bill_per_sec * round_secs;
-        cost.secs <= EXCHANGE_SHARE * round_secs && priced
+        let paid = !priced || cost.egress_usd <= EGRESS_SHARE * bill_per_sec * round_secs(h);
+        cost.secs <= EXCHANGE_SHARE * round_secs(h) && paid
     };
     let inner_steps = INNER_STEPS
         .into_iter()
         .find(|&h| fits(h))
         .unwrap_or(INNER_STEPS[INNER_STEPS.len() - 1]);
-    SyncChoice {
-        groups: indices,
-        rounds: Some(Rounds { inner_steps, wire }),
+    let secs = round_secs(inner_steps);
+    GroupRounds {
+        inner_steps,
+        per_dollar: per_dollar(
+            rate * secs / (secs + cost.secs),
+            bill_per_sec + cost.egress_usd / secs,
+        ),
     }
 }
 
@@ -254,10 +323,11 @@ mod tests {
         let values: Vec<f64> = (0..3).map(|p| value(p, PRICES[p])).collect();
         // The 1.5x pool is the best per dollar; the V100s the worst.
         assert!(values[1] > values[2] && values[2] > values[0], "{values:?}");
+        // Within the slack, the exchanges' wait and egress aside (small on these links).
         let within = |pools: &[usize]| {
             let rate: f64 = pools.iter().map(|&p| rate(p)).sum();
             let usd: f64 = pools.iter().map(|&p| 16.0 * PRICES[p]).sum();
-            rate / usd / (1.0 + EXCHANGE_SHARE) >= values[1] * (1.0 - DOLLAR_SLACK)
+            rate / usd >= values[1] * (1.0 - DOLLAR_SLACK)
         };
         let expected: Vec<usize> = if !within(&[1, 2]) {
             vec![1]

@@ -19,31 +19,65 @@ use serde::{Deserialize, Serialize};
 use super::{MigrationCounts, StrategyRun};
 use crate::cost::fleet::Fleet;
 pub use crate::cost::rounds::Rounds;
-use crate::cost::rounds::{exchange, pseudo_gradient_bytes};
+use crate::cost::rounds::{
+    INNER_STEPS, PoolValue, SyncChoice, choose, choose_from, exchange, fetch, planned_values,
+    pseudo_gradient_bytes,
+};
+
+/// Intervals between two choices of `--sync auto`: a pool that joins fetches the whole model,
+/// so the groups are not redrawn at every wobble of a count.
+pub const RECHOOSE_INTERVALS: usize = 10;
+
+/// Intervals of a pool's own record `--sync auto` values it by (an hour of one-minute
+/// intervals): long enough to hold its churn, short enough to follow its time of day.
+pub const HISTORY_INTERVALS: usize = 60;
+
+/// Intervals of record below which `--sync auto` values a pool by its plan instead.
+pub const HISTORY_MIN: usize = 10;
 
 /// How the pools synchronise besides the synchronous strategies: DiLoCo's rounds as given, or
-/// as `--sync auto` chooses them (`cost::rounds::choose`) with the pseudo-gradients in `Wire`.
+/// as `--sync auto` chooses them with the pseudo-gradients in `Wire`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outer {
     /// `diloco:H` over every pool.
     Rounds(Rounds),
-    /// The pools and `H` chosen from the cost model at the run's first interval.
+    /// The pools and `H` chosen as the run goes ([`Groups::Auto`]).
     Auto(Wire),
+}
+
+/// Who takes part in the rounds.
+#[derive(Clone, Copy, Debug)]
+pub enum Groups<'a> {
+    /// These pools throughout, rounds as given.
+    Fixed(&'a [usize], Rounds),
+    /// Chosen every [`RECHOOSE_INTERVALS`] intervals (`cost::rounds::choose_from`), each pool
+    /// valued by what it trained alone and what its held nodes cost over its last
+    /// [`HISTORY_INTERVALS`] (its churn and its time of day in it, as the planner's record
+    /// shows them), by its plan before [`HISTORY_MIN`]; for samples per dollar where priced.
+    Auto {
+        /// The pseudo-gradients' wire form.
+        wire: Wire,
+        /// Each pool's price of a node-hour, planning for samples per dollar.
+        usd_per_node_hour: Option<&'a [f64]>,
+    },
 }
 
 /// What DiLoCo's rounds did besides training.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoundsReport {
-    /// Inner steps of a round.
+    /// Inner steps of a round (the last choice's).
     pub inner_steps: u32,
-    /// The pools in the rounds.
+    /// The pools that took part in a round.
     pub pools: Vec<String>,
     /// Rounds closed.
     pub rounds: u32,
-    /// Bytes of pseudo-gradients that crossed zones.
+    /// Bytes of pseudo-gradients (and of the model to pools that joined) that crossed zones.
     pub cross_zone_bytes: f64,
     /// Seconds every group spent in exchanges.
     pub exchange_secs: f64,
+    /// Times the pools in the rounds changed after the first choice.
+    #[serde(default)]
+    pub regroupings: u32,
 }
 
 /// One group in a round.
@@ -55,15 +89,17 @@ struct Member {
     trained: f64,
     /// Its nodes when it last trained, that share its sending.
     nodes: u32,
+    /// Seconds it still spends fetching the model after joining.
+    fetching_secs: f64,
+    /// Chosen out: it trains no more and leaves when the round closes.
+    leaving: bool,
 }
 
-/// One pool trained alone: its run and the node-hours it billed.
+/// One pool trained alone.
 #[derive(Clone, Copy, Debug)]
 pub struct Alone<'a> {
     /// The run.
     pub run: &'a StrategyRun,
-    /// Node-hours billed in its pool.
-    pub node_hours: f64,
 }
 
 /// What DiLoCo trained over the pools, what it billed and what its rounds cost.
@@ -71,88 +107,105 @@ pub struct Alone<'a> {
 pub struct DilocoRun {
     /// The run, one row of samples for every group together.
     pub run: StrategyRun,
-    /// Node-hours billed in each pool of the fleet (none outside the rounds).
+    /// Node-hours billed in each pool of the fleet: its held nodes while it was in the rounds.
     pub node_hours: Vec<f64>,
-    /// Egress dollars of the pseudo-gradients.
+    /// Egress dollars of the pseudo-gradients and of the model sent to pools that joined.
     pub egress_usd: f64,
     /// The rounds.
     pub rounds: RoundsReport,
 }
 
-/// DiLoCo over the pools `groups` of `fleet`, pool `g` trained as `every[g]` (intervals of
-/// `interval_secs`): the run it trains, billed for those pools alone, and what its rounds cost.
+/// DiLoCo over the pools of `fleet` that `groups` names, pool `g` trained as `every[g]` and
+/// holding `held[k][g]` nodes in interval `k` (of `interval_secs`): the run it trains, billed
+/// for the pools in the rounds while they are, and what its rounds cost.
 pub fn diloco(
     fleet: &Fleet,
     every: &[Alone<'_>],
-    groups: &[usize],
+    held: &[Vec<u32>],
+    groups: Groups<'_>,
     interval_secs: f64,
-    rounds: Rounds,
 ) -> DilocoRun {
-    let alone: Vec<&StrategyRun> = groups
+    let intervals = every
         .iter()
-        .filter_map(|&g| every.get(g))
-        .map(|a| a.run)
-        .collect();
-    let intervals = alone.iter().map(|r| r.cumulative.len()).min().unwrap_or(0);
-    let spec = fleet.spec();
-    let per_group = f64::from(rounds.inner_steps.max(1)) * f64::from(spec.global_batch);
+        .map(|a| a.run.cumulative.len())
+        .min()
+        .unwrap_or(0)
+        .min(held.len());
+    let (wire, name) = match groups {
+        Groups::Fixed(_, r) => (r.wire, format!("diloco:{}", r.inner_steps)),
+        Groups::Auto { wire, .. } => (wire, "auto".to_string()),
+    };
     let mut state = RoundState {
-        members: groups
-            .iter()
-            .map(|&pool| Member {
-                pool,
-                ..Member::default()
-            })
-            .collect(),
+        members: Vec::new(),
         pause_secs: 0.0,
-        report: RoundsReport {
-            inner_steps: rounds.inner_steps,
-            pools: groups
-                .iter()
-                .map(|&g| fleet.zones()[g].pool.to_string())
-                .collect(),
-            ..RoundsReport::default()
-        },
+        report: RoundsReport::default(),
         egress_usd: 0.0,
     };
     let exchange = Exchange {
         fleet,
-        bytes: pseudo_gradient_bytes(fleet, rounds.wire),
+        bytes: pseudo_gradient_bytes(fleet, wire),
+        model_bytes: pseudo_gradient_bytes(fleet, Wire::F32),
     };
+    let mut node_secs = vec![0.0; fleet.zones().len()];
     let mut cumulative = Vec::with_capacity(intervals);
     let mut samples = 0.0;
     for k in 0..intervals {
-        let rates: Vec<f64> = alone
-            .iter()
-            .map(|r| {
-                let before = k.checked_sub(1).map_or(0.0, |j| r.cumulative[j]);
-                (r.cumulative[k] - before).max(0.0) / interval_secs
-            })
-            .collect();
-        for (m, r) in state.members.iter_mut().zip(&alone) {
-            if let Some(c) = r.configs.get(k).filter(|c| c.d * c.p > 0) {
-                m.nodes = c.d * c.p;
-            }
+        let choice = match groups {
+            Groups::Fixed(pools, rounds) => (k == 0).then(|| SyncChoice {
+                groups: pools.to_vec(),
+                rounds: Some(rounds),
+            }),
+            Groups::Auto {
+                wire,
+                usd_per_node_hour,
+            } => (k % RECHOOSE_INTERVALS == 0).then(|| {
+                auto_choice(
+                    fleet,
+                    every,
+                    held,
+                    k,
+                    usd_per_node_hour,
+                    wire,
+                    interval_secs,
+                )
+            }),
+        };
+        if let Some(choice) = choice {
+            state.regroup(&choice, &held[k], &exchange, k > 0);
         }
+        let rates: Vec<f64> = state
+            .members
+            .iter_mut()
+            .map(|m| member_rate(m, every, k, interval_secs))
+            .collect();
+        for m in state.members.iter().filter(|m| !m.leaving) {
+            node_secs[m.pool] += f64::from(held[k][m.pool]) * interval_secs;
+        }
+        let per_group =
+            f64::from(state.report.inner_steps.max(1)) * f64::from(fleet.spec().global_batch);
         samples += state.interval(&rates, interval_secs, per_group, &exchange);
         cumulative.push(samples);
     }
+    let ran: Vec<&StrategyRun> = every
+        .iter()
+        .enumerate()
+        .filter(|(pool, _)| node_secs[*pool] > 0.0)
+        .map(|(_, a)| a.run)
+        .collect();
     let mut kinds = MigrationCounts::default();
-    for r in &alone {
+    for r in &ran {
         kinds.add(&r.kinds);
     }
-    let mut node_hours = vec![0.0; fleet.zones().len()];
-    for &g in groups {
-        if let (Some(hours), Some(a)) = (node_hours.get_mut(g), every.get(g)) {
-            *hours = a.node_hours;
-        }
-    }
+    state.report.pools = (0..fleet.zones().len())
+        .filter(|&g| node_secs[g] > 0.0)
+        .map(|g| fleet.zones()[g].pool.to_string())
+        .collect();
     let run = StrategyRun {
-        name: format!("diloco:{}", rounds.inner_steps),
+        name,
         samples,
-        migrations: alone.iter().map(|r| r.migrations).sum(),
+        migrations: ran.iter().map(|r| r.migrations).sum(),
         kinds,
-        migration_secs: alone.iter().map(|r| r.migration_secs).sum(),
+        migration_secs: ran.iter().map(|r| r.migration_secs).sum(),
         // Each group runs its own configuration: no one configuration is the run's.
         configs: Vec::new(),
         cumulative,
@@ -160,10 +213,76 @@ pub fn diloco(
     };
     DilocoRun {
         run,
-        node_hours,
+        node_hours: node_secs.iter().map(|s| s / 3600.0).collect(),
         egress_usd: state.egress_usd,
         rounds: state.report,
     }
+}
+
+/// What member `m` trains a second in interval `k`: its pool's rate alone, none once chosen
+/// out, less the share of the interval it still spends fetching the model; its nodes noted.
+fn member_rate(m: &mut Member, every: &[Alone<'_>], k: usize, secs: f64) -> f64 {
+    let Some(alone) = every.get(m.pool).map(|a| a.run) else {
+        return 0.0;
+    };
+    if let Some(c) = alone.configs.get(k).filter(|c| c.d * c.p > 0) {
+        m.nodes = c.d * c.p;
+    }
+    if m.leaving {
+        return 0.0;
+    }
+    let before = k.checked_sub(1).map_or(0.0, |j| alone.cumulative[j]);
+    let rate = (alone.cumulative[k] - before).max(0.0) / secs;
+    let fetching = m.fetching_secs.min(secs);
+    m.fetching_secs -= fetching;
+    rate * (1.0 - fetching / secs)
+}
+
+/// `--sync auto`'s choice at interval `k`: each pool its plan can train on valued by its
+/// record over the last [`HISTORY_INTERVALS`] (samples its alone run trained, its held nodes'
+/// bill), or by its plan before [`HISTORY_MIN`] intervals of record or where the record
+/// trained nothing.
+fn auto_choice(
+    fleet: &Fleet,
+    every: &[Alone<'_>],
+    held: &[Vec<u32>],
+    k: usize,
+    usd_per_node_hour: Option<&[f64]>,
+    wire: Wire,
+    secs: f64,
+) -> SyncChoice {
+    let now = &held[k];
+    if k < HISTORY_MIN {
+        return choose(fleet, now, usd_per_node_hour, wire);
+    }
+    let from = k.saturating_sub(HISTORY_INTERVALS);
+    let span = (k - from) as f64 * secs;
+    let planned = planned_values(fleet, now, usd_per_node_hour);
+    let values = planned
+        .into_iter()
+        .map(|plan| {
+            let (pool, alone) = (plan.pool, &every[plan.pool].run.cumulative);
+            let at = |j: Option<usize>| j.map_or(0.0, |j| alone[j]);
+            let trained = at(Some(k - 1)) - at(from.checked_sub(1));
+            if trained <= 0.0 {
+                // Nodes it did not have in the record: its plan is all there is to go by.
+                return plan;
+            }
+            let node_secs: f64 = held[from..k]
+                .iter()
+                .map(|c| f64::from(c[pool]) * secs)
+                .sum();
+            let price = usd_per_node_hour
+                .and_then(|p| p.get(pool).copied())
+                .unwrap_or(0.0);
+            PoolValue {
+                samples_per_sec: trained / span,
+                usd_per_sec: node_secs * price / 3600.0 / span,
+                ..plan
+            }
+        })
+        .collect();
+    choose_from(fleet, values, usd_per_node_hour.is_some(), wire)
 }
 
 /// The rounds in progress across intervals.
@@ -176,6 +295,72 @@ struct RoundState {
 }
 
 impl RoundState {
+    /// Takes `choice`'s pools into the rounds (holding `held` nodes): a pool chosen out trains
+    /// no more and leaves at the round's close with what it trained; a pool that joins while
+    /// the others train (`under_way`) first fetches the outer weights (the model in f32) from
+    /// one of them, its bytes and egress booked, its time lost to its training.
+    fn regroup(
+        &mut self,
+        choice: &SyncChoice,
+        held: &[u32],
+        exchange_of: &Exchange<'_>,
+        under_way: bool,
+    ) {
+        let before: Vec<usize> = self.active();
+        for m in &mut self.members {
+            m.leaving = !choice.groups.contains(&m.pool);
+        }
+        self.members.retain(|m| !m.leaving || m.trained > 0.0);
+        for &pool in &choice.groups {
+            if self.members.iter().any(|m| m.pool == pool) {
+                continue;
+            }
+            let nodes = held.get(pool).copied().unwrap_or(0).max(1);
+            let mut member = Member {
+                pool,
+                nodes,
+                ..Member::default()
+            };
+            if let Some(from) = self
+                .members
+                .iter()
+                .find(|m| !m.leaving)
+                .filter(|_| under_way)
+            {
+                let cost = fetch(
+                    exchange_of.fleet,
+                    exchange_of.model_bytes,
+                    (from.pool, from.nodes),
+                    (pool, nodes),
+                );
+                self.report.cross_zone_bytes += cost.cross_zone_bytes;
+                self.egress_usd += cost.egress_usd;
+                member.fetching_secs = cost.secs;
+            }
+            self.members.push(member);
+        }
+        self.members.sort_by_key(|m| m.pool);
+        if under_way && self.active() != before {
+            self.report.regroupings += 1;
+        }
+        // One group alone exchanges nothing: its rounds keep the last length (the fewest
+        // inner steps before any).
+        self.report.inner_steps = match choice.rounds {
+            Some(rounds) => rounds.inner_steps,
+            None if self.report.inner_steps == 0 => INNER_STEPS[0],
+            None => self.report.inner_steps,
+        };
+    }
+
+    /// The pools training in the rounds.
+    fn active(&self) -> Vec<usize> {
+        self.members
+            .iter()
+            .filter(|m| !m.leaving)
+            .map(|m| m.pool)
+            .collect()
+    }
+
     /// One interval of `secs` in which group `g` trains `rates[g]` samples a second, a round
     /// due at `per_group` samples for each group training: the samples trained.
     fn interval(
@@ -231,184 +416,17 @@ impl RoundState {
         for m in &mut self.members {
             m.trained = 0.0;
         }
+        self.members.retain(|m| !m.leaving);
     }
 }
 
-/// What a round's exchange is priced on: the fleet's links and one group's bytes.
+/// What a round's exchange is priced on: the fleet's links, one group's bytes, and the model's
+/// in f32 (what a pool that joins fetches).
 struct Exchange<'a> {
     fleet: &'a Fleet,
     bytes: f64,
+    model_bytes: f64,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ParallelConfig;
-    use crate::cost::builtin::builtin;
-    use crate::cost::fleet::Zone;
-    use crate::cost::links::{Link, Links};
-    use crate::cost::mixed::DeviceCosts;
-
-    const SECS: f64 = 60.0;
-
-    fn fleet() -> Fleet {
-        let spec = builtin("gpt-1.5b").unwrap().0;
-        let v100 = DeviceCosts::profiled(&spec, "v100", 15.5 * 1024.0);
-        let zone = |name: &str| Zone {
-            pool: name.parse().unwrap(),
-            device: v100.clone(),
-        };
-        Fleet::new(
-            spec,
-            vec![zone("us-east-1b"), zone("us-east-1a")],
-            Links::default(),
-        )
-        .unwrap()
-    }
-
-    /// A pool trained alone at `rate[k]` samples a second in interval `k`, on one 1 x 8
-    /// pipeline (none where the rate is 0).
-    fn alone(rates: &[f64]) -> StrategyRun {
-        let mut cumulative = Vec::new();
-        let mut samples = 0.0;
-        for r in rates {
-            samples += r * SECS;
-            cumulative.push(samples);
-        }
-        StrategyRun {
-            name: "single-zone-best".into(),
-            samples,
-            migrations: 1,
-            kinds: MigrationCounts::default(),
-            migration_secs: 10.0,
-            configs: rates
-                .iter()
-                .map(|&r| ParallelConfig::new(u32::from(r > 0.0), 8))
-                .collect(),
-            cumulative,
-            charged_secs: Vec::new(),
-        }
-    }
-
-    /// DiLoCo over two pools trained alone at `a` and `b`, each billed eight nodes throughout.
-    fn over_two(fleet: &Fleet, a: &[f64], b: &[f64], rounds: Rounds) -> DilocoRun {
-        let (a, b) = (alone(a), alone(b));
-        let hours = |r: &StrategyRun| 8.0 * SECS * r.cumulative.len() as f64 / 3600.0;
-        let every = [
-            Alone {
-                run: &a,
-                node_hours: hours(&a),
-            },
-            Alone {
-                run: &b,
-                node_hours: hours(&b),
-            },
-        ];
-        diloco(fleet, &every, &[0, 1], SECS, rounds)
-    }
-
-    const H10: Rounds = Rounds {
-        inner_steps: 10,
-        wire: Wire::F32,
-    };
-
-    /// One group's pseudo-gradient in f32, and the link between the two pools.
-    fn model_bytes_and_link(fleet: &Fleet) -> (f64, Link) {
-        let params: f64 = fleet.spec().layers.iter().map(|l| l.params).sum();
-        (
-            params * 4.0,
-            fleet.links().between("us-east-1a", "us-east-1b"),
-        )
-    }
-
-    #[test]
-    fn equal_groups_exchange_once_a_round_and_lose_only_the_exchange() {
-        let fleet = fleet();
-        let (bytes, link) = model_bytes_and_link(&fleet);
-        let run = over_two(&fleet, &[32.0; 30], &[32.0; 30], H10);
-        let report = run.rounds.clone();
-        // A round is 10 steps of the job's batch a group at 32 samples a second, then the
-        // exchange (each group sends the whole model once, eight nodes sharing it).
-        let round = 10.0 * f64::from(fleet.spec().global_batch) / 32.0;
-        let exchange = bytes / 8.0 * 8.0 / (link.gbit_per_s * 1e9) + 2.0 * link.latency_ms / 1e3;
-        let rounds = f64::from(report.rounds);
-        assert_eq!(report.rounds, (1800.0 / (round + exchange)).floor() as u32);
-        // Every whole round's exchange waited, and no more than the last one's besides.
-        assert!(report.exchange_secs >= rounds * exchange - exchange - 1e-9);
-        assert!(report.exchange_secs <= rounds * exchange + 1e-9);
-        assert_eq!(
-            report.cross_zone_bytes,
-            f64::from(report.rounds) * 2.0 * bytes
-        );
-        assert!((run.egress_usd - report.cross_zone_bytes / 1e9 * link.usd_per_gb).abs() < 1e-6);
-        let whole = 2.0 * 32.0 * 1800.0;
-        assert!(
-            (run.run.samples - (whole - 2.0 * 32.0 * report.exchange_secs)).abs() < 1e-6,
-            "{}",
-            run.run.samples
-        );
-        assert_eq!(run.run.cumulative.len(), 30);
-        assert_eq!(run.run.name, "diloco:10");
-        assert_eq!((run.run.migrations, run.run.migration_secs), (2, 20.0));
-        assert_eq!(run.node_hours, [4.0, 4.0]);
-    }
-
-    #[test]
-    fn a_faster_group_trains_more_inner_steps_nobody_waits_and_bf16_halves_the_bytes() {
-        let fleet = fleet();
-        let (bytes, link) = model_bytes_and_link(&fleet);
-        let rounds = Rounds {
-            wire: Wire::Bf16,
-            ..H10
-        };
-        let run = over_two(&fleet, &[32.0; 30], &[16.0; 30], rounds);
-        let report = run.rounds.clone();
-        // A round is due at 20 steps' samples between the two, 48 samples a second: the fast
-        // group trains two thirds of it.
-        let round = 20.0 * f64::from(fleet.spec().global_batch) / 48.0;
-        let exchange =
-            bytes / 2.0 / 8.0 * 8.0 / (link.gbit_per_s * 1e9) + 2.0 * link.latency_ms / 1e3;
-        assert_eq!(report.rounds, (1800.0 / (round + exchange)).floor() as u32);
-        assert_eq!(
-            report.cross_zone_bytes,
-            f64::from(report.rounds) * 2.0 * bytes / 2.0
-        );
-        let whole = 48.0 * 1800.0;
-        assert!(
-            (run.run.samples - (whole - 48.0 * report.exchange_secs)).abs() < 1e-6,
-            "{}",
-            run.run.samples
-        );
-    }
-
-    #[test]
-    fn a_group_without_nodes_drops_out_and_the_others_never_wait_for_it() {
-        let fleet = fleet();
-        let mut gone = vec![32.0; 5];
-        gone.extend([0.0; 25]);
-        let run = over_two(&fleet, &[32.0; 30], &gone, H10);
-        let report = run.rounds.clone();
-        // Both trained their 300 s but for the exchanges; then the first trains alone,
-        // exchanging nothing.
-        let (bytes, link) = model_bytes_and_link(&fleet);
-        let exchange = bytes / 8.0 * 8.0 / (link.gbit_per_s * 1e9) + 2.0 * link.latency_ms / 1e3;
-        let most = 32.0 * 1800.0 + 32.0 * 300.0;
-        assert!(run.run.samples <= most, "{}", run.run.samples);
-        assert!(
-            run.run.samples >= most - 64.0 * (300.0 / 40.0 + 1.0) * exchange,
-            "{}",
-            run.run.samples
-        );
-        // Rounds of both while both trained (300 s), each exchanging; alone, none crosses.
-        let round = 10.0 * f64::from(fleet.spec().global_batch) / 32.0;
-        let both = (300.0 / round).floor();
-        assert!(
-            (report.cross_zone_bytes / (2.0 * bytes) - both).abs() <= 1.0,
-            "{report:?}"
-        );
-        assert!(
-            f64::from(report.rounds) >= 1800.0 / round - 2.0,
-            "{report:?}"
-        );
-    }
-}
+mod tests;

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::diloco::{Alone, Outer, RoundsReport, diloco};
+use super::diloco::{Alone, DilocoRun, Groups, Outer, RoundsReport, diloco};
 use super::join_order::join_orders;
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::config::ParallelConfig;
@@ -33,7 +33,6 @@ use crate::cost::fleet::{Fleet, Plans};
 use crate::cost::migration::MigrationEvent;
 use crate::cost::money::machine_hours;
 pub use crate::cost::objective::Objective;
-use crate::cost::rounds::choose;
 use crate::cost::throughput::ThroughputTable;
 use crate::cost::transfer::TransferModel;
 use crate::liveput::Lookahead;
@@ -259,8 +258,7 @@ impl Speeds for FleetSpeeds<'_> {
 /// by its one table (it cannot see what crosses zones), and the best single zone for samples
 /// (it crosses none). With `outer`, DiLoCo between the pools too, after the others ([`diloco`],
 /// each pool trained alone as `single-zone-best` runs it): `diloco:H` over every pool, or
-/// `auto` (the pools and `H` that `cost::rounds::choose` picks at the first interval for
-/// `objective`; the zone-aware run itself where it picks fewer than two pools).
+/// `auto` (the pools and `H` chosen as the run goes for `objective`: `Groups::Auto`).
 pub fn simulate_fleet(
     fleet: &mut Fleet,
     traces: &[Trace],
@@ -341,46 +339,48 @@ pub fn simulate_fleet(
         });
     }
     let alone = alone_runs(fleet, traces, range.clone(), lookahead, seed);
-    let every: Vec<usize> = (0..traces.len()).collect();
-    let (groups, rounds, name) = match outer {
-        None => (every, None, String::new()),
-        Some(Outer::Rounds(r)) => (every, Some(r), format!("diloco:{}", r.inner_steps)),
-        Some(Outer::Auto(wire)) => {
-            let first = comps.counts.get(range.start).map_or(&[][..], Vec::as_slice);
-            let chosen = choose(fleet, first, objective.prices(), wire);
-            (chosen.groups, chosen.rounds, "auto".to_string())
-        }
-    };
-    let every: Vec<Alone<'_>> = alone
-        .iter()
-        .enumerate()
-        .map(|(z, r)| Alone {
-            run: &r.run,
-            node_hours: r.node_hours.get(z).copied().unwrap_or(0.0),
-        })
-        .collect();
-    let outer_run = match (outer, rounds) {
-        (_, Some(r)) => {
-            let ran = diloco(fleet, &every, &groups, interval_secs as f64, r);
-            Some(FleetRun {
-                run: ran.run,
-                node_hours: ran.node_hours,
-                held_node_hours: held.clone(),
-                egress_usd: ran.egress_usd,
-                zone: None,
-                rounds: Some(ran.rounds),
-            })
-        }
-        (Some(Outer::Auto(_)), None) => runs.first().cloned(),
-        (_, None) => None,
-    }
-    .map(|mut run| {
-        run.run.name = name;
-        run
+    let diloco_run = outer_run(
+        fleet,
+        &alone,
+        &comps.counts[range],
+        outer,
+        objective,
+        interval_secs,
+    )
+    .map(|ran| FleetRun {
+        run: ran.run,
+        node_hours: ran.node_hours,
+        held_node_hours: held.clone(),
+        egress_usd: ran.egress_usd,
+        zone: None,
+        rounds: Some(ran.rounds),
     });
     runs.extend(best_single_zone(alone, objective.prices()));
-    runs.extend(outer_run);
+    runs.extend(diloco_run);
     Ok(runs)
+}
+
+/// DiLoCo's run over the pools, each trained as in `alone` and holding `held[k][g]` nodes in
+/// interval `k`: `diloco:H` over every pool, or the pools and `H` `--sync auto` chooses as
+/// the run goes; none without `outer`.
+fn outer_run(
+    fleet: &Fleet,
+    alone: &[FleetRun],
+    held: &[Vec<u32>],
+    outer: Option<Outer>,
+    objective: &Objective,
+    interval_secs: u64,
+) -> Option<DilocoRun> {
+    let every: Vec<Alone<'_>> = alone.iter().map(|r| Alone { run: &r.run }).collect();
+    let pools: Vec<usize> = (0..alone.len()).collect();
+    let groups = match outer? {
+        Outer::Rounds(rounds) => Groups::Fixed(&pools, rounds),
+        Outer::Auto(wire) => Groups::Auto {
+            wire,
+            usd_per_node_hour: objective.prices(),
+        },
+    };
+    Some(diloco(fleet, &every, held, groups, interval_secs as f64))
 }
 
 /// The zone of `alone` (each zone trained alone) that trains the most, or where the pools are
