@@ -1,7 +1,8 @@
 //! `parcae-api`: the one definition of what a `parcae-node` shows over HTTP, `GET /status` and
 //! `GET /steps`, and a [`client`] that reads them with timeouts and size caps.
 //!
-//! The node renders these types; the testnet and the multi-process tests parse them. This crate
+//! The node renders these types (and writes [`LearnReport`], `parcae-node learn`'s file); the
+//! testnet and the multi-process tests parse them. This crate
 //! depends on serde and an HTTP client only, so a harness that reads a node's status never
 //! links Burn or libp2p. Closed choices (roles, member states, migration kinds, trainer
 //! phases) are enums spelled in lowercase on the wire.
@@ -12,8 +13,10 @@
 
 pub mod client;
 mod fleet;
+mod learn;
 
 pub use fleet::{EstimateView, FleetView, LinkView, PoolAdviceView, ZoneView};
+pub use learn::{LearnReport, LearnRun, ValPoint};
 
 use serde::{Deserialize, Serialize};
 

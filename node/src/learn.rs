@@ -23,12 +23,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail, ensure};
+use parcae_api::{LearnReport, LearnRun, ValPoint};
 use parcae_model::{
     Batch, ByteTextDataset, Dataset, Gpt, OptimizerConfig, Pipeline, Sampler, StageConfig,
     SyntheticTask, data_parallel_step, default_device, even_ranges, split_validation, token_batch,
 };
 use parcae_outer::{Contribution, NesterovSgd, OuterSettings, SyncMode, Wire, codec};
-use serde::Serialize;
 
 use crate::config::ModelPreset;
 use crate::profile::model_name;
@@ -120,63 +120,6 @@ pub struct LearnOptions {
     pub out: PathBuf,
 }
 
-/// What `parcae-node learn` measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct LearnReport {
-    /// The model preset.
-    pub model: String,
-    /// Its trainable parameters.
-    pub params: u64,
-    /// The data: `synthetic` or the text file.
-    pub data: String,
-    /// Groups that train apart between rounds.
-    pub groups: u32,
-    /// Data-parallel pipelines a group.
-    pub replicas: u32,
-    /// Stages a pipeline.
-    pub stages: u32,
-    /// Samples per step.
-    pub global_batch: u32,
-    /// Samples per micro-batch.
-    pub micro_batch: u32,
-    /// AdamW's peak learning rate.
-    pub lr: f64,
-    /// The outer optimizer and the pseudo-gradient's wire form.
-    pub outer: OuterSettings,
-    /// One run per mode and seed.
-    pub runs: Vec<LearnRun>,
-}
-
-/// One mode trained from one seed.
-#[derive(Debug, Clone, Serialize)]
-pub struct LearnRun {
-    /// `step` or `diloco:H`.
-    pub sync: String,
-    /// The seed of its weights and sample order.
-    pub seed: u64,
-    /// Samples trained.
-    pub samples: u64,
-    /// Validation loss against samples trained.
-    pub curve: Vec<ValPoint>,
-    /// The last validation loss (after the last step).
-    pub val_loss_last: f64,
-    /// Bytes priced between groups (see the module).
-    pub cross_group_bytes: u64,
-    /// Outer rounds taken (0 under `step`).
-    pub rounds: u64,
-    /// Wall time of the run, seconds.
-    pub secs: f64,
-}
-
-/// One validation.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct ValPoint {
-    /// Samples trained before it.
-    pub samples: u64,
-    /// The mean loss of the held-out batches.
-    pub val_loss: f64,
-}
-
 /// The job every run trains: the model, its data split, the batch's cut.
 struct Job {
     gpt: Arc<Gpt>,
@@ -208,6 +151,9 @@ pub fn learn(opts: &LearnOptions) -> anyhow::Result<LearnReport> {
     }
     let report = LearnReport {
         model: model_name(opts.model),
+        d_model: job.gpt.config().d_model,
+        n_blocks: job.gpt.config().n_blocks,
+        seq_len: job.gpt.config().seq_len,
         params: job.gpt_params()?,
         data: opts.data.clone(),
         groups: opts.groups,
@@ -216,7 +162,9 @@ pub fn learn(opts: &LearnOptions) -> anyhow::Result<LearnReport> {
         global_batch: opts.global_batch,
         micro_batch: opts.micro_batch,
         lr: opts.lr,
-        outer: job.outer,
+        outer_lr: job.outer.lr,
+        outer_momentum: job.outer.momentum,
+        pseudo_gradient: job.outer.wire.to_string(),
         runs,
     };
     let json = serde_json::to_string_pretty(&report)?;

@@ -10,7 +10,8 @@
 //!   and the simulator's ratio with the cost model measured on the two runs;
 //! * `chaos`: SIGKILL without notice every `--kill-every` seconds, replaced by new nodes, a
 //!   whole-cluster outage, and nodes frozen with SIGSTOP (`--pause-every`);
-//! * `simulate`: every planning strategy on a trace, without processes.
+//! * `simulate`: every planning strategy on a trace, without processes;
+//! * `plot-learning`: the plot of a `parcae-node learn` report.
 //!
 //! Design: [`cluster`] gives the nodes of a
 //! [`parcae_testnet::local_cluster::LocalCluster`] their life in a run (notices, deadlines,
@@ -32,6 +33,7 @@ mod faults;
 mod fidelity;
 mod gpus;
 mod history;
+mod learning;
 mod ledger;
 mod model_replay;
 mod monitor;
@@ -79,6 +81,8 @@ enum Command {
     Simulate(simulate::Args),
     /// Check the whole committed history of a run directory kept with `--work-dir`.
     Check(history::Args),
+    /// Plot the report of `parcae-node learn`: validation loss against samples by mode.
+    PlotLearning(learning::Args),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Check(args) => history::run(args),
+        Command::PlotLearning(args) => learning::run(args),
         Command::Run(args) => with_interrupt(|i| run::run(args, i)),
         Command::Compare(args) => with_interrupt(|i| compare::run(args, i)),
         Command::Chaos(args) => with_interrupt(|i| chaos::run(args, i)),

@@ -17,6 +17,7 @@ fn fonts() {
     });
 }
 
+pub mod learning;
 pub mod zones;
 
 /// A white PNG 1,200 pixels wide and `height` high at `path`, its fonts registered.

@@ -425,3 +425,59 @@ fn diloco_between_the_pools_reports_its_rounds_and_bad_sync_modes_are_refused() 
     let out = testnet(&["simulate", "--sync", "diloco:20"]);
     assert_one_line_error(&out, &["--sync diloco:H|auto", "--zones"]);
 }
+
+#[test]
+fn plot_learning_draws_a_learn_report_and_refuses_anything_else() {
+    let curve = |last: f64| {
+        format!(
+            "[{{\"samples\": 0, \"val_loss\": 4.2}}, {{\"samples\": 64, \"val_loss\": {last}}}]"
+        )
+    };
+    let run = |sync: &str, seed: u64, last: f64| {
+        format!(
+            "{{\"sync\": \"{sync}\", \"seed\": {seed}, \"samples\": 64, \"curve\": {}, \
+             \"val_loss_last\": {last}, \"cross_group_bytes\": 10, \"rounds\": 1, \"secs\": 1.0}}",
+            curve(last)
+        )
+    };
+    let report = format!(
+        "{{\"model\": \"tiny\", \"d_model\": 32, \"n_blocks\": 2, \"seq_len\": 16, \
+         \"params\": 30080, \"data\": \"synthetic\", \"groups\": 2, \"replicas\": 1, \
+         \"stages\": 1, \"global_batch\": 16, \"micro_batch\": 4, \"lr\": 0.003, \
+         \"outer_lr\": 0.7, \"outer_momentum\": 0.9, \"pseudo_gradient\": \"f32\", \
+         \"runs\": [{}, {}, {}]}}",
+        run("step", 1, 3.1),
+        run("diloco:20", 1, 3.3),
+        run("step", 2, 3.0)
+    );
+    let json = scratch("learn.json", &report);
+    let png = json.with_extension("png");
+    let out = testnet(&[
+        "plot-learning",
+        json.to_str().unwrap(),
+        "--out",
+        png.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(
+        bytes.len() > 1000 && bytes.starts_with(b"\x89PNG"),
+        "{}",
+        bytes.len()
+    );
+    let bad = scratch("not-learn.json", "{\"runs\": 3}");
+    let out = testnet(&[
+        "plot-learning",
+        bad.to_str().unwrap(),
+        "--out",
+        png.to_str().unwrap(),
+    ]);
+    assert_one_line_error(
+        &out,
+        &["not-learn.json", "not a report of parcae-node learn"],
+    );
+}
