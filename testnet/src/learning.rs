@@ -36,8 +36,11 @@ pub fn run(args: Args) -> Result<()> {
     let report: LearnReport = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a report of parcae-node learn", path.display()))?;
     let title = format!(
-        "{} ({} parameters, {}): {} groups x {} replicas, batch {}",
+        "{} d{} x {} blocks, seq {} ({} parameters, {}): {} groups x {} replicas, batch {}",
         report.model,
+        report.d_model,
+        report.n_blocks,
+        report.seq_len,
         report.params,
         report.data,
         report.groups,

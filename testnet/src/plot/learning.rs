@@ -10,12 +10,15 @@ use plotters::prelude::*;
 use super::{canvas, err, legend, panel};
 
 /// Every run's validation loss against the samples trained, coloured by its mode (each mode
-/// labelled once, its seeds in the same colour).
+/// labelled once, its seeds in the same colour), the loss axis fitted to the trained points.
 pub fn learning(path: &Path, title: &str, report: &LearnReport) -> Result<()> {
     let root = canvas(path, 700)?;
     let points = report.runs.iter().flat_map(|r| r.curve.iter());
     let x_max = points.clone().map(|p| p.samples).max().unwrap_or(1).max(1) as f64;
-    let (lo, hi) = points.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+    // The untrained model's loss would flatten the rest: the axis starts at the first
+    // validation after training began (the lines run off the top to it).
+    let trained = points.filter(|p| p.samples > 0);
+    let (lo, hi) = trained.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
         (lo.min(p.val_loss), hi.max(p.val_loss))
     });
     let (lo, hi) = if lo.is_finite() && hi > lo {
