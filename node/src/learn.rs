@@ -42,6 +42,10 @@ const MAX_SAMPLES: u64 = 1 << 30;
 /// Most samples per step.
 const MAX_BATCH: u32 = 1 << 16;
 
+/// Largest width, number of blocks and tokens per sample a run may ask for: the GPT-2 family's
+/// and a margin, so that a mistyped size is refused instead of exhausting memory.
+const MAX_SIZE: usize = 8192;
+
 /// Share of the examples held out for validation.
 const VALIDATION_FRACTION: f64 = 0.05;
 
@@ -458,6 +462,18 @@ fn check(opts: &LearnOptions) -> anyhow::Result<()> {
             (1..=MAX_PARTS).contains(&v),
             "{name} {v}: expected 1 to {MAX_PARTS}"
         );
+    }
+    for (name, v) in [
+        ("--d-model", opts.d_model),
+        ("--n-blocks", opts.n_blocks),
+        ("--seq-len", opts.seq_len),
+    ] {
+        if let Some(v) = v {
+            ensure!(
+                (1..=MAX_SIZE).contains(&v),
+                "{name} {v}: expected 1 to {MAX_SIZE}"
+            );
+        }
     }
     ensure!(!opts.sync.is_empty(), "--sync names no mode");
     ensure!(!opts.seeds.is_empty(), "--seeds names no seed");

@@ -138,7 +138,7 @@ fn a_round_leaves_every_group_on_the_same_outer_weights() {
 }
 
 #[test]
-fn options_that_cannot_cut_the_batch_are_refused() {
+fn options_no_run_can_train_are_refused() {
     let o = opts(&["--groups", "3"]);
     let err = Job::new(&o).err().unwrap().to_string();
     assert!(err.contains("3 equal shares"), "{err}");
@@ -146,4 +146,7 @@ fn options_that_cannot_cut_the_batch_are_refused() {
     assert!(Job::new(&o).is_err());
     let o = opts(&["--outer-lr=-1"]);
     assert!(Job::new(&o).is_err());
+    let o = opts(&["--d-model", "1000000000"]);
+    let err = Job::new(&o).err().unwrap().to_string();
+    assert!(err.contains("--d-model 1000000000"), "{err}");
 }
