@@ -95,13 +95,6 @@ struct Member {
     leaving: bool,
 }
 
-/// One pool trained alone.
-#[derive(Clone, Copy, Debug)]
-pub struct Alone<'a> {
-    /// The run.
-    pub run: &'a StrategyRun,
-}
-
 /// What DiLoCo trained over the pools, what it billed and what its rounds cost.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DilocoRun {
@@ -120,14 +113,14 @@ pub struct DilocoRun {
 /// for the pools in the rounds while they are, and what its rounds cost.
 pub fn diloco(
     fleet: &Fleet,
-    every: &[Alone<'_>],
+    every: &[&StrategyRun],
     held: &[Vec<u32>],
     groups: Groups<'_>,
     interval_secs: f64,
 ) -> DilocoRun {
     let intervals = every
         .iter()
-        .map(|a| a.run.cumulative.len())
+        .map(|a| a.cumulative.len())
         .min()
         .unwrap_or(0)
         .min(held.len());
@@ -190,7 +183,7 @@ pub fn diloco(
         .iter()
         .enumerate()
         .filter(|(pool, _)| node_secs[*pool] > 0.0)
-        .map(|(_, a)| a.run)
+        .map(|(_, a)| *a)
         .collect();
     let mut kinds = MigrationCounts::default();
     for r in &ran {
@@ -221,8 +214,8 @@ pub fn diloco(
 
 /// What member `m` trains a second in interval `k`: its pool's rate alone, none once chosen
 /// out, less the share of the interval it still spends fetching the model; its nodes noted.
-fn member_rate(m: &mut Member, every: &[Alone<'_>], k: usize, secs: f64) -> f64 {
-    let Some(alone) = every.get(m.pool).map(|a| a.run) else {
+fn member_rate(m: &mut Member, every: &[&StrategyRun], k: usize, secs: f64) -> f64 {
+    let Some(alone) = every.get(m.pool) else {
         return 0.0;
     };
     if let Some(c) = alone.configs.get(k).filter(|c| c.d * c.p > 0) {
@@ -244,7 +237,7 @@ fn member_rate(m: &mut Member, every: &[Alone<'_>], k: usize, secs: f64) -> f64 
 /// trained nothing.
 fn auto_choice(
     fleet: &Fleet,
-    every: &[Alone<'_>],
+    every: &[&StrategyRun],
     held: &[Vec<u32>],
     k: usize,
     usd_per_node_hour: Option<&[f64]>,
@@ -261,7 +254,7 @@ fn auto_choice(
     let values = planned
         .into_iter()
         .map(|plan| {
-            let (pool, alone) = (plan.pool, &every[plan.pool].run.cumulative);
+            let (pool, alone) = (plan.pool, &every[plan.pool].cumulative);
             let at = |j: Option<usize>| j.map_or(0.0, |j| alone[j]);
             let trained = at(Some(k - 1)) - at(from.checked_sub(1));
             if trained <= 0.0 {

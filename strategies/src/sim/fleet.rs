@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::diloco::{Alone, DilocoRun, Groups, Outer, RoundsReport, diloco};
+use super::diloco::{DilocoRun, Groups, Outer, RoundsReport, diloco};
 use super::join_order::join_orders;
 use super::{Forecast, Plan, SimSetup, Speeds, Strategy, StrategyRun, simulate_with};
 use crate::config::ParallelConfig;
@@ -371,7 +371,7 @@ fn outer_run(
     objective: &Objective,
     interval_secs: u64,
 ) -> Option<DilocoRun> {
-    let every: Vec<Alone<'_>> = alone.iter().map(|r| Alone { run: &r.run }).collect();
+    let every: Vec<&StrategyRun> = alone.iter().map(|r| &r.run).collect();
     let pools: Vec<usize> = (0..alone.len()).collect();
     let groups = match outer? {
         Outer::Rounds(rounds) => Groups::Fixed(&pools, rounds),

@@ -50,7 +50,7 @@ fn alone(rates: &[f64]) -> StrategyRun {
 fn over_two(fleet: &Fleet, a: &[f64], b: &[f64], rounds: Rounds) -> DilocoRun {
     let (a, b) = (alone(a), alone(b));
     let held = vec![vec![8, 8]; a.cumulative.len()];
-    let every = [Alone { run: &a }, Alone { run: &b }];
+    let every = [&a, &b];
     diloco(fleet, &every, &held, Groups::Fixed(&[0, 1], rounds), SECS)
 }
 
@@ -63,7 +63,7 @@ fn auto(
     usd_per_node_hour: Option<&[f64]>,
 ) -> DilocoRun {
     let (a, b) = (alone(a), alone(b));
-    let every = [Alone { run: &a }, Alone { run: &b }];
+    let every = [&a, &b];
     let groups = Groups::Auto {
         wire: Wire::F32,
         usd_per_node_hour,
