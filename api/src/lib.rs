@@ -243,8 +243,22 @@ pub struct TrainingView {
     pub fleet: Option<FleetView>,
     /// The emulated accelerator this node trains on, if any.
     pub emulated: Option<EmulatedView>,
+    /// Under DiLoCo, the outer weights of this node's stage after the last round it closed.
+    pub outer: Option<OuterView>,
     /// Why this node does not train, when it refuses to.
     pub error: Option<String>,
+}
+
+/// A stage's DiLoCo outer weights after a round: every replica of the same layers, in any
+/// group, must show the same digest for the same round.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OuterView {
+    /// The step the round closed before (a positive multiple of the inner steps).
+    pub step: u64,
+    /// The stage's layers, `[start, end)`.
+    pub layers: [u32; 2],
+    /// SHA-256 of the outer weights (hex).
+    pub digest: String,
 }
 
 /// An emulated accelerator's pacing: what it emulates, and the work that outlasted its

@@ -1,4 +1,5 @@
-//! Stage state by layer: parameters, AdamW moments, step count and random streams.
+//! Stage state by layer: parameters, AdamW moments, step count, random streams and the DiLoCo
+//! outer state.
 //!
 //! A hand-off moves layers between machines, so the state is a list of independent per-layer
 //! sections, each with its own CRC-32: a receiver can verify and import any subset, and a
@@ -17,10 +18,13 @@
 //! header:  magic "PSTS" | version u32 | model fingerprint u64 | model layers u32 | step u64
 //!          | layer count u32 | crc32(header so far) u32
 //! layer:   index u32 | section length u64 | crc32(section) u32 | section
-//! section: rng seed [32] | rng word position u128 | param count u32 | param*
+//! section: rng seed [32] | rng word position u128 | param count u32 | param* | outer
 //! param:   path length u16 | path | rank u8 | dims u64*rank | adam time u64
 //!          | values f32*n | (moment 1 f32*n | moment 2 f32*n, when adam time > 0)
+//! outer:   flag u8 | (anchor f32*N | velocity f32*N, N the layer's values, when flag = 1)
 //! ```
+//!
+//! Version 1 had no `outer` (a layer of it holds no outer state); this build reads both.
 
 use std::ops::Range;
 
@@ -35,7 +39,7 @@ use crate::host::HostF32;
 use crate::params::{ParamInfo, param_values, with_values};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
-use crate::stage::Stage;
+use crate::stage::{LayerOuter, Stage};
 
 const MAGIC: &[u8; 4] = b"PSTS";
 /// Bytes of the header including its checksum.
@@ -43,7 +47,9 @@ const HEADER_LEN: usize = 4 + 4 + 8 + 4 + 8 + 4 + 4;
 /// Bytes before each section body: layer index, body length, checksum.
 const LAYER_PREFIX: usize = 4 + 8 + 4;
 /// Version of the state layout this build writes and reads.
-pub const STATE_VERSION: u32 = 1;
+pub const STATE_VERSION: u32 = 2;
+/// The oldest version this build reads.
+const OLDEST_VERSION: u32 = 1;
 const WHAT: &str = "stage state";
 const MAX_PATH: usize = 1024;
 const MAX_RANK: usize = 8;
@@ -70,6 +76,8 @@ pub struct LayerSection<'a> {
     pub index: usize,
     /// The CRC-32 the writer stored for the body.
     stored: u32,
+    /// The layout version it was written in.
+    version: u32,
     /// The section bytes (after the checksum).
     body: &'a [u8],
 }
@@ -91,6 +99,13 @@ struct DecodedParam {
 struct DecodedLayer {
     rng: StageRng,
     params: Vec<DecodedParam>,
+    outer: Option<LayerOuter>,
+}
+
+/// Where a layer's section holds its outer state (byte ranges of the body).
+struct OuterRecord {
+    anchor: Range<usize>,
+    velocity: Range<usize>,
 }
 
 impl<'a> StageState<'a> {
@@ -110,7 +125,7 @@ impl<'a> StageState<'a> {
             return Err(ModelError::BadMagic { what: WHAT });
         }
         let version = r.u32()?;
-        if version != STATE_VERSION {
+        if !(OLDEST_VERSION..=STATE_VERSION).contains(&version) {
             return Err(ModelError::UnsupportedVersion {
                 what: WHAT,
                 found: version,
@@ -159,6 +174,7 @@ impl<'a> StageState<'a> {
             layers.push(LayerSection {
                 index,
                 stored,
+                version,
                 body,
             });
         }
@@ -200,7 +216,7 @@ impl LayerSection<'_> {
     /// receiving layer, reading every byte once. Damage anywhere is reported as a checksum
     /// mismatch, even where it also breaks the layout.
     fn decode(&self, expected: &[ParamInfo]) -> Result<DecodedLayer> {
-        let (rng, records) = match self.read(expected) {
+        let (rng, records, outer) = match self.read(expected) {
             Ok(read) => read,
             Err(e) => return self.verify().and(Err(e)),
         };
@@ -227,14 +243,21 @@ impl LayerSection<'_> {
                     .map(|(m1, m2)| (p.time, copy(m1), copy(m2))),
             })
             .collect();
+        let outer = outer.map(|o| LayerOuter {
+            anchor: copy(&o.anchor),
+            velocity: copy(&o.velocity),
+        });
         crc.update(&self.body[done..]);
         self.check(crc.finalize())?;
-        Ok(DecodedLayer { rng, params })
+        Ok(DecodedLayer { rng, params, outer })
     }
 
     /// Reads the layout of the section against the parameters `expected` of the receiving
     /// layer, without touching the values.
-    fn read(&self, expected: &[ParamInfo]) -> Result<(StageRng, Vec<ParamRecord>)> {
+    fn read(
+        &self,
+        expected: &[ParamInfo],
+    ) -> Result<(StageRng, Vec<ParamRecord>, Option<OuterRecord>)> {
         let layer = self.index;
         let mut r = Reader::new(self.body, "state layer section");
         let seed = r.array::<32>()?;
@@ -310,16 +333,43 @@ impl LayerSection<'_> {
                 moments,
             });
         }
+        let outer = self.read_outer(&mut r, expected)?;
         r.finish()?;
-        Ok((StageRng::at_position(seed, word_pos), params))
+        Ok((StageRng::at_position(seed, word_pos), params, outer))
+    }
+
+    /// Reads where the section's outer state lies (none in a version 1 section).
+    fn read_outer(
+        &self,
+        r: &mut Reader<'_>,
+        expected: &[ParamInfo],
+    ) -> Result<Option<OuterRecord>> {
+        if self.version < 2 {
+            return Ok(None);
+        }
+        let bytes = expected.iter().map(ParamInfo::numel).sum::<usize>() * 4;
+        match r.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(OuterRecord {
+                anchor: r.skip(bytes)?,
+                velocity: r.skip(bytes)?,
+            })),
+            flag => Err(ModelError::ParamMismatch {
+                layer: self.index,
+                index: expected.len(),
+                detail: format!("outer state flag {flag}, expected 0 or 1"),
+            }),
+        }
     }
 }
 
-/// One layer as it will be written: its random stream and its parameters' tensors.
+/// One layer as it will be written: its random stream, its parameters' tensors and its outer
+/// state.
 struct LayerSource<'a> {
     index: usize,
     rng: ([u8; 32], u128),
     params: Vec<ParamSource<'a>>,
+    outer: Option<&'a LayerOuter>,
 }
 
 /// One parameter as it will be written: its name and shape, AdamW time, and the values then
@@ -348,7 +398,10 @@ impl ParamSource<'_> {
 impl LayerSource<'_> {
     /// Bytes of the section body.
     fn body_len(&self) -> usize {
-        32 + 16 + 4 + self.params.iter().map(ParamSource::len).sum::<usize>()
+        let outer = self
+            .outer
+            .map_or(0, |o| 4 * (o.anchor.len() + o.velocity.len()));
+        32 + 16 + 4 + self.params.iter().map(ParamSource::len).sum::<usize>() + 1 + outer
     }
 
     /// Writes the layer (index, length, checksum, body) into `out`, which is exactly
@@ -371,6 +424,11 @@ impl LayerSource<'_> {
             for t in &p.tensors {
                 w.put(t.le_bytes());
             }
+        }
+        w.put(&[u8::from(self.outer.is_some())]);
+        if let Some(o) = self.outer {
+            w.put(bytemuck::cast_slice(&o.anchor));
+            w.put(bytemuck::cast_slice(&o.velocity));
         }
         let crc = w.finish();
         prefix[..4].copy_from_slice(&(self.index as u32).to_le_bytes());
@@ -453,6 +511,7 @@ impl<M: PipelineModel> Stage<M> {
             index,
             rng: self.rngs[k].position(),
             params,
+            outer: self.outer[k].as_ref(),
         })
     }
 
@@ -513,7 +572,7 @@ impl<M: PipelineModel> Stage<M> {
             }
         }
         let inner = self.device().clone().inner();
-        for (local, DecodedLayer { rng, params }) in layers {
+        for (local, DecodedLayer { rng, params, outer }) in layers {
             let flat = |v: Vec<f32>| -> Tensor<1> {
                 let n = v.len();
                 Tensor::from_data(TensorData::new(v, [n]), &inner)
@@ -534,6 +593,7 @@ impl<M: PipelineModel> Stage<M> {
             self.layers[local] = with_values(self.layers[local].clone(), values);
             self.states[local] = states;
             self.rngs[local] = rng;
+            self.outer[local] = outer;
             self.reset_layer_grads(local);
         }
         self.step = state.step;

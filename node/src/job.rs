@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use parcae_consensus::state::Job;
 use parcae_model::{Dataset, ModelError, OptimizerConfig, PipelineModel, WeightSource};
+use parcae_outer::{OuterSettings, SyncMode};
 use serde::{Deserialize, Serialize};
 
 /// Seed, batch sizes, step limit, checkpoint cadence, optimizer and validation split: what
@@ -30,6 +31,10 @@ pub struct JobSpec {
     pub optimizer: OptimizerConfig,
     /// The held-out split and how often its loss is measured, if any.
     pub validation: Option<ValidationConfig>,
+    /// How replicas in different zones agree (every step, or DiLoCo rounds).
+    pub sync: SyncMode,
+    /// DiLoCo's outer optimizer (used under `diloco` only).
+    pub outer: OuterSettings,
 }
 
 impl Default for JobSpec {
@@ -44,6 +49,8 @@ impl Default for JobSpec {
             checkpoint_every: 20,
             optimizer: OptimizerConfig::default(),
             validation: None,
+            sync: SyncMode::Step,
+            outer: OuterSettings::default(),
         }
     }
 }
@@ -136,6 +143,8 @@ mod names {
     pub const OPTIMIZER: &str = "optimizer";
     pub const MAX_STEPS: &str = "max_steps";
     pub const CHECKPOINT_EVERY: &str = "checkpoint_every";
+    pub const SYNC: &str = "sync";
+    pub const OUTER: &str = "sync.outer";
 }
 
 /// A structured value as a setting (JSON).
@@ -164,6 +173,8 @@ impl JobSpec {
             (OPTIMIZER, json(&self.optimizer)),
             (MAX_STEPS, self.max_steps.to_string()),
             (CHECKPOINT_EVERY, self.checkpoint_every.to_string()),
+            (SYNC, self.sync.to_string()),
+            (OUTER, json(&self.outer)),
         ];
         let mut job = Job {
             settings: settings
@@ -191,6 +202,15 @@ impl JobSpec {
             checkpoint_every: setting(s, CHECKPOINT_EVERY)?,
             optimizer: json_setting(s, OPTIMIZER)?,
             validation: json_setting(s, VALIDATION)?,
+            // A job written before DiLoCo existed synchronised every step.
+            sync: match s.contains_key(SYNC) {
+                true => setting(s, SYNC)?,
+                false => SyncMode::Step,
+            },
+            outer: match s.contains_key(OUTER) {
+                true => json_setting(s, OUTER)?,
+                false => OuterSettings::default(),
+            },
         })
     }
 }
@@ -280,6 +300,12 @@ mod tests {
                 every: 5,
                 samples: 8,
             }),
+            sync: SyncMode::Diloco(20),
+            outer: OuterSettings {
+                lr: 1.0,
+                momentum: 0.0,
+                ..OuterSettings::default()
+            },
         };
         let program = [("train.model".to_string(), "\"small\"".to_string())];
         let mut job = spec.job(&Identity::default(), &program).unwrap();

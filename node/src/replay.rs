@@ -204,6 +204,12 @@ pub fn replay<M: PipelineModel>(
     tolerance: f64,
     max_window: u64,
 ) -> anyhow::Result<ReplayReport> {
+    ensure!(
+        job.spec.sync.inner_steps().is_none(),
+        "the job synchronises by DiLoCo rounds (sync = {}): its groups train apart between \
+         rounds, which a replay in one pipeline does not reproduce yet",
+        job.spec.sync
+    );
     let what = Identity::of(
         job.model.as_ref(),
         job.dataset.as_ref(),

@@ -40,6 +40,7 @@ mod monitor;
 mod node_args;
 mod node_bin;
 mod node_config;
+mod outer_rounds;
 mod partition;
 mod plot;
 mod predicted;

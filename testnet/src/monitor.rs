@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::Cluster;
 use crate::failover::{self, LeaderFailover};
 use crate::ledger::{MigrationLedger, StepLedger};
+use crate::outer_rounds::OuterLedger;
 use crate::resources::ResourceLedger;
 use parcae_api::client::Client;
 use parcae_api::{EmulatedView, EstimateView, StatusSnapshot, StepRecord};
@@ -81,6 +82,8 @@ pub struct Monitor {
     /// Each node process's latest all-reduce bytes, all and across zones, by its index and pid
     /// (kept after it is gone; a restarted node counts from zero again).
     pub all_reduce: BTreeMap<(usize, Option<u32>), (u64, u64)>,
+    /// The outer weights each node showed after its DiLoCo rounds.
+    pub outer: OuterLedger,
     /// Memory and CPU of the node processes and of the testnet.
     pub resources: ResourceLedger,
     /// The leader killed on purpose, if any, and the failover that followed.
@@ -119,7 +122,7 @@ impl Monitor {
             if let Some(e) = s.training.as_ref().and_then(|t| t.emulated.as_ref()) {
                 self.emulated.insert(s.peer_id.clone(), e.clone());
             }
-            self.observe_all_reduce(cluster, *i, s);
+            self.observe_training(cluster, *i, s);
         }
         if let Some(f) = &mut self.failover {
             f.observe(t + started.elapsed().as_secs_f64(), &statuses);
@@ -158,9 +161,13 @@ impl Monitor {
         });
     }
 
-    /// Keeps node `i`'s all-reduce bytes as its status `s` reports them.
-    fn observe_all_reduce(&mut self, cluster: &Cluster, i: usize, s: &StatusSnapshot) {
+    /// Keeps node `i`'s all-reduce bytes and last round's outer weights as its status `s`
+    /// reports them.
+    fn observe_training(&mut self, cluster: &Cluster, i: usize, s: &StatusSnapshot) {
         if let Some(t) = &s.training {
+            if let Some(outer) = &t.outer {
+                self.outer.observe(&s.peer_id, outer);
+            }
             let key = (i, cluster.node(i).pid());
             let seen = self.all_reduce.entry(key).or_default();
             seen.0 = seen.0.max(t.allreduce_bytes);
@@ -194,7 +201,7 @@ impl Monitor {
             let addr = cluster.node(i).status_addr;
             if let Ok(s) = patient.status(addr) {
                 self.migrations.observe(&s.migrations, t);
-                self.observe_all_reduce(cluster, i, &s);
+                self.observe_training(cluster, i, &s);
             }
             if let Ok(list) = patient.steps(addr) {
                 self.steps.observe(&list);

@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use parcae_outer::SyncMode;
 use parcae_strategies::cost::objective::ObjectiveKind;
 
 use crate::cluster::NoticeMode;
 use crate::gpus::{self, DeviceArg};
-use crate::node_config::{Emulate, NodeSettings};
+use crate::node_config::{CPU_GLOBAL_BATCH, Emulate, NodeSettings};
 
 /// Planning strategies of the node (`[planner] strategy`).
 pub const STRATEGIES: [&str; 3] = ["liveput", "liveput-predict", REACTIVE];
@@ -46,6 +47,21 @@ pub struct NodeArgs {
     /// Stop training after this many steps (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub max_steps: u64,
+    /// Stop training after this many committed samples (the job's step limit: whole steps,
+    /// rounded up).
+    #[arg(long, conflicts_with = "max_steps", value_parser = clap::value_parser!(u64).range(1..))]
+    pub samples: Option<u64>,
+    /// How replicas in different zones agree: `step` (every step, over every replica) or
+    /// `diloco:H` (inside each zone every step, between zones every H steps through DiLoCo's
+    /// outer step; `[train] sync`).
+    #[arg(long, default_value = "step")]
+    pub sync: SyncMode,
+    /// DiLoCo's outer learning rate (default: the node's, the paper's 0.7).
+    #[arg(long, requires = "outer_momentum")]
+    pub outer_lr: Option<f32>,
+    /// DiLoCo's outer momentum (default: the node's, the paper's 0.9).
+    #[arg(long, requires = "outer_lr")]
+    pub outer_momentum: Option<f32>,
     /// Compute threads of each node (`RAYON_NUM_THREADS`; a node cuts its micro-batches into as
     /// many lanes). Keep nodes x threads within the machine's cores: the default 1 suits
     /// six nodes on two.
@@ -138,6 +154,17 @@ impl NodeArgs {
                 "--emulate paces CPU work to a profiled GPU; it cannot be combined with --device cuda"
             );
         }
+        if self.sync == SyncMode::Auto {
+            bail!(
+                "--sync auto: the nodes do not choose the mode yet (`simulate --sync auto` \
+                 does); give step or diloco:H"
+            );
+        }
+        if self.sync == SyncMode::Step && self.outer_lr.is_some() {
+            bail!(
+                "--outer-lr and --outer-momentum set DiLoCo's outer step: use them with --sync diloco:H"
+            );
+        }
         if self.objective == ObjectiveKind::SamplesPerDollar && self.spot_prices.is_empty() {
             bail!("--objective samples-per-dollar needs --price-spot for every zone of --zones");
         }
@@ -159,6 +186,15 @@ impl NodeArgs {
                 .display()
                 .to_string()
         };
+        let emulate = self
+            .emulate
+            .as_deref()
+            .map(|p| Emulate::new(p, self.time_scale))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?;
+        let batch = emulate
+            .as_ref()
+            .map_or(CPU_GLOBAL_BATCH, |e| e.global_batch);
         Ok(NodeSettings {
             grace_secs: self.grace_secs,
             interval_secs: self.interval_secs as f64,
@@ -168,14 +204,11 @@ impl NodeArgs {
             model: self.model.clone(),
             data,
             seed: self.seed,
-            max_steps: self.max_steps,
+            max_steps: self
+                .samples
+                .map_or(self.max_steps, |n| n.div_ceil(u64::from(batch))),
             threads: self.threads,
-            emulate: self
-                .emulate
-                .as_deref()
-                .map(|p| Emulate::new(p, self.time_scale))
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--emulate: {e}"))?,
+            emulate,
             devices: self.device.devices(gpus::visible),
             checkpoint_store: None,
             keep_checkpoints: None,
@@ -183,6 +216,8 @@ impl NodeArgs {
             zones: Vec::new(),
             zone_prices: Vec::new(),
             flat_rings: self.flat_rings,
+            sync: self.sync,
+            outer: self.outer_lr.zip(self.outer_momentum),
         })
     }
 }

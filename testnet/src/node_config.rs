@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use parcae_outer::SyncMode;
 use parcae_pool::Pool;
 use parcae_testnet::error::TestnetError;
 
@@ -57,7 +58,16 @@ pub struct NodeSettings {
     pub zone_prices: Vec<(String, f64)>,
     /// Every ring across zones flat (`[planner] all_reduce_by_zone = false`).
     pub flat_rings: bool,
+    /// How replicas in different zones agree (`[train] sync`).
+    pub sync: SyncMode,
+    /// DiLoCo's outer learning rate and momentum, where not the node's defaults.
+    pub outer: Option<(f32, f32)>,
 }
+
+/// Samples per step of a run on CPU nodes (an emulated device brings its profiled job's).
+pub const CPU_GLOBAL_BATCH: u32 = 16;
+/// Samples per micro-batch of a run on CPU nodes.
+const CPU_MICRO_BATCH: u32 = 2;
 
 /// An emulated GPU for every node: a profiled model at a time scale. The job then has the
 /// emulated job's batch shape, so that its steps are the profiled ones.
@@ -209,7 +219,17 @@ fn training_keys(s: &NodeSettings) -> String {
         // An emulated run is measured against the simulator, which knows nothing of
         // evaluation: its nodes spend no time on it.
         Some(_) => {}
-        None => out.push_str(VALIDATION_KEYS),
+        None => out.push_str(&format!(
+            "{VALIDATION_KEYS}global_batch = {CPU_GLOBAL_BATCH}\nmicro_batch = {CPU_MICRO_BATCH}\n"
+        )),
+    }
+    if s.sync != SyncMode::Step {
+        out.push_str(&format!("sync = \"{}\"\n", s.sync));
+    }
+    if let Some((lr, momentum)) = s.outer {
+        out.push_str(&format!(
+            "outer_lr = {lr:?}\nouter_momentum = {momentum:?}\n"
+        ));
     }
     if let Some(e) = &s.emulate {
         out.push_str(&format!(
@@ -373,6 +393,8 @@ mod tests {
             zones: Vec::new(),
             zone_prices: Vec::new(),
             flat_rings: false,
+            sync: SyncMode::Step,
+            outer: None,
         }
     }
 

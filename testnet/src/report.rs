@@ -14,6 +14,7 @@ use crate::faults::Fault;
 use crate::fidelity::Fidelity;
 use crate::history::HistoryCheck;
 use crate::ledger::{MigrationCounts, Reconfiguration, sample_overlap};
+use crate::outer_rounds::OuterRounds;
 use crate::resources::ResourceReport;
 
 /// One run, as `--json` writes it.
@@ -63,6 +64,10 @@ pub struct RunReport {
     /// Of them, bytes sent to a replica in another zone.
     #[serde(default)]
     pub allreduce_cross_zone_bytes: u64,
+    /// Under DiLoCo, the rounds seen closed and whether every group's replicas showed the
+    /// same outer weights after each (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outer_rounds: Option<OuterRounds>,
     /// The nodes' emulated accelerator and how far real work overran it (absent on CPUs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emulated: Option<EmulatedReport>,
@@ -260,6 +265,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         wall_secs: meta.wall_secs,
         allreduce_bytes: obs.monitor.all_reduce_bytes().0,
         allreduce_cross_zone_bytes: obs.monitor.all_reduce_bytes().1,
+        outer_rounds: obs.monitor.outer.report(),
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
         resources: obs.monitor.resources.report(),
         leader_failover: obs.monitor.failover.clone(),
@@ -504,6 +510,13 @@ pub fn check(r: &RunReport) -> Result<(), String> {
         failed.push(format!(
             "{} samples were trained twice",
             r.duplicate_samples
+        ));
+    }
+    if let Some(o) = r.outer_rounds.filter(|o| o.disagreeing > 0) {
+        failed.push(format!(
+            "{} of {} stages compared after DiLoCo rounds showed different outer weights on \
+             different nodes",
+            o.disagreeing, o.compared
         ));
     }
     if let Some(n) = r.minority_commits.filter(|n| *n > 0) {

@@ -577,6 +577,59 @@ fn a_run_over_zones_starts_each_zones_nodes_in_it_and_plans_over_them() {
     assert_error(&out, &["twice"]);
 }
 
+/// `run --sync diloco:H` over two zones (issue 68): each zone's replicas average every step
+/// among themselves and the zones meet once a round, so far fewer bytes cross than under
+/// `step`; every node shows the same outer weights for its stage after a round; `--samples`
+/// stops the job at its step limit.
+#[test]
+fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
+    let _serial = serial();
+    let run = |sync: &str| {
+        let dir = scratch(&format!("sync-{}", sync.replace(':', "-")));
+        real_run_in(
+            &[
+                "run",
+                "--zones",
+                "a=synthetic:quiet:1,b=synthetic:quiet:2",
+                "--nodes-max",
+                "3",
+                "--pin",
+                "6x1",
+                "--intervals",
+                "3",
+                "--interval-secs",
+                "5",
+                "--samples",
+                "480",
+                "--sync",
+                sync,
+                "--check",
+            ],
+            dir.path(),
+        )
+    };
+    let (step, diloco) = (run("step"), run("diloco:5"));
+    for v in [&step, &diloco] {
+        assert_eq!(v["committed_steps"], 30, "480 samples in steps of 16");
+        assert_eq!(v["samples"], 480);
+    }
+    let across = |v: &Value| v["allreduce_cross_zone_bytes"].as_u64().unwrap();
+    assert!(across(&diloco) > 0, "the rounds cross zones");
+    assert!(
+        across(&diloco) * 4 < across(&step),
+        "diloco:5 {} bytes across zones, step {}",
+        across(&diloco),
+        across(&step)
+    );
+    assert!(step.get("outer_rounds").is_none());
+    let rounds = &diloco["outer_rounds"];
+    assert!(rounds["compared"].as_u64().unwrap() >= 1, "{rounds}");
+    assert_eq!(rounds["disagreeing"], 0, "{rounds}");
+    let dir = scratch("sync-refused");
+    let out = testnet(&["run", "--sync", "auto"], dir.path());
+    assert_error(&out, &["--sync auto"]);
+}
+
 /// The node binary the testnet starts.
 fn node_bin() -> PathBuf {
     std::env::var_os("PARCAE_NODE_BIN").map_or_else(

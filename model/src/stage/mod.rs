@@ -10,7 +10,8 @@
 //! micro-batches forward and backward on lanes, `wire_io` is the same at the wire-bytes
 //! boundary between stages, `grads` lays out, exchanges and measures the accumulated gradients
 //! for the data-parallel all-reduce and clipping, `optimize` applies AdamW, and `params_io`
-//! reads and writes the parameter values alone (for an outer optimizer between groups). The stage's
+//! reads and writes the parameter values alone (for an outer optimizer between groups), `outer`
+//! keeps the DiLoCo outer state that travels with each layer. The stage's
 //! state export and import are `crate::state`'s; its cost probe is `crate::costs`'.
 
 mod execute;
@@ -18,6 +19,7 @@ mod flight;
 mod grads;
 mod init;
 mod optimize;
+mod outer;
 mod params_io;
 mod wire_io;
 
@@ -168,6 +170,15 @@ pub struct StepTotals {
     pub loss: Option<f64>,
 }
 
+/// One layer's DiLoCo outer state ([`outer`]), in the order of the layer's parameter values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerOuter {
+    /// The round's outer weights.
+    pub anchor: Vec<f32>,
+    /// The outer optimizer's momentum.
+    pub velocity: Vec<f32>,
+}
+
 /// One pipeline stage: layers `range` of `model` on `device`.
 pub struct Stage<M: PipelineModel> {
     model: Arc<M>,
@@ -184,6 +195,8 @@ pub struct Stage<M: PipelineModel> {
     pub(crate) states: Vec<Vec<ParamState>>,
     pub(crate) step: u64,
     pub(crate) rngs: Vec<StageRng>,
+    /// Each layer's DiLoCo outer state, once the outer loop has begun ([`outer`]).
+    pub(crate) outer: Vec<Option<LayerOuter>>,
     in_flight: HashMap<u64, Vec<LaneFlight<M::Layer>>>,
     lanes: Lanes,
     times: PhaseTimes,
@@ -226,6 +239,7 @@ impl<M: PipelineModel> Stage<M> {
         let grads = infos.iter().map(|i| vec![None; i.len()]).collect();
         let states = infos.iter().map(|i| vec![None; i.len()]).collect();
         Ok(Self {
+            outer: vec![None; infos.len()],
             rngs: range.clone().map(|i| init::layer_rng(seed, i)).collect(),
             model,
             range,

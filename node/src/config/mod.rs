@@ -171,6 +171,7 @@ impl NodeConfig {
                 "train.peak_lr and train.peer_timeout_secs must be > 0".into(),
             ));
         }
+        check_sync(t)?;
         if let Some([d, p]) = self.planner.pin
             && (d == 0 || p == 0 || d > t.global_batch)
         {
@@ -299,6 +300,22 @@ impl NodeConfig {
             ..NetLimits::default()
         }
     }
+}
+
+/// Refuses a sync mode the node does not run, and an outer step no round should take.
+fn check_sync(t: &TrainConfig) -> Result<(), ConfigError> {
+    if t.sync == parcae_outer::SyncMode::Auto {
+        return Err(ConfigError::Invalid(
+            "train.sync \"auto\": the node does not choose the mode yet; say \"step\" or \
+         \"diloco:H\" (parcae-testnet simulate --sync auto compares them)"
+                .into(),
+        ));
+    }
+    t.job_spec()
+        .outer
+        .check()
+        .map_err(|e| ConfigError::Invalid(format!("train.outer_lr/outer_momentum: {e}")))?;
+    Ok(())
 }
 
 #[cfg(test)]

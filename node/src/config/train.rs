@@ -1,6 +1,7 @@
 //! The `[train]` section: what the cluster trains and how, and the job spec it describes.
 
 use parcae_model::OptimizerConfig;
+use parcae_outer::{OuterSettings, SyncMode};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{JobSpec, ValidationConfig};
@@ -160,6 +161,14 @@ pub struct TrainConfig {
     pub peer_timeout_secs: f64,
     /// Port of the data plane (0: any free port), bound on the libp2p listen IP.
     pub data_port: u16,
+    /// How replicas in different zones agree: `step` (every step's gradients averaged over
+    /// every replica) or `diloco:H` (inside a zone every step, between zones every H steps
+    /// through DiLoCo's outer step).
+    pub sync: SyncMode,
+    /// The outer optimizer's learning rate (`diloco` only; Nesterov SGD).
+    pub outer_lr: f32,
+    /// The outer optimizer's momentum (`diloco` only).
+    pub outer_momentum: f32,
 }
 
 impl Default for TrainConfig {
@@ -192,6 +201,9 @@ impl Default for TrainConfig {
             warmup_steps: 10,
             peer_timeout_secs: 10.0,
             data_port: 0,
+            sync: SyncMode::Step,
+            outer_lr: parcae_outer::sync::DEFAULT_OUTER_LR,
+            outer_momentum: parcae_outer::sync::DEFAULT_OUTER_MOMENTUM,
         }
     }
 }
@@ -220,6 +232,12 @@ impl TrainConfig {
                 every: self.val_every,
                 samples: self.val_samples,
             }),
+            sync: self.sync,
+            outer: OuterSettings {
+                lr: self.outer_lr,
+                momentum: self.outer_momentum,
+                ..OuterSettings::default()
+            },
         }
     }
 
@@ -242,6 +260,9 @@ impl TrainConfig {
             val_fraction: validation.0,
             val_every: validation.1,
             val_samples: validation.2,
+            sync: spec.sync,
+            outer_lr: spec.outer.lr,
+            outer_momentum: spec.outer.momentum,
             ..self.clone()
         }
     }

@@ -152,12 +152,14 @@ pub fn node_at(
 }
 
 /// Opens (towards later stages and replicas) and accepts (from earlier ones) every link of
-/// `slot` in `plan`.
+/// `slot` in `plan`, its replicas' all-reduce of the kind `all_reduce` (by zone only where
+/// they span zones).
 pub async fn connect(
     ep: &Endpoint,
     state: &ControlState,
     plan: &Plan,
     slot: StageSlot,
+    all_reduce: AllReduce,
 ) -> Result<EpochLinks, DataplaneError> {
     let (d, p) = (plan.data_parallel, plan.pipeline_stages);
     let epoch = plan.epoch;
@@ -190,7 +192,7 @@ pub async fn connect(
             .collect::<Result<_, _>>()?;
         let layout = ZoneLayout::new(&zones);
         let rank = slot.pipeline as usize;
-        if plan.all_reduce == AllReduce::ByZone && layout.zones() > 1 {
+        if all_reduce == AllReduce::ByZone && layout.zones() > 1 {
             return by_zone(ep, state, plan, slot, layout).await.map(Some);
         }
         let ring = ring(ep, state, plan, slot, Ring::Replicas, (rank, d as usize)).await?;

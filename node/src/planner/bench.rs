@@ -149,6 +149,7 @@ fn shape(nodes: u32) -> JobShape {
         memory_mb: CPU_MEMORY_MB,
         min_depth: 1,
         profile: None,
+        steps_in_zone: false,
     }
 }
 

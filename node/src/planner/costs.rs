@@ -54,6 +54,9 @@ pub struct JobShape {
     /// The profile the layers are priced from (`[planner] profile`), instead of the nodes'
     /// reports.
     pub profile: Option<Arc<DeviceProfile>>,
+    /// Whether every step's all-reduce stays inside a zone (a DiLoCo job): pipelines are laid
+    /// inside zones.
+    pub steps_in_zone: bool,
 }
 
 impl JobShape {
@@ -80,6 +83,7 @@ impl JobShape {
             memory_mb,
             min_depth,
             profile: profile.map(Arc::new),
+            steps_in_zone: config.train.sync.inner_steps().is_some(),
         }
     }
 
@@ -94,6 +98,9 @@ impl JobShape {
         JobShape {
             global_batch: theirs(|s| s.global_batch, self.global_batch),
             micro_batch: theirs(|s| s.micro_batch, self.micro_batch),
+            steps_in_zone: spec
+                .as_ref()
+                .map_or(self.steps_in_zone, |s| s.sync.inner_steps().is_some()),
             ..self.clone()
         }
     }

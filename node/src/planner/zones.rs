@@ -209,11 +209,18 @@ impl FleetCache {
             tracing::warn!("planner.links not applied: {e}");
         }
         let current = self.fleet.as_ref().is_some_and(|f| {
-            f.zones() == zones.as_slice() && f.spec() == &cost.spec && f.links() == &links
+            f.zones() == zones.as_slice()
+                && f.spec() == &cost.spec
+                && f.links() == &links
+                && f.steps_in_zone() == shape.steps_in_zone
         });
         if !current {
             self.fleet = Fleet::new(cost.spec.clone(), zones, links)
-                .map(|fleet| fleet.with_all_reduce_by_zone(!self.flat_rings))
+                .map(|fleet| {
+                    fleet
+                        .with_all_reduce_by_zone(!self.flat_rings)
+                        .with_steps_in_zone(shape.steps_in_zone)
+                })
                 .inspect_err(|e| tracing::warn!("planning as one zone: {e}"))
                 .ok();
             let shown: Vec<String> = names.iter().map(Pool::to_string).collect();

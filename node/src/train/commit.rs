@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use parcae_api::OuterView;
 use parcae_consensus::state::{OptimizerScalars, Plan};
 use parcae_consensus::{Command, ControlState};
 use parcae_model::PipelineModel;
@@ -73,7 +74,10 @@ pub fn train_step<M: PipelineModel>(
         micro_batch: setup.spec.micro_batch,
         batch_shares: plan.batch_shares.clone(),
         digest: current.digest,
-        crossings: super::zones::crossings(state, plan, current.slot),
+        crossings: super::zones::crossings(state, plan, current.slot, setup.spec.sync),
+        step_replicas: super::zones::step_replicas(state, plan, current.slot, setup.spec.sync),
+        sync: setup.spec.sync,
+        outer: setup.spec.outer,
     };
     let started = Instant::now();
     let mut step_io = StepIo {
@@ -102,6 +106,10 @@ pub fn train_step<M: PipelineModel>(
     });
     if let Outcome::Superseded = await_commit(io, k, plan.epoch, report) {
         current.stage.clear_grads();
+        if let Some(before) = result.before_round {
+            let layers = current.stage.layer_range();
+            current.stage.import_state(&before, layers)?;
+        }
         return Err(TrainError::Superseded(k));
     }
     if let Some(ended) = result.ended {
@@ -118,6 +126,14 @@ pub fn train_step<M: PipelineModel>(
         board.view.emulated = Some(view);
     }
     current.digest = None;
+    if result.before_round.is_some() {
+        let layers = current.stage.layer_range();
+        board.view.outer = current.stage.outer_digest().map(|d| OuterView {
+            step: k,
+            layers: [layers.start as u32, layers.end as u32],
+            digest: hex::encode(d),
+        });
+    }
     let stepped = started.elapsed();
     board.view.last_step_ms = stepped.as_secs_f64() * 1e3;
     board.view.allreduce_bytes = setup.metrics.allreduce_bytes_total.get();

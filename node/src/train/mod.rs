@@ -33,6 +33,7 @@ pub mod handoff;
 pub mod launch;
 pub mod neighbours;
 pub mod reconfigure;
+pub mod reduce;
 pub mod samples;
 pub mod step;
 pub mod waiter;

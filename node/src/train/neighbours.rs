@@ -7,8 +7,8 @@ use parcae_model::{Collective, Neighbours};
 
 use super::error::TrainError;
 use super::waiter::Waiter;
-use crate::dataplane::collective::{all_reduce_mean, all_reduce_mean_by_zone};
-use crate::dataplane::links::{PipeLink, ReduceLink};
+use crate::dataplane::collective::{Reduced, all_reduce_mean, all_reduce_mean_by_zone};
+use crate::dataplane::links::{PipeLink, ReduceLink, RingLink};
 use crate::dataplane::protocol::{Header, MsgKind, Round};
 use crate::metrics::Metrics;
 
@@ -101,6 +101,14 @@ impl Neighbours for LinkNeighbours<'_, '_> {
     }
 }
 
+/// Which replicas of the stage an all-reduce spans.
+pub(crate) enum Reach<'l> {
+    /// Every replica, over the plan's links.
+    Replicas(&'l mut ReduceLink),
+    /// Those in this replica's zone, over its zone's ring (DiLoCo's inner steps).
+    Zone(&'l mut RingLink),
+}
+
 /// The all-reduce of this node's stage for one step.
 pub(crate) struct RingCollective<'w, 'l> {
     /// Bounds the reduction.
@@ -108,7 +116,7 @@ pub(crate) struct RingCollective<'w, 'l> {
     /// The step's round, in every chunk's header.
     pub(crate) round: Round,
     /// The links of the all-reduce.
-    pub(crate) links: &'l mut ReduceLink,
+    pub(crate) links: Reach<'l>,
     /// Counts what the all-reduce sends.
     pub(crate) metrics: &'l Metrics,
 }
@@ -126,12 +134,12 @@ impl Collective for RingCollective<'_, '_> {
         entered: u64,
     ) -> Result<u64, TrainError> {
         let (round, waiter) = (self.round, self.waiter);
-        let reduced = match self.links {
-            ReduceLink::Ring(ring) => waiter.wait(
-                "all-reduce",
-                all_reduce_mean(values, ring.links(), round, entered),
-            )?,
-            ReduceLink::ByZone(by_zone) => {
+        let reduced = match &mut self.links {
+            Reach::Zone(ring) => ring_all_reduce(waiter, values, ring, round, entered)?,
+            Reach::Replicas(ReduceLink::Ring(ring)) => {
+                ring_all_reduce(waiter, values, ring, round, entered)?
+            }
+            Reach::Replicas(ReduceLink::ByZone(by_zone)) => {
                 let layout = by_zone.layout.clone();
                 waiter.wait(
                     "all-reduce by zone",
@@ -145,4 +153,18 @@ impl Collective for RingCollective<'_, '_> {
             .inc_by(reduced.across);
         Ok(reduced.latest)
     }
+}
+
+/// The ring all-reduce over `ring`, bounded by `waiter`.
+fn ring_all_reduce(
+    waiter: &Waiter<'_>,
+    values: &mut [f32],
+    ring: &mut RingLink,
+    round: Round,
+    entered: u64,
+) -> Result<Reduced, TrainError> {
+    waiter.wait(
+        "all-reduce",
+        all_reduce_mean(values, ring.links(), round, entered),
+    )
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use parcae_consensus::state::{Plan, StageSlot};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_model::{PipelineModel, Stage};
+use parcae_pool::AllReduce;
 
 use super::context::{Board, Current, Io, WorkerSetup};
 use super::egress;
@@ -112,7 +113,14 @@ pub fn take_slot<M: PipelineModel>(
         Obtained::Stage(stage, acquired) => (stage, acquired),
         Obtained::Missing(missing) => return Ok(Entered::Missing(missing)),
     };
-    let links = superseding.wait("links", links::connect(&io.ep, to.state, to.plan, to.slot))?;
+    // DiLoCo's steps stay inside a zone and its rounds meet across zones: by zone whatever the
+    // plan would do for a synchronous job.
+    let all_reduce = match setup.spec.sync.inner_steps() {
+        Some(_) => AllReduce::ByZone,
+        None => to.plan.all_reduce,
+    };
+    let connect = links::connect(&io.ep, to.state, to.plan, to.slot, all_reduce);
+    let links = superseding.wait("links", connect)?;
     let kind = migration_kind(
         to.previous,
         to.plan,

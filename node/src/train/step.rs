@@ -1,6 +1,7 @@
-//! One training step of this node's stage across processes: 1F1B over the pipeline links, the
-//! gradient all-reduce on the ring, and the global clipping norm (with the stages' digests)
-//! along the pipeline, each paced by the device ([`crate::emulate::Pacing`]). The optimizer
+//! One training step of this node's stage across processes: under DiLoCo a round's outer step
+//! first when one is due, 1F1B over the pipeline links, the gradient all-reduce
+//! ([`super::reduce`]), and the global clipping norm (with the stages' digests) along the
+//! pipeline, each paced by the device ([`crate::emulate::Pacing`]). The optimizer
 //! update is not part of it: it is applied only once the step has committed in raft (see
 //! [`super::commit`]), so a step abandoned half-way changes nothing.
 
@@ -11,14 +12,15 @@ use std::time::{Duration, Instant};
 use parcae_consensus::ControlState;
 use parcae_consensus::state::{Digest32, StageSlot};
 use parcae_model::{
-    Batch, Collective, MicroBatches, PipelineModel, Stage, StagePosition, run_one_f_one_b,
-    token_batch,
+    Batch, MicroBatches, PipelineModel, Stage, StagePosition, run_one_f_one_b, token_batch,
 };
+use parcae_outer::{OuterSettings, SyncMode};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 use super::error::TrainError;
-use super::neighbours::{LinkNeighbours, RingCollective, Side};
+use super::neighbours::{LinkNeighbours, Side};
+use super::reduce::{ReduceIo, StepSync, close_round, reduce, step_sync};
 use super::samples::{DataSource, micro_batches, pipeline_share};
 use super::waiter::Waiter;
 use crate::dataplane::links::EpochLinks;
@@ -52,6 +54,13 @@ pub struct StepSpec {
     pub digest: Option<Digest32>,
     /// Its transfers that leave its zone.
     pub crossings: Crossings,
+    /// Replicas the step averages its gradients with, itself included (D, or under DiLoCo its
+    /// zone's), as the device paces the all-reduce.
+    pub step_replicas: u32,
+    /// How replicas in different zones agree.
+    pub sync: SyncMode,
+    /// DiLoCo's outer optimizer.
+    pub outer: OuterSettings,
 }
 
 /// The step's result at this node, before the optimizer update.
@@ -63,6 +72,9 @@ pub struct StepResult {
     pub report: Option<StepReport>,
     /// Where the step ended on an emulated device's timeline ([`StepPacing::stamp`]).
     pub ended: Option<u64>,
+    /// The stage's state before a round's outer step (the step that closed one): put back if
+    /// the step does not commit, so a round's result stands only with its step.
+    pub before_round: Option<Vec<u8>>,
 }
 
 /// What the last stage of pipeline 0 reports of a step.
@@ -101,18 +113,35 @@ pub fn run<M: PipelineModel>(
     stage: &mut Stage<M>,
     spec: &StepSpec,
 ) -> Result<StepResult, TrainError> {
-    let result = run_inner(io, stage, spec);
-    if result.is_err() {
-        stage.abort_in_flight();
-        stage.clear_grads();
+    let sync = step_sync(spec.sync, spec.step);
+    if sync != StepSync::Everywhere && !stage.has_outer() {
+        stage.begin_outer()?;
     }
-    result
+    let before_round = match sync {
+        StepSync::InZone { round: true } => Some(stage.export_state(stage.layer_range())?),
+        _ => None,
+    };
+    match run_inner(io, stage, spec, sync) {
+        Ok(result) => Ok(StepResult {
+            before_round,
+            ..result
+        }),
+        Err(e) => {
+            stage.abort_in_flight();
+            stage.clear_grads();
+            if let Some(before) = before_round {
+                stage.import_state(&before, stage.layer_range())?;
+            }
+            Err(e)
+        }
+    }
 }
 
 fn run_inner<M: PipelineModel>(
     io: &mut StepIo<'_>,
     stage: &mut Stage<M>,
     spec: &StepSpec,
+    sync: StepSync,
 ) -> Result<StepResult, TrainError> {
     let w = Waiter::new(io.rt, io.timeout, io.view.clone(), spec.epoch, spec.step);
     let round = Round {
@@ -134,10 +163,18 @@ fn run_inner<M: PipelineModel>(
     let pacing = io.pacing.step(
         stage.layer_range(),
         spec.micro_batch,
-        spec.data_parallel,
+        spec.step_replicas,
         spec.crossings,
     )?;
     let links = &mut *io.links;
+    let reduce_io = ReduceIo {
+        waiter: &w,
+        round,
+        metrics: io.metrics,
+    };
+    if sync == (StepSync::InZone { round: true }) {
+        close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
+    }
     let began = Instant::now();
     let mut neighbours = LinkNeighbours {
         waiter: &w,
@@ -156,16 +193,7 @@ fn run_inner<M: PipelineModel>(
     // Where gradients cross a ring they are read once (joined on the device), then the loss,
     // then the reduced norm; else the norm and the loss are the step's one read.
     let (reduced_loss, local) = match links.reduce.as_mut() {
-        Some(reduce) => {
-            let ring = RingCollective {
-                waiter: &w,
-                round,
-                links: reduce,
-                metrics: io.metrics,
-            };
-            let loss = reduce_gradients(stage, ring, pacing)?;
-            (loss, stage.grad_sq_norm()?)
-        }
+        Some(links) => reduce(stage, links, &reduce_io, pacing, sync)?,
         None => {
             pacing.reduced_alone();
             let totals = stage.step_totals()?;
@@ -193,6 +221,7 @@ fn run_inner<M: PipelineModel>(
             stage_digests: digests,
         }),
         ended: pacing.stamp(),
+        before_round: None,
     })
 }
 
@@ -264,32 +293,6 @@ impl<'a> StepSamples<'a> {
             }
         }
     }
-}
-
-/// Averages the stage's gradients over its replicas (and, at the last stage, the training
-/// loss with them); returns the mean loss at the last stage.
-fn reduce_gradients<M: PipelineModel>(
-    stage: &mut Stage<M>,
-    mut ring: RingCollective<'_, '_>,
-    pacing: StepPacing<'_>,
-) -> Result<Option<f64>, TrainError> {
-    let loss = stage.step_loss()?;
-    let mut values: Vec<f32> = stage
-        .export_grads()?
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    if let Some(loss) = loss {
-        values.push(loss as f32);
-    }
-    pacing.collective(&mut ring).all_reduce_mean(&mut values)?;
-    let loss = loss.map(|_| f64::from(values.pop().unwrap_or_default()));
-    let mut bytes = Vec::with_capacity(values.len() * 4);
-    values
-        .iter()
-        .for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
-    stage.import_grads(&bytes)?;
-    Ok(loss)
 }
 
 /// The global norm: partial sums (and digests) towards the last stage, the total back, each
@@ -387,6 +390,9 @@ mod wire_tests {
             batch_shares: Vec::new(),
             digest: None,
             crossings: Crossings::default(),
+            step_replicas: 1,
+            sync: SyncMode::Step,
+            outer: OuterSettings::default(),
         };
         // Hidden states with 7 features where the model has 32.
         let wrong = Activation::Hidden(Tensor::zeros([2, cfg.seq_len, 7], &device))

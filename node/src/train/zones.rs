@@ -7,6 +7,7 @@ use parcae_consensus::{ControlState, NodeId};
 
 use std::collections::BTreeMap;
 
+use parcae_outer::SyncMode;
 use parcae_pool::AllReduce;
 
 use crate::emulate::{Crossings, ZoneSpread};
@@ -19,8 +20,9 @@ pub fn crosses(state: &ControlState, a: &NodeId, b: &NodeId) -> bool {
 
 /// The transfers of `slot` under `plan` that leave its node's zone: activations to the next
 /// stage of its pipeline, gradients to the previous one, and the ring of the stage's replicas
-/// (crossing when any two of them are in different zones).
-pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot) -> Crossings {
+/// (crossing when any two of them are in different zones; never under DiLoCo, whose steps
+/// average inside a zone).
+pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot, sync: SyncMode) -> Crossings {
     let node_at = |pipeline: u32, stage: u32| {
         plan.assignment
             .iter()
@@ -34,9 +36,10 @@ pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot) -> Crossing
     let replicas: Vec<NodeId> = (0..plan.data_parallel)
         .filter_map(|p| node_at(p, slot.stage))
         .collect();
-    let ring = replicas
-        .iter()
-        .any(|r| replicas.iter().any(|q| crosses(state, r, q)));
+    let ring = sync.inner_steps().is_none()
+        && replicas
+            .iter()
+            .any(|r| replicas.iter().any(|q| crosses(state, r, q)));
     Crossings {
         next: crosses_to(node_at(slot.pipeline, slot.stage + 1)),
         prev: slot
@@ -46,6 +49,24 @@ pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot) -> Crossing
         ring,
         by_zone: (ring && plan.all_reduce == AllReduce::ByZone).then(|| spread(state, &replicas)),
     }
+}
+
+/// The replicas a step of `slot` averages its gradients with, itself included: the stage's
+/// every replica, or under DiLoCo those in its node's zone.
+pub fn step_replicas(state: &ControlState, plan: &Plan, slot: StageSlot, sync: SyncMode) -> u32 {
+    if sync.inner_steps().is_none() {
+        return plan.data_parallel;
+    }
+    let zone_at = |pipeline: u32| {
+        plan.assignment
+            .iter()
+            .find(|(_, s)| s.pipeline == pipeline && s.stage == slot.stage)
+            .map(|(id, _)| zone_of(state, id))
+    };
+    let mine = zone_at(slot.pipeline);
+    (0..plan.data_parallel)
+        .filter(|&p| zone_at(p) == mine)
+        .count() as u32
 }
 
 /// How `replicas` spread over their zones.
@@ -113,9 +134,9 @@ mod tests {
     fn a_pipeline_over_two_zones_crosses_at_its_boundary_only() {
         // Stage 0 of both pipelines in a, stage 1 in b: each ring inside a zone.
         let (state, plan) = planned(&["a", "b", "a", "b"]);
-        let first = crossings(&state, &plan, slot(0, 0));
+        let first = crossings(&state, &plan, slot(0, 0), SyncMode::Step);
         assert_eq!((first.next, first.prev, first.ring), (true, false, false));
-        let last = crossings(&state, &plan, slot(1, 1));
+        let last = crossings(&state, &plan, slot(1, 1), SyncMode::Step);
         assert_eq!((last.next, last.prev, last.ring), (false, true, false));
     }
 
@@ -123,7 +144,7 @@ mod tests {
     fn pipelines_in_two_zones_cross_in_their_rings_only() {
         let (state, plan) = planned(&["a", "a", "b", "b"]);
         for s in [slot(0, 0), slot(0, 1), slot(1, 0), slot(1, 1)] {
-            let c = crossings(&state, &plan, s);
+            let c = crossings(&state, &plan, s, SyncMode::Step);
             assert_eq!((c.next, c.prev, c.ring), (false, false, true), "{s:?}");
         }
     }
@@ -131,7 +152,10 @@ mod tests {
     #[test]
     fn a_plan_by_zone_says_how_each_ring_spreads_over_zones() {
         let (state, mut plan) = planned(&["a", "a", "b", "b"]);
-        assert_eq!(crossings(&state, &plan, slot(0, 1)).by_zone, None);
+        assert_eq!(
+            crossings(&state, &plan, slot(0, 1), SyncMode::Step).by_zone,
+            None
+        );
         plan.all_reduce = AllReduce::ByZone;
         let spread = ZoneSpread {
             replicas: 2,
@@ -139,18 +163,44 @@ mod tests {
             fewest: 1,
             most: 1,
         };
-        assert_eq!(crossings(&state, &plan, slot(0, 1)).by_zone, Some(spread));
+        assert_eq!(
+            crossings(&state, &plan, slot(0, 1), SyncMode::Step).by_zone,
+            Some(spread)
+        );
         // A ring inside one zone is one ring whatever the plan says.
         let (state, mut plan) = planned(&["a", "b", "a", "b"]);
         plan.all_reduce = AllReduce::ByZone;
-        assert_eq!(crossings(&state, &plan, slot(1, 0)).by_zone, None);
+        assert_eq!(
+            crossings(&state, &plan, slot(1, 0), SyncMode::Step).by_zone,
+            None
+        );
+    }
+
+    /// Under DiLoCo a step's ring stays inside the zone: nothing of it crosses, and it
+    /// averages with the stage's replicas in the node's zone alone.
+    #[test]
+    fn diloco_steps_average_inside_the_zone() {
+        let (state, plan) = planned(&["a", "a", "b", "b"]);
+        let diloco = SyncMode::Diloco(20);
+        let c = crossings(&state, &plan, slot(0, 1), diloco);
+        assert_eq!((c.ring, c.by_zone), (false, None));
+        assert_eq!(step_replicas(&state, &plan, slot(0, 1), SyncMode::Step), 2);
+        assert_eq!(step_replicas(&state, &plan, slot(0, 1), diloco), 1);
+        let (state, plan) = planned(&["a", "b", "a", "b"]);
+        assert_eq!(step_replicas(&state, &plan, slot(1, 1), diloco), 2);
     }
 
     #[test]
     fn nothing_crosses_without_zones() {
         let (state, plan) = planned(&["", "b", "", "b"]);
-        assert_eq!(crossings(&state, &plan, slot(0, 0)), Crossings::default());
+        assert_eq!(
+            crossings(&state, &plan, slot(0, 0), SyncMode::Step),
+            Crossings::default()
+        );
         let (state, plan) = planned(&["a", "a", "a", "a"]);
-        assert_eq!(crossings(&state, &plan, slot(1, 1)), Crossings::default());
+        assert_eq!(
+            crossings(&state, &plan, slot(1, 1), SyncMode::Step),
+            Crossings::default()
+        );
     }
 }

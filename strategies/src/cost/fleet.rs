@@ -193,6 +193,9 @@ pub struct Fleet {
     prices: Option<Vec<f64>>,
     /// Whether a ring across zones may all-reduce by zone (else every ring is flat).
     by_zone: bool,
+    /// Whether every step's all-reduce stays inside a zone (DiLoCo's inner steps, the zones
+    /// meeting only in its rounds): only zone pipelines, each zone's rings on its own link.
+    steps_in_zone: bool,
     worst: DeviceCosts,
     /// Forward and backward of the whole model on each zone's device, ms.
     paces: Vec<f64>,
@@ -286,6 +289,7 @@ impl Fleet {
             table,
             prices: None,
             by_zone: true,
+            steps_in_zone: false,
             worst,
             paces,
             memo: FxHashMap::default(),
@@ -310,6 +314,21 @@ impl Fleet {
     /// rings go by zone where that is no slower by default).
     pub fn with_all_reduce_by_zone(self, by_zone: bool) -> Self {
         Self { by_zone, ..self }
+    }
+
+    /// The fleet of a job whose steps all-reduce inside each zone where `in_zone` (DiLoCo):
+    /// its plans are zone pipelines alone, each zone's rings priced on the zone's own link
+    /// (the rounds between zones, once every H steps, are left out of the rate).
+    pub fn with_steps_in_zone(self, in_zone: bool) -> Self {
+        Self {
+            steps_in_zone: in_zone,
+            ..self
+        }
+    }
+
+    /// Whether every step's all-reduce stays inside a zone ([`Self::with_steps_in_zone`]).
+    pub fn steps_in_zone(&self) -> bool {
+        self.steps_in_zone
     }
 
     /// The job.
@@ -424,6 +443,9 @@ impl Fleet {
     fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
         let rate = |placed: &Option<Placement>| placed.as_ref().map_or(0.0, |l| l.samples_per_sec);
         let local = self.zone_pipelines(counts, d, p);
+        if self.steps_in_zone {
+            return local;
+        }
         let mixed = self.mixed_pipelines(counts, d, p, rate(&local));
         let floor = rate(&local).max(rate(&mixed));
         let staggered = self.staggered_pipelines(counts, d, p, floor);

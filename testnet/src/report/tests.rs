@@ -164,6 +164,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         wall_secs: 1.0,
         allreduce_bytes: 0,
         allreduce_cross_zone_bytes: 0,
+        outer_rounds: None,
         emulated: Some(e),
         resources: None,
         leader_failover: None,

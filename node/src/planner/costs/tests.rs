@@ -19,6 +19,7 @@ fn small_job() -> JobShape {
         memory_mb: CPU_MEMORY_MB,
         min_depth: 1,
         profile: None,
+        steps_in_zone: false,
     }
 }
 
@@ -234,6 +235,7 @@ fn the_model_of_an_emulated_cluster_is_the_simulator_s() {
         memory_mb: emulation.memory_mb(),
         min_depth: emulation.min_depth(),
         profile: None,
+        steps_in_zone: false,
     };
     let emulated = parcae_strategies::cost::profile::emulated("gpt-1.5b").unwrap();
     let link = TransferModel::Profiled10Gbps;

@@ -19,6 +19,7 @@ fn shape() -> JobShape {
         memory_mb: CPU_MEMORY_MB,
         min_depth: 1,
         profile: None,
+        steps_in_zone: false,
     }
 }
 

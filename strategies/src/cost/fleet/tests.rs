@@ -156,6 +156,38 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
     );
 }
 
+/// A job whose steps stay inside a zone (DiLoCo) is laid out in zone pipelines only, its
+/// rings priced on the zones' own links: never slower than the same pipelines' rings across.
+#[test]
+fn steps_inside_zones_lay_every_pipeline_inside_one() {
+    let mut across = two_kinds(1.0);
+    let mut inside = two_kinds(1.0).with_steps_in_zone(true);
+    assert!(inside.steps_in_zone() && !across.steps_in_zone());
+    let (a, i) = (across.plans(&[8, 8]), inside.plans(&[8, 8]));
+    assert!(!i.placements.is_empty());
+    for (c, placed) in &i.placements {
+        for pipelines in &placed.pipelines {
+            assert!(
+                pipelines.pools.iter().all(|&z| z == pipelines.pools[0]),
+                "{c:?}: {:?}",
+                pipelines.pools
+            );
+        }
+        if let Some(theirs) = a.placements.get(c) {
+            let crosses = theirs
+                .pipelines
+                .iter()
+                .any(|p| p.pools.iter().any(|&z| z != p.pools[0]));
+            if !crosses {
+                assert!(
+                    placed.samples_per_sec >= theirs.samples_per_sec * (1.0 - 1e-9),
+                    "{c:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn stages_are_split_over_zones_within_their_counts() {
     // Each share's stages in the first zones (the rest of the array is zero).

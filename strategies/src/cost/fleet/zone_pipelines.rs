@@ -104,8 +104,15 @@ impl Fleet {
             .iter()
             .max_by(|&&a, &&b| self.pace(a).total_cmp(&self.pace(b)))?;
         let bounds = self.zone_split(slowest, p)?;
-        // Each stage has per_zone[z] replicas in zone z: priced as the planner will run it.
-        let ring = self.table.reduction(per_zone, self.by_zone).link;
+        // Each stage has per_zone[z] replicas in zone z: priced as the planner will run it (a
+        // job whose steps stay in a zone on the slowest of the used zones' own links).
+        let ring = match self.steps_in_zone {
+            true => used
+                .iter()
+                .map(|&z| self.link(z, z))
+                .min_by(|a, b| a.gbit_per_s.total_cmp(&b.gbit_per_s))?,
+            false => self.table.reduction(per_zone, self.by_zone).link,
+        };
         let mut rate = f64::INFINITY;
         for &z in &used {
             rate = rate.min(self.local_rate(z, slowest, &bounds, d, ring));
