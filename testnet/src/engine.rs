@@ -67,6 +67,11 @@ pub trait Scenario {
     fn zones(&self) -> Vec<ZoneStart> {
         Vec::new()
     }
+    /// Whether the run ends as soon as every node has finished the job's steps (a job with a
+    /// step limit, `run --samples`), not at the end of the replay.
+    fn ends_with_the_job(&self) -> bool {
+        false
+    }
 }
 
 /// What a scenario acts on.
@@ -213,6 +218,9 @@ pub fn execute(
             };
             while next_poll <= t {
                 next_poll += every;
+            }
+            if scenario.ends_with_the_job() && monitor.job_finished() {
+                break;
             }
         }
         let wake = [(next_poll > t).then_some(next_poll), due, Some(end)]

@@ -14,7 +14,7 @@ use crate::ledger::{MigrationLedger, StepLedger};
 use crate::outer_rounds::OuterLedger;
 use crate::resources::ResourceLedger;
 use parcae_api::client::Client;
-use parcae_api::{EmulatedView, EstimateView, StatusSnapshot, StepRecord};
+use parcae_api::{EmulatedView, EstimateView, StatusSnapshot, StepRecord, TrainingPhase};
 
 /// Every node's `/steps` is read on every this many polls (the leader's on every poll).
 const ALL_STEPS_EVERY: u64 = 5;
@@ -84,6 +84,8 @@ pub struct Monitor {
     pub all_reduce: BTreeMap<(usize, Option<u32>), (u64, u64)>,
     /// The outer weights each node showed after its DiLoCo rounds.
     pub outer: OuterLedger,
+    /// Whether the last poll found every node that trains finished with the job.
+    finished: bool,
     /// Memory and CPU of the node processes and of the testnet.
     pub resources: ResourceLedger,
     /// The leader killed on purpose, if any, and the failover that followed.
@@ -127,6 +129,11 @@ impl Monitor {
         if let Some(f) = &mut self.failover {
             f.observe(t + started.elapsed().as_secs_f64(), &statuses);
         }
+        let phases: Vec<TrainingPhase> = statuses
+            .iter()
+            .filter_map(|(_, s)| Some(s.training.as_ref()?.phase))
+            .collect();
+        self.finished = !phases.is_empty() && phases.iter().all(|p| *p == TrainingPhase::Finished);
         let leader = leader_of(&statuses);
         let all = self.polls.is_multiple_of(ALL_STEPS_EVERY);
         let leader_index = leader.map(|(l, _)| l);
@@ -173,6 +180,11 @@ impl Monitor {
             seen.0 = seen.0.max(t.allreduce_bytes);
             seen.1 = seen.1.max(t.allreduce_cross_zone_bytes);
         }
+    }
+
+    /// Whether every node that trains said at the last poll that the job is done.
+    pub fn job_finished(&self) -> bool {
+        self.finished
     }
 
     /// Bytes every node process sent in all-reduces, all and across zones.

@@ -66,6 +66,7 @@ pub struct Replay {
     next: usize,
     rng: ChaCha8Rng,
     keeps_every_checkpoint: bool,
+    ends_with_the_job: bool,
 }
 
 impl Replay {
@@ -88,6 +89,7 @@ impl Replay {
             next: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
             keeps_every_checkpoint: false,
+            ends_with_the_job: false,
         }
     }
 
@@ -161,6 +163,12 @@ impl Replay {
         self
     }
 
+    /// The same replay, ending once every node finished the job (a job with a step limit).
+    pub fn ending_with_the_job(mut self) -> Self {
+        self.ends_with_the_job = true;
+        self
+    }
+
     /// Adds `step` at `at` among the steps still to come, in time order.
     fn schedule(&mut self, at: f64, step: Step) {
         let k = self.next + self.steps[self.next..].partition_point(|s| s.0 <= at);
@@ -182,6 +190,10 @@ impl Scenario for Replay {
 
     fn keeps_every_checkpoint(&self) -> bool {
         self.keeps_every_checkpoint
+    }
+
+    fn ends_with_the_job(&self) -> bool {
+        self.ends_with_the_job
     }
 
     fn zones(&self) -> Vec<ZoneStart> {

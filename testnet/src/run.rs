@@ -318,6 +318,9 @@ pub fn run(mut args: Args, interrupt: &Interrupt) -> Result<()> {
     if args.replay {
         scenario = scenario.keeping_every_checkpoint();
     }
+    if args.node.samples.is_some() {
+        scenario = scenario.ending_with_the_job();
+    }
     let spec = SessionSpec {
         strategy: &args.strategy,
         label: args.strategy.clone(),

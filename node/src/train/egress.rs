@@ -9,8 +9,9 @@ use std::ops::Range;
 
 use parcae_consensus::state::{MemberStatus, Plan};
 use parcae_consensus::{ControlState, NodeId};
+use parcae_outer::SyncMode;
 
-use super::handoff;
+use super::{handoff, zones};
 use crate::dataplane::protocol::HeldInfo;
 
 /// The layers each holder sends to the nodes of `plan` other than `me` when they enter it at
@@ -20,10 +21,10 @@ use crate::dataplane::protocol::HeldInfo;
 /// holds nothing.
 pub fn sends(
     state: &ControlState,
-    previous: &Plan,
-    plan: &Plan,
+    (previous, plan): (&Plan, &Plan),
     step: u64,
     me: NodeId,
+    sync: SyncMode,
 ) -> BTreeMap<NodeId, Vec<Range<usize>>> {
     let at = (state.progress.history, step);
     let held = |p: &Plan, node: &NodeId| {
@@ -64,7 +65,9 @@ pub fn sends(
         if covers(&needed) {
             continue;
         }
-        let (fetches, _) = handoff::plan_fetches(needed, at, &holders, slot.pipeline as usize);
+        let group = zones::group(state, node, sync);
+        let spread = slot.pipeline as usize;
+        let (fetches, _) = handoff::plan_fetches(needed, at, &holders, spread, &group);
         for f in fetches.into_iter().filter(|f| !covers(&f.layers)) {
             sends.entry(f.from).or_default().push(f.layers);
         }
@@ -129,7 +132,7 @@ mod tests {
         let s = state(4);
         let before = plan(1, 2, &[0, 2, 4], 1);
         let after = plan(2, 1, &[0, 1, 2, 3, 4], 1);
-        let sends = sends(&s, &before, &after, 5, node(9));
+        let sends = sends(&s, (&before, &after), 5, node(9), SyncMode::Step);
         // Node 1 held 0..2 and node 2 held 2..4: both now need a layer they do not hold; node 3
         // (0..2 in pipeline 1) lacks 2..3, node 4 (2..4) holds 3..4. Every needed layer has two
         // holders; pipeline 0 of the new plan takes the first by layer order.
@@ -141,7 +144,7 @@ mod tests {
             "{sends:?}"
         );
         // Without `me`'s slot: node 2's fetch of 1..2 is not counted.
-        let without_2 = super::sends(&s, &before, &after, 5, node(2));
+        let without_2 = super::sends(&s, (&before, &after), 5, node(2), SyncMode::Step);
         let sent: Vec<Range<usize>> = without_2.values().flatten().cloned().collect();
         assert_eq!(sent, vec![Range { start: 2, end: 3 }]);
     }
@@ -153,7 +156,7 @@ mod tests {
         // Node 1 (0..2 of pipeline 0) is lost; nodes 2-5 take the four layers.
         s.apply(&Command::Lost { node: node(1) }).unwrap();
         let after = plan(2, 1, &[0, 1, 2, 3, 4], 2);
-        let sends = sends(&s, &before, &after, 5, node(9));
+        let sends = sends(&s, (&before, &after), 5, node(9), SyncMode::Step);
         assert!(!sends.contains_key(&node(1)), "{sends:?}");
         // Node 2 (2..4 before) needs layer 0, which node 3 alone holds now; nodes 3 and 4 hold
         // theirs; node 5 is new and takes layer 3 from node 2 or node 4.

@@ -4,7 +4,7 @@
 //! the step can be read, the acquisition says so and the cluster rolls back to an older
 //! complete cut (or stops, when there is none).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -33,12 +33,14 @@ pub struct Fetch {
 
 /// Chooses a live holder of step `step` of `history` for every layer of `needed`, spreading layers over the
 /// holders (`spread` shifts the choice so that replicas fetching the same stage use different
-/// sources); returns the fetches and the layers nobody holds.
+/// sources), a holder of `group` wherever one holds the layer (a DiLoCo group's own state);
+/// returns the fetches and the layers nobody holds.
 pub fn plan_fetches(
     needed: Range<usize>,
     (history, step): (u64, u64),
     holders: &[(NodeId, HeldInfo)],
     spread: usize,
+    group: &BTreeSet<NodeId>,
 ) -> (Vec<Fetch>, Vec<usize>) {
     let mut fetches: Vec<Fetch> = Vec::new();
     let mut missing = Vec::new();
@@ -53,6 +55,9 @@ pub fn plan_fetches(
             .collect();
         candidates.sort_unstable();
         candidates.dedup();
+        if candidates.iter().any(|c| group.contains(c)) {
+            candidates.retain(|c| group.contains(c));
+        }
         if candidates.is_empty() {
             missing.push(layer);
             continue;
@@ -117,6 +122,8 @@ struct Search<'a> {
     /// `(history, step)`.
     at: (u64, u64),
     spread: usize,
+    /// The holders of this node's group ([`plan_fetches`]).
+    group: BTreeSet<NodeId>,
     /// Every other member that is not lost, with its data-plane address.
     ask: Vec<PeerAddr>,
     /// What this node holds itself.
@@ -136,25 +143,32 @@ impl Search<'_> {
     }
 
     fn plan(&self, holders: &[(NodeId, HeldInfo)]) -> (Vec<Fetch>, Vec<usize>) {
-        plan_fetches(self.needed.clone(), self.at, holders, self.spread)
+        plan_fetches(
+            self.needed.clone(),
+            self.at,
+            holders,
+            self.spread,
+            &self.group,
+        )
     }
 }
 
 /// Brings layers `needed` at step `step` to this node: its own held state first, then live
-/// holders in parallel, then the checkpoint cut of the step; or says which layers are missing.
+/// holders in parallel (of its `group` where they hold a layer), then the checkpoint cut of
+/// the step; or says which layers are missing.
 pub async fn acquire(
     ep: &Endpoint,
     state: &ControlState,
     me: NodeId,
-    needed: Range<usize>,
-    step: u64,
-    spread: usize,
+    (needed, step): (Range<usize>, u64),
+    (spread, group): (usize, BTreeSet<NodeId>),
 ) -> Result<Acquisition, TrainError> {
     let search = Search {
         ep,
         me,
         at: (state.progress.history, step),
         spread,
+        group,
         ask: members_to_ask(state, me),
         own: ep.held(),
         needed,
@@ -545,7 +559,8 @@ mod tests {
             (NodeId(3), held(5, 2, 4)),
             (NodeId(4), held(4, 4, 6)),
         ];
-        let (f, missing) = plan_fetches(0..6, (0, 5), &holders, 0);
+        let none = BTreeSet::new();
+        let (f, missing) = plan_fetches(0..6, (0, 5), &holders, 0, &none);
         assert_eq!(
             f,
             vec![
@@ -568,9 +583,14 @@ mod tests {
             vec![4, 5],
             "a holder of another step does not count"
         );
-        let (g, _) = plan_fetches(0..2, (0, 5), &holders, 1);
-        let (_, all) = plan_fetches(0..2, (1, 5), &holders, 0);
+        let (g, _) = plan_fetches(0..2, (0, 5), &holders, 1, &none);
+        let (_, all) = plan_fetches(0..2, (1, 5), &holders, 0, &none);
         assert_eq!(all, vec![0, 1], "a state of another history does not count");
         assert_eq!(g[0].from, NodeId(2), "another replica starts elsewhere");
+        // A DiLoCo group takes its own state where it holds it, another's where not.
+        let group = BTreeSet::from([NodeId(2), NodeId(4)]);
+        let (f, _) = plan_fetches(0..4, (0, 5), &holders, 0, &group);
+        let from: Vec<(NodeId, Range<usize>)> = f.into_iter().map(|f| (f.from, f.layers)).collect();
+        assert_eq!(from, vec![(NodeId(2), 0..2), (NodeId(3), 2..4)]);
     }
 }

@@ -183,7 +183,13 @@ fn paced_fetches<M: PipelineModel>(
         return Vec::new();
     };
     let mut sends = to.previous.map_or_else(BTreeMap::new, |previous| {
-        egress::sends(to.state, previous, to.plan, to.next, setup.me)
+        egress::sends(
+            to.state,
+            (previous, to.plan),
+            to.next,
+            setup.me,
+            setup.spec.sync,
+        )
     });
     for f in &a.fetched {
         sends.entry(f.from).or_default().push(f.layers.clone());
@@ -241,9 +247,11 @@ fn obtain<M: PipelineModel>(
             &io.ep,
             to.state,
             setup.me,
-            range.clone(),
-            to.next,
-            to.slot.pipeline as usize,
+            (range.clone(), to.next),
+            (
+                to.slot.pipeline as usize,
+                super::zones::group(to.state, &setup.me, setup.spec.sync),
+            ),
         ),
     )?;
     Ok(match acquisition {

@@ -5,7 +5,7 @@
 use parcae_consensus::state::{Plan, StageSlot};
 use parcae_consensus::{ControlState, NodeId};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use parcae_outer::SyncMode;
 use parcae_pool::AllReduce;
@@ -67,6 +67,22 @@ pub fn step_replicas(state: &ControlState, plan: &Plan, slot: StageSlot, sync: S
     (0..plan.data_parallel)
         .filter(|&p| zone_at(p) == mine)
         .count() as u32
+}
+
+/// The members whose stage state is `node`'s group's (DiLoCo: every member in its zone, where
+/// it said one; none otherwise): a slot takes its layers from them where they hold them, so a
+/// group continues its own inner steps.
+pub fn group(state: &ControlState, node: &NodeId, sync: SyncMode) -> BTreeSet<NodeId> {
+    let zone = zone_of(state, node);
+    if sync.inner_steps().is_none() || zone.is_empty() {
+        return BTreeSet::new();
+    }
+    state
+        .members
+        .keys()
+        .filter(|m| zone_of(state, m) == zone)
+        .copied()
+        .collect()
 }
 
 /// How `replicas` spread over their zones.
@@ -188,6 +204,20 @@ mod tests {
         assert_eq!(step_replicas(&state, &plan, slot(0, 1), diloco), 1);
         let (state, plan) = planned(&["a", "b", "a", "b"]);
         assert_eq!(step_replicas(&state, &plan, slot(1, 1), diloco), 2);
+    }
+
+    #[test]
+    fn a_diloco_group_is_the_zone() {
+        let (state, _) = planned(&["a", "b", "a", ""]);
+        let id = |i: u8| NodeId::from_peer_bytes(&[i]);
+        let diloco = SyncMode::Diloco(5);
+        assert_eq!(
+            group(&state, &id(1), diloco),
+            BTreeSet::from([id(1), id(3)])
+        );
+        assert_eq!(group(&state, &id(2), diloco), BTreeSet::from([id(2)]));
+        assert!(group(&state, &id(4), diloco).is_empty(), "no zone said");
+        assert!(group(&state, &id(1), SyncMode::Step).is_empty());
     }
 
     #[test]
