@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use parcae_api::{EmulatedView, StepRecord};
+use parcae_api::{EmulatedView, StepRecord, ValPoint};
 use parcae_strategies::cost::money::Bill;
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +40,15 @@ pub struct RunReport {
     pub val_loss_first: Option<f64>,
     /// Loss on the held-out samples at the last step that evaluated them (null without).
     pub val_loss_last: Option<f64>,
+    /// Every validation of the final history against the samples trained before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub val_curve: Vec<ValPoint>,
+    /// How the nodes' replicas in different zones agreed (`step`, `diloco:H`).
+    #[serde(default = "step_sync")]
+    pub sync: String,
+    /// The job's seed.
+    #[serde(default)]
+    pub seed: u64,
     /// Reconfigurations by kind.
     pub migrations: MigrationCounts,
     /// Seconds spent in reconfigurations (per epoch the slowest node).
@@ -182,6 +191,30 @@ pub struct RunMeta {
     pub nodes_max: u32,
     /// Wall-clock seconds.
     pub wall_secs: f64,
+    /// The nodes' sync mode.
+    pub sync: String,
+    /// The job's seed.
+    pub seed: u64,
+}
+
+fn step_sync() -> String {
+    "step".into()
+}
+
+/// Each validation of `seq` against the samples trained before its step.
+fn val_curve(seq: &[StepRecord]) -> Vec<ValPoint> {
+    let mut trained = 0;
+    let mut curve = Vec::new();
+    for r in seq {
+        if let Some(val_loss) = r.validation_loss {
+            curve.push(ValPoint {
+                samples: trained,
+                val_loss,
+            });
+        }
+        trained += r.samples;
+    }
+    curve
 }
 
 /// Every node SIGKILLed at once, and new nodes on fresh data directories started later with
@@ -245,6 +278,9 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         loss_last: seq.last().map(|r| r.loss).filter(|l| l.is_finite()),
         val_loss_first: seq.iter().find_map(|r| r.validation_loss),
         val_loss_last: seq.iter().rev().find_map(|r| r.validation_loss),
+        val_curve: val_curve(seq),
+        sync: meta.sync,
+        seed: meta.seed,
         migrations: obs.monitor.migrations.counts(),
         migration_secs: obs.monitor.migrations.total_secs(),
         reconfigurations: obs

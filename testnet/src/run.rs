@@ -152,6 +152,8 @@ pub fn session(
         intervals: spec.intervals,
         nodes_max: spec.nodes_max,
         wall_secs: started.elapsed().as_secs_f64(),
+        sync: node.sync.to_string(),
+        seed: node.seed,
     };
     let (report, details) = report::build(meta, &observed);
     Ok(Outcome {

@@ -478,6 +478,9 @@ fn plot_learning_draws_a_learn_report_and_refuses_anything_else() {
     ]);
     assert_one_line_error(
         &out,
-        &["not-learn.json", "not a report of parcae-node learn"],
+        &[
+            "not-learn.json",
+            "not a report of parcae-node learn or of a parcae-testnet run",
+        ],
     );
 }

@@ -1,19 +1,20 @@
-//! The plot of `parcae-node learn`'s report: validation loss against samples, a line per run,
+//! The plot of learning runs (`parcae-node learn`'s, or testnet runs'): validation loss against
+//! samples, a line per run,
 //! one colour per synchronisation mode.
 
 use std::path::Path;
 
 use anyhow::Result;
-use parcae_api::LearnReport;
+use parcae_api::LearnRun;
 use plotters::prelude::*;
 
 use super::{canvas, err, legend, panel};
 
 /// Every run's validation loss against the samples trained, coloured by its mode (each mode
 /// labelled once, its seeds in the same colour), the loss axis fitted to the trained points.
-pub fn learning(path: &Path, title: &str, report: &LearnReport) -> Result<()> {
+pub fn learning(path: &Path, title: &str, runs: &[LearnRun]) -> Result<()> {
     let root = canvas(path, 700)?;
-    let points = report.runs.iter().flat_map(|r| r.curve.iter());
+    let points = runs.iter().flat_map(|r| r.curve.iter());
     let x_max = points.clone().map(|p| p.samples).max().unwrap_or(1).max(1) as f64;
     // The untrained model's loss would flatten the rest: the axis starts at the first
     // validation after training began (the lines run off the top to it).
@@ -40,7 +41,7 @@ pub fn learning(path: &Path, title: &str, report: &LearnReport) -> Result<()> {
         .draw()
         .map_err(err)?;
     let mut modes: Vec<&str> = Vec::new();
-    for run in &report.runs {
+    for run in runs {
         let k = match modes.iter().position(|m| *m == run.sync) {
             Some(k) => k,
             None => {
@@ -56,8 +57,7 @@ pub fn learning(path: &Path, title: &str, report: &LearnReport) -> Result<()> {
             ))
             .map_err(err)?;
         if run.seed
-            == report
-                .runs
+            == runs
                 .iter()
                 .find(|r| r.sync == run.sync)
                 .map_or(0, |r| r.seed)

@@ -36,6 +36,8 @@ fn report_fields_are_the_issue_contract() {
         intervals: 15,
         nodes_max: 6,
         wall_secs: 170.0,
+        sync: "step".into(),
+        seed: 1,
     };
     let (r, details) = build(meta, &obs);
     assert_eq!(details.gaps, 0);
@@ -46,6 +48,13 @@ fn report_fields_are_the_issue_contract() {
     assert_eq!(r.loss_first, Some(4.0));
     assert_eq!(r.loss_last, Some(2.5));
     assert_eq!((r.val_loss_first, r.val_loss_last), (Some(4.5), Some(3.0)));
+    let curve: Vec<(u64, f64)> = r
+        .val_curve
+        .iter()
+        .map(|p| (p.samples, p.val_loss))
+        .collect();
+    assert_eq!(curve.first(), Some(&(0, 4.5)), "before any sample trained");
+    assert_eq!(curve.last().map(|p| p.1), Some(3.0));
     assert_eq!(r.migrations.inter, 1);
     assert_eq!(r.migration_secs, 0.5);
     assert_eq!(
@@ -81,9 +90,12 @@ fn report_fields_are_the_issue_contract() {
             "reconfigurations",
             "rolled_back_steps",
             "samples",
+            "seed",
             "simulated_samples",
             "strategy",
+            "sync",
             "trace",
+            "val_curve",
             "val_loss_first",
             "val_loss_last",
             "vs_simulated",
@@ -115,6 +127,9 @@ fn report_fields_are_the_issue_contract() {
         loss_last: None,
         val_loss_first: None,
         val_loss_last: None,
+        val_curve: Vec::new(),
+        sync: "step".into(),
+        seed: 1,
         lost_committed_steps: 2,
         ..clean
     };
@@ -156,6 +171,9 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         loss_last: Some(1.0),
         val_loss_first: None,
         val_loss_last: None,
+        val_curve: Vec::new(),
+        sync: "step".into(),
+        seed: 1,
         migrations: MigrationCounts::default(),
         migration_secs: 0.0,
         lost_committed_steps: 0,
