@@ -273,8 +273,11 @@ pub fn verify_history(
     };
     let mut verdict = history::check(&history);
     // An emulated GPT is paced to a large model's profile but is a real model of its layer
-    // count: replaying it on one CPU would take longer than the run.
-    if node.emulate.is_none() {
+    // count: replaying it on one CPU would take longer than the run. Under DiLoCo the groups
+    // train apart between rounds and a checkpoint holds one group's inner state, which one
+    // process cannot replay a window from: the rounds are checked by the outer weights every
+    // node shows instead (the report's outer_rounds).
+    if node.emulate.is_none() && node.sync.inner_steps().is_none() {
         let bin = node_bin::locate(node.node_bin.as_deref())?;
         let device = node.device.devices(gpus::visible).replay_device();
         let replayed = model_replay::run(&bin, outcome.dir.path(), &history.final_seq, &device);

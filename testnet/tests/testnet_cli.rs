@@ -468,13 +468,16 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
     }
     assert_eq!(
         v.as_object().unwrap().len(),
-        23 + [
+        25 + [
             "outage",
             "fidelity",
             "faults",
             "minority_commits",
             "history_check",
             "checkpoint_write_failures",
+            "val_curve",
+            "outer_rounds",
+            "leader_failover",
         ]
         .iter()
         .filter(|k| v.get(**k).is_some())
@@ -492,8 +495,12 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
         v["loss_last"].as_f64().unwrap() < v["loss_first"].as_f64().unwrap(),
         "{v}"
     );
-    // Step 0 evaluated the held-out samples (every 10th step does).
+    // Step 0 evaluated the held-out samples (every 10th step does), before any sample.
     assert!(v["val_loss_first"].as_f64().unwrap() > 0.0, "{v}");
+    let curve = v["val_curve"].as_array().unwrap();
+    assert_eq!(curve[0]["samples"], 0, "{v}");
+    assert_eq!(curve[0]["val_loss"], v["val_loss_first"], "{v}");
+    assert_eq!(curve.last().unwrap()["val_loss"], v["val_loss_last"], "{v}");
 }
 
 #[test]
@@ -628,6 +635,51 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     let dir = scratch("sync-refused");
     let out = testnet(&["run", "--sync", "auto"], dir.path());
     assert_error(&out, &["--sync auto"]);
+}
+
+/// DiLoCo through preemptions with notice and a leader killed without one (issue 68): slots
+/// change hands mid-round, the outer state travelling with the layers, and nothing committed
+/// is lost or trained twice; every stage's replicas agree on the outer weights after each
+/// round seen.
+#[test]
+fn a_diloco_run_through_preemptions_and_a_killed_leader_loses_nothing() {
+    let _serial = serial();
+    let dir = scratch("sync-churn");
+    let v = real_run_in(
+        &[
+            "run",
+            "--zones",
+            "a=synthetic:hh:15,b=synthetic:hh:16",
+            "--nodes-max",
+            "3",
+            "--intervals",
+            "6",
+            "--interval-secs",
+            "6",
+            "--kill-leader-at",
+            "14",
+            // Four pipelines while four nodes live: more than a zone of three holds, so every
+            // round crosses zones.
+            "--pin",
+            "4x1",
+            "--sync",
+            "diloco:5",
+            "--check",
+        ],
+        dir.path(),
+    );
+    assert_run_json(&v, "liveput", 6, 6);
+    let m = &v["migrations"];
+    let moves: u64 = ["intra", "inter", "repartition", "restart"]
+        .iter()
+        .map(|k| m[k].as_u64().unwrap())
+        .sum();
+    assert!(moves >= 1, "the plan changed under the rounds: {m}");
+    assert_eq!(v["sync"], "diloco:5");
+    assert!(v["allreduce_cross_zone_bytes"].as_u64().unwrap() > 0, "{v}");
+    let rounds = &v["outer_rounds"];
+    assert!(rounds["compared"].as_u64().unwrap() >= 1, "{rounds}");
+    assert_eq!(rounds["disagreeing"], 0, "{rounds}");
 }
 
 /// The node binary the testnet starts.
