@@ -19,7 +19,7 @@ use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 
-use crate::engine::{Ctx, Scenario};
+use crate::engine::{Ctx, Scenario, ZoneStart};
 use crate::faults::{self, Fault, FaultKind};
 use crate::partition::{self, Split};
 use crate::report::{self, OutageReport};
@@ -68,6 +68,8 @@ struct Held {
 /// most one whole-cluster outage.
 pub struct Chaos {
     schedule: Schedule,
+    /// The zones the nodes are spread over (none: no zone).
+    zones: Vec<String>,
     next_kill: f64,
     next_pause: f64,
     rng: ChaCha8Rng,
@@ -108,6 +110,7 @@ impl Chaos {
     pub fn new(schedule: Schedule, seed: u64) -> Self {
         Self {
             schedule,
+            zones: Vec::new(),
             next_kill: schedule.kill_every,
             next_pause: schedule.pauses.map_or(f64::INFINITY, |p| p.every),
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -128,6 +131,28 @@ impl Chaos {
             faults: Vec::new(),
             started: schedule.nodes as usize,
         }
+    }
+
+    /// The same chaos, its nodes spread over `zones`.
+    pub fn in_zones(self, zones: Vec<String>) -> Self {
+        Self { zones, ..self }
+    }
+
+    /// Starts `count` nodes: without zones anywhere, else each in the zone with the fewest
+    /// nodes up (the first of them on a tie).
+    fn start(&self, ctx: &mut Ctx<'_>, count: usize) -> Result<(), TestnetError> {
+        if self.zones.is_empty() {
+            return ctx.start_nodes(count, None);
+        }
+        let mut up: Vec<usize> = (0..self.zones.len())
+            .map(|z| ctx.cluster.up_in(z).len())
+            .collect();
+        for _ in 0..count {
+            let z = (0..up.len()).min_by_key(|&z| (up[z], z)).unwrap_or(0);
+            ctx.start_nodes(1, Some(z))?;
+            up[z] += 1;
+        }
+        Ok(())
     }
 
     fn in_outage(&self, t: f64) -> bool {
@@ -246,7 +271,7 @@ impl Chaos {
             {
                 f.end_secs = t;
             }
-            ctx.start_nodes(self.schedule.nodes as usize, None)?;
+            self.start(ctx, self.schedule.nodes as usize)?;
             self.started += self.schedule.nodes as usize;
         }
         Ok(())
@@ -462,7 +487,7 @@ impl Scenario for Chaos {
         }
         // A frozen node is still running: it is not replaced.
         let missing = (self.schedule.nodes as usize).saturating_sub(ctx.cluster.running().len());
-        ctx.start_nodes(missing, None)?;
+        self.start(ctx, missing)?;
         self.started += missing;
         Ok(())
     }
@@ -491,13 +516,27 @@ impl Scenario for Chaos {
     fn clock_skew(&self) -> Option<ClockSkew> {
         self.schedule.clock_skew.map(|secs| ClockSkew { secs })
     }
+
+    fn zones(&self) -> Vec<ZoneStart> {
+        let (n, z) = (self.schedule.nodes as usize, self.zones.len());
+        self.zones
+            .iter()
+            .enumerate()
+            .map(|(k, name)| ZoneStart {
+                name: name.clone(),
+                speed: 1.0,
+                initial: n / z + usize::from(k < n % z),
+            })
+            .collect()
+    }
 }
 
 /// `parcae-testnet chaos`.
 pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
     args.node.validate()?;
     let schedule = schedule::of(&args)?;
-    let mut scenario = Chaos::new(schedule, args.node.seed);
+    check_zones(&args.zones, args.nodes)?;
+    let mut scenario = Chaos::new(schedule, args.node.seed).in_zones(args.zones.clone());
     let name = trace_name(&schedule);
     let spec = SessionSpec {
         strategy: &args.strategy,
@@ -517,6 +556,21 @@ pub fn run(args: Args, interrupt: &Interrupt) -> Result<()> {
         report::write_json(path, &outcome.report)?;
     }
     run::check(&[&outcome], &args.output)
+}
+
+/// Refuses zones a node cannot be placed in, named twice, or more than the nodes.
+fn check_zones(zones: &[String], nodes: u32) -> Result<()> {
+    for (k, name) in zones.iter().enumerate() {
+        name.parse::<parcae_pool::Pool>()
+            .map_err(|e| anyhow::anyhow!("--zones {name}: {e}"))?;
+        anyhow::ensure!(!zones[..k].contains(name), "--zones names {name} twice");
+    }
+    anyhow::ensure!(
+        zones.len() <= nodes as usize,
+        "--zones: {} zones for {nodes} nodes",
+        zones.len()
+    );
+    Ok(())
 }
 
 mod args;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{MigrationCounts, StrategyRun};
 use crate::cost::fleet::Fleet;
+use crate::cost::money::machine_hours;
 pub use crate::cost::rounds::Rounds;
 use crate::cost::rounds::{
     INNER_STEPS, PoolValue, SyncChoice, choose, choose_from, exchange, fetch, planned_values,
@@ -261,16 +262,13 @@ fn auto_choice(
                 // Nodes it did not have in the record: its plan is all there is to go by.
                 return plan;
             }
-            let node_secs: f64 = held[from..k]
-                .iter()
-                .map(|c| f64::from(c[pool]) * secs)
-                .sum();
+            let hours = machine_hours(held[from..k].iter().map(|c| c[pool]), secs);
             let price = usd_per_node_hour
                 .and_then(|p| p.get(pool).copied())
                 .unwrap_or(0.0);
             PoolValue {
                 samples_per_sec: trained / span,
-                usd_per_sec: node_secs * price / 3600.0 / span,
+                usd_per_sec: hours * price / span,
                 ..plan
             }
         })

@@ -17,6 +17,11 @@ pub struct Args {
     /// Planning strategy of the nodes.
     #[arg(long, default_value = "liveput", value_parser = STRATEGIES)]
     pub(super) strategy: String,
+    /// Zones to spread the nodes over (`[placement] zone`), e.g. `a,b`: the nodes start in
+    /// turn over them, and a killed node's replacement starts in the zone that misses the most
+    /// (with `--sync diloco:H`, each zone is a group that the kills cut into mid-round).
+    #[arg(long, value_delimiter = ',')]
+    pub(super) zones: Vec<String>,
     /// Seconds after the start at which every node is SIGKILLed at once.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(super) outage_at: Option<u64>,
