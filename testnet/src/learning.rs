@@ -103,11 +103,14 @@ fn learn_title(report: &LearnReport) -> String {
     )
 }
 
-/// A testnet run as a learning run: its bytes between groups are those its all-reduces sent
-/// across zones.
+/// A testnet run as a learning run (its mode with the outer step it set, where it set one):
+/// its bytes between groups are those its all-reduces sent across zones.
 fn learn_run(run: &RunReport) -> LearnRun {
     LearnRun {
-        sync: run.sync.clone(),
+        sync: match run.outer {
+            Some([lr, momentum]) => format!("{} (outer lr {lr}, momentum {momentum})", run.sync),
+            None => run.sync.clone(),
+        },
         seed: run.seed,
         samples: run.samples,
         curve: run.val_curve.clone(),

@@ -49,6 +49,10 @@ pub struct RunReport {
     /// The job's seed.
     #[serde(default)]
     pub seed: u64,
+    /// DiLoCo's outer learning rate and momentum where the run set them (absent: the
+    /// node's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outer: Option<[f32; 2]>,
     /// Reconfigurations by kind.
     pub migrations: MigrationCounts,
     /// Seconds spent in reconfigurations (per epoch the slowest node).
@@ -195,6 +199,8 @@ pub struct RunMeta {
     pub sync: String,
     /// The job's seed.
     pub seed: u64,
+    /// The outer learning rate and momentum the run set.
+    pub outer: Option<[f32; 2]>,
 }
 
 fn step_sync() -> String {
@@ -281,6 +287,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         val_curve: val_curve(seq),
         sync: meta.sync,
         seed: meta.seed,
+        outer: meta.outer,
         migrations: obs.monitor.migrations.counts(),
         migration_secs: obs.monitor.migrations.total_secs(),
         reconfigurations: obs

@@ -154,6 +154,10 @@ pub fn session(
         wall_secs: started.elapsed().as_secs_f64(),
         sync: node.sync.to_string(),
         seed: node.seed,
+        outer: node
+            .outer_lr
+            .zip(node.outer_momentum)
+            .map(|(lr, m)| [lr, m]),
     };
     let (report, details) = report::build(meta, &observed);
     Ok(Outcome {

@@ -478,6 +478,7 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
             "val_curve",
             "outer_rounds",
             "leader_failover",
+            "outer",
         ]
         .iter()
         .filter(|k| v.get(**k).is_some())

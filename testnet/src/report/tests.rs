@@ -38,6 +38,7 @@ fn report_fields_are_the_issue_contract() {
         wall_secs: 170.0,
         sync: "step".into(),
         seed: 1,
+        outer: None,
     };
     let (r, details) = build(meta, &obs);
     assert_eq!(details.gaps, 0);
@@ -130,6 +131,7 @@ fn report_fields_are_the_issue_contract() {
         val_curve: Vec::new(),
         sync: "step".into(),
         seed: 1,
+        outer: None,
         lost_committed_steps: 2,
         ..clean
     };
@@ -174,6 +176,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         val_curve: Vec::new(),
         sync: "step".into(),
         seed: 1,
+        outer: None,
         migrations: MigrationCounts::default(),
         migration_secs: 0.0,
         lost_committed_steps: 0,
