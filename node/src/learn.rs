@@ -28,7 +28,7 @@ use parcae_model::{
     Batch, ByteTextDataset, Dataset, Gpt, OptimizerConfig, Pipeline, Sampler, StageConfig,
     SyntheticTask, data_parallel_step, default_device, even_ranges, split_validation, token_batch,
 };
-use parcae_outer::{Contribution, NesterovSgd, OuterSettings, SyncMode, Wire, codec};
+use parcae_outer::{Contribution, OuterSettings, SyncMode, Wire, codec};
 
 use crate::config::ModelPreset;
 use crate::profile::model_name;
@@ -282,7 +282,7 @@ impl Job {
         let mut replicas = (0..groups * per_group)
             .map(|_| self.pipeline(seed))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let mut outer = Outer::new(&replicas[0], self.outer)?;
+        let mut outer = Outer::new(&mut replicas, self.outer)?;
         let sampler = Sampler::new(seed, self.train.len())?;
         let batch = u64::from(opts.global_batch);
         let inner_steps = mode.inner_steps().map(u64::from);
@@ -297,7 +297,7 @@ impl Job {
             match inner_steps {
                 None => {
                     data_parallel_step(&mut replicas, &shards)?;
-                    cross += between_groups(groups, 4 * outer.params() as u64);
+                    cross += between_groups(groups, 4 * outer.params as u64);
                 }
                 Some(_) => {
                     for (group, shard) in
@@ -383,38 +383,31 @@ fn between_groups(groups: usize, bytes: u64) -> u64 {
     2 * (groups as u64).saturating_sub(1) * bytes
 }
 
-/// The outer state of every stage: the weights the round started from and the outer
-/// optimizer's momentum.
+/// DiLoCo's outer loop over the replicas: each stage keeps its outer state as a node's does
+/// (`Stage::begin_outer`, `pseudo_gradient`, `outer_step`), and the groups' pseudo-gradients
+/// pass through the wire form between them.
 struct Outer {
-    stages: Vec<(Vec<f32>, NesterovSgd)>,
-    wire: Wire,
+    settings: OuterSettings,
+    /// Parameters of the whole model.
+    params: usize,
 }
 
 impl Outer {
-    fn new(pipeline: &Pipeline<Gpt>, settings: OuterSettings) -> anyhow::Result<Self> {
-        let stages = pipeline
-            .stages()
-            .iter()
-            .map(|s| {
-                let anchor = s.export_params()?;
-                let optimizer = NesterovSgd::new(&settings, anchor.len());
-                Ok((anchor, optimizer))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        Ok(Self {
-            stages,
-            wire: settings.wire,
-        })
-    }
-
-    fn params(&self) -> usize {
-        self.stages.iter().map(|(anchor, _)| anchor.len()).sum()
+    /// The outer loop from the replicas' starting weights.
+    fn new(replicas: &mut [Pipeline<Gpt>], settings: OuterSettings) -> anyhow::Result<Self> {
+        for stage in replicas.iter_mut().flat_map(|r| r.stages_mut().iter_mut()) {
+            stage.begin_outer()?;
+        }
+        let params = replicas
+            .first()
+            .map_or(0, |r| r.stages().iter().map(|s| s.num_params()).sum());
+        Ok(Self { settings, params })
     }
 
     /// One outer round over `replicas` (groups of `per_group`, each group having trained
     /// `samples` since the last): every stage's pseudo-gradients through the wire form, their
-    /// weighted average, the outer step, the new outer weights on every replica. Returns the
-    /// bytes priced between the groups.
+    /// weighted average, the outer step on every replica (the same on each, as on every node).
+    /// Returns the bytes priced between the groups.
     fn round(
         &mut self,
         replicas: &mut [Pipeline<Gpt>],
@@ -422,16 +415,17 @@ impl Outer {
         samples: u64,
     ) -> anyhow::Result<u64> {
         let groups = replicas.len() / per_group;
+        let wire = self.settings.wire;
+        let stages = replicas.first().map_or(0, |r| r.stages().len());
         let mut bytes = 0;
-        for (s, (anchor, optimizer)) in self.stages.iter_mut().enumerate() {
+        for s in 0..stages {
             let mut received = Vec::with_capacity(groups);
             let mut sent_len = 0;
             for group in replicas.chunks(per_group) {
-                let inner = group[0].stages()[s].export_params()?;
-                let gradient = parcae_outer::pseudo_gradient(anchor, &inner)?;
-                let sent = codec::encode(&gradient, self.wire)?;
+                let gradient = group[0].stages()[s].pseudo_gradient()?;
+                let sent = codec::encode(&gradient, wire)?;
                 sent_len = sent.len() as u64;
-                received.push(codec::decode(&sent, self.wire, gradient.len())?);
+                received.push(codec::decode(&sent, wire, gradient.len())?);
             }
             bytes += between_groups(groups, sent_len);
             let contributions: Vec<Contribution<'_>> = received
@@ -442,9 +436,8 @@ impl Outer {
                 })
                 .collect();
             let averaged = parcae_outer::average(&contributions)?;
-            optimizer.step(anchor, &averaged)?;
             for replica in replicas.iter_mut() {
-                replica.stages_mut()[s].import_params(anchor)?;
+                replica.stages_mut()[s].outer_step(&averaged, &self.settings)?;
             }
         }
         Ok(bytes)

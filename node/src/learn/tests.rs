@@ -103,7 +103,7 @@ fn a_round_leaves_every_group_on_the_same_outer_weights() {
     let o = opts(&["--groups", "2"]);
     let job = Job::new(&o).unwrap();
     let mut replicas = vec![job.pipeline(1).unwrap(), job.pipeline(1).unwrap()];
-    let mut outer = Outer::new(&replicas[0], job.outer).unwrap();
+    let mut outer = Outer::new(&mut replicas, job.outer).unwrap();
     let sampler = Sampler::new(1, job.train.len()).unwrap();
     let shards = job.shards(&sampler, 0, 2, &o).unwrap();
     for (replica, shard) in replicas.iter_mut().zip(&shards) {
@@ -118,7 +118,11 @@ fn a_round_leaves_every_group_on_the_same_outer_weights() {
     for s in 0..2 {
         let a = replicas[0].stages()[s].export_params().unwrap();
         assert_eq!(a, replicas[1].stages()[s].export_params().unwrap());
-        assert_eq!(a, outer.stages[s].0);
+        // Every replica holds the same outer weights, and its weights are them.
+        let (x, y) = (&replicas[0].stages()[s], &replicas[1].stages()[s]);
+        assert!(x.outer_digest().is_some());
+        assert_eq!(x.outer_digest(), y.outer_digest());
+        assert!(x.pseudo_gradient().unwrap().iter().all(|v| *v == 0.0));
     }
     // The outer step moved along the mean pseudo-gradient, past it by the Nesterov term:
     // w = anchor - 0.7 (g + 0.9 g) with g the mean of the groups' pseudo-gradients.
