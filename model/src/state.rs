@@ -40,12 +40,11 @@ use crate::params::{ParamInfo, param_values, with_values};
 use crate::pipeline_model::PipelineModel;
 use crate::rng::StageRng;
 use crate::stage::{LayerOuter, Stage};
+use source::{LAYER_PREFIX, LayerSource, ParamSource};
 
 const MAGIC: &[u8; 4] = b"PSTS";
 /// Bytes of the header including its checksum.
 const HEADER_LEN: usize = 4 + 4 + 8 + 4 + 8 + 4 + 4;
-/// Bytes before each section body: layer index, body length, checksum.
-const LAYER_PREFIX: usize = 4 + 8 + 4;
 /// Version of the state layout this build writes and reads.
 pub const STATE_VERSION: u32 = 2;
 /// The oldest version this build reads.
@@ -363,80 +362,6 @@ impl LayerSection<'_> {
     }
 }
 
-/// One layer as it will be written: its random stream, its parameters' tensors and its outer
-/// state.
-struct LayerSource<'a> {
-    index: usize,
-    rng: ([u8; 32], u128),
-    params: Vec<ParamSource<'a>>,
-    outer: Option<&'a LayerOuter>,
-}
-
-/// One parameter as it will be written: its name and shape, AdamW time, and the values then
-/// (once stepped) both moments.
-struct ParamSource<'a> {
-    info: &'a ParamInfo,
-    time: u64,
-    tensors: Vec<HostF32>,
-}
-
-impl ParamSource<'_> {
-    /// Bytes of the parameter's record.
-    fn len(&self) -> usize {
-        2 + self.info.path.len()
-            + 1
-            + 8 * self.info.shape.len()
-            + 8
-            + self
-                .tensors
-                .iter()
-                .map(|t| t.le_bytes().len())
-                .sum::<usize>()
-    }
-}
-
-impl LayerSource<'_> {
-    /// Bytes of the section body.
-    fn body_len(&self) -> usize {
-        let outer = self
-            .outer
-            .map_or(0, |o| 4 * (o.anchor.len() + o.velocity.len()));
-        32 + 16 + 4 + self.params.iter().map(ParamSource::len).sum::<usize>() + 1 + outer
-    }
-
-    /// Writes the layer (index, length, checksum, body) into `out`, which is exactly
-    /// `LAYER_PREFIX + body_len()` long.
-    fn write(&self, out: &mut [u8]) {
-        let (prefix, body) = out.split_at_mut(LAYER_PREFIX);
-        let body_len = body.len() as u64;
-        let mut w = CrcWriter::new(body);
-        w.put(&self.rng.0);
-        w.put(&self.rng.1.to_le_bytes());
-        w.put(&(self.params.len() as u32).to_le_bytes());
-        for p in &self.params {
-            w.put(&(p.info.path.len() as u16).to_le_bytes());
-            w.put(p.info.path.as_bytes());
-            w.put(&[p.info.shape.len() as u8]);
-            for d in &p.info.shape {
-                w.put(&(*d as u64).to_le_bytes());
-            }
-            w.put(&p.time.to_le_bytes());
-            for t in &p.tensors {
-                w.put(t.le_bytes());
-            }
-        }
-        w.put(&[u8::from(self.outer.is_some())]);
-        if let Some(o) = self.outer {
-            w.put(bytemuck::cast_slice(&o.anchor));
-            w.put(bytemuck::cast_slice(&o.velocity));
-        }
-        let crc = w.finish();
-        prefix[..4].copy_from_slice(&(self.index as u32).to_le_bytes());
-        prefix[4..12].copy_from_slice(&body_len.to_le_bytes());
-        prefix[12..].copy_from_slice(&crc.to_le_bytes());
-    }
-}
-
 impl<M: PipelineModel> Stage<M> {
     /// Encodes layers `layers` (a sub-range of this stage) with their moments, step and random
     /// streams. Call between steps (no micro-batch in flight). Layers are written in parallel,
@@ -607,3 +532,5 @@ impl<M: PipelineModel> Stage<M> {
         Ok(Sha256::digest(&bytes).into())
     }
 }
+
+mod source;

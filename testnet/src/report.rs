@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use curve::val_curve;
 use parcae_api::{EmulatedView, StepRecord, ValPoint};
 use parcae_strategies::cost::money::Bill;
 use serde::{Deserialize, Serialize};
@@ -205,22 +206,6 @@ pub struct RunMeta {
 
 fn step_sync() -> String {
     "step".into()
-}
-
-/// Each validation of `seq` against the samples trained before its step.
-fn val_curve(seq: &[StepRecord]) -> Vec<ValPoint> {
-    let mut trained = 0;
-    let mut curve = Vec::new();
-    for r in seq {
-        if let Some(val_loss) = r.validation_loss {
-            curve.push(ValPoint {
-                samples: trained,
-                val_loss,
-            });
-        }
-        trained += r.samples;
-    }
-    curve
 }
 
 /// Every node SIGKILLed at once, and new nodes on fresh data directories started later with
@@ -610,5 +595,6 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+mod curve;
 #[cfg(test)]
 mod tests;
