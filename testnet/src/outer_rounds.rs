@@ -27,6 +27,10 @@ pub struct OuterRounds {
     pub compared: u64,
     /// Of them, stages whose nodes showed different outer weights (must be 0).
     pub disagreeing: u64,
+    /// The newest round seen (its step): a job with a step limit closes its last round after
+    /// its last step (0 in reports written before it was kept).
+    #[serde(default)]
+    pub last: u64,
 }
 
 impl OuterLedger {
@@ -62,6 +66,7 @@ impl OuterLedger {
             rounds: steps.len() as u64,
             compared: total,
             disagreeing,
+            last: steps.last().copied().unwrap_or_default(),
         })
     }
 }
@@ -90,6 +95,7 @@ mod tests {
             rounds: 2,
             compared: 1,
             disagreeing: 0,
+            last: 40,
         };
         assert_eq!(l.report(), Some(agree));
         l.observe("d", &view(40, [0, 4], "z"));

@@ -588,7 +588,7 @@ fn a_run_over_zones_starts_each_zones_nodes_in_it_and_plans_over_them() {
 /// `run --sync diloco:H` over two zones (issue 68): each zone's replicas average every step
 /// among themselves and the zones meet once a round, so far fewer bytes cross than under
 /// `step`; every node shows the same outer weights for its stage after a round; `--samples`
-/// stops the job at its step limit.
+/// stops the job at its step limit, whose last step closes a round.
 #[test]
 fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     let _serial = serial();
@@ -633,6 +633,9 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     let rounds = &diloco["outer_rounds"];
     assert!(rounds["compared"].as_u64().unwrap() >= 1, "{rounds}");
     assert_eq!(rounds["disagreeing"], 0, "{rounds}");
+    // Rounds open steps 5, 10, ..., 25; the job's last step, 29, closes one more after its
+    // update, so the job ends on the outer weights, the same in both zones.
+    assert_eq!(rounds["last"], 29, "{rounds}");
     let dir = scratch("sync-refused");
     let out = testnet(&["run", "--sync", "auto"], dir.path());
     assert_error(&out, &["--sync auto"]);

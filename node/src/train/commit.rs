@@ -2,7 +2,9 @@
 //! report is proposed (`StepCommitted`), and its optimizer update is applied only once the step
 //! has committed, or dropped if a new plan replaced the epoch first. A step therefore takes
 //! effect on every surviving replica or on none, and the replicated sample cursor trains every
-//! sample exactly once.
+//! sample exactly once. (A DiLoCo job's last step applies its update before the commit, to
+//! close the round after it; its state from before the step is put back if it does not
+//! commit.)
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +80,7 @@ pub fn train_step<M: PipelineModel>(
         step_replicas: super::zones::step_replicas(state, plan, current.slot, setup.spec.sync),
         sync: setup.spec.sync,
         outer: setup.spec.outer,
+        max_steps: setup.spec.max_steps,
     };
     let started = Instant::now();
     let mut step_io = StepIo {
@@ -116,7 +119,9 @@ pub fn train_step<M: PipelineModel>(
         setup.pacing.committed(ended);
     }
     let committed = started.elapsed();
-    current.stage.optimizer_step(result.global_sq_norm)?;
+    if !result.applied {
+        current.stage.optimizer_step(result.global_sq_norm)?;
+    }
     setup.pacing.optimizer(
         current.stage.layer_range(),
         setup.spec.micro_batch,

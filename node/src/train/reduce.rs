@@ -8,7 +8,9 @@
 //!   with the outer step: every replica's pseudo-gradient (its outer weights minus its
 //!   weights) averaged over every replica, then DiLoCo's Nesterov step on the outer weights,
 //!   which every replica continues from. Equal shares of the batch per replica make the mean
-//!   over replicas the groups' average weighted by the samples they trained.
+//!   over replicas the groups' average weighted by the samples they trained. A job's last step
+//!   (under a step limit) closes the round it ends after its own update, so the job's result
+//!   is the outer weights, the same in every group, whatever the limit is modulo H.
 
 use parcae_model::{Collective, PipelineModel, Stage};
 use parcae_outer::{OuterSettings, SyncMode};
@@ -26,20 +28,43 @@ use crate::metrics::Metrics;
 pub enum StepSync {
     /// Every replica (`step`).
     Everywhere,
-    /// The replica's zone; `round`: the step opens with the outer step between zones.
+    /// The replica's zone, with the rounds between zones the step opens or ends with.
     InZone {
-        /// Whether the step closes a round first.
-        round: bool,
+        /// The step opens with the outer step of the round its predecessors trained.
+        opens_round: bool,
+        /// The job's last step: its update is applied before the commit and the round it
+        /// ends is closed after it, both tentative until the step commits.
+        closes_job: bool,
     },
 }
 
-/// What step `step` of a job synchronised by `sync` spans: under `diloco:H`, a round closes
-/// before steps H, 2H, ... (a job's step 0 starts the first round; an outer step with no
-/// inner step behind it would average nothing).
-pub fn step_sync(sync: SyncMode, step: u64) -> StepSync {
+impl StepSync {
+    /// Whether the step opens with a round's outer step.
+    pub fn opens_round(self) -> bool {
+        matches!(self, StepSync::InZone { opens_round, .. } if opens_round)
+    }
+
+    /// Whether the step is a DiLoCo job's last, which applies its update and then closes the
+    /// round it ends, so the job ends on the outer weights in every group.
+    pub fn closes_job(self) -> bool {
+        matches!(self, StepSync::InZone { closes_job, .. } if closes_job)
+    }
+
+    /// Whether the step closes a round (and so changes the stage before it commits).
+    pub fn rounds(self) -> bool {
+        self.opens_round() || self.closes_job()
+    }
+}
+
+/// What step `step` of a job synchronised by `sync` and limited to `max_steps` steps (0: no
+/// limit) spans: under `diloco:H`, a round closes before steps H, 2H, ... (a job's step 0
+/// starts the first round; an outer step with no inner step behind it would average nothing)
+/// and after the job's last step.
+pub fn step_sync(sync: SyncMode, step: u64, max_steps: u64) -> StepSync {
     match sync.inner_steps() {
         Some(h) => StepSync::InZone {
-            round: step > 0 && step.is_multiple_of(u64::from(h)),
+            opens_round: step > 0 && step.is_multiple_of(u64::from(h)),
+            closes_job: max_steps > 0 && step + 1 == max_steps,
         },
         None => StepSync::Everywhere,
     }
@@ -162,14 +187,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rounds_close_before_every_positive_multiple_of_h() {
-        assert_eq!(step_sync(SyncMode::Step, 20), StepSync::Everywhere);
+    fn rounds_close_before_every_positive_multiple_of_h_and_after_the_last_step() {
+        assert_eq!(step_sync(SyncMode::Step, 20, 21), StepSync::Everywhere);
         let diloco = SyncMode::Diloco(20);
-        let round = |k| step_sync(diloco, k) == StepSync::InZone { round: true };
-        assert!(!round(0), "step 0 starts the first round");
-        assert!(!round(19) && round(20) && !round(21) && round(40));
-        assert!(
-            (1..20).all(|k| step_sync(SyncMode::Diloco(1), k) == StepSync::InZone { round: true })
+        let opens = |k| step_sync(diloco, k, 0).opens_round();
+        assert!(!opens(0), "step 0 starts the first round");
+        assert!(!opens(19) && opens(20) && !opens(21) && opens(40));
+        assert!((1..20).all(|k| step_sync(SyncMode::Diloco(1), k, 0).rounds()));
+        let at = |k, limit| step_sync(diloco, k, limit);
+        assert!(!at(21, 0).rounds(), "no limit, no closing round");
+        assert_eq!(
+            at(22, 23),
+            StepSync::InZone {
+                opens_round: false,
+                closes_job: true
+            }
         );
+        assert_eq!(
+            at(40, 41),
+            StepSync::InZone {
+                opens_round: true,
+                closes_job: true
+            },
+            "a limit of kH + 1: the last step opens a round of its own and closes it"
+        );
+        assert!(!at(21, 23).rounds());
     }
 }

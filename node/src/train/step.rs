@@ -3,7 +3,9 @@
 //! ([`super::reduce`]), and the global clipping norm (with the stages' digests) along the
 //! pipeline, each paced by the device ([`crate::emulate::Pacing`]). The optimizer
 //! update is not part of it: it is applied only once the step has committed in raft (see
-//! [`super::commit`]), so a step abandoned half-way changes nothing.
+//! [`super::commit`]), so a step abandoned half-way changes nothing. The one exception, a
+//! DiLoCo job's last step, applies its update and closes the round after it, keeping the
+//! stage's state from before the step to put back if it does not commit.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -61,6 +63,8 @@ pub struct StepSpec {
     pub sync: SyncMode,
     /// DiLoCo's outer optimizer.
     pub outer: OuterSettings,
+    /// The job's step limit (0: none): under DiLoCo its last step closes a round.
+    pub max_steps: u64,
 }
 
 /// The step's result at this node, before the optimizer update.
@@ -75,6 +79,9 @@ pub struct StepResult {
     /// The stage's state before a round's outer step (the step that closed one): put back if
     /// the step does not commit, so a round's result stands only with its step.
     pub before_round: Option<Vec<u8>>,
+    /// The optimizer update was applied in the step (a DiLoCo job's last step, whose closing
+    /// round follows it): the commit must not apply it again.
+    pub applied: bool,
 }
 
 /// What the last stage of pipeline 0 reports of a step.
@@ -113,14 +120,14 @@ pub fn run<M: PipelineModel>(
     stage: &mut Stage<M>,
     spec: &StepSpec,
 ) -> Result<StepResult, TrainError> {
-    let sync = step_sync(spec.sync, spec.step);
+    let sync = step_sync(spec.sync, spec.step, spec.max_steps);
     if sync != StepSync::Everywhere && !stage.has_outer() {
         stage.begin_outer()?;
     }
-    let before_round = match sync {
-        StepSync::InZone { round: true } => Some(stage.export_state(stage.layer_range())?),
-        _ => None,
-    };
+    let before_round = sync
+        .rounds()
+        .then(|| stage.export_state(stage.layer_range()))
+        .transpose()?;
     match run_inner(io, stage, spec, sync) {
         Ok(result) => Ok(StepResult {
             before_round,
@@ -172,7 +179,7 @@ fn run_inner<M: PipelineModel>(
         round,
         metrics: io.metrics,
     };
-    if sync == (StepSync::InZone { round: true }) {
+    if sync.opens_round() {
         close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
     }
     let began = Instant::now();
@@ -202,6 +209,11 @@ fn run_inner<M: PipelineModel>(
     };
     let reduced = began.elapsed();
     let (global_sq_norm, digests) = global_norm(&mut neighbours, local, spec, position, pacing)?;
+    let applied = sync.closes_job();
+    if applied {
+        stage.optimizer_step(global_sq_norm)?;
+        close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
+    }
     let last = position.is_last();
     // Where a step's wall time goes outside its paced work: the exchanges after the schedule
     // wait on every replica and every stage, and on the emulated accelerator on the host too.
@@ -222,6 +234,7 @@ fn run_inner<M: PipelineModel>(
         }),
         ended: pacing.stamp(),
         before_round: None,
+        applied,
     })
 }
 
@@ -393,6 +406,7 @@ mod wire_tests {
             step_replicas: 1,
             sync: SyncMode::Step,
             outer: OuterSettings::default(),
+            max_steps: 0,
         };
         // Hidden states with 7 features where the model has 32.
         let wrong = Activation::Hidden(Tensor::zeros([2, cfg.seq_len, 7], &device))
