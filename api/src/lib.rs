@@ -253,12 +253,17 @@ pub struct TrainingView {
 /// group, must show the same digest for the same round.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct OuterView {
-    /// The step the round closed before (a positive multiple of the inner steps).
+    /// The step the round closed before (a positive multiple of the inner steps, or the
+    /// job's step limit for the round closed after its last step).
     pub step: u64,
     /// The stage's layers, `[start, end)`.
     pub layers: [u32; 2],
     /// SHA-256 of the outer weights (hex).
     pub digest: String,
+    /// The stage's index in the round's plan (0 in views written before it was kept), where
+    /// the round's committed step names its digest (`StepRecord::outer_digests`).
+    #[serde(default)]
+    pub stage: u32,
 }
 
 /// An emulated accelerator's pacing: what it emulates, and the work that outlasted its
@@ -396,7 +401,7 @@ impl StatusSnapshot {
 }
 
 /// A committed step as applied on a node (`GET /steps`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 #[cfg_attr(feature = "actix", derive(actix::Message), rtype(result = "()"))]
 pub struct StepRecord {
@@ -415,6 +420,10 @@ pub struct StepRecord {
     /// The history the step belongs to: a rollback to a checkpoint starts a new one, and the
     /// steps after the checkpoint are committed again in it.
     pub history: u64,
+    /// Under DiLoCo, on a step that opened with a round: SHA-256 (hex) of each stage's outer
+    /// weights after it, stage by stage, as raft committed them; empty on other steps.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outer_digests: Vec<String>,
 }
 
 /// What `parcae-node replay` found: a cluster's committed steps trained again in one process,

@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
+use parcae_consensus::Command;
 
 pub use parcae_api::{
     ClockRefusalView, EmulatedView, EstimateView, FleetView, LatencySummary, MemberState,
@@ -257,6 +258,34 @@ impl Handler<StepsSkipped> for Status {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clear();
     }
+}
+
+/// The record of a committed step as `GET /steps` lists it (`None` for other commands);
+/// `history`: the history it was committed in.
+pub fn step_record(command: &Command, history: u64) -> Option<StepRecord> {
+    let Command::StepCommitted {
+        step,
+        epoch,
+        sample_start,
+        samples,
+        loss,
+        validation_loss,
+        outer_digests,
+        ..
+    } = command
+    else {
+        return None;
+    };
+    Some(StepRecord {
+        step: *step,
+        epoch: *epoch,
+        sample_start: *sample_start,
+        samples: *samples,
+        loss: *loss,
+        validation_loss: *validation_loss,
+        history,
+        outer_digests: outer_digests.iter().map(hex::encode).collect(),
+    })
 }
 
 impl Handler<StepRecord> for Status {

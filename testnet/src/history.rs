@@ -9,7 +9,9 @@
 //! The check: the final history is one sequence (consecutive steps, history ids that only move
 //! forward); no committed step changed or disappeared, except those a rollback to a checkpoint
 //! gave up; every sample of the final history is trained exactly once; and no step a minority
-//! applied while cut off is missing from the final history as it was. Then the replay check
+//! applied while cut off is missing from the final history as it was; under DiLoCo, raft
+//! committed each round (its outer digests) with exactly the steps that open one. Then the
+//! replay check
 //! ([`crate::model_replay`]) trains the final history again in one process and compares the
 //! weights with the cluster's checkpoints (`replay_max_abs_diff`; null where it was not run).
 
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use parcae_api::{ReplayReport, StepRecord};
+use parcae_outer::SyncMode;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{StepLedger, sample_overlap};
@@ -37,6 +40,9 @@ pub struct RunHistory {
     pub final_seq: Vec<StepRecord>,
     /// What minority sides applied while cut off (`None`: the network never split).
     pub minority_seen: Option<Vec<StepRecord>>,
+    /// How the job's groups synchronised (`step` in histories written before it was kept).
+    #[serde(default)]
+    pub sync: SyncMode,
 }
 
 /// The verdict, as the report's `history_check`.
@@ -83,6 +89,7 @@ pub fn check(h: &RunHistory) -> HistoryCheck {
     for lost in h.ledger.lost(&h.final_seq) {
         problems.push(format!("committed {lost}"));
     }
+    problems.extend(uncommitted_rounds(&h.final_seq, h.sync));
     let (duplicates, gaps) = sample_overlap(&h.final_seq);
     if duplicates > 0 {
         problems.push(format!(
@@ -125,6 +132,28 @@ pub fn check(h: &RunHistory) -> HistoryCheck {
         replay_max_loss_diff: None,
         problems,
     }
+}
+
+/// Under `diloco:H`, the steps of `seq` that should open a round (positive multiples of H) and
+/// committed none, and the others that committed one; nothing under `step`.
+fn uncommitted_rounds(seq: &[StepRecord], sync: SyncMode) -> Vec<String> {
+    let h = u64::from(sync.inner_steps().unwrap_or(0));
+    seq.iter()
+        .filter_map(|r| {
+            let opens = h > 0 && r.step > 0 && r.step.is_multiple_of(h);
+            match (opens, r.outer_digests.is_empty()) {
+                (true, true) => Some(format!(
+                    "step {} opened a DiLoCo round that raft did not commit with it",
+                    r.step
+                )),
+                (false, false) => Some(format!(
+                    "step {} committed a DiLoCo round it does not open",
+                    r.step
+                )),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// The history check with the replay's verdict: its largest difference, and its problems (or
@@ -224,6 +253,7 @@ mod tests {
             loss: 1.0 / (step + 1) as f64,
             validation_loss: None,
             history,
+            outer_digests: Vec::new(),
         }
     }
 
@@ -234,6 +264,7 @@ mod tests {
             ledger,
             final_seq,
             minority_seen: None,
+            sync: SyncMode::Step,
         }
     }
 
@@ -310,13 +341,43 @@ mod tests {
         assert_eq!(check(&read(dir.path()).unwrap()), c);
     }
 
+    /// Under DiLoCo the check learns the round: raft commits one with exactly the steps
+    /// that open one (its outer digests).
+    #[test]
+    fn a_diloco_history_commits_its_rounds_with_the_steps_that_open_them() {
+        let seq: Vec<StepRecord> = (0..9)
+            .map(|s| StepRecord {
+                outer_digests: if s == 4 || s == 8 {
+                    vec!["ab".into(), "cd".into()]
+                } else {
+                    Vec::new()
+                },
+                ..record(s, 0, 4 * s)
+            })
+            .collect();
+        let mut h = history(&seq, seq.clone());
+        h.sync = SyncMode::Diloco(4);
+        assert!(check(&h).passed, "{:?}", check(&h));
+        h.sync = SyncMode::Step;
+        assert_eq!(check(&h).problems.len(), 2, "rounds where none open");
+        h.sync = SyncMode::Diloco(3);
+        let c = check(&h);
+        assert!(
+            c.problems
+                .contains(&"step 3 opened a DiLoCo round that raft did not commit with it".into()),
+            "{:?}",
+            c.problems
+        );
+        assert_eq!(c.problems.len(), 4, "{:?}", c.problems);
+    }
+
     #[test]
     fn a_rollback_to_a_checkpoint_is_one_sequence() {
         // Steps 3-4 of history 0 given up; history 1 trains them again from step 3.
         let mut seen: Vec<StepRecord> = (0..5).map(|s| record(s, 0, 4 * s)).collect();
         let again: Vec<StepRecord> = (3..6).map(|s| record(s, 1, 4 * s)).collect();
-        seen.extend(&again);
-        let final_seq: Vec<StepRecord> = seen[..3].iter().chain(&again).copied().collect();
+        seen.extend(again.iter().cloned());
+        let final_seq: Vec<StepRecord> = seen[..3].iter().chain(&again).cloned().collect();
         let c = check(&history(&seen, final_seq));
         assert!(c.passed, "{c:?}");
         assert_eq!(c.histories, 2);
@@ -331,7 +392,7 @@ mod tests {
         assert!(!c.passed);
         assert!(c.problems[0].contains("step 2 changed"), "{c:?}");
 
-        let holed: Vec<StepRecord> = [0, 1, 3, 4].iter().map(|&i| seq[i]).collect();
+        let holed: Vec<StepRecord> = [0, 1, 3, 4].iter().map(|&i| seq[i].clone()).collect();
         let c = check(&history(&seq, holed));
         assert!(
             c.problems

@@ -16,14 +16,14 @@ use parcae_api::{MigrationKind, MigrationView, StepRecord};
 use serde::{Deserialize, Serialize};
 
 /// A committed step as first seen, and the first later sighting that differed.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct SeenStep {
     record: StepRecord,
     differing: Option<StepRecord>,
 }
 
 /// A committed step that did not survive as it was.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LostStep {
     /// The record as first seen.
     pub seen: StepRecord,
@@ -71,7 +71,7 @@ impl StepLedger {
     pub fn observe(&mut self, records: &[StepRecord]) {
         for r in records {
             let fresh = SeenStep {
-                record: *r,
+                record: r.clone(),
                 differing: None,
             };
             let Some(seen) = self.steps.get_mut(&r.step) else {
@@ -85,7 +85,7 @@ impl StepLedger {
                 && seen.differing.is_none()
                 && !same(&seen.record, r)
             {
-                seen.differing = Some(*r);
+                seen.differing = Some(r.clone());
             }
         }
     }
@@ -138,7 +138,7 @@ impl StepLedger {
         let first = seq.first().map_or(0, |r| r.step);
         self.steps
             .range(..first)
-            .map(|(_, seen)| seen.record)
+            .map(|(_, seen)| seen.record.clone())
             .chain(seq)
             .collect()
     }
@@ -150,7 +150,7 @@ impl StepLedger {
         self.steps
             .iter()
             .filter_map(|(step, seen)| {
-                let became = match (seen.differing, finals.get(step)) {
+                let became = match (seen.differing.clone(), finals.get(step)) {
                     (Some(d), _) => Some(d),
                     (None, None) if last_history.is_some_and(|h| h > seen.record.history) => {
                         return None;
@@ -158,10 +158,10 @@ impl StepLedger {
                     (None, Some(f)) if f.history > seen.record.history => return None,
                     (None, None) => None,
                     (None, Some(f)) if same(&seen.record, f) => return None,
-                    (None, Some(f)) => Some(**f),
+                    (None, Some(f)) => Some((*f).clone()),
                 };
                 Some(LostStep {
-                    seen: seen.record,
+                    seen: seen.record.clone(),
                     became,
                 })
             })
@@ -315,6 +315,7 @@ mod tests {
             loss,
             validation_loss: None,
             history: 0,
+            outer_digests: Vec::new(),
         }
     }
 
@@ -331,7 +332,7 @@ mod tests {
         // Rolled back to the checkpoint after step 2; steps 3 and 4 trained again so far.
         let final_seq: Vec<StepRecord> = old[..3]
             .iter()
-            .copied()
+            .cloned()
             .chain([again(3), again(4)])
             .collect();
         l.observe(&final_seq);

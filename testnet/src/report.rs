@@ -293,7 +293,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         wall_secs: meta.wall_secs,
         allreduce_bytes: obs.monitor.all_reduce_bytes().0,
         allreduce_cross_zone_bytes: obs.monitor.all_reduce_bytes().1,
-        outer_rounds: obs.monitor.outer.report(),
+        outer_rounds: obs.monitor.outer.report(seq),
         emulated: EmulatedReport::of(obs.monitor.emulated.values()),
         resources: obs.monitor.resources.report(),
         leader_failover: obs.monitor.failover.clone(),
@@ -545,6 +545,13 @@ pub fn check(r: &RunReport) -> Result<(), String> {
             "{} of {} stages compared after DiLoCo rounds showed different outer weights on \
              different nodes",
             o.disagreeing, o.compared
+        ));
+    }
+    if let Some(o) = r.outer_rounds.filter(|o| o.unlike_committed > 0) {
+        failed.push(format!(
+            "{} of {} stages seen after a committed DiLoCo round showed other outer weights \
+             than raft committed with it",
+            o.unlike_committed, o.held_to_committed
         ));
     }
     if let Some(n) = r.minority_commits.filter(|n| *n > 0) {

@@ -274,6 +274,7 @@ pub fn verify_history(
         ledger: outcome.observed.monitor.steps.clone(),
         final_seq: outcome.observed.final_seq.clone(),
         minority_seen,
+        sync: node.sync,
     };
     let mut verdict = history::check(&history);
     // An emulated GPT is paced to a large model's profile but is a real model of its layer

@@ -634,8 +634,13 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     assert!(rounds["compared"].as_u64().unwrap() >= 1, "{rounds}");
     assert_eq!(rounds["disagreeing"], 0, "{rounds}");
     // Rounds open steps 5, 10, ..., 25; the job's last step, 29, closes one more after its
-    // update, so the job ends on the outer weights, the same in both zones.
-    assert_eq!(rounds["last"], 29, "{rounds}");
+    // update (before step 30, the limit), so the job ends on the outer weights, the same in
+    // both zones.
+    assert_eq!(rounds["last"], 30, "{rounds}");
+    // Raft committed each round with the step it opened (and --check held every node's view
+    // of a committed round to it).
+    assert_eq!(rounds["committed"], 5, "{rounds}");
+    assert_eq!(rounds["unlike_committed"], 0, "{rounds}");
     let dir = scratch("sync-refused");
     let out = testnet(&["run", "--sync", "auto"], dir.path());
     assert_error(&out, &["--sync auto"]);
@@ -684,6 +689,10 @@ fn a_diloco_run_through_preemptions_and_a_killed_leader_loses_nothing() {
     let rounds = &v["outer_rounds"];
     assert!(rounds["compared"].as_u64().unwrap() >= 1, "{rounds}");
     assert_eq!(rounds["disagreeing"], 0, "{rounds}");
+    // The nodes' outer weights after a round are what raft committed with it.
+    let held = rounds["held_to_committed"].as_u64().unwrap();
+    assert!(held >= 1, "{rounds}");
+    assert_eq!(rounds["unlike_committed"], 0, "{rounds}");
 }
 
 /// The node binary the testnet starts.

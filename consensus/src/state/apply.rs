@@ -40,6 +40,7 @@ pub(super) fn apply(
             loss,
             validation_loss,
             stage_digests,
+            outer_digests,
             optimizer,
         } => step_committed(
             state,
@@ -51,6 +52,7 @@ pub(super) fn apply(
                 loss: *loss,
                 validation_loss: *validation_loss,
                 stage_digests,
+                outer_digests,
                 optimizer: *optimizer,
             },
         ),

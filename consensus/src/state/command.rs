@@ -14,7 +14,7 @@ use crate::ids::NodeId;
 pub const MAX_COMMAND_BYTES: usize = 1 << 20;
 
 /// Current version of the command encoding.
-pub const COMMAND_VERSION: u16 = 5;
+pub const COMMAND_VERSION: u16 = 6;
 
 /// A change to the control state. Every node applies the committed sequence of commands in the
 /// same order; [`ControlState::apply`](super::ControlState::apply) is deterministic.
@@ -80,6 +80,11 @@ pub enum Command {
         /// that start from a checkpoint, whose digests it already has. Replicas apply the
         /// step's update only once this command commits, so its result cannot be in it.
         stage_digests: Vec<Digest32>,
+        /// Under DiLoCo, on a step that opened with a round: the digest of each stage's outer
+        /// weights after the round's outer step (length P), the same on every replica of the
+        /// stage; empty on other steps. The round (its step) and its result are committed
+        /// with the step they opened, or not at all.
+        outer_digests: Vec<Digest32>,
         /// Optimizer scalars after the step.
         optimizer: OptimizerScalars,
     },

@@ -21,8 +21,8 @@ use sha2::{Digest, Sha256};
 pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateEvent};
 pub use types::{
     AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LayerRange,
-    LinkTime, LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, PeerInfo, Plan,
-    Progress, RaftRole, Retired, StageSlot, StepEnd, ZoneCount,
+    LinkTime, LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, OuterRound, PeerInfo,
+    Plan, Progress, RaftRole, Retired, StageSlot, StepEnd, ZoneCount,
 };
 
 use crate::codec::{self, CodecError};
@@ -31,7 +31,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 10;
+pub const SNAPSHOT_VERSION: u16 = 11;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {

@@ -81,6 +81,7 @@ fn step(step: u64, epoch: u64, sample_start: u64, p: usize) -> Command {
         loss: 2.5,
         validation_loss: None,
         stage_digests: vec![[7; 32]; p],
+        outer_digests: Vec::new(),
         optimizer: OptimizerScalars {
             step_count: step + 1,
             schedule_position: step + 1,
@@ -793,6 +794,54 @@ fn a_rollback_rewinds_to_the_newest_complete_cut_under_a_new_epoch() {
         "back to an older cut (the newer one was corrupt): the newer one goes"
     );
     assert_eq!(s.progress.rolled_back_steps, 4);
+}
+
+/// Under DiLoCo a round is committed with the step it opened: its step and each stage's outer
+/// digest, one per stage or none, and a rollback to before it forgets it.
+#[test]
+fn a_round_is_committed_with_the_step_it_opened_and_forgotten_by_a_rollback_past_it() {
+    let mut s = trained(4);
+    s.apply(&part(2, 0, vec![id(1)])).unwrap();
+    s.apply(&part(2, 1, vec![id(2)])).unwrap();
+    let round = |digests: Vec<Digest32>| {
+        let mut c = step(4, 1, 32, 2);
+        if let Command::StepCommitted { outer_digests, .. } = &mut c {
+            *outer_digests = digests;
+        }
+        c
+    };
+    assert!(matches!(
+        rejected(&mut s, &round(vec![[3; 32]])),
+        Rejection::Invalid {
+            field: "outer_digests",
+            ..
+        }
+    ));
+    assert_eq!(s.progress.outer_round, None);
+    s.apply(&round(vec![[3; 32], [4; 32]])).unwrap();
+    let committed = OuterRound {
+        step: 4,
+        digests: vec![[3; 32], [4; 32]],
+    };
+    assert_eq!(s.progress.outer_round, Some(committed.clone()));
+    s.apply(&step(5, 1, 40, 2)).unwrap();
+    assert_eq!(
+        s.progress.outer_round,
+        Some(committed),
+        "a step inside the round keeps it"
+    );
+    s.apply(&Command::RollBack {
+        node: id(1),
+        epoch: 1,
+        at_step: 6,
+        to_step: 2,
+    })
+    .unwrap();
+    assert_eq!(s.progress.last_committed_step, Some(2));
+    assert_eq!(
+        s.progress.outer_round, None,
+        "the round at step 4 was rolled back"
+    );
 }
 
 #[test]

@@ -5,7 +5,9 @@
 use super::ControlState;
 use super::command::{Rejection, StateEvent};
 use super::limits;
-use super::types::{Cut, CutPart, Digest32, LossRecord, MemberStatus, OptimizerScalars, StepEnd};
+use super::types::{
+    Cut, CutPart, Digest32, LossRecord, MemberStatus, OptimizerScalars, OuterRound, StepEnd,
+};
 use crate::ids::NodeId;
 
 /// Makes the pending plan current once training reached its effective step, and marks assigned
@@ -41,6 +43,7 @@ pub(super) struct StepReport<'a> {
     pub(super) loss: f64,
     pub(super) validation_loss: Option<f64>,
     pub(super) stage_digests: &'a [Digest32],
+    pub(super) outer_digests: &'a [Digest32],
     pub(super) optimizer: OptimizerScalars,
 }
 
@@ -92,8 +95,24 @@ pub(super) fn step_committed(
             ),
         ));
     }
+    if !r.outer_digests.is_empty() && r.outer_digests.len() != plan.pipeline_stages as usize {
+        return Err(Rejection::invalid(
+            "outer_digests",
+            format!(
+                "{} digests for P={} (none, or one per stage)",
+                r.outer_digests.len(),
+                plan.pipeline_stages
+            ),
+        ));
+    }
     let progress = &mut state.progress;
     progress.last_committed_step = Some(r.step);
+    if !r.outer_digests.is_empty() {
+        progress.outer_round = Some(OuterRound {
+            step: r.step,
+            digests: r.outer_digests.to_vec(),
+        });
+    }
     progress.sample_cursor = cursor;
     progress.optimizer = r.optimizer;
     if !r.stage_digests.is_empty() {
@@ -438,6 +457,13 @@ fn rewind(progress: &mut super::Progress, end: StepEnd) {
     if progress.audited_step.is_some_and(|s| s > end.step) {
         progress.audited_step = None;
         progress.stage_digests.clear();
+    }
+    if progress
+        .outer_round
+        .as_ref()
+        .is_some_and(|r| r.step > end.step)
+    {
+        progress.outer_round = None;
     }
 }
 

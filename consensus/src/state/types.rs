@@ -329,6 +329,18 @@ pub struct Progress {
     pub history: u64,
     /// Committed steps given up by rollbacks (trained again since, or to be).
     pub rolled_back_steps: u64,
+    /// Under DiLoCo, the newest round committed: the step it opened and each stage's outer
+    /// weights' digest after it.
+    pub outer_round: Option<OuterRound>,
+}
+
+/// A DiLoCo round as committed with the step it opened.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OuterRound {
+    /// The step the round opened (a positive multiple of the inner steps).
+    pub step: u64,
+    /// The digest of each stage's outer weights after it (index = stage).
+    pub digests: Vec<Digest32>,
 }
 
 impl Progress {

@@ -171,6 +171,7 @@ mod tests {
             loss: 1.0,
             validation_loss: None,
             stage_digests: Vec::new(),
+            outer_digests: Vec::new(),
             optimizer: Default::default(),
         };
         assert_eq!(authorize(&state, &[2], &step(4)), Ok(()));

@@ -225,36 +225,63 @@ impl Header {
     }
 }
 
-/// Payload of `NormUp`: the running sum of squared norms and the digests of stages `0..=s`.
-pub fn norm_up_payload(partial: f64, digests: &[Digest32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + 32 * digests.len());
-    out.extend_from_slice(&partial.to_le_bytes());
-    for d in digests {
-        out.extend_from_slice(d);
-    }
-    out
+/// What a `NormUp` carries to stage `s`: the running sum of squared norms of stages `0..s`,
+/// their state digests (all or none), and on a step that opened a DiLoCo round their outer
+/// weights' digests (all of them).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NormUp {
+    /// Sum of the squared gradient norms so far.
+    pub partial: f64,
+    /// The stages' state digests, or none.
+    pub digests: Vec<Digest32>,
+    /// The stages' outer weights' digests after the round the step opened, or none.
+    pub outer: Vec<Digest32>,
 }
 
-/// Parses a `NormUp` payload that carries the digests of all `stages` stages before the
-/// receiver, or none.
-pub fn parse_norm_up(bytes: &[u8], stages: usize) -> Result<(f64, Vec<Digest32>), DataplaneError> {
-    if bytes.len() != 8 && bytes.len() != 8 + 32 * stages {
-        return Err(DataplaneError::Protocol(format!(
-            "norm message of {} bytes, expected 8 or {} for {stages} digests",
-            bytes.len(),
-            8 + 32 * stages
-        )));
+impl NormUp {
+    /// The payload: the sum, the state digests, then the outer digests.
+    pub fn payload(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 32 * (self.digests.len() + self.outer.len()));
+        out.extend_from_slice(&self.partial.to_le_bytes());
+        for d in self.digests.iter().chain(&self.outer) {
+            out.extend_from_slice(d);
+        }
+        out
     }
-    let partial = parse_norm(&bytes[..8])?;
-    let digests = bytes[8..]
-        .chunks_exact(32)
-        .map(|c| {
-            let mut d = [0u8; 32];
-            d.copy_from_slice(c);
-            d
+
+    /// Parses a payload from the `stages` stages before the receiver; `round`: the step
+    /// opened a round, so their outer digests end it (the receiver knows which steps do).
+    pub fn parse(bytes: &[u8], stages: usize, round: bool) -> Result<Self, DataplaneError> {
+        let outer_len = if round { 32 * stages } else { 0 };
+        let rest = bytes.len().checked_sub(outer_len).unwrap_or(usize::MAX);
+        if rest != 8 && rest != 8 + 32 * stages {
+            return Err(DataplaneError::Protocol(format!(
+                "norm message of {} bytes, expected {} or {} for {stages} stages{}",
+                bytes.len(),
+                8 + outer_len,
+                8 + 32 * stages + outer_len,
+                if round {
+                    " and their outer digests"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let digests = |b: &[u8]| {
+            b.chunks_exact(32)
+                .map(|c| {
+                    let mut d = [0u8; 32];
+                    d.copy_from_slice(c);
+                    d
+                })
+                .collect()
+        };
+        Ok(NormUp {
+            partial: parse_norm(&bytes[..8])?,
+            digests: digests(&bytes[8..rest]),
+            outer: digests(&bytes[rest..]),
         })
-        .collect();
-    Ok((partial, digests))
+    }
 }
 
 /// Parses a squared norm, refusing non-finite or negative values.
@@ -304,14 +331,38 @@ mod tests {
     #[test]
     fn norm_payloads_are_checked() {
         let d = [[7u8; 32], [9u8; 32]];
-        let p = norm_up_payload(2.5, &d);
-        assert_eq!(parse_norm_up(&p, 2).unwrap(), (2.5, d.to_vec()));
-        assert!(parse_norm_up(&p, 3).is_err());
-        assert_eq!(
-            parse_norm_up(&norm_up_payload(1.0, &[]), 3).unwrap(),
-            (1.0, vec![])
+        let up = NormUp {
+            partial: 2.5,
+            digests: d.to_vec(),
+            outer: Vec::new(),
+        };
+        let p = up.payload();
+        assert_eq!(NormUp::parse(&p, 2, false).unwrap(), up);
+        assert!(NormUp::parse(&p, 3, false).is_err());
+        let bare = NormUp {
+            partial: 1.0,
+            ..NormUp::default()
+        };
+        assert_eq!(NormUp::parse(&bare.payload(), 3, false).unwrap(), bare);
+        assert!(NormUp::parse(&p[..40], 2, false).is_err());
+        assert!(
+            NormUp::parse(&bare.payload(), 1, true).is_err(),
+            "outer digests missing"
         );
-        assert!(parse_norm_up(&p[..40], 2).is_err());
+        for digests in [Vec::new(), d.to_vec()] {
+            let round = NormUp {
+                partial: 0.5,
+                digests,
+                outer: vec![[1u8; 32], [2u8; 32]],
+            };
+            assert_eq!(NormUp::parse(&round.payload(), 2, true).unwrap(), round);
+        }
+        let both = NormUp {
+            partial: 0.5,
+            digests: d.to_vec(),
+            outer: d.to_vec(),
+        };
+        assert!(NormUp::parse(&both.payload(), 2, false).is_err());
         assert!(parse_norm(&f64::NAN.to_le_bytes()).is_err());
         assert!(parse_norm(&(-1.0f64).to_le_bytes()).is_err());
     }

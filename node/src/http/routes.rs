@@ -123,6 +123,7 @@ mod tests {
             loss: 1.5,
             validation_loss: None,
             history: 0,
+            outer_digests: Vec::new(),
         };
         json.steps.write().unwrap().extend((0..5).map(record));
         let body = |url| call(&json, Method::GET, url).1;

@@ -16,6 +16,7 @@ fn record(step: u64, history: u64) -> StepRecord {
         loss: 1.0,
         validation_loss: None,
         history,
+        outer_digests: Vec::new(),
     }
 }
 

@@ -102,6 +102,7 @@ pub fn train_step<M: PipelineModel>(
         loss: r.loss,
         validation_loss: r.validation_loss,
         stage_digests: r.stage_digests,
+        outer_digests: r.outer_digests,
         optimizer: OptimizerScalars {
             step_count: k + 1,
             schedule_position: k + 1,
@@ -133,10 +134,12 @@ pub fn train_step<M: PipelineModel>(
     current.digest = None;
     if result.before_round.is_some() {
         let layers = current.stage.layer_range();
+        // A job's closing round follows its last step: it closed before the step after it.
         board.view.outer = current.stage.outer_digest().map(|d| OuterView {
-            step: k,
+            step: k + u64::from(result.applied),
             layers: [layers.start as u32, layers.end as u32],
             digest: hex::encode(d),
+            stage: current.slot.stage,
         });
     }
     let stepped = started.elapsed();

@@ -26,7 +26,7 @@ use super::reduce::{ReduceIo, StepSync, close_round, reduce, step_sync};
 use super::samples::{DataSource, micro_batches, pipeline_share};
 use super::waiter::Waiter;
 use crate::dataplane::links::EpochLinks;
-use crate::dataplane::protocol::{MsgKind, Round, norm_up_payload, parse_norm, parse_norm_up};
+use crate::dataplane::protocol::{MsgKind, NormUp, Round, parse_norm};
 use crate::emulate::{Crossings, Pacing, StepPacing};
 use crate::metrics::Metrics;
 
@@ -93,6 +93,9 @@ pub struct StepReport {
     pub validation_loss: Option<f64>,
     /// Every stage's digest (none when some stage had none).
     pub stage_digests: Vec<Digest32>,
+    /// Every stage's outer weights' digest after the round the step opened (none on other
+    /// steps).
+    pub outer_digests: Vec<Digest32>,
 }
 
 /// What a step talks to: its links, the data, the runtime, the replicated state, the device.
@@ -179,9 +182,12 @@ fn run_inner<M: PipelineModel>(
         round,
         metrics: io.metrics,
     };
-    if sync.opens_round() {
+    let outer = if sync.opens_round() {
         close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
-    }
+        stage.outer_digest()
+    } else {
+        None
+    };
     let began = Instant::now();
     let mut neighbours = LinkNeighbours {
         waiter: &w,
@@ -208,7 +214,9 @@ fn run_inner<M: PipelineModel>(
         }
     };
     let reduced = began.elapsed();
-    let (global_sq_norm, digests) = global_norm(&mut neighbours, local, spec, position, pacing)?;
+    let ours = (local, outer);
+    let up = global_norm(&mut neighbours, ours, spec, position, pacing)?;
+    let global_sq_norm = up.partial;
     let applied = sync.closes_job();
     if applied {
         stage.optimizer_step(global_sq_norm)?;
@@ -230,7 +238,8 @@ fn run_inner<M: PipelineModel>(
         report: (last && spec.slot.pipeline == 0).then(|| StepReport {
             loss: reduced_loss.unwrap_or_default(),
             validation_loss,
-            stage_digests: digests,
+            stage_digests: up.digests,
+            outer_digests: up.outer,
         }),
         ended: pacing.stamp(),
         before_round: None,
@@ -309,40 +318,41 @@ impl<'a> StepSamples<'a> {
 }
 
 /// The global norm: partial sums (and digests) towards the last stage, the total back, each
-/// message stamped on an emulated device. Returns the total and, at the last stage, every
-/// stage's digest (none when some stage had none).
+/// message stamped on an emulated device. `ours`: this stage's squared norm and, on a step
+/// that opened a round, its outer weights' digest. Returns the total in `partial` and, at the
+/// last stage, every stage's state digest (none when some stage had none) and outer digest.
 fn global_norm(
     neighbours: &mut LinkNeighbours<'_, '_>,
-    local_sq_norm: f64,
+    (local_sq_norm, outer): (f64, Option<Digest32>),
     spec: &StepSpec,
     position: StagePosition,
     pacing: StepPacing<'_>,
-) -> Result<(f64, Vec<Digest32>), TrainError> {
+) -> Result<NormUp, TrainError> {
     let s = spec.slot.stage as usize;
     let (first, last) = (position.is_first(), position.is_last());
-    let (partial, mut digests) = if first {
-        (0.0, Vec::new())
+    let mut up = if first {
+        NormUp::default()
     } else {
-        let up = pacing.unstamped(neighbours.recv(Side::Prev, MsgKind::NormUp, 0)?)?;
-        parse_norm_up(&up, s)?
+        let bytes = pacing.unstamped(neighbours.recv(Side::Prev, MsgKind::NormUp, 0)?)?;
+        NormUp::parse(&bytes, s, outer.is_some())?
     };
     match spec.digest {
-        Some(d) if digests.len() == s => digests.push(d),
-        _ => digests.clear(),
+        Some(d) if up.digests.len() == s => up.digests.push(d),
+        _ => up.digests.clear(),
     }
-    let partial = partial + local_sq_norm;
-    let total = if last {
-        partial
-    } else {
-        let up = pacing.stamped(norm_up_payload(partial, &digests));
-        neighbours.send(Side::Next, MsgKind::NormUp, 0, &up)?;
-        parse_norm(&pacing.unstamped(neighbours.recv(Side::Next, MsgKind::NormDown, 0)?)?)?
-    };
+    up.outer.extend(outer);
+    up.partial += local_sq_norm;
+    if !last {
+        let bytes = pacing.stamped(up.payload());
+        neighbours.send(Side::Next, MsgKind::NormUp, 0, &bytes)?;
+        up.partial =
+            parse_norm(&pacing.unstamped(neighbours.recv(Side::Next, MsgKind::NormDown, 0)?)?)?;
+    }
     if !first {
-        let down = pacing.stamped(total.to_le_bytes().to_vec());
+        let down = pacing.stamped(up.partial.to_le_bytes().to_vec());
         neighbours.send(Side::Prev, MsgKind::NormDown, 0, &down)?;
     }
-    Ok((total, digests))
+    Ok(up)
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ use crate::net::actor::Network;
 use crate::net::messages::{KeepConnected, RefusePeers, SendControl};
 use crate::retry::Retry;
 use crate::status::{
-    ClockRefusalView, NoticeView, Status, StatusSnapshot, StepRecord, StepsRewound, StepsSkipped,
+    ClockRefusalView, NoticeView, Status, StatusSnapshot, StepsRewound, StepsSkipped, step_record,
 };
 use crate::wire::ControlMessage;
 
@@ -240,26 +240,12 @@ impl ControlDriver {
                 command,
                 outcome,
             } => match (&outcome, command.as_deref()) {
-                (
-                    Ok(_),
-                    Some(Command::StepCommitted {
-                        step,
-                        epoch,
-                        sample_start,
-                        samples,
-                        loss,
-                        validation_loss,
-                        ..
-                    }),
-                ) => self.out.status.do_send(StepRecord {
-                    step: *step,
-                    epoch: *epoch,
-                    sample_start: *sample_start,
-                    samples: *samples,
-                    loss: *loss,
-                    validation_loss: *validation_loss,
-                    history: self.node.state().progress.history,
-                }),
+                (Ok(_), Some(c @ Command::StepCommitted { .. })) => {
+                    let history = self.node.state().progress.history;
+                    if let Some(record) = step_record(c, history) {
+                        self.out.status.do_send(record);
+                    }
+                }
                 (Ok(events), _) => {
                     for event in events {
                         if let StateEvent::RolledBack { from_step, to_step } = event {
