@@ -47,6 +47,24 @@ pub(super) struct StepReport<'a> {
     pub(super) optimizer: OptimizerScalars,
 }
 
+/// Refuses digests `field` that are neither none nor one for each of the plan's `stages`.
+fn none_or_one_per_stage(
+    field: &'static str,
+    digests: &[Digest32],
+    stages: u32,
+) -> Result<(), Rejection> {
+    if digests.is_empty() || digests.len() == stages as usize {
+        return Ok(());
+    }
+    Err(Rejection::invalid(
+        field,
+        format!(
+            "{} digests for P={stages} (none, or one per stage)",
+            digests.len()
+        ),
+    ))
+}
+
 pub(super) fn step_committed(
     state: &mut ControlState,
     r: StepReport<'_>,
@@ -85,26 +103,8 @@ pub(super) fn step_committed(
     if let Some(v) = r.validation_loss.filter(|v| !v.is_finite()) {
         return Err(Rejection::invalid("validation_loss", v.to_string()));
     }
-    if !r.stage_digests.is_empty() && r.stage_digests.len() != plan.pipeline_stages as usize {
-        return Err(Rejection::invalid(
-            "stage_digests",
-            format!(
-                "{} digests for P={} (none, or one per stage)",
-                r.stage_digests.len(),
-                plan.pipeline_stages
-            ),
-        ));
-    }
-    if !r.outer_digests.is_empty() && r.outer_digests.len() != plan.pipeline_stages as usize {
-        return Err(Rejection::invalid(
-            "outer_digests",
-            format!(
-                "{} digests for P={} (none, or one per stage)",
-                r.outer_digests.len(),
-                plan.pipeline_stages
-            ),
-        ));
-    }
+    none_or_one_per_stage("stage_digests", r.stage_digests, plan.pipeline_stages)?;
+    none_or_one_per_stage("outer_digests", r.outer_digests, plan.pipeline_stages)?;
     let progress = &mut state.progress;
     progress.last_committed_step = Some(r.step);
     if !r.outer_digests.is_empty() {
