@@ -144,26 +144,7 @@ pub fn diloco(
     let mut cumulative = Vec::with_capacity(intervals);
     let mut samples = 0.0;
     for k in 0..intervals {
-        let choice = match groups {
-            Groups::Fixed(pools, rounds) => (k == 0).then(|| SyncChoice {
-                groups: pools.to_vec(),
-                rounds: Some(rounds),
-            }),
-            Groups::Auto {
-                wire,
-                usd_per_node_hour,
-            } => (k % RECHOOSE_INTERVALS == 0).then(|| {
-                auto_choice(
-                    fleet,
-                    every,
-                    held,
-                    k,
-                    usd_per_node_hour,
-                    wire,
-                    interval_secs,
-                )
-            }),
-        };
+        let choice = choice_at(groups, fleet, every, held, (k, interval_secs));
         if let Some(choice) = choice {
             state.regroup(&choice, &held[k], &exchange, k > 0);
         }
@@ -210,6 +191,28 @@ pub fn diloco(
         node_hours: node_secs.iter().map(|s| s / 3600.0).collect(),
         egress_usd: state.egress_usd,
         rounds: state.report,
+    }
+}
+
+/// The pools `groups` puts in the rounds at interval `k` (of `secs`), where it chooses anew:
+/// the fixed pools at the start, `--sync auto`'s choice every [`RECHOOSE_INTERVALS`].
+fn choice_at(
+    groups: Groups<'_>,
+    fleet: &Fleet,
+    every: &[&StrategyRun],
+    held: &[Vec<u32>],
+    (k, secs): (usize, f64),
+) -> Option<SyncChoice> {
+    match groups {
+        Groups::Fixed(pools, rounds) => (k == 0).then(|| SyncChoice {
+            groups: pools.to_vec(),
+            rounds: Some(rounds),
+        }),
+        Groups::Auto {
+            wire,
+            usd_per_node_hour,
+        } => (k % RECHOOSE_INTERVALS == 0)
+            .then(|| auto_choice(fleet, every, held, k, usd_per_node_hour, wire, secs)),
     }
 }
 
