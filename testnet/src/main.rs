@@ -52,6 +52,7 @@ mod replay;
 mod report;
 mod resources;
 mod run;
+mod run_check;
 mod simulate;
 mod trace_plan;
 

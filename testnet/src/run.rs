@@ -25,6 +25,7 @@ use crate::process::{self, RunDir, STORE};
 use crate::progress::Progress;
 use crate::replay::Replay;
 use crate::report::{self, RunMeta, RunReport};
+use crate::run_check;
 use crate::simulate::zones::parse_zone;
 use crate::trace_plan::{Planned, TraceArgs, plan_trace};
 use parcae_strategies::cost::objective::{Objective, ObjectiveKind};
@@ -484,7 +485,7 @@ fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<
 pub fn check(outcomes: &[&Outcome], output: &OutputArgs) -> Result<()> {
     if output.check {
         for o in outcomes {
-            report::check(&o.report).map_err(anyhow::Error::msg)?;
+            run_check::check(&o.report).map_err(anyhow::Error::msg)?;
         }
     }
     Ok(())

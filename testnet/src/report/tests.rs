@@ -1,5 +1,6 @@
 use super::*;
 use crate::monitor::Monitor;
+use crate::run_check::check;
 use parcae_api::{MigrationKind, MigrationView, StepRecord};
 
 #[test]
