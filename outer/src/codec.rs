@@ -5,6 +5,12 @@
 //! bounded ([`Wire::error_bound`]). Decoding takes the count the receiver expects (its own
 //! stage's parameters), so a peer's bytes never size an allocation, and refuses every length,
 //! scale or value that could not have come from an honest encoder.
+//!
+//! Every form is settled: encoding what was decoded gives back the same bytes. A ring over
+//! three or more zones forwards a total it received, re-encoding it, and every replica must
+//! end with the same bytes: `int8` picks each block's scale among those that re-encoding
+//! keeps (a few ulps above `max / 127` at most), and sends as zeros a block too small for a
+//! normal scale (largest magnitude under [`INT8_FLUSH`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,6 +22,11 @@ use serde::{Deserialize, Serialize};
 pub const INT8_BLOCK: usize = 256;
 /// Bytes of a block's scale.
 const SCALE_BYTES: usize = 4;
+/// Blocks whose largest magnitude is below this (`127 * 2^-126`, where the scale would be
+/// subnormal and lose the bits that keep it settled) are sent as zeros.
+pub const INT8_FLUSH: f32 = 127.0 * f32::MIN_POSITIVE;
+/// Scales tried from `max / 127` up for a settled one ([`settled_scale`]).
+const SCALE_SEARCH: usize = 4;
 
 /// How a pseudo-gradient travels between groups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -101,22 +112,30 @@ impl Wire {
             // Half a unit in the last of bf16's 8 significant bits; the smallest subnormals'
             // absolute step past that.
             Wire::Bf16 => value.abs() * 2f32.powi(-8) + f32::from(bf16::from_bits(1)),
-            // Half a step of `block_max / 127`, and the f32 rounding of the division and of
-            // the product back.
-            Wire::Int8 => block_max / 254.0 + block_max * 2f32.powi(-22),
+            // A block sent as zeros loses its values whole.
+            Wire::Int8 if block_max < INT8_FLUSH => block_max,
+            // Half a step of `block_max / 127` (the settled scale at most three ulps above it),
+            // and the f32 rounding of the division and of the product back.
+            Wire::Int8 => block_max / 254.0 + block_max * 2f32.powi(-21),
         }
     }
 }
 
 /// `values` in the `wire` form.
 pub fn encode(values: &[f32], wire: Wire) -> Result<Vec<u8>, CodecError> {
-    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
-        return Err(CodecError::NonFinite { index });
-    }
     let len = wire.encoded_len(values.len()).ok_or(CodecError::TooLarge {
         values: values.len(),
     })?;
     let mut out = Vec::with_capacity(len);
+    encode_into(values, wire, &mut out)?;
+    Ok(out)
+}
+
+/// Appends `values` in the `wire` form to `out` (a frame's payload, range after range).
+pub fn encode_into(values: &[f32], wire: Wire, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(CodecError::NonFinite { index });
+    }
     match wire {
         Wire::F32 => values
             .iter()
@@ -127,13 +146,30 @@ pub fn encode(values: &[f32], wire: Wire) -> Result<Vec<u8>, CodecError> {
         Wire::Int8 => {
             for block in values.chunks(INT8_BLOCK) {
                 let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let scale = max / 127.0;
+                let scale = settled_scale(max);
                 out.extend_from_slice(&scale.to_le_bytes());
                 out.extend(block.iter().map(|&v| quantise(v, scale).to_le_bytes()[0]));
             }
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The scale of an `int8` block whose largest magnitude is `max`: the first from `max / 127`
+/// up that re-encoding its decoded block picks again. The block's largest value decodes to
+/// `127 * scale` (it quantises to +-127 at any of these scales), whose scale is
+/// `(127 * scale) / 127` in f32: a settled scale is one that this gives back. Every normal
+/// f32 lies at most two ulps below a settled one (a scan of all of them found no wider gap),
+/// so the search always ends on one; `max / 127` itself only keeps the function total.
+fn settled_scale(max: f32) -> f32 {
+    if max < INT8_FLUSH {
+        return 0.0;
+    }
+    let first = max / 127.0;
+    std::iter::successors(Some(first), |s| Some(s.next_up()))
+        .take(SCALE_SEARCH)
+        .find(|&s| (127.0 * s) / 127.0 == s)
+        .unwrap_or(first)
 }
 
 /// The `values` values that `bytes` holds in the `wire` form.
@@ -243,22 +279,37 @@ mod tests {
         values[1] = 1.27;
         values[256] = 0.5;
         let bytes = encode(&values, Wire::Int8).unwrap();
-        assert_eq!(
-            f32::from_le_bytes(bytes[0..4].try_into().unwrap()),
-            2.54 / 127.0
-        );
+        let scale_at = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let ulps_above = |scale: f32, max: f32| scale.to_bits() - (max / 127.0).to_bits();
+        assert!(ulps_above(scale_at(0), 2.54) <= 3);
         assert_eq!(bytes[4] as i8, -127);
         assert_eq!(bytes[5] as i8, 64);
         let second = 4 + 256;
-        assert_eq!(
-            f32::from_le_bytes(bytes[second..second + 4].try_into().unwrap()),
-            0.5 / 127.0
-        );
+        assert!(ulps_above(scale_at(second), 0.5) <= 3);
         let back = decode(&bytes, Wire::Int8, 300).unwrap();
         assert!((back[0] + 2.54).abs() < 1e-6 && (back[256] - 0.5).abs() < 1e-6);
         assert_eq!(
             decode(&encode(&[0.0; 10], Wire::Int8).unwrap(), Wire::Int8, 10).unwrap(),
             [0.0; 10]
+        );
+    }
+
+    #[test]
+    fn int8_scales_settle_within_three_ulps_and_tiny_blocks_go_as_zeros() {
+        // A sweep across the exponents of every normal scale: each is settled and close.
+        let (lo, hi) = (INT8_FLUSH.to_bits(), f32::MAX.to_bits());
+        for bits in (lo..hi).step_by(4099) {
+            let max = f32::from_bits(bits);
+            let scale = settled_scale(max);
+            assert_eq!((127.0 * scale) / 127.0, scale, "{max:e}");
+            assert!(scale.to_bits() - (max / 127.0).to_bits() <= 3, "{max:e}");
+        }
+        let tiny = [1e-37f32, -5e-38, 0.0];
+        let back = decode(&encode(&tiny, Wire::Int8).unwrap(), Wire::Int8, 3).unwrap();
+        assert_eq!(back, [0.0; 3]);
+        assert!(
+            tiny.iter()
+                .all(|v| v.abs() <= Wire::Int8.error_bound(*v, 1e-37))
         );
     }
 
@@ -328,6 +379,22 @@ mod tests {
                     let bound = wire.error_bound(*v, max);
                     proptest::prop_assert!((v - b).abs() <= bound, "{:?} value {}: {} back as {}, bound {}", wire, i, v, b, bound);
                 }
+            }
+        }
+
+        /// Encoding what was decoded gives back the same bytes: a total forwarded around a
+        /// ring of zones arrives everywhere as its holder sent it.
+        #[test]
+        fn every_form_is_settled(
+            values in proptest::collection::vec(-1e6f32..1e6, 0..600),
+            scale in -120i32..100,
+            tiny in proptest::collection::vec(-1e-36f32..1e-36, 0..40),
+        ) {
+            let values: Vec<f32> = values.iter().map(|v| v * 2f32.powi(scale)).chain(tiny).collect();
+            for wire in [Wire::F32, Wire::Bf16, Wire::Int8] {
+                let sent = encode(&values, wire).unwrap();
+                let again = encode(&decode(&sent, wire, values.len()).unwrap(), wire).unwrap();
+                proptest::prop_assert_eq!(&again, &sent, "{:?}", wire);
             }
         }
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use parcae_outer::SyncMode;
+use parcae_outer::{SyncMode, Wire};
 use parcae_strategies::cost::objective::ObjectiveKind;
 
 use crate::cluster::NoticeMode;
@@ -62,6 +62,10 @@ pub struct NodeArgs {
     /// DiLoCo's outer momentum (default: the node's, the paper's 0.9).
     #[arg(long, requires = "outer_lr")]
     pub outer_momentum: Option<f32>,
+    /// The form DiLoCo's pseudo-gradients cross zones in: f32, bf16 or int8 (`[train]
+    /// pseudo_gradient`).
+    #[arg(long, default_value = "f32")]
+    pub pseudo_gradient: Wire,
     /// Compute threads of each node (`RAYON_NUM_THREADS`; a node cuts its micro-batches into as
     /// many lanes). Keep nodes x threads within the machine's cores: the default 1 suits
     /// six nodes on two.
@@ -165,6 +169,12 @@ impl NodeArgs {
                 "--outer-lr and --outer-momentum set DiLoCo's outer step: use them with --sync diloco:H"
             );
         }
+        if self.sync == SyncMode::Step && self.pseudo_gradient != Wire::F32 {
+            bail!(
+                "--pseudo-gradient {} sets how DiLoCo's rounds cross zones: use it with --sync diloco:H",
+                self.pseudo_gradient
+            );
+        }
         if self.objective == ObjectiveKind::SamplesPerDollar && self.spot_prices.is_empty() {
             bail!("--objective samples-per-dollar needs --price-spot for every zone of --zones");
         }
@@ -218,6 +228,7 @@ impl NodeArgs {
             flat_rings: self.flat_rings,
             sync: self.sync,
             outer: self.outer_lr.zip(self.outer_momentum),
+            pseudo_gradient: self.pseudo_gradient,
         })
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use parcae_outer::SyncMode;
+use parcae_outer::{SyncMode, Wire};
 use parcae_pool::Pool;
 use parcae_testnet::error::TestnetError;
 
@@ -62,6 +62,8 @@ pub struct NodeSettings {
     pub sync: SyncMode,
     /// DiLoCo's outer learning rate and momentum, where not the node's defaults.
     pub outer: Option<(f32, f32)>,
+    /// The form DiLoCo's pseudo-gradients cross zones in (`[train] pseudo_gradient`).
+    pub pseudo_gradient: Wire,
 }
 
 /// Samples per step of a run on CPU nodes (an emulated device brings its profiled job's).
@@ -231,6 +233,9 @@ fn training_keys(s: &NodeSettings) -> String {
             "outer_lr = {lr:?}\nouter_momentum = {momentum:?}\n"
         ));
     }
+    if s.pseudo_gradient != Wire::F32 {
+        out.push_str(&format!("pseudo_gradient = \"{}\"\n", s.pseudo_gradient));
+    }
     if let Some(e) = &s.emulate {
         out.push_str(&format!(
             "global_batch = {}\nmicro_batch = {}\n\
@@ -395,6 +400,7 @@ mod tests {
             flat_rings: false,
             sync: SyncMode::Step,
             outer: None,
+            pseudo_gradient: Wire::F32,
         }
     }
 

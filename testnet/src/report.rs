@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use curve::val_curve;
 use parcae_api::{EmulatedView, StepRecord, ValPoint};
+use parcae_outer::Wire;
 use parcae_strategies::cost::money::Bill;
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +55,9 @@ pub struct RunReport {
     /// node's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outer: Option<[f32; 2]>,
+    /// The form DiLoCo's pseudo-gradients crossed zones in (`f32`, `bf16`, `int8`).
+    #[serde(default)]
+    pub pseudo_gradient: Wire,
     /// Reconfigurations by kind.
     pub migrations: MigrationCounts,
     /// Seconds spent in reconfigurations (per epoch the slowest node).
@@ -202,6 +206,8 @@ pub struct RunMeta {
     pub seed: u64,
     /// The outer learning rate and momentum the run set.
     pub outer: Option<[f32; 2]>,
+    /// The pseudo-gradients' wire form.
+    pub pseudo_gradient: Wire,
 }
 
 fn step_sync() -> String {
@@ -273,6 +279,7 @@ pub fn build(meta: RunMeta, obs: &Observed) -> (RunReport, Details) {
         sync: meta.sync,
         seed: meta.seed,
         outer: meta.outer,
+        pseudo_gradient: meta.pseudo_gradient,
         migrations: obs.monitor.migrations.counts(),
         migration_secs: obs.monitor.migrations.total_secs(),
         reconfigurations: obs

@@ -588,12 +588,13 @@ fn a_run_over_zones_starts_each_zones_nodes_in_it_and_plans_over_them() {
 /// `run --sync diloco:H` over two zones (issue 68): each zone's replicas average every step
 /// among themselves and the zones meet once a round, so far fewer bytes cross than under
 /// `step`; every node shows the same outer weights for its stage after a round; `--samples`
-/// stops the job at its step limit, whose last step closes a round.
+/// stops the job at its step limit, whose last step closes a round. In int8 a round sends
+/// about a quarter of f32's bytes across, and the replicas still agree to the bit.
 #[test]
 fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     let _serial = serial();
-    let run = |sync: &str| {
-        let dir = scratch(&format!("sync-{}", sync.replace(':', "-")));
+    let run = |sync: &str, wire: &str| {
+        let dir = scratch(&format!("sync-{}-{wire}", sync.replace(':', "-")));
         real_run_in(
             &[
                 "run",
@@ -611,13 +612,16 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
                 "480",
                 "--sync",
                 sync,
+                "--pseudo-gradient",
+                wire,
                 "--check",
             ],
             dir.path(),
         )
     };
-    let (step, diloco) = (run("step"), run("diloco:5"));
-    for v in [&step, &diloco] {
+    let (step, diloco) = (run("step", "f32"), run("diloco:5", "f32"));
+    let int8 = run("diloco:5", "int8");
+    for v in [&step, &diloco, &int8] {
         assert_eq!(v["committed_steps"], 30, "480 samples in steps of 16");
         assert_eq!(v["samples"], 480);
     }
@@ -641,9 +645,23 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     // of a committed round to it).
     assert_eq!(rounds["committed"], 5, "{rounds}");
     assert_eq!(rounds["unlike_committed"], 0, "{rounds}");
+    let rounds = &int8["outer_rounds"];
+    assert_eq!(int8["pseudo_gradient"], "int8");
+    assert!(rounds["compared"].as_u64().unwrap() >= 1, "{rounds}");
+    assert_eq!(rounds["disagreeing"], 0, "{rounds}");
+    assert_eq!(rounds["unlike_committed"], 0, "{rounds}");
+    // Six rounds of the same layout in both runs: the frames' headers and each range's
+    // scales keep it above a quarter.
+    let share = across(&int8) as f64 / across(&diloco) as f64;
+    assert!(
+        (0.25..0.35).contains(&share),
+        "int8 sent {share} of f32's bytes across"
+    );
     let dir = scratch("sync-refused");
     let out = testnet(&["run", "--sync", "auto"], dir.path());
     assert_error(&out, &["--sync auto"]);
+    let out = testnet(&["run", "--pseudo-gradient", "int8"], dir.path());
+    assert_error(&out, &["--pseudo-gradient int8", "--sync diloco:H"]);
 }
 
 /// DiLoCo through preemptions with notice and a leader killed without one (issue 68): slots

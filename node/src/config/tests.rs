@@ -24,18 +24,20 @@ fn defaults_and_overrides() {
 #[test]
 fn diloco_is_a_train_setting_and_auto_or_a_bad_outer_step_is_refused() {
     let c = NodeConfig::parse(
-        "[train]\nsync = \"diloco:20\"\nouter_lr = 1.0\nouter_momentum = 0.0",
+        "[train]\nsync = \"diloco:20\"\nouter_lr = 1.0\nouter_momentum = 0.0\npseudo_gradient = \"int8\"",
         "x",
     )
     .unwrap();
     let spec = c.train.job_spec();
     assert_eq!(spec.sync, parcae_outer::SyncMode::Diloco(20));
     assert_eq!((spec.outer.lr, spec.outer.momentum), (1.0, 0.0));
+    assert_eq!(spec.outer.wire, parcae_outer::Wire::Int8);
     assert_eq!(c.train.with_spec(&spec), c.train);
     for (text, needle) in [
         ("sync = \"auto\"", "does not choose"),
         ("sync = \"diloco:20\"\nouter_momentum = 1.0", "momentum"),
         ("sync = \"diloco:0\"", "diloco"),
+        ("pseudo_gradient = \"fp8\"", "pseudo_gradient"),
     ] {
         let e = NodeConfig::parse(&format!("[train]\n{text}"), "x").unwrap_err();
         assert!(e.to_string().contains(needle), "{text}: {e}");

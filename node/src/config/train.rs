@@ -1,7 +1,7 @@
 //! The `[train]` section: what the cluster trains and how, and the job spec it describes.
 
 use parcae_model::OptimizerConfig;
-use parcae_outer::{OuterSettings, SyncMode};
+use parcae_outer::{OuterSettings, SyncMode, Wire};
 use serde::{Deserialize, Serialize};
 
 use crate::job::{JobSpec, ValidationConfig};
@@ -169,6 +169,9 @@ pub struct TrainConfig {
     pub outer_lr: f32,
     /// The outer optimizer's momentum (`diloco` only).
     pub outer_momentum: f32,
+    /// The form a round's pseudo-gradients cross zones in (`diloco` only): `f32` (exact),
+    /// `bf16` (half the bytes) or `int8` (about a quarter, a scale per 256 values).
+    pub pseudo_gradient: Wire,
 }
 
 impl Default for TrainConfig {
@@ -204,6 +207,7 @@ impl Default for TrainConfig {
             sync: SyncMode::Step,
             outer_lr: parcae_outer::sync::DEFAULT_OUTER_LR,
             outer_momentum: parcae_outer::sync::DEFAULT_OUTER_MOMENTUM,
+            pseudo_gradient: Wire::F32,
         }
     }
 }
@@ -236,7 +240,7 @@ impl TrainConfig {
             outer: OuterSettings {
                 lr: self.outer_lr,
                 momentum: self.outer_momentum,
-                ..OuterSettings::default()
+                wire: self.pseudo_gradient,
             },
         }
     }
@@ -263,6 +267,7 @@ impl TrainConfig {
             sync: spec.sync,
             outer_lr: spec.outer.lr,
             outer_momentum: spec.outer.momentum,
+            pseudo_gradient: spec.outer.wire,
             ..self.clone()
         }
     }

@@ -1,14 +1,25 @@
 //! Ring all-reduce (reduce-scatter then all-gather) of f32 gradients over data-plane channels,
 //! so each replica sends and receives `2 (n - 1) / n` of the buffer whatever the group size;
 //! and the all-reduce by zone ([`zones`]), the same ring inside each zone with only a share of
-//! each replica's part crossing between zones.
+//! each replica's part crossing between zones, in a wire form of its own (f32 for a step's
+//! gradients; DiLoCo's rounds may send their pseudo-gradients as bf16 or int8 there).
+//!
+//! A wire form other than f32 is lossy, yet every replica must end with the same bytes: each
+//! range crossing zones is encoded on its own (the same ranges in every zone), and a total's
+//! holder keeps the decoded form of what it sends, so the copies it hands on around the zones
+//! are its own values; forms are settled (`parcae_outer::codec`), so a copy re-encoded on its
+//! way is the same bytes.
 //!
 //! Every chunk also carries the latest entry into the reduction its sender has heard of: each
 //! member enters with its place on an emulated accelerator's timeline (0 on a real device), and
 //! after the `n - 1` steps of the reduce-scatter every member knows the latest of them, where
 //! the emulated ring starts (`crate::emulate::PacedCollective`).
 
+use std::ops::Range;
+
 use futures::future::try_join_all;
+use parcae_outer::Wire;
+use parcae_outer::codec;
 use tokio::try_join;
 
 use super::DataplaneError;
@@ -69,29 +80,35 @@ fn header(round: Round, seq: u32) -> Header {
 /// Bytes of the latest entry a chunk carries after its header.
 const ENTRY_LEN: usize = 8;
 
-/// Bytes on the wire of a chunk of `values` values.
-fn frame_len(values: usize) -> usize {
-    HEADER_LEN + ENTRY_LEN + values * 4
+/// Bytes on the wire of a chunk of `ranges` in the `wire` form (each range encoded on its own).
+fn frame_len(ranges: &[Range<usize>], wire: Wire) -> usize {
+    ranges.iter().fold(HEADER_LEN + ENTRY_LEN, |sum, r| {
+        sum.saturating_add(wire.encoded_len(r.len()).unwrap_or(usize::MAX))
+    })
 }
 
-/// Chunk `seq` of `round`: the latest entry heard of, then the values of `ranges` of `values`.
+/// Chunk `seq` of `round`: the latest entry heard of, then `ranges` of `values` in the `wire`
+/// form, one after the other. f32 values go as they are, whatever they hold.
 fn frame(
     round: Round,
     seq: u32,
     latest: u64,
     values: &[f32],
-    ranges: &[std::ops::Range<usize>],
-) -> Vec<u8> {
-    let len = ranges.iter().map(|r| r.len()).sum();
-    let mut out = Vec::with_capacity(frame_len(len));
+    ranges: &[Range<usize>],
+    wire: Wire,
+) -> Result<Vec<u8>, DataplaneError> {
+    let mut out = Vec::with_capacity(frame_len(ranges, wire));
     header(round, seq).encode_into(&mut out);
     out.extend_from_slice(&latest.to_le_bytes());
     for r in ranges {
-        for v in &values[r.clone()] {
-            out.extend_from_slice(&v.to_le_bytes());
+        match wire {
+            Wire::F32 => values[r.clone()]
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            _ => codec::encode_into(&values[r.clone()], wire, &mut out).map_err(wire_error)?,
         }
     }
-    out
+    Ok(out)
 }
 
 /// Folds chunk `seq` of `round` into `ranges` of `values` (added, or replacing); returns the
@@ -101,11 +118,11 @@ fn unframe(
     seq: u32,
     bytes: &[u8],
     values: &mut [f32],
-    ranges: &[std::ops::Range<usize>],
-    adds: bool,
+    ranges: &[Range<usize>],
+    (adds, wire): (bool, Wire),
 ) -> Result<u64, DataplaneError> {
     let payload = header(round, seq).expect(bytes)?;
-    let want = frame_len(ranges.iter().map(|r| r.len()).sum()) - HEADER_LEN;
+    let want = frame_len(ranges, wire) - HEADER_LEN;
     if payload.len() != want {
         return Err(DataplaneError::Protocol(format!(
             "all-reduce chunk of {} bytes, expected {want}",
@@ -116,20 +133,53 @@ fn unframe(
     let mut latest = [0u8; ENTRY_LEN];
     latest.copy_from_slice(entry);
     for r in ranges {
-        let (these, rest) = incoming.split_at(r.len() * 4);
+        // Every range's length was counted into `want`.
+        let (these, rest) = incoming.split_at(wire.encoded_len(r.len()).unwrap_or_default());
         incoming = rest;
-        let xs = these
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-        for (v, x) in values[r.clone()].iter_mut().zip(xs) {
-            if adds {
-                *v += x;
-            } else {
-                *v = x;
-            }
+        let into = &mut values[r.clone()];
+        match wire {
+            Wire::F32 => fold(
+                into,
+                these
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                adds,
+            ),
+            _ => fold(
+                into,
+                codec::decode(these, wire, r.len())
+                    .map_err(wire_error)?
+                    .into_iter(),
+                adds,
+            ),
         }
     }
     Ok(u64::from_le_bytes(latest))
+}
+
+/// Adds `xs` to `into`, or puts them in its place.
+fn fold(into: &mut [f32], xs: impl Iterator<Item = f32>, adds: bool) {
+    for (v, x) in into.iter_mut().zip(xs) {
+        if adds {
+            *v += x;
+        } else {
+            *v = x;
+        }
+    }
+}
+
+/// Replaces `ranges` of `values` by what a peer decodes of them in the `wire` form.
+fn settle(values: &mut [f32], ranges: &[Range<usize>], wire: Wire) -> Result<(), DataplaneError> {
+    for r in ranges {
+        let sent = codec::encode(&values[r.clone()], wire).map_err(wire_error)?;
+        let settled = codec::decode(&sent, wire, r.len()).map_err(wire_error)?;
+        values[r.clone()].copy_from_slice(&settled);
+    }
+    Ok(())
+}
+
+fn wire_error(e: codec::CodecError) -> DataplaneError {
+    DataplaneError::Protocol(format!("all-reduce by zone: {e}"))
 }
 
 /// Replace `values` by their mean over the ring (every member ends with identical bytes).
@@ -151,15 +201,15 @@ pub async fn all_reduce_mean(
 }
 
 /// Replace `values` by their mean over every zone's replicas ([`zones`]: reduce-scatter in
-/// each zone's ring, the zones' sums of each piece meet in a ring over the zones, all-gather
-/// in each zone's ring); every member ends with identical bytes. As [`all_reduce_mean`] for
-/// `entered` and what it returns.
+/// each zone's ring, the zones' sums of each piece meet in a ring over the zones in the
+/// `wire` form, all-gather in each zone's ring); every member ends with identical bytes. As
+/// [`all_reduce_mean`] for `entered` and what it returns.
 pub async fn all_reduce_mean_by_zone(
     values: &mut [f32],
     layout: &ZoneLayout,
     links: ZoneLinks<'_>,
-    round: Round,
-    entered: u64,
+    (round, entered): (Round, u64),
+    wire: Wire,
 ) -> Result<Reduced, DataplaneError> {
     let ZoneLinks {
         member,
@@ -187,30 +237,47 @@ pub async fn all_reduce_mean_by_zone(
     // Across zones, on this member's part only.
     let pieces = layout.pieces(member, values.len());
     for (seq, step) in RingStep::all(layout.zones()).enumerate() {
-        let outgoing: Vec<Vec<u8>> = member
-            .cross_next
-            .iter()
-            .map(|&to| {
-                let ranges = layout.sends(member, &pieces, step, to);
-                frame(round, seq as u32, reduced.latest, values, &ranges)
-            })
-            .collect();
-        let incoming: Vec<Vec<std::ops::Range<usize>>> = member
+        let mut outgoing = Vec::with_capacity(member.cross_next.len());
+        for &to in &member.cross_next {
+            let ranges = layout.sends(member, &pieces, step, to);
+            if !step.adds() && wire != Wire::F32 {
+                // A total leaves its holder as every other zone will hold it.
+                settle(values, &ranges, wire)?;
+            }
+            outgoing.push(frame(
+                round,
+                seq as u32,
+                reduced.latest,
+                values,
+                &ranges,
+                wire,
+            )?);
+        }
+        let incoming: Vec<Vec<Range<usize>>> = member
             .cross_prev
             .iter()
             .map(|&from| layout.receives(member, &pieces, step, from))
             .collect();
         let sends = try_join_all(cross_next.iter_mut().zip(&outgoing).map(|(w, f)| w.send(f)));
-        let recvs = try_join_all(cross_prev.iter_mut().zip(&incoming).map(|(r, ranges)| {
-            let len = ranges.iter().map(|r| r.len()).sum();
-            r.recv(frame_len(len) as u64)
-        }));
+        let recvs = try_join_all(
+            cross_prev
+                .iter_mut()
+                .zip(&incoming)
+                .map(|(r, ranges)| r.recv(frame_len(ranges, wire) as u64)),
+        );
         let (_, got) = try_join!(sends, recvs)?;
         let bytes: u64 = outgoing.iter().map(|f| f.len() as u64).sum();
         reduced.sent += bytes;
         reduced.across += bytes;
         for (chunk, ranges) in got.iter().zip(&incoming) {
-            let latest = unframe(round, seq as u32, chunk, values, ranges, step.adds())?;
+            let latest = unframe(
+                round,
+                seq as u32,
+                chunk,
+                values,
+                ranges,
+                (step.adds(), wire),
+            )?;
             reduced.latest = reduced.latest.max(latest);
         }
     }
@@ -261,10 +328,25 @@ impl<'a> Ring<'a> {
         let (len, n) = (values.len(), self.links.size);
         let (send, recv) = step.parts(n, self.links.rank);
         let (send, recv) = (part(len, n, send), part(len, n, recv));
-        let out = frame(self.round, self.seq, self.reduced.latest, values, &[send]);
-        let max = frame_len(recv.len()) as u64;
+        let (send, recv) = ([send], [recv]);
+        let out = frame(
+            self.round,
+            self.seq,
+            self.reduced.latest,
+            values,
+            &send,
+            Wire::F32,
+        )?;
+        let max = frame_len(&recv, Wire::F32) as u64;
         let (_, got) = try_join!(self.links.next.send(&out), self.links.prev.recv(max))?;
-        let latest = unframe(self.round, self.seq, &got, values, &[recv], step.adds())?;
+        let latest = unframe(
+            self.round,
+            self.seq,
+            &got,
+            values,
+            &recv,
+            (step.adds(), Wire::F32),
+        )?;
         self.reduced.latest = self.reduced.latest.max(latest);
         self.reduced.sent += out.len() as u64;
         if self.links.next_crosses {
@@ -278,229 +360,4 @@ impl<'a> Ring<'a> {
 mod zones;
 
 #[cfg(test)]
-mod tests {
-    use super::super::{accept, connect};
-    use super::*;
-    use crate::key::ClusterKey;
-    use libp2p::identity::Keypair;
-
-    /// A keyed channel from `from` to `to`: the sender's half and the receiver's.
-    async fn channel(from: &Keypair, to: &Keypair) -> (SecureWriter, SecureReader) {
-        let secret = ClusterKey::from_bytes([1u8; 32]);
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (kj, s2) = (to.clone(), secret.clone());
-        let acc = tokio::spawn(async move {
-            let (s, _) = l.accept().await.unwrap();
-            accept(s, &kj, &[s2], |_| async { true }).await.unwrap().1
-        });
-        let peer = to.public().to_peer_id();
-        let out = connect(addr, from, peer, std::slice::from_ref(&secret))
-            .await
-            .unwrap();
-        (out.split().1, acc.await.unwrap().split().0)
-    }
-
-    fn keys(n: usize) -> Vec<Keypair> {
-        (0..n).map(|_| Keypair::generate_ed25519()).collect()
-    }
-
-    /// A ring over `members` (indices into `keys`): each one's reader from its predecessor and
-    /// writer to its successor, in the members' order.
-    async fn ring_of(keys: &[Keypair], members: &[usize]) -> Vec<(SecureReader, SecureWriter)> {
-        let n = members.len();
-        let mut links: Vec<(Option<SecureReader>, Option<SecureWriter>)> =
-            (0..n).map(|_| (None, None)).collect();
-        for i in 0..n {
-            let j = (i + 1) % n;
-            let (w, r) = channel(&keys[members[i]], &keys[members[j]]).await;
-            links[i].1 = Some(w);
-            links[j].0 = Some(r);
-        }
-        links
-            .into_iter()
-            .map(|(r, w)| (r.unwrap(), w.unwrap()))
-            .collect()
-    }
-
-    async fn ring(n: usize) -> Vec<(SecureReader, SecureWriter)> {
-        let members: Vec<usize> = (0..n).collect();
-        ring_of(&keys(n), &members).await
-    }
-
-    /// Replicas whose zones are `zones` all-reduce by zone over real channels: every one ends
-    /// with the same bytes, the mean, and the latest entry; returns what each sent across.
-    async fn reduce_by_zone(zones: &[u8], data: Vec<Vec<f32>>) -> (Vec<Vec<f32>>, Vec<u64>) {
-        let n = zones.len();
-        let keys = keys(n);
-        let layout = ZoneLayout::new(zones);
-        let members: Vec<ZoneMember> = (0..n).map(|r| layout.member(r).unwrap()).collect();
-        let mut zone_rings: Vec<Option<(SecureReader, SecureWriter)>> =
-            (0..n).map(|_| None).collect();
-        for z in 0..layout.zones() {
-            let in_zone: Vec<usize> = (0..n).filter(|&r| members[r].zone == z).collect();
-            if in_zone.len() > 1 {
-                for (r, links) in in_zone.iter().zip(ring_of(&keys, &in_zone).await) {
-                    zone_rings[*r] = Some(links);
-                }
-            }
-        }
-        let mut cross_next: Vec<Vec<Option<SecureWriter>>> = Vec::new();
-        let mut cross_prev: Vec<Vec<Option<SecureReader>>> = members
-            .iter()
-            .map(|m| m.cross_prev.iter().map(|_| None).collect())
-            .collect();
-        for (r, m) in members.iter().enumerate() {
-            let mut out = Vec::new();
-            for &to in &m.cross_next {
-                let (w, rd) = channel(&keys[r], &keys[to]).await;
-                out.push(Some(w));
-                let at = members[to].cross_prev.iter().position(|&f| f == r).unwrap();
-                cross_prev[to][at] = Some(rd);
-            }
-            cross_next.push(out);
-        }
-        let round = Round { epoch: 2, step: 5 };
-        let mut tasks = Vec::new();
-        for (rank, v) in data.into_iter().enumerate() {
-            let (layout, member) = (layout.clone(), members[rank].clone());
-            let mut ring = zone_rings[rank].take();
-            let mut next: Vec<SecureWriter> = cross_next[rank]
-                .iter_mut()
-                .map(|w| w.take().unwrap())
-                .collect();
-            let mut prev: Vec<SecureReader> = cross_prev[rank]
-                .iter_mut()
-                .map(|r| r.take().unwrap())
-                .collect();
-            tasks.push(tokio::spawn(async move {
-                let mut v = v;
-                let zone_ring = ring.as_mut().map(|(prev, next)| RingLinks {
-                    rank: member.local,
-                    size: member.zone_size,
-                    next,
-                    prev,
-                    next_crosses: false,
-                });
-                let links = ZoneLinks {
-                    member: &member,
-                    zone_ring,
-                    cross_next: next.iter_mut().collect(),
-                    cross_prev: prev.iter_mut().collect(),
-                };
-                let reduced =
-                    all_reduce_mean_by_zone(&mut v, &layout, links, round, 10 + rank as u64)
-                        .await
-                        .unwrap();
-                (v, reduced)
-            }));
-        }
-        let mut out = Vec::new();
-        let mut across = Vec::new();
-        for t in tasks {
-            let (v, reduced) = t.await.unwrap();
-            assert_eq!(
-                reduced.latest,
-                10 + n as u64 - 1,
-                "every replica learns the latest entry"
-            );
-            assert!(reduced.sent >= reduced.across);
-            out.push(v);
-            across.push(reduced.across);
-        }
-        (out, across)
-    }
-
-    /// A buffer of `len` values for each of `n` replicas, and their mean.
-    fn buffers_and_mean(n: usize, len: usize) -> (Vec<Vec<f32>>, Vec<f32>) {
-        let data: Vec<Vec<f32>> = (0..n)
-            .map(|r| {
-                (0..len)
-                    .map(|i| (i * (r + 1)) as f32 * 0.001 - r as f32)
-                    .collect()
-            })
-            .collect();
-        let mean = (0..len)
-            .map(|i| data.iter().map(|d| d[i]).sum::<f32>() / n as f32)
-            .collect();
-        (data, mean)
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn by_zone_gives_the_flat_mean_on_every_replica() {
-        for zones in [
-            &[0u8, 0, 1, 1][..],
-            &[0, 1, 0, 1, 1],
-            &[0, 1, 2, 2],
-            &[1, 0],
-        ] {
-            let n = zones.len();
-            let len = 1001;
-            let (data, mean) = buffers_and_mean(n, len);
-            let (out, across) = reduce_by_zone(zones, data).await;
-            for v in &out {
-                assert_eq!(v, &out[0], "replicas of {zones:?} differ");
-                for (a, b) in v.iter().zip(&mean) {
-                    assert!((a - b).abs() < 1e-5, "{a} vs {b}");
-                }
-            }
-            assert!(across.iter().all(|&b| b > 0), "{across:?}");
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn by_zone_sends_across_a_share_of_what_a_flat_ring_sends() {
-        // Two zones of three: each replica's third of the buffer, once; a flat ring's crossing
-        // member sends 2 * 5/6 of it.
-        let len = 6000;
-        let data: Vec<Vec<f32>> = (0..6).map(|r| vec![r as f32; len]).collect();
-        let (out, across) = reduce_by_zone(&[0, 0, 0, 1, 1, 1], data).await;
-        assert!(out.iter().all(|v| v.iter().all(|&x| x == 2.5)));
-        let frames = 2 * (HEADER_LEN + ENTRY_LEN) as u64;
-        assert!(across.iter().all(|&b| b == 2000 * 4 + frames), "{across:?}");
-        let flat_crossing = 2 * 5 * len as u64 * 4 / 6;
-        assert!(across[0] * 2 <= flat_crossing, "at most 1/zones of it");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn ring_mean_matches_direct_mean() {
-        for n in [1usize, 2, 3, 4] {
-            let len = 1001;
-            let (data, mean) = buffers_and_mean(n, len);
-            let links = ring(n).await;
-            let round = Round { epoch: 3, step: 9 };
-            let mut tasks = Vec::new();
-            for (rank, ((mut prev, mut next), mut v)) in links.into_iter().zip(data).enumerate() {
-                tasks.push(tokio::spawn(async move {
-                    let l = RingLinks {
-                        rank,
-                        size: n,
-                        next: &mut next,
-                        prev: &mut prev,
-                        next_crosses: false,
-                    };
-                    // Entries 100, 107, 101, 108, ...: every member learns the latest.
-                    let entered = 100 + (rank as u64 % 2) * 7 + rank as u64 / 2;
-                    let latest = all_reduce_mean(&mut v, l, round, entered)
-                        .await
-                        .unwrap()
-                        .latest;
-                    (v, latest)
-                }));
-            }
-            let mut results = Vec::new();
-            for t in tasks {
-                let (v, latest) = t.await.unwrap();
-                let expected = (0..n as u64).map(|r| 100 + (r % 2) * 7 + r / 2).max();
-                assert_eq!(Some(latest), expected, "latest entry of {n}");
-                results.push(v);
-            }
-            for r in &results {
-                assert_eq!(r, &results[0], "replicas differ");
-                for (a, b) in r.iter().zip(&mean) {
-                    assert!((a - b).abs() < 1e-5, "{a} vs {b}");
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -4,6 +4,7 @@
 //! a timeout or as soon as a newer plan is committed (`Waiter`).
 
 use parcae_model::{Collective, Neighbours};
+use parcae_outer::Wire;
 
 use super::error::TrainError;
 use super::waiter::Waiter;
@@ -119,6 +120,18 @@ pub(crate) struct RingCollective<'w, 'l> {
     pub(crate) links: Reach<'l>,
     /// Counts what the all-reduce sends.
     pub(crate) metrics: &'l Metrics,
+    /// The form of what an all-reduce by zone sends between zones.
+    pub(crate) across: Wire,
+}
+
+impl RingCollective<'_, '_> {
+    /// The same all-reduce, sending `wire` between zones.
+    pub(crate) fn across_as(self, wire: Wire) -> Self {
+        Self {
+            across: wire,
+            ..self
+        }
+    }
 }
 
 impl Collective for RingCollective<'_, '_> {
@@ -141,9 +154,10 @@ impl Collective for RingCollective<'_, '_> {
             }
             Reach::Replicas(ReduceLink::ByZone(by_zone)) => {
                 let layout = by_zone.layout.clone();
+                let (links, wire) = (by_zone.links(), self.across);
                 waiter.wait(
                     "all-reduce by zone",
-                    all_reduce_mean_by_zone(values, &layout, by_zone.links(), round, entered),
+                    all_reduce_mean_by_zone(values, &layout, links, (round, entered), wire),
                 )?
             }
         };

@@ -13,7 +13,7 @@
 //!   is the outer weights, the same in every group, whatever the limit is modulo H.
 
 use parcae_model::{Collective, PipelineModel, Stage};
-use parcae_outer::{OuterSettings, SyncMode};
+use parcae_outer::{OuterSettings, SyncMode, Wire};
 
 use super::error::TrainError;
 use super::neighbours::{Reach, RingCollective};
@@ -87,12 +87,14 @@ impl<'w, 'l> ReduceIo<'w, 'l> {
             round: self.round,
             links,
             metrics: self.metrics,
+            across: Wire::F32,
         }
     }
 }
 
 /// Closes a round at the stage: the pseudo-gradient averaged over every replica (`links`;
-/// none when the stage has no replica), then the outer step, which the stage's weights become.
+/// none when the stage has no replica; in the outer optimizer's wire form between zones), then
+/// the outer step, which the stage's weights become.
 pub(crate) fn close_round<M: PipelineModel>(
     stage: &mut Stage<M>,
     links: Option<&mut ReduceLink>,
@@ -101,7 +103,9 @@ pub(crate) fn close_round<M: PipelineModel>(
 ) -> Result<(), TrainError> {
     let mut mean = stage.pseudo_gradient()?;
     if let Some(links) = links {
-        io.over(Reach::Replicas(links)).all_reduce_mean(&mut mean)?;
+        io.over(Reach::Replicas(links))
+            .across_as(outer.wire)
+            .all_reduce_mean(&mut mean)?;
     }
     stage.outer_step(&mean, outer)?;
     Ok(())
