@@ -10,19 +10,19 @@ pub struct EstimateView {
     pub config: [u32; 2],
     /// Estimated samples per second.
     pub samples_per_sec: f64,
-    /// Over zones: the nodes it would run in each zone, in [`FleetView::zones`]' order (empty
-    /// when the workers are planned as one zone).
+    /// Over pools: the nodes it would run in each pool, in [`FleetView::pools`]' order (empty
+    /// when the workers are planned as one pool).
     #[serde(default)]
-    pub zones: Vec<u32>,
+    pub pools: Vec<u32>,
 }
 
-/// What the leader plans over when its workers are in several zones (issue 37): each zone's
+/// What the leader plans over when its workers are in several pools (issue 37): each pool's
 /// nodes and the device speed it measured, and the links the plans are priced on.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FleetView {
-    /// The zones, by name.
-    pub zones: Vec<ZoneView>,
+    /// The pools, by name.
+    pub pools: Vec<PoolView>,
     /// A link inside a zone.
     pub within: LinkView,
     /// A link between two zones of one region.
@@ -49,12 +49,13 @@ pub struct PoolAdviceView {
     pub reason: String,
 }
 
-/// One zone as the leader prices it.
+/// One pool as the leader prices it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
-pub struct ZoneView {
-    /// Its name (the members' `zone`).
-    pub name: String,
+pub struct PoolView {
+    /// The pool (`ZONE` or `ZONE/TYPE`: its members' zone, and instance type where the leader
+    /// tells types apart).
+    pub pool: String,
     /// Workers in it.
     pub nodes: u32,
     /// Forward and backward of every layer on one micro-batch on its device, ms (its own

@@ -15,7 +15,7 @@ pub mod client;
 mod fleet;
 mod learn;
 
-pub use fleet::{EstimateView, FleetView, LinkView, PoolAdviceView, ZoneView};
+pub use fleet::{EstimateView, FleetView, LinkView, PoolAdviceView, PoolView};
 pub use learn::{LearnReport, LearnRun, ValPoint};
 
 use serde::{Deserialize, Serialize};

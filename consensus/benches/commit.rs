@@ -144,7 +144,7 @@ fn measure(sync: bool) -> Row {
         Command::AvailabilityTick {
             interval,
             count: NODES,
-            zones: Vec::new(),
+            pools: Vec::new(),
         }
     };
 

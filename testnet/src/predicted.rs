@@ -315,12 +315,12 @@ mod tests {
             EstimateView {
                 config: [2, 2],
                 samples_per_sec: 80.0,
-                zones: Vec::new(),
+                pools: Vec::new(),
             },
             EstimateView {
                 config: [1, 4],
                 samples_per_sec: 60.0,
-                zones: Vec::new(),
+                pools: Vec::new(),
             },
         ];
         let table = measured_throughput(&[&run]);

@@ -61,7 +61,7 @@ fn run(dir: PathBuf, count: u64) -> Result<(), Box<dyn std::error::Error>> {
         let mut handle = node.propose(&Command::AvailabilityTick {
             interval,
             count: 1,
-            zones: Vec::new(),
+            pools: Vec::new(),
         })?;
         let outcome = loop {
             node.drive()?;

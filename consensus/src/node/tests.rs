@@ -78,7 +78,7 @@ fn single_node_bootstraps_commits_and_reopens() {
             .propose(&Command::AvailabilityTick {
                 interval: 1,
                 count: 1,
-                zones: Vec::new(),
+                pools: Vec::new(),
             })
             .unwrap();
         node.drive().unwrap();

@@ -13,7 +13,7 @@ use super::training::{
 };
 use super::types::{
     AvailabilitySample, CutPart, Job, KeyId, LayerCost, LinkTime, Member, MemberStatus, NodeCosts,
-    PeerInfo, Plan, RaftRole, Retired, StageSlot, ZoneCount,
+    PeerInfo, Plan, PoolCount, RaftRole, Retired, StageSlot,
 };
 use crate::ids::NodeId;
 
@@ -29,8 +29,8 @@ pub(super) fn apply(
         Command::AvailabilityTick {
             interval,
             count,
-            zones,
-        } => availability(state, *interval, *count, zones),
+            pools,
+        } => availability(state, *interval, *count, pools),
         Command::Reconfigure { plan } => reconfigure(state, plan),
         Command::StepCommitted {
             step,
@@ -308,9 +308,9 @@ fn availability(
     state: &mut ControlState,
     interval: u64,
     count: u32,
-    zones: &[ZoneCount],
+    pools: &[PoolCount],
 ) -> Result<Vec<StateEvent>, Rejection> {
-    check_zone_counts(count, zones).map_err(|reason| Rejection::invalid("zones", reason))?;
+    check_pool_counts(count, pools).map_err(|reason| Rejection::invalid("pools", reason))?;
     if let Some(last) = state.availability.back()
         && interval <= last.interval
     {
@@ -325,39 +325,39 @@ fn availability(
     state.availability.push_back(AvailabilitySample {
         interval,
         count,
-        zones: zones.to_vec(),
+        pools: pools.to_vec(),
     });
     Ok(vec![StateEvent::AvailabilityRecorded { interval }])
 }
 
-/// Why `zones` are not `count` nodes by zone, if they are not: at most
-/// [`limits::MAX_SAMPLE_ZONES`] named zones in ascending order, adding up to `count`.
-fn check_zone_counts(count: u32, zones: &[ZoneCount]) -> Result<(), String> {
-    if zones.is_empty() {
+/// Why `pools` are not `count` nodes by pool, if they are not: at most
+/// [`limits::MAX_SAMPLE_POOLS`] named pools in ascending order, adding up to `count`.
+fn check_pool_counts(count: u32, pools: &[PoolCount]) -> Result<(), String> {
+    if pools.is_empty() {
         return Ok(());
     }
-    if zones.len() > limits::MAX_SAMPLE_ZONES {
+    if pools.len() > limits::MAX_SAMPLE_POOLS {
         return Err(format!(
-            "{} zones (at most {})",
-            zones.len(),
-            limits::MAX_SAMPLE_ZONES
+            "{} pools (at most {})",
+            pools.len(),
+            limits::MAX_SAMPLE_POOLS
         ));
     }
-    for z in zones {
-        if z.zone.is_empty() {
-            return Err("a zone without a name".into());
+    for p in pools {
+        if p.pool.is_empty() {
+            return Err("a pool without a name".into());
         }
-        z.zone.parse::<Pool>().map_err(|e| e.to_string())?;
+        p.pool.parse::<Pool>().map_err(|e| e.to_string())?;
     }
-    if let Some(pair) = zones.windows(2).find(|w| w[0].zone >= w[1].zone) {
+    if let Some(pair) = pools.windows(2).find(|w| w[0].pool >= w[1].pool) {
         return Err(format!(
-            "{:?} before {:?}: zones go in ascending order, once each",
-            pair[0].zone, pair[1].zone
+            "{:?} before {:?}: pools go in ascending order, once each",
+            pair[0].pool, pair[1].pool
         ));
     }
-    let sum: u64 = zones.iter().map(|z| u64::from(z.nodes)).sum();
+    let sum: u64 = pools.iter().map(|p| u64::from(p.nodes)).sum();
     if sum != u64::from(count) {
-        return Err(format!("{sum} nodes by zone for a count of {count}"));
+        return Err(format!("{sum} nodes by pool for a count of {count}"));
     }
     Ok(())
 }

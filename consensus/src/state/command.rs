@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{
     Cut, Digest32, Job, KeyId, LayerCost, LayerRange, LinkTime, OptimizerScalars, PeerInfo, Plan,
-    ZoneCount,
+    PoolCount,
 };
 use crate::codec::{self, CodecError};
 use crate::ids::NodeId;
@@ -51,9 +51,9 @@ pub enum Command {
         interval: u64,
         /// Nodes available.
         count: u32,
-        /// The same nodes by zone, in ascending order of name, adding up to `count`; empty when
+        /// The same nodes by pool, in ascending order of name, adding up to `count`; empty when
         /// some node did not say its zone.
-        zones: Vec<ZoneCount>,
+        pools: Vec<PoolCount>,
     },
     /// A new plan, effective from `plan.at_step`.
     Reconfigure {

@@ -22,7 +22,7 @@ pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateE
 pub use types::{
     AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LayerRange,
     LinkTime, LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, OuterRound, PeerInfo,
-    Plan, Progress, RaftRole, Retired, StageSlot, StepEnd, ZoneCount,
+    Plan, PoolCount, Progress, RaftRole, Retired, StageSlot, StepEnd,
 };
 
 use crate::codec::{self, CodecError};
@@ -50,7 +50,7 @@ pub mod limits {
     /// Availability samples kept (oldest dropped first).
     pub const MAX_AVAILABILITY: usize = 4096;
     /// Zones of one availability sample.
-    pub const MAX_SAMPLE_ZONES: usize = 16;
+    pub const MAX_SAMPLE_POOLS: usize = 16;
     /// Losses kept (oldest dropped first).
     pub const MAX_RECENT_LOSSES: usize = 256;
     /// Pipeline stages and data-parallel width of a plan.

@@ -292,7 +292,7 @@ fn availability_is_strictly_increasing_and_bounded() {
     s.apply(&Command::AvailabilityTick {
         interval: 3,
         count: 4,
-        zones: Vec::new(),
+        pools: Vec::new(),
     })
     .unwrap();
     assert_eq!(
@@ -301,7 +301,7 @@ fn availability_is_strictly_increasing_and_bounded() {
             &Command::AvailabilityTick {
                 interval: 3,
                 count: 5,
-                zones: Vec::new(),
+                pools: Vec::new(),
             }
         ),
         Rejection::StaleInterval { last: 3, got: 3 }
@@ -310,7 +310,7 @@ fn availability_is_strictly_increasing_and_bounded() {
         s.apply(&Command::AvailabilityTick {
             interval: i,
             count: 1,
-            zones: Vec::new(),
+            pools: Vec::new(),
         })
         .unwrap();
     }
@@ -319,31 +319,31 @@ fn availability_is_strictly_increasing_and_bounded() {
 }
 
 #[test]
-fn availability_by_zone_adds_up_to_the_count_over_named_zones_in_order() {
-    let zone = |zone: &str, nodes: u32| ZoneCount {
-        zone: zone.into(),
+fn availability_by_pool_adds_up_to_the_count_over_named_pools_in_order() {
+    let zone = |pool: &str, nodes: u32| PoolCount {
+        pool: pool.into(),
         nodes,
     };
-    let tick = |interval: u64, count: u32, zones: Vec<ZoneCount>| Command::AvailabilityTick {
+    let tick = |interval: u64, count: u32, pools: Vec<PoolCount>| Command::AvailabilityTick {
         interval,
         count,
-        zones,
+        pools,
     };
     let mut s = ControlState::default();
     let by_zone = vec![zone("us-east-1a", 5), zone("us-east-1b", 3)];
     s.apply(&tick(0, 8, by_zone.clone())).unwrap();
-    assert_eq!(s.availability.back().unwrap().zones, by_zone);
-    let refused = |s: &mut ControlState, zones: Vec<ZoneCount>, why: &str| {
-        let r = rejected(s, &tick(1, 8, zones));
+    assert_eq!(s.availability.back().unwrap().pools, by_zone);
+    let refused = |s: &mut ControlState, pools: Vec<PoolCount>, why: &str| {
+        let r = rejected(s, &tick(1, 8, pools));
         assert!(
-            matches!(&r, Rejection::Invalid { field: "zones", reason } if reason.contains(why)),
+            matches!(&r, Rejection::Invalid { field: "pools", reason } if reason.contains(why)),
             "{r:?}"
         );
     };
     refused(
         &mut s,
         vec![zone("a", 5), zone("b", 2)],
-        "7 nodes by zone for a count of 8",
+        "7 nodes by pool for a count of 8",
     );
     refused(&mut s, vec![zone("b", 5), zone("a", 3)], "ascending order");
     refused(&mut s, vec![zone("a", 5), zone("a", 3)], "ascending order");
@@ -354,14 +354,14 @@ fn availability_by_zone_adds_up_to_the_count_over_named_zones_in_order() {
         vec![zone("a/p3/x", 8)],
         "must be 1 to 64 characters",
     );
-    let many = (0..=limits::MAX_SAMPLE_ZONES)
+    let many = (0..=limits::MAX_SAMPLE_POOLS)
         .map(|z| zone(&format!("z{z:02}"), u32::from(z == 0) * 8))
         .collect();
-    refused(&mut s, many, "zones (at most 16)");
-    // Nothing refused was recorded; a sample without zones still is.
+    refused(&mut s, many, "pools (at most 16)");
+    // Nothing refused was recorded; a sample without pools still is.
     assert_eq!(s.availability.len(), 1);
     s.apply(&tick(1, 8, Vec::new())).unwrap();
-    assert!(s.availability.back().unwrap().zones.is_empty());
+    assert!(s.availability.back().unwrap().pools.is_empty());
 }
 
 #[test]
@@ -1023,7 +1023,7 @@ fn snapshot_roundtrip_preserves_digest_and_roles_follow_raft() {
     s.apply(&Command::AvailabilityTick {
         interval: 0,
         count: 3,
-        zones: Vec::new(),
+        pools: Vec::new(),
     })
     .unwrap();
     assert_ne!(back.digest(), s.digest());
@@ -1060,7 +1060,7 @@ proptest! {
     #[test]
     fn commands_roundtrip(interval in any::<u64>(), count in any::<u32>(), deadline in any::<u64>(), i in 1u8..50) {
         for cmd in [
-            Command::AvailabilityTick { interval, count, zones: Vec::new() },
+            Command::AvailabilityTick { interval, count, pools: Vec::new() },
             Command::Notice { node: id(i), deadline_ms: deadline },
             join(i),
         ] {
@@ -1076,7 +1076,7 @@ proptest! {
             1 => Command::Notice { node: id(*n), deadline_ms: *x },
             2 => Command::Lost { node: id(*n) },
             3 => Command::Leave { node: id(*n) },
-            4 => Command::AvailabilityTick { interval: *x % 100, count: *n as u32, zones: Vec::new() },
+            4 => Command::AvailabilityTick { interval: *x % 100, count: *n as u32, pools: Vec::new() },
             _ => Command::Reconfigure { plan: plan(*x % 3, 1, 1, 0) },
         }).collect();
         let mut a = ControlState::default();

@@ -211,17 +211,17 @@ pub struct AvailabilitySample {
     pub interval: u64,
     /// Nodes available in that interval.
     pub count: u32,
-    /// The same nodes by zone, zones in ascending order of name (empty when some node did not
-    /// say its zone): what a planner over zones forecasts each zone from.
-    pub zones: Vec<ZoneCount>,
+    /// The same nodes by pool, pools in ascending order of name (empty when some node did not
+    /// say its zone): what a planner over pools forecasts each pool from.
+    pub pools: Vec<PoolCount>,
 }
 
 /// Nodes available in one pool (a zone, or an instance type in a zone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ZoneCount {
+pub struct PoolCount {
     /// The pool's name (`ZONE` or `ZONE/TYPE`, `parcae_pool::Pool`'s form), checked when the
     /// count is committed.
-    pub zone: String,
+    pub pool: String,
     /// Its nodes.
     pub nodes: u32,
 }

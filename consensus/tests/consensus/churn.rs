@@ -111,7 +111,7 @@ fn grow_to_fifteen_and_shrink_to_four_with_crashes() {
             Command::AvailabilityTick {
                 interval,
                 count: sim.live().len() as u32,
-                zones: Vec::new(),
+                pools: Vec::new(),
             },
         );
         interval += 1;

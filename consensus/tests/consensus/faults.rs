@@ -68,7 +68,7 @@ fn run_seed(seed: u64) {
             let cmd = Command::AvailabilityTick {
                 interval: next_interval,
                 count: 1,
-                zones: Vec::new(),
+                pools: Vec::new(),
             };
             if sim.propose(cmd).is_ok() {
                 next_interval += 1;

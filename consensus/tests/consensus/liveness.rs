@@ -8,7 +8,7 @@ fn tick_cmd(interval: u64) -> Command {
     Command::AvailabilityTick {
         interval,
         count: 3,
-        zones: Vec::new(),
+        pools: Vec::new(),
     }
 }
 

@@ -149,7 +149,7 @@ mod tests {
             Command::AvailabilityTick {
                 interval: 0,
                 count: 2,
-                zones: Vec::new(),
+                pools: Vec::new(),
             },
             Command::Reconfigure {
                 plan: state.plan.clone().unwrap(),

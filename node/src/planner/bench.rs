@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use parcae_consensus::state::{Capabilities, Job, LayerCost, PeerInfo, ZoneCount};
+use parcae_consensus::state::{Capabilities, Job, LayerCost, PeerInfo, PoolCount};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_strategies::cost::objective::ObjectiveKind;
 use serde::Serialize;
@@ -100,11 +100,11 @@ pub fn cluster(members: &[Member], layers: u32, history: u64) -> anyhow::Result<
         *zones.entry(member.zone.as_str()).or_default() += 1;
     }
     let named = members.iter().all(|m| !m.zone.is_empty());
-    let by_zone: Vec<ZoneCount> = zones
+    let by_zone: Vec<PoolCount> = zones
         .into_iter()
         .filter(|_| named)
-        .map(|(zone, nodes)| ZoneCount {
-            zone: zone.to_string(),
+        .map(|(pool, nodes)| PoolCount {
+            pool: pool.to_string(),
             nodes,
         })
         .collect();
@@ -112,7 +112,7 @@ pub fn cluster(members: &[Member], layers: u32, history: u64) -> anyhow::Result<
         state.apply(&Command::AvailabilityTick {
             interval,
             count: members.len() as u32,
-            zones: by_zone.clone(),
+            pools: by_zone.clone(),
         })?;
     }
     Ok(state)

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use parcae_consensus::state::{Member, MemberStatus, Plan, StageSlot, ZoneCount, limits};
+use parcae_consensus::state::{Member, MemberStatus, Plan, PoolCount, StageSlot, limits};
 use parcae_consensus::{Command, ControlState, NodeId};
 use parcae_pool::AllReduce;
 use parcae_strategies::ParallelConfig;
@@ -189,14 +189,14 @@ pub fn availability_tick(state: &ControlState) -> Command {
             None => unnamed += 1,
         }
     }
-    let named = unnamed == 0 && by_zone.len() <= limits::MAX_SAMPLE_ZONES;
+    let named = unnamed == 0 && by_zone.len() <= limits::MAX_SAMPLE_POOLS;
     Command::AvailabilityTick {
         interval: next_interval(state),
         count: by_zone.values().sum::<u32>() + unnamed,
-        zones: if named {
+        pools: if named {
             by_zone
                 .into_iter()
-                .map(|(zone, nodes)| ZoneCount { zone, nodes })
+                .map(|(pool, nodes)| PoolCount { pool, nodes })
                 .collect()
         } else {
             Vec::new()
@@ -330,7 +330,7 @@ mod tests {
             Command::AvailabilityTick {
                 interval: 0,
                 count: 4,
-                zones: Vec::new(),
+                pools: Vec::new(),
             }
         );
         state.apply(&first).unwrap();
@@ -344,7 +344,7 @@ mod tests {
             Command::AvailabilityTick {
                 interval: 1,
                 count: 3,
-                zones: Vec::new(),
+                pools: Vec::new(),
             }
         );
     }
@@ -369,8 +369,8 @@ mod tests {
             .get_mut(&NodeId::from_peer_bytes(&[3]))
             .unwrap()
             .status = MemberStatus::Lost;
-        let zone = |zone: &str, nodes| ZoneCount {
-            zone: zone.into(),
+        let zone = |pool: &str, nodes| PoolCount {
+            pool: pool.into(),
             nodes,
         };
         let tick = availability_tick(&state);
@@ -379,7 +379,7 @@ mod tests {
             Command::AvailabilityTick {
                 interval: 0,
                 count: 3,
-                zones: vec![zone("a", 1), zone("b", 2)],
+                pools: vec![zone("a", 1), zone("b", 2)],
             }
         );
         state.apply(&tick).unwrap();
@@ -395,7 +395,7 @@ mod tests {
             Command::AvailabilityTick {
                 interval: 1,
                 count: 4,
-                zones: Vec::new(),
+                pools: Vec::new(),
             }
         );
     }

@@ -79,8 +79,8 @@ pub fn decide(
         planned: current.is_some(),
         broken,
         zones: zoned.as_ref().map(|z| ZonesAt {
-            names: z.view.zones.iter().map(|v| v.name.as_str()).collect(),
-            workers: z.view.zones.iter().map(|v| v.nodes).collect(),
+            names: z.view.pools.iter().map(|v| v.pool.as_str()).collect(),
+            workers: z.view.pools.iter().map(|v| v.nodes).collect(),
             table_of: &table_of,
         }),
     };
@@ -128,7 +128,7 @@ fn estimates(cost: &CostModel, n: u32, zoned: Option<&Zoned>) -> Vec<EstimateVie
         .map(|c| EstimateView {
             config: [c.d, c.p],
             samples_per_sec: cost.samples_per_sec(*c),
-            zones: zoned.and_then(|z| z.nodes_per_zone(*c)).unwrap_or_default(),
+            pools: zoned.and_then(|z| z.nodes_per_zone(*c)).unwrap_or_default(),
         })
         .collect();
     v.sort_by(|a, b| b.samples_per_sec.total_cmp(&a.samples_per_sec));

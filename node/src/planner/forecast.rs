@@ -136,7 +136,7 @@ pub fn zone_histories(state: &ControlState, names: &[&str]) -> (usize, Vec<Vec<I
     let start = state
         .availability
         .iter()
-        .rposition(|s| s.zones.is_empty())
+        .rposition(|s| s.pools.is_empty())
         .map_or(0, |i| i + 1);
     let by_zone = state.availability.range(start..);
     let first = first_recorded(state) + start;
@@ -146,10 +146,10 @@ pub fn zone_histories(state: &ControlState, names: &[&str]) -> (usize, Vec<Vec<I
             let counts: Vec<u32> = by_zone
                 .clone()
                 .map(|s| {
-                    s.zones
+                    s.pools
                         .iter()
-                        .find(|z| z.zone == *name)
-                        .map_or(0, |z| z.nodes)
+                        .find(|p| p.pool == *name)
+                        .map_or(0, |p| p.nodes)
                 })
                 .collect();
             intervals_from_counts(counts.first().copied().unwrap_or(0), counts)
@@ -260,7 +260,7 @@ mod tests {
                 .apply(&Command::AvailabilityTick {
                     interval,
                     count,
-                    zones: Vec::new(),
+                    pools: Vec::new(),
                 })
                 .unwrap();
             if interval % 1000 == 0 {
@@ -283,7 +283,7 @@ mod tests {
                 .apply(&Command::AvailabilityTick {
                     interval,
                     count: 9,
-                    zones: Vec::new(),
+                    pools: Vec::new(),
                 })
                 .unwrap();
         }
@@ -310,7 +310,7 @@ mod tests {
                 .apply(&Command::AvailabilityTick {
                     interval,
                     count,
-                    zones: Vec::new(),
+                    pools: Vec::new(),
                 })
                 .unwrap();
         }
@@ -353,7 +353,7 @@ mod tests {
             let tick = Command::AvailabilityTick {
                 interval,
                 count: 8,
-                zones: Vec::new(),
+                pools: Vec::new(),
             };
             state.apply(&tick).unwrap();
         };
@@ -378,10 +378,10 @@ mod tests {
     #[test]
     fn each_zone_is_forecast_from_its_own_record_and_its_own_departures() {
         use parcae_consensus::NodeId;
-        use parcae_consensus::state::{Capabilities, PeerInfo, ZoneCount};
+        use parcae_consensus::state::{Capabilities, PeerInfo, PoolCount};
         let mut state = ControlState::default();
-        let zone = |zone: &str, nodes| ZoneCount {
-            zone: zone.into(),
+        let zone = |pool: &str, nodes| PoolCount {
+            pool: pool.into(),
             nodes,
         };
         // A sample of a cluster not yet named by zone, then three by zone.
@@ -395,7 +395,7 @@ mod tests {
             let tick = Command::AvailabilityTick {
                 interval: interval as u64,
                 count,
-                zones,
+                pools: zones,
             };
             state.apply(&tick).unwrap();
         }

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use parcae_api::{FleetView, LinkView, PoolAdviceView, ZoneView};
+use parcae_api::{FleetView, LinkView, PoolAdviceView, PoolView};
 use parcae_consensus::{ControlState, NodeId};
 use parcae_pool::Pool;
 use parcae_strategies::cost::CostModel;
@@ -48,22 +48,22 @@ impl Zoned {
     /// The workers `config` would run in each zone (`None` when the fleet cannot lay it out).
     pub fn nodes_per_zone(&self, config: parcae_strategies::ParallelConfig) -> Option<Vec<u32>> {
         let placement = self.plans.placements.get(&config)?;
-        Some(placement.nodes_per_zone(self.view.zones.len()))
+        Some(placement.nodes_per_zone(self.view.pools.len()))
     }
 
     /// The view with each pool's advice under `config`, the plan in force (every pool idle
     /// where the fleet cannot lay it out, or nothing runs).
     pub fn advised(self, config: parcae_strategies::ParallelConfig) -> FleetView {
-        let held: Vec<u32> = self.view.zones.iter().map(|z| z.nodes).collect();
+        let held: Vec<u32> = self.view.pools.iter().map(|p| p.nodes).collect();
         let used = self
             .nodes_per_zone(config)
             .unwrap_or_else(|| vec![0; held.len()]);
         let advice = advise(&held, &used)
             .into_iter()
-            .zip(self.view.zones.iter().zip(used))
-            .map(|(a, (zone, used))| PoolAdviceView {
-                pool: zone.name.clone(),
-                nodes_now: zone.nodes,
+            .zip(self.view.pools.iter().zip(used))
+            .map(|(a, (pool, used))| PoolAdviceView {
+                pool: pool.pool.clone(),
+                nodes_now: pool.nodes,
                 nodes_used: used,
                 action: a.action.as_str().to_owned(),
                 reason: a.reason,
@@ -330,13 +330,13 @@ fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
         usd_per_gb: l.usd_per_gb,
     };
     FleetView {
-        zones: fleet
+        pools: fleet
             .zones()
             .iter()
             .zip(counts)
             .enumerate()
-            .map(|(z, (zone, nodes))| ZoneView {
-                name: zone.pool.to_string(),
+            .map(|(z, (zone, nodes))| PoolView {
+                pool: zone.pool.to_string(),
                 nodes: *nodes,
                 model_ms: fleet.pace(z),
             })

@@ -107,7 +107,7 @@ mod tests {
             let tick = Command::AvailabilityTick {
                 interval: interval as u64,
                 count,
-                zones: Vec::new(),
+                pools: Vec::new(),
             };
             state.apply(&tick).unwrap();
         }

@@ -316,7 +316,7 @@ fn two_instance_types_in_one_zone_are_two_pools_on_the_zone_s_free_link() {
     ]);
     let mut fleets = FleetCache::default();
     let z = zoned(&pools, &mut fleets).expect("two pools");
-    let names: Vec<String> = z.view.zones.iter().map(|v| v.name.clone()).collect();
+    let names: Vec<String> = z.view.pools.iter().map(|v| v.pool.clone()).collect();
     assert_eq!(names, ["a/fast", "a/slow"]);
     assert_eq!(z.node_zones, vec![0, 0, 0, 0, 1, 1, 1, 1]);
     // The same devices in two zones pay for every crossing; in one zone nothing crosses.
@@ -330,12 +330,15 @@ fn two_instance_types_in_one_zone_are_two_pools_on_the_zone_s_free_link() {
     }
     assert!(faster > 0, "some layout gains from the free link");
     // Each pool's availability is recorded under its own name.
-    let Command::AvailabilityTick { zones, count, .. } =
-        crate::planner::build::availability_tick(&pools)
+    let Command::AvailabilityTick {
+        pools: counts,
+        count,
+        ..
+    } = crate::planner::build::availability_tick(&pools)
     else {
         panic!("an availability tick");
     };
-    let counted: Vec<(&str, u32)> = zones.iter().map(|z| (z.zone.as_str(), z.nodes)).collect();
+    let counted: Vec<(&str, u32)> = counts.iter().map(|p| (p.pool.as_str(), p.nodes)).collect();
     assert_eq!((count, counted), (8, vec![("a/fast", 4), ("a/slow", 4)]));
     // A pool takes its own price, else its zone's.
     let prices: BTreeMap<String, f64> = [("a".to_string(), 1.0), ("a/fast".to_string(), 3.0)]
