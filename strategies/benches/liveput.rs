@@ -15,7 +15,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::analytic::{Hardware, throughput_table};
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::transfer::TransferModel;
@@ -205,7 +205,7 @@ fn fleet(zones: usize) -> Fleet {
     let spec = CostModel::builtin("gpt-1.5b").expect("built in").spec;
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let zones = (0..zones)
-        .map(|i| Zone {
+        .map(|i| FleetPool {
             pool: format!("z{i}").parse().expect("a pool's name"),
             device: v100.derived("d", 1.0 + 0.5 * i as f64, (16 + 8 * i) as f64 * 1024.0),
         })

@@ -10,7 +10,7 @@
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::sim::fleet::{FleetRun, Objective, simulate_fleet};
@@ -36,7 +36,7 @@ fn main() {
             ("c", v100.derived("c", 0.8, memory)),
             ("d", v100.clone()),
         ]
-        .map(|(name, device)| Zone {
+        .map(|(name, device)| FleetPool {
             pool: name.parse().expect("a pool's name"),
             device,
         });

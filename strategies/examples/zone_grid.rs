@@ -14,7 +14,7 @@
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::sim::fleet::{FleetRun, Objective, simulate_fleet};
@@ -55,11 +55,11 @@ fn main() {
                 let b = trace::load(&other, 60).expect("a synthetic zone");
                 let device = v100.derived("b", speed, memory_gib * 1024.0);
                 let zones = vec![
-                    Zone {
+                    FleetPool {
                         pool: names[0].parse().expect("a pool's name"),
                         device: v100.clone(),
                     },
-                    Zone {
+                    FleetPool {
                         pool: names[1].parse().expect("a pool's name"),
                         device,
                     },

@@ -6,7 +6,7 @@ mod common;
 
 use parcae_strategies::cost::analytic::Hardware;
 use parcae_strategies::cost::builtin::builtin;
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::sim::fleet::{
@@ -32,11 +32,11 @@ fn fleet_runs_for(
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let device = v100.derived("other", speed, memory_gib * 1024.0);
     let zones = vec![
-        Zone {
+        FleetPool {
             pool: "p3".parse().unwrap(),
             device: v100,
         },
-        Zone {
+        FleetPool {
             pool: "b".parse().unwrap(),
             device,
         },
@@ -148,7 +148,7 @@ fn a_dollar_objective_without_every_price_is_refused() {
     let spec = builtin("gpt-1.5b").unwrap().0;
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let zones = ["a", "b"]
-        .map(|name| Zone {
+        .map(|name| FleetPool {
             pool: name.parse().unwrap(),
             device: v100.clone(),
         })
@@ -198,11 +198,11 @@ fn the_nodes_used_per_zone_are_the_placements_and_within_each_zone() {
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
     let zones = vec![
-        Zone {
+        FleetPool {
             pool: "a".parse().unwrap(),
             device: v100,
         },
-        Zone {
+        FleetPool {
             pool: "b".parse().unwrap(),
             device: fast,
         },
@@ -254,11 +254,11 @@ fn planned_for_samples_per_dollar_a_dear_pool_is_left_idle_and_the_cheap_one_alo
     let spec = builtin("gpt-1.5b").unwrap().0;
     let v100 = DeviceCosts::profiled(&spec, "v100", Hardware::default().memory_mb);
     let zones = vec![
-        Zone {
+        FleetPool {
             pool: "cheap".parse().unwrap(),
             device: v100.clone(),
         },
-        Zone {
+        FleetPool {
             pool: "stable".parse().unwrap(),
             device: v100.derived("stable", 1.5, 24.0 * 1024.0),
         },

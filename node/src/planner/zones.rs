@@ -20,7 +20,7 @@ use parcae_consensus::{ControlState, NodeId};
 use parcae_pool::Pool;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::advice::advise;
-use parcae_strategies::cost::fleet::{Fleet, MAX_ZONES, Plans, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool, MAX_ZONES, Plans};
 use parcae_strategies::cost::links::{Link, Links, pool_price};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective::{self, ObjectiveKind};
@@ -192,10 +192,10 @@ impl FleetCache {
                 })
             })
             .collect();
-        let zones: Vec<Zone> = names
+        let zones: Vec<FleetPool> = names
             .iter()
             .zip(zone_layers(&reported, &cost.spec.layers))
-            .map(|(name, layers)| Zone {
+            .map(|(name, layers)| FleetPool {
                 pool: name.clone(),
                 device: DeviceCosts {
                     name: name.to_string(),
@@ -209,7 +209,7 @@ impl FleetCache {
             tracing::warn!("planner.links not applied: {e}");
         }
         let current = self.fleet.as_ref().is_some_and(|f| {
-            f.zones() == zones.as_slice()
+            f.pools() == zones.as_slice()
                 && f.spec() == &cost.spec
                 && f.links() == &links
                 && f.steps_in_zone() == shape.steps_in_zone
@@ -331,7 +331,7 @@ fn fleet_view(fleet: &Fleet, counts: &[u32]) -> FleetView {
     };
     FleetView {
         pools: fleet
-            .zones()
+            .pools()
             .iter()
             .zip(counts)
             .enumerate()

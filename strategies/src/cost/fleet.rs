@@ -59,13 +59,14 @@ pub const MAX_ZONES: usize = 8;
 /// Most compositions whose plans are kept; the memo starts over past it.
 pub const MAX_COMPOSITIONS: usize = 1024;
 
-/// One zone of the fleet, or one pool (an instance type in a zone): which, and the device kind
-/// its nodes run.
+/// One pool of the fleet (a zone, or an instance type in a zone): which, and the device kind
+/// its nodes run. The fleet's layouts still say "zone" for it (zone pipelines, the zone-blind
+/// planner): a pool's nodes share one link kind and one device.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Zone {
+pub struct FleetPool {
     /// The pool (a zone alone where its nodes' type is not told apart).
     pub pool: Pool,
-    /// The kind of device every node of the zone runs.
+    /// The kind of device every node of the pool runs.
     pub device: DeviceCosts,
 }
 
@@ -185,7 +186,7 @@ struct Staggered {
 #[derive(Clone)]
 pub struct Fleet {
     spec: ModelSpec,
-    zones: Vec<Zone>,
+    pools: Vec<FleetPool>,
     links: Links,
     /// `links` between the zones, by index.
     table: LinkTable,
@@ -251,13 +252,13 @@ type ZoneKey = ([u8; MAX_ZONES], [u32; MAX_ZONES], u32);
 type LocalKey = (usize, usize, u32, u32, u64, u64);
 
 impl Fleet {
-    /// The job `spec` over `zones`, linked by `links`.
-    pub fn new(spec: ModelSpec, zones: Vec<Zone>, links: Links) -> Result<Self, FleetError> {
-        if zones.is_empty() || zones.len() > MAX_ZONES {
-            return Err(FleetError::Zones(zones.len()));
+    /// The job `spec` over `pools`, linked by `links`.
+    pub fn new(spec: ModelSpec, pools: Vec<FleetPool>, links: Links) -> Result<Self, FleetError> {
+        if pools.is_empty() || pools.len() > MAX_ZONES {
+            return Err(FleetError::Zones(pools.len()));
         }
-        for (i, z) in zones.iter().enumerate() {
-            if zones[..i].iter().any(|o| o.pool == z.pool) {
+        for (i, z) in pools.iter().enumerate() {
+            if pools[..i].iter().any(|o| o.pool == z.pool) {
                 return Err(FleetError::Duplicate(z.pool.clone()));
             }
             if z.device.layers.len() != spec.layers.len() {
@@ -268,9 +269,9 @@ impl Fleet {
                 ));
             }
         }
-        let devices: Vec<&DeviceCosts> = zones.iter().map(|z| &z.device).collect();
+        let devices: Vec<&DeviceCosts> = pools.iter().map(|z| &z.device).collect();
         let worst = worst::worst_device(&spec, &devices);
-        let paces = zones
+        let paces = pools
             .iter()
             .map(|z| {
                 z.device
@@ -280,11 +281,11 @@ impl Fleet {
                     .sum()
             })
             .collect();
-        let pools: Vec<Pool> = zones.iter().map(|z| z.pool.clone()).collect();
-        let table = LinkTable::new(&links, &pools);
+        let names: Vec<Pool> = pools.iter().map(|z| z.pool.clone()).collect();
+        let table = LinkTable::new(&links, &names);
         Ok(Self {
             spec,
-            zones,
+            pools,
             links,
             table,
             prices: None,
@@ -340,7 +341,7 @@ impl Fleet {
     /// the fleet's order), or for samples (`None`); a change starts the plans' memo over.
     pub fn set_prices(&mut self, usd_per_node_hour: Option<&[f64]>) {
         let prices = usd_per_node_hour
-            .filter(|usd| usd.len() == self.zones.len())
+            .filter(|usd| usd.len() == self.pools.len())
             .map(<[f64]>::to_vec);
         if prices != self.prices {
             self.prices = prices;
@@ -354,9 +355,9 @@ impl Fleet {
         &self.links
     }
 
-    /// The zones, in the order compositions count them.
-    pub fn zones(&self) -> &[Zone] {
-        &self.zones
+    /// The pools, in the order compositions count them.
+    pub fn pools(&self) -> &[FleetPool] {
+        &self.pools
     }
 
     /// The device a zone-blind planner believes every node is: each layer as slow as on the
@@ -378,7 +379,7 @@ impl Fleet {
             self.zone_placed.clear();
         }
         // A composition of another fleet has no placement.
-        let total: u32 = if counts.len() == self.zones.len() {
+        let total: u32 = if counts.len() == self.pools.len() {
             counts.iter().sum()
         } else {
             0
@@ -432,7 +433,7 @@ impl Fleet {
         if let Some(split) = self.split.get(&(z, p)) {
             return split.clone();
         }
-        let devices = vec![&self.zones[z].device; p as usize];
+        let devices = vec![&self.pools[z].device; p as usize];
         let split = balanced_bounds(&self.spec, &devices);
         self.split.insert((z, p), split.clone());
         split

@@ -77,7 +77,7 @@ pub fn exchange(fleet: &Fleet, bytes: f64, groups: &[(usize, u32)]) -> ExchangeC
     if g < 2 {
         return ExchangeCost::default();
     }
-    let pools = fleet.zones();
+    let pools = fleet.pools();
     let mut ring = groups.to_vec();
     ring.sort_by(|a, b| pools[a.0].pool.cmp(&pools[b.0].pool));
     let sent = share(g as u32) * bytes;
@@ -108,7 +108,7 @@ pub fn exchange(fleet: &Fleet, bytes: f64, groups: &[(usize, u32)]) -> ExchangeC
 /// A one-way copy of `bytes` from pool `from` to pool `to` (each a pool index and the nodes
 /// sharing the transfer): a pool that joins the rounds fetching the outer weights.
 pub fn fetch(fleet: &Fleet, bytes: f64, from: (usize, u32), to: (usize, u32)) -> ExchangeCost {
-    let pools = fleet.zones();
+    let pools = fleet.pools();
     let (a, b) = (&pools[from.0].pool, &pools[to.0].pool);
     let link = fleet.links().between(a.zone(), b.zone());
     let crossing = !a.shares_zone(b);
@@ -156,7 +156,7 @@ pub fn planned_values(
     usd_per_node_hour: Option<&[f64]>,
 ) -> Vec<PoolValue> {
     fleet
-        .zones()
+        .pools()
         .iter()
         .enumerate()
         .filter_map(|(pool, zone)| {
@@ -273,7 +273,7 @@ fn rounds_of(fleet: &Fleet, groups: &[PoolValue], priced: bool, bytes: f64) -> G
 mod tests {
     use super::*;
     use crate::cost::builtin::builtin;
-    use crate::cost::fleet::Zone;
+    use crate::cost::fleet::FleetPool;
     use crate::cost::links::Links;
     use crate::cost::mixed::DeviceCosts;
 
@@ -282,7 +282,7 @@ mod tests {
     fn fleet(links: Links) -> Fleet {
         let spec = builtin("gpt-1.5b").unwrap().0;
         let v100 = DeviceCosts::profiled(&spec, "v100", 15.5 * 1024.0);
-        let zone = |name: &str, device: DeviceCosts| Zone {
+        let zone = |name: &str, device: DeviceCosts| FleetPool {
             pool: name.parse().unwrap(),
             device,
         };
@@ -316,7 +316,7 @@ mod tests {
         let counts = [16, 16, 16, 0];
         // Each pool's samples per dollar alone, from its own table at its nodes.
         let value = |pool: usize, usd: f64| {
-            let table = fleet.uniform_table(&fleet.zones()[pool].device, counts[pool]);
+            let table = fleet.uniform_table(&fleet.pools()[pool].device, counts[pool]);
             table.samples_per_sec(table.best(counts[pool])) / (16.0 * usd)
         };
         let rate = |pool: usize| value(pool, 1.0) * 16.0;

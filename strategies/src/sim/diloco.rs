@@ -140,7 +140,7 @@ pub fn diloco(
         bytes: pseudo_gradient_bytes(fleet, wire),
         model_bytes: pseudo_gradient_bytes(fleet, Wire::F32),
     };
-    let mut node_secs = vec![0.0; fleet.zones().len()];
+    let mut node_secs = vec![0.0; fleet.pools().len()];
     let mut cumulative = Vec::with_capacity(intervals);
     let mut samples = 0.0;
     for k in 0..intervals {
@@ -171,9 +171,9 @@ pub fn diloco(
     for r in &ran {
         kinds.add(&r.kinds);
     }
-    state.report.pools = (0..fleet.zones().len())
+    state.report.pools = (0..fleet.pools().len())
         .filter(|&g| node_secs[g] > 0.0)
-        .map(|g| fleet.zones()[g].pool.to_string())
+        .map(|g| fleet.pools()[g].pool.to_string())
         .collect();
     let run = StrategyRun {
         name,

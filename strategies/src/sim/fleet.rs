@@ -268,10 +268,10 @@ pub fn simulate_fleet(
     objective: &Objective,
     outer: Option<Outer>,
 ) -> Result<Vec<FleetRun>, FleetTraceError> {
-    if traces.len() != fleet.zones().len() {
+    if traces.len() != fleet.pools().len() {
         return Err(FleetTraceError::Count {
             traces: traces.len(),
-            zones: fleet.zones().len(),
+            zones: fleet.pools().len(),
         });
     }
     if let Objective::SamplesPerDollar { usd_per_node_hour } = objective {
@@ -408,7 +408,7 @@ fn alone_runs(
     seed: u64,
 ) -> Vec<FleetRun> {
     let mut runs = Vec::with_capacity(traces.len());
-    for (z, zone) in fleet.zones().iter().enumerate() {
+    for (z, zone) in fleet.pools().iter().enumerate() {
         let trace = &traces[z];
         let most = trace.intervals[range.clone()]
             .iter()
@@ -514,7 +514,7 @@ pub fn nodes_used(
     run: &StrategyRun,
     start: usize,
 ) -> Vec<Vec<u32>> {
-    let zones = fleet.zones().len();
+    let zones = fleet.pools().len();
     run.configs
         .iter()
         .enumerate()

@@ -8,7 +8,7 @@
 //! across two), which the emulated nodes pace their activations, gradients, rings and state
 //! fetches on (`node::emulate`, `Crossings`). The simulated interval is the emulated one.
 
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::profile;
@@ -55,7 +55,7 @@ pub fn simulate(
     let fleet_zones = zones
         .iter()
         .map(|z| {
-            Ok(Zone {
+            Ok(FleetPool {
                 pool: z.name.parse()?,
                 device: base.derived(&format!("{profile}x{}", z.speed), z.speed, base.memory_mb),
             })

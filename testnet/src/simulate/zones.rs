@@ -9,7 +9,7 @@ use parcae_pool::Pool;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::advice::advise;
 use parcae_strategies::cost::analytic::Hardware;
-use parcae_strategies::cost::fleet::{Fleet, Zone};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective::ObjectiveKind;
@@ -226,7 +226,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
                 .with_context(|| format!("zone {}", z.pool))?,
         );
         let memory_mb = z.memory_gib.map_or(base.memory_mb, |g| g * 1024.0);
-        zones.push(Zone {
+        zones.push(FleetPool {
             pool: z.pool.clone(),
             device: base.derived(
                 &format!("{}x{}", args.model_name, z.speed),
@@ -281,7 +281,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
             objective: args.objective.as_str(),
             zones: specs
                 .iter()
-                .zip(fleet.zones())
+                .zip(fleet.pools())
                 .enumerate()
                 .map(|(i, (s, z))| ZoneJson {
                     name: s.pool.to_string(),
@@ -333,7 +333,7 @@ fn last_advice(
         .into_iter()
         .enumerate()
         .map(|(z, a)| AdviceJson {
-            pool: fleet.zones()[z].pool.to_string(),
+            pool: fleet.pools()[z].pool.to_string(),
             nodes_now: held[z],
             nodes_used: used[z],
             action: a.action.as_str(),
@@ -353,7 +353,7 @@ fn plot(
     runs: &[FleetRun],
 ) -> Result<()> {
     let (counts, used) = ours_on_pools(fleet, traces, range.clone(), runs)?;
-    let names: Vec<String> = fleet.zones().iter().map(|z| z.pool.to_string()).collect();
+    let names: Vec<String> = fleet.pools().iter().map(|z| z.pool.to_string()).collect();
     let zones: Vec<ZoneLine> = names
         .iter()
         .enumerate()

@@ -70,7 +70,7 @@ fn each_zone_is_priced_at_what_its_own_nodes_measured() {
     let z = zoned(&state, &mut fleets).expect("two named zones");
     assert_eq!(z.node_zones, vec![0, 0, 0, 0, 1, 1, 1, 1]);
     let fleet = fleets.fleet.as_ref().unwrap();
-    let (fast, slow) = (&fleet.zones()[0], &fleet.zones()[1]);
+    let (fast, slow) = (&fleet.pools()[0], &fleet.pools()[1]);
     assert_eq!(
         (fast.pool.to_string(), slow.pool.to_string()),
         ("fast".to_string(), "slow".to_string())
@@ -107,7 +107,7 @@ fn each_pool_is_planned_at_the_least_memory_its_members_said() {
         .fleet
         .as_ref()
         .unwrap()
-        .zones()
+        .pools()
         .iter()
         .map(|z| z.device.memory_mb)
         .collect();

@@ -24,7 +24,7 @@ impl Fleet {
         if self.blind_memo.len() >= MAX_COMPOSITIONS {
             self.blind_memo.clear();
         }
-        let zones = self.zones.len();
+        let zones = self.pools.len();
         let total = if joined.iter().all(|&z| usize::from(z) < zones) {
             joined.len() as u32
         } else {
@@ -122,7 +122,7 @@ impl Fleet {
         if let Some(rate) = self.blind_rates.get(&key) {
             return *rate;
         }
-        let devices = vec![&self.zones[z].device; p as usize];
+        let devices = vec![&self.pools[z].device; p as usize];
         let rate = self.rate(&devices, bounds, d, link, link).unwrap_or(0.0);
         self.blind_rates.insert(key, rate);
         rate

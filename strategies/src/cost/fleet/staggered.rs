@@ -88,7 +88,7 @@ impl Fleet {
             arranged.boundary,
             d,
         );
-        let mut members = vec![0; self.zones.len()];
+        let mut members = vec![0; self.pools.len()];
         members[arranged.order[0]] = m;
         members[staggered.order[staggered.junction]] = d - m;
         let across = self
@@ -124,7 +124,7 @@ impl Fleet {
         let junction = k[first].checked_sub(1).filter(|&j| j > 0)?;
         let mut order = arranged.order.clone();
         order[junction] = second;
-        let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
+        let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.pools[z].device).collect();
         let stages = mixed::stages_of(&self.spec, &devices, &arranged.bounds)?;
         Some(Staggered {
             order,

@@ -12,8 +12,8 @@ fn gpt() -> ModelSpec {
     builtin("gpt-1.5b").unwrap().0
 }
 
-fn zone(name: &str, device: DeviceCosts) -> Zone {
-    Zone {
+fn zone(name: &str, device: DeviceCosts) -> FleetPool {
+    FleetPool {
         pool: name.parse().unwrap(),
         device,
     }
@@ -111,7 +111,7 @@ fn with_one_kind_pipelines_stay_in_the_fewest_zones_and_pay_no_egress() {
     // A zone index past the fleet's lays nothing out.
     assert!(fleet.blind_plans(&[0, 2, 1]).placements.is_empty());
     // A fleet of one zone plans as the one-zone table does.
-    let table = fleet.uniform_table(&fleet.zones()[0].device.clone(), 16);
+    let table = fleet.uniform_table(&fleet.pools()[0].device.clone(), 16);
     let alone = fleet.plans(&[16, 0]);
     assert_eq!(alone.table.samples_per_sec(c), table.samples_per_sec(c));
     assert!(table.samples_per_sec(c) > 0.0);
@@ -136,7 +136,7 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
     let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
     let fleet = |zones| Fleet::new(gpt(), zones, Links::default()).err();
     assert_eq!(fleet(vec![]), Some(FleetError::Zones(0)));
-    let many: Vec<Zone> = (0..=MAX_ZONES)
+    let many: Vec<FleetPool> = (0..=MAX_ZONES)
         .map(|i| zone(&format!("z{i}"), v100.clone()))
         .collect();
     assert_eq!(fleet(many), Some(FleetError::Zones(MAX_ZONES + 1)));
@@ -397,7 +397,7 @@ fn eight_pools_are_planned_and_never_behind_zone_blind() {
     let spec = gpt();
     let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
     let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
-    let zones: Vec<Zone> = (0..MAX_ZONES)
+    let zones: Vec<FleetPool> = (0..MAX_ZONES)
         .map(|i| {
             let device = if i % 2 == 0 {
                 v100.clone()

@@ -98,7 +98,7 @@ impl Fleet {
             return shapes.clone();
         }
         let mut shapes = Vec::new();
-        for (rank, k) in pair_shares(p as usize, self.zones.len()).enumerate() {
+        for (rank, k) in pair_shares(p as usize, self.pools.len()).enumerate() {
             if let Some(arranged) = self.arranged(&k) {
                 shapes.push(PairShape::new(k, rank, arranged));
             }
@@ -144,7 +144,7 @@ impl Fleet {
         let order: Vec<usize> = std::iter::repeat_n(first.0, first.1)
             .chain(std::iter::repeat_n(second.0, second.1))
             .collect();
-        let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.zones[z].device).collect();
+        let devices: Vec<&DeviceCosts> = order.iter().map(|&z| &self.pools[z].device).collect();
         let stages = mixed::stages_of(&self.spec, &devices, &bounds)?;
         // Each stage all-reduces inside its zone; the activations take every link between
         // neighbouring stages, the slowest pacing them.
@@ -165,7 +165,7 @@ impl Fleet {
 
     /// Zone `z`'s device as the first block of a `p`-stage pipeline (memoised).
     fn heads(&mut self, z: usize, p: usize) -> Arc<Splits> {
-        let (spec, device) = (&self.spec, &self.zones[z].device);
+        let (spec, device) = (&self.spec, &self.pools[z].device);
         self.heads
             .entry((z, p))
             .or_insert_with(|| Arc::new(mixed::heads(spec, device, p)))
@@ -174,7 +174,7 @@ impl Fleet {
 
     /// Zone `z`'s device as the last block of a pipeline of any depth (memoised).
     fn tails(&mut self, z: usize) -> Arc<Splits> {
-        let (spec, device) = (&self.spec, &self.zones[z].device);
+        let (spec, device) = (&self.spec, &self.pools[z].device);
         let stages = spec.depths.iter().max().map_or(0, |&p| p as usize);
         self.tails
             .entry(z)

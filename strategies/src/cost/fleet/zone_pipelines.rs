@@ -190,7 +190,7 @@ impl Fleet {
         if let Some(stages) = self.local_stages.get(&(z, slowest, p)) {
             return stages.clone();
         }
-        let devices = vec![&self.zones[z].device; p as usize];
+        let devices = vec![&self.pools[z].device; p as usize];
         let stages: Option<Stages> = mixed::stages_of(&self.spec, &devices, bounds).map(Into::into);
         self.local_stages.insert((z, slowest, p), stages.clone());
         stages

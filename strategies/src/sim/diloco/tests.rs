@@ -1,7 +1,7 @@
 use super::*;
 use crate::config::ParallelConfig;
 use crate::cost::builtin::builtin;
-use crate::cost::fleet::Zone;
+use crate::cost::fleet::FleetPool;
 use crate::cost::links::{Link, Links};
 use crate::cost::mixed::DeviceCosts;
 
@@ -10,7 +10,7 @@ const SECS: f64 = 60.0;
 fn fleet() -> Fleet {
     let spec = builtin("gpt-1.5b").unwrap().0;
     let v100 = DeviceCosts::profiled(&spec, "v100", 15.5 * 1024.0);
-    let zone = |name: &str| Zone {
+    let zone = |name: &str| FleetPool {
         pool: name.parse().unwrap(),
         device: v100.clone(),
     };
