@@ -55,9 +55,9 @@ pub struct RunReport {
     /// node's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outer: Option<[f32; 2]>,
-    /// The form DiLoCo's pseudo-gradients crossed zones in (`f32`, `bf16`, `int8`).
-    #[serde(default)]
-    pub pseudo_gradient: Wire,
+    /// Under DiLoCo, the form its pseudo-gradients crossed zones in (`f32`, `bf16`, `int8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pseudo_gradient: Option<Wire>,
     /// Reconfigurations by kind.
     pub migrations: MigrationCounts,
     /// Seconds spent in reconfigurations (per epoch the slowest node).
@@ -206,8 +206,8 @@ pub struct RunMeta {
     pub seed: u64,
     /// The outer learning rate and momentum the run set.
     pub outer: Option<[f32; 2]>,
-    /// The pseudo-gradients' wire form.
-    pub pseudo_gradient: Wire,
+    /// Under DiLoCo, the pseudo-gradients' wire form.
+    pub pseudo_gradient: Option<Wire>,
 }
 
 fn step_sync() -> String {

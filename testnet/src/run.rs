@@ -159,7 +159,7 @@ pub fn session(
             .outer_lr
             .zip(node.outer_momentum)
             .map(|(lr, m)| [lr, m]),
-        pseudo_gradient: node.pseudo_gradient,
+        pseudo_gradient: node.sync.inner_steps().map(|_| node.pseudo_gradient),
     };
     let (report, details) = report::build(meta, &observed);
     Ok(Outcome {

@@ -479,6 +479,7 @@ fn assert_run_json(v: &Value, strategy: &str, intervals: u64, nodes_max: u64) {
             "outer_rounds",
             "leader_failover",
             "outer",
+            "pseudo_gradient",
         ]
         .iter()
         .filter(|k| v.get(**k).is_some())
@@ -662,6 +663,11 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     assert_error(&out, &["--sync auto"]);
     let out = testnet(&["run", "--pseudo-gradient", "int8"], dir.path());
     assert_error(&out, &["--pseudo-gradient int8", "--sync diloco:H"]);
+    let out = testnet(
+        &["run", "--emulate", "gpt-1.5b", "--sync", "diloco:20"],
+        dir.path(),
+    );
+    assert_error(&out, &["--sync diloco:20 with --emulate", "pace"]);
 }
 
 /// DiLoCo through preemptions with notice and a leader killed without one (issue 68): slots

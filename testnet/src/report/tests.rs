@@ -41,7 +41,7 @@ fn report_fields_are_the_issue_contract() {
         sync: "step".into(),
         seed: 1,
         outer: None,
-        pseudo_gradient: Wire::F32,
+        pseudo_gradient: None,
     };
     let (r, details) = build(meta, &obs);
     assert_eq!(details.gaps, 0);
@@ -91,7 +91,6 @@ fn report_fields_are_the_issue_contract() {
             "migrations",
             "nodes_max",
             "percent_of_ideal",
-            "pseudo_gradient",
             "reconfigurations",
             "rolled_back_steps",
             "samples",
@@ -136,7 +135,7 @@ fn report_fields_are_the_issue_contract() {
         sync: "step".into(),
         seed: 1,
         outer: None,
-        pseudo_gradient: Wire::F32,
+        pseudo_gradient: None,
         lost_committed_steps: 2,
         ..clean
     };
@@ -182,7 +181,7 @@ fn emulated_overrun_is_summed_over_nodes_and_checked() {
         sync: "step".into(),
         seed: 1,
         outer: None,
-        pseudo_gradient: Wire::F32,
+        pseudo_gradient: None,
         migrations: MigrationCounts::default(),
         migration_secs: 0.0,
         lost_committed_steps: 0,
