@@ -60,8 +60,7 @@ pub const MAX_ZONES: usize = 8;
 pub const MAX_COMPOSITIONS: usize = 1024;
 
 /// One pool of the fleet (a zone, or an instance type in a zone): which, and the device kind
-/// its nodes run. The fleet's layouts still say "zone" for it (zone pipelines, the zone-blind
-/// planner): a pool's nodes share one link kind and one device.
+/// its nodes run (the fleet's layouts still call it a zone: zone pipelines, zone-blind).
 #[derive(Clone, Debug, PartialEq)]
 pub struct FleetPool {
     /// The pool (a zone alone where its nodes' type is not told apart).
