@@ -6,7 +6,7 @@
 //!
 //! A wire form other than f32 is lossy, yet every replica must end with the same bytes: each
 //! range crossing zones is encoded on its own (the same ranges in every zone), and a total's
-//! holder keeps the decoded form of what it sends, so the copies it hands on around the zones
+//! holder reads back what it sends, so the copies it hands on around the zones
 //! are its own values; forms are settled (`parcae_outer::codec`), so a copy re-encoded on its
 //! way is the same bytes.
 //!
@@ -168,16 +168,6 @@ fn fold(into: &mut [f32], xs: impl Iterator<Item = f32>, adds: bool) {
     }
 }
 
-/// Replaces `ranges` of `values` by what a peer decodes of them in the `wire` form.
-fn settle(values: &mut [f32], ranges: &[Range<usize>], wire: Wire) -> Result<(), DataplaneError> {
-    for r in ranges {
-        let sent = codec::encode(&values[r.clone()], wire).map_err(wire_error)?;
-        let settled = codec::decode(&sent, wire, r.len()).map_err(wire_error)?;
-        values[r.clone()].copy_from_slice(&settled);
-    }
-    Ok(())
-}
-
 fn wire_error(e: codec::CodecError) -> DataplaneError {
     DataplaneError::Protocol(format!("all-reduce by zone: {e}"))
 }
@@ -240,18 +230,12 @@ pub async fn all_reduce_mean_by_zone(
         let mut outgoing = Vec::with_capacity(member.cross_next.len());
         for &to in &member.cross_next {
             let ranges = layout.sends(member, &pieces, step, to);
+            let sent = frame(round, seq as u32, reduced.latest, values, &ranges, wire)?;
             if !step.adds() && wire != Wire::F32 {
-                // A total leaves its holder as every other zone will hold it.
-                settle(values, &ranges, wire)?;
+                // A total leaves its holder as every other zone will hold it: what it sends.
+                unframe(round, seq as u32, &sent, values, &ranges, (false, wire))?;
             }
-            outgoing.push(frame(
-                round,
-                seq as u32,
-                reduced.latest,
-                values,
-                &ranges,
-                wire,
-            )?);
+            outgoing.push(sent);
         }
         let incoming: Vec<Vec<Range<usize>>> = member
             .cross_prev
