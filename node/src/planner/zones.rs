@@ -20,7 +20,7 @@ use parcae_consensus::{ControlState, NodeId};
 use parcae_pool::Pool;
 use parcae_strategies::cost::CostModel;
 use parcae_strategies::cost::advice::advise;
-use parcae_strategies::cost::fleet::{Fleet, FleetPool, MAX_ZONES, Plans};
+use parcae_strategies::cost::fleet::{Fleet, FleetPool, MAX_POOLS, Plans};
 use parcae_strategies::cost::links::{Link, Links, pool_price};
 use parcae_strategies::cost::mixed::DeviceCosts;
 use parcae_strategies::cost::objective::{self, ObjectiveKind};
@@ -166,7 +166,7 @@ impl FleetCache {
     }
 
     /// The zone-aware view of `workers` under the measured `cost`, or `None` when they are in
-    /// one zone, in more than [`MAX_ZONES`], or when any of them has not said its zone.
+    /// one pool, in more than [`MAX_POOLS`], or when any of them has not said its zone.
     pub fn zoned(
         &mut self,
         state: &ControlState,
@@ -181,7 +181,7 @@ impl FleetCache {
             .collect::<Option<BTreeSet<_>>>()?
             .into_iter()
             .collect();
-        if names.len() < 2 || names.len() > MAX_ZONES {
+        if names.len() < 2 || names.len() > MAX_POOLS {
             return None;
         }
         let reported: Vec<BTreeMap<u32, LayerCost>> = names

@@ -53,8 +53,8 @@ pub(crate) struct ZoneGroup {
     pub pipelines: u32,
 }
 
-/// Most zones a fleet spans.
-pub const MAX_ZONES: usize = 8;
+/// Most pools a fleet spans.
+pub const MAX_POOLS: usize = 8;
 
 /// Most compositions whose plans are kept; the memo starts over past it.
 pub const MAX_COMPOSITIONS: usize = 1024;
@@ -99,10 +99,10 @@ pub struct Plans {
 /// Why a fleet was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FleetError {
-    /// No zone, or more than [`MAX_ZONES`].
-    #[error("a fleet spans 1 to {MAX_ZONES} zones, not {0}")]
-    Zones(usize),
-    /// Two zones of one name.
+    /// No pool, or more than [`MAX_POOLS`].
+    #[error("a fleet spans 1 to {MAX_POOLS} pools, not {0}")]
+    Pools(usize),
+    /// Two pools of one name.
     #[error("pool \"{0}\" is named twice")]
     Duplicate(Pool),
     /// A device whose layers are not the job's.
@@ -232,18 +232,18 @@ enum Pipeline {
 }
 
 /// A pipeline's stages in each zone, by the zones' order (zero past the fleet's zones).
-type Shares = [usize; MAX_ZONES];
+type Shares = [usize; MAX_POOLS];
 
 /// Mixed pipelines depend on the composition only through each zone's nodes per pipeline
 /// (with `d` and `p`).
-type MixedKey = ([u32; MAX_ZONES], u32, u32);
+type MixedKey = ([u32; MAX_POOLS], u32, u32);
 
 /// A pipeline's stages, shared by the memos that price it.
 type Stages = Arc<[StageCost]>;
 
 /// Zone pipelines by the zones that hold them, in the order they were filled (`u8::MAX` past
 /// the last), how many each holds, and `p`.
-type ZoneKey = ([u8; MAX_ZONES], [u32; MAX_ZONES], u32);
+type ZoneKey = ([u8; MAX_POOLS], [u32; MAX_POOLS], u32);
 
 /// A zone pipeline's rate depends on its zone, the zone whose split it takes, its depth, the
 /// pipelines and the ring's link (bandwidth and latency bits): not on the rest of the
@@ -253,8 +253,8 @@ type LocalKey = (usize, usize, u32, u32, u64, u64);
 impl Fleet {
     /// The job `spec` over `pools`, linked by `links`.
     pub fn new(spec: ModelSpec, pools: Vec<FleetPool>, links: Links) -> Result<Self, FleetError> {
-        if pools.is_empty() || pools.len() > MAX_ZONES {
-            return Err(FleetError::Zones(pools.len()));
+        if pools.is_empty() || pools.len() > MAX_POOLS {
+            return Err(FleetError::Pools(pools.len()));
         }
         for (i, z) in pools.iter().enumerate() {
             if pools[..i].iter().any(|o| o.pool == z.pool) {

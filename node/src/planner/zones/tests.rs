@@ -176,7 +176,7 @@ fn one_zone_or_an_unnamed_one_is_planned_as_one_cluster() {
     let mut fleets = FleetCache::default();
     assert!(zoned(&cluster(&["a", "a", "a", "a"]), &mut fleets).is_none());
     assert!(zoned(&cluster(&["a", "a", "", "b"]), &mut fleets).is_none());
-    let too_many: Vec<String> = (0..=MAX_ZONES).map(|i| format!("z{i}")).collect();
+    let too_many: Vec<String> = (0..=MAX_POOLS).map(|i| format!("z{i}")).collect();
     let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
     assert!(zoned(&cluster(&too_many), &mut fleets).is_none());
     let state = cluster(&["a", "a", "a", "a"]);

@@ -135,11 +135,11 @@ fn a_fleet_of_no_zone_or_too_many_or_a_name_twice_is_refused() {
     let spec = gpt();
     let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
     let fleet = |zones| Fleet::new(gpt(), zones, Links::default()).err();
-    assert_eq!(fleet(vec![]), Some(FleetError::Zones(0)));
-    let many: Vec<FleetPool> = (0..=MAX_ZONES)
+    assert_eq!(fleet(vec![]), Some(FleetError::Pools(0)));
+    let many: Vec<FleetPool> = (0..=MAX_POOLS)
         .map(|i| zone(&format!("z{i}"), v100.clone()))
         .collect();
-    assert_eq!(fleet(many), Some(FleetError::Zones(MAX_ZONES + 1)));
+    assert_eq!(fleet(many), Some(FleetError::Pools(MAX_POOLS + 1)));
     assert_eq!(
         fleet(vec![zone("a", v100.clone()), zone("a", v100.clone())]),
         Some(FleetError::Duplicate("a".parse().unwrap()))
@@ -397,7 +397,7 @@ fn eight_pools_are_planned_and_never_behind_zone_blind() {
     let spec = gpt();
     let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
     let fast = v100.derived("fast", 1.5, 24.0 * 1024.0);
-    let zones: Vec<FleetPool> = (0..MAX_ZONES)
+    let zones: Vec<FleetPool> = (0..MAX_POOLS)
         .map(|i| {
             let device = if i % 2 == 0 {
                 v100.clone()

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Arranged, Fleet, MAX_ZONES, PairShape, Pipeline, Placement, Shares, transfer_over};
+use super::{Arranged, Fleet, MAX_POOLS, PairShape, Pipeline, Placement, Shares, transfer_over};
 use crate::cost::analytic;
 use crate::cost::links::Link;
 use crate::cost::mixed::{self, DeviceCosts};
@@ -52,7 +52,7 @@ impl Fleet {
     /// [`Self::mixed_pipelines`] unmemoised, for `caps[z]` nodes of zone `z` per pipeline.
     fn fastest_mixed(
         &mut self,
-        caps: &[u32; MAX_ZONES],
+        caps: &[u32; MAX_POOLS],
         d: u32,
         p: u32,
         floor: f64,
@@ -215,8 +215,8 @@ pub(super) fn fastest_by_bound<K>(
 
 /// Each zone's nodes per pipeline when `d` pipelines share the zones' `counts` (zero past the
 /// fleet's zones).
-pub(super) fn caps_of(counts: &[u32], d: u32) -> [u32; MAX_ZONES] {
-    let mut caps = [0; MAX_ZONES];
+pub(super) fn caps_of(counts: &[u32], d: u32) -> [u32; MAX_POOLS] {
+    let mut caps = [0; MAX_POOLS];
     for (cap, &n) in caps.iter_mut().zip(counts) {
         *cap = n / d.max(1);
     }
@@ -224,18 +224,18 @@ pub(super) fn caps_of(counts: &[u32], d: u32) -> [u32; MAX_ZONES] {
 }
 
 /// Whether pipelines holding `k[z]` stages in zone `z` fit `caps[z]` nodes of it each.
-pub(super) fn fits(k: &Shares, caps: &[u32; MAX_ZONES]) -> bool {
+pub(super) fn fits(k: &Shares, caps: &[u32; MAX_POOLS]) -> bool {
     k.iter().zip(caps).all(|(&k, &cap)| k <= cap as usize)
 }
 
-/// Every way to give `p` stages to two of `zones` zones (at most [`MAX_ZONES`]), at least one
+/// Every way to give `p` stages to two of `zones` zones (at most [`MAX_POOLS`]), at least one
 /// each, pair by pair.
 pub(super) fn pair_shares(p: usize, zones: usize) -> impl Iterator<Item = Shares> {
-    let zones = zones.min(MAX_ZONES);
+    let zones = zones.min(MAX_POOLS);
     (0..zones).flat_map(move |a| {
         (a + 1..zones).flat_map(move |b| {
             (1..p).map(move |ka| {
-                let mut k = [0; MAX_ZONES];
+                let mut k = [0; MAX_POOLS];
                 k[a] = ka;
                 k[b] = p - ka;
                 k

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{Fleet, MAX_ZONES, Pipeline, Placement, Stages, ZoneGroup, ZoneKey};
+use super::{Fleet, MAX_POOLS, Pipeline, Placement, Stages, ZoneGroup, ZoneKey};
 use crate::cost::links::Link;
 use crate::cost::mixed;
 use crate::cost::traffic::Pipelines;
@@ -78,7 +78,7 @@ impl Fleet {
         per_zone: &[u32],
         p: u32,
     ) -> Option<Arc<Placement>> {
-        let mut key: ZoneKey = ([u8::MAX; MAX_ZONES], [0; MAX_ZONES], p);
+        let mut key: ZoneKey = ([u8::MAX; MAX_POOLS], [0; MAX_POOLS], p);
         let used = order.iter().filter(|&&z| per_zone[z] > 0);
         for (slot, (&z, held)) in used.zip(&mut key.1).enumerate() {
             key.0[slot] = z as u8;
