@@ -169,13 +169,6 @@ impl NodeArgs {
                 "--outer-lr and --outer-momentum set DiLoCo's outer step: use them with --sync diloco:H"
             );
         }
-        if self.emulate.is_some() && self.sync.inner_steps().is_some() {
-            bail!(
-                "--sync {} with --emulate: an emulated device does not pace DiLoCo's rounds \
-                 between zones yet (the run would take them as free); run DiLoCo on CPU nodes",
-                self.sync
-            );
-        }
         if self.sync == SyncMode::Step && self.pseudo_gradient != Wire::F32 {
             bail!(
                 "--pseudo-gradient {} sets how DiLoCo's rounds cross zones: use it with --sync diloco:H",

@@ -396,7 +396,10 @@ pub fn nodes_max_of(zones: &[String], trace: &TraceArgs) -> u32 {
 /// Gives every session of `replay` the simulator's account of it: an emulated run over zones
 /// the fleet simulator's ([`simulate_zoned_session`]); any other run the single-cluster
 /// simulator's on the pooled counts ([`simulate_sessions`]: zones of CPU nodes run alike
-/// devices and links, one cluster to the simulator).
+/// devices and links, one cluster to the simulator). An emulated DiLoCo run has none: its
+/// groups step together and wait for every round, where the fleet simulator's DiLoCo trains
+/// each pool at its own pace (`strategies::sim::diloco`) and the emulated profile's cost model
+/// knows no rounds; a CPU run's measured model has its rounds in its measured throughput.
 pub fn hold_to_simulator(
     outcomes: &mut [Outcome],
     node: &NodeArgs,
@@ -406,6 +409,11 @@ pub fn hold_to_simulator(
     replay: &Replay,
 ) {
     match &node.emulate {
+        Some(_) if node.sync.inner_steps().is_some() => println!(
+            "no simulated account of an emulated --sync {}: the simulator's DiLoCo paces its \
+             groups apart, the nodes step together",
+            node.sync
+        ),
         Some(profile) if !replay.replayed_zones().is_empty() => {
             for o in outcomes {
                 simulate_zoned_session(o, node, profile, replay);

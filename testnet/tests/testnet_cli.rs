@@ -663,11 +663,6 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     assert_error(&out, &["--sync auto"]);
     let out = testnet(&["run", "--pseudo-gradient", "int8"], dir.path());
     assert_error(&out, &["--pseudo-gradient int8", "--sync diloco:H"]);
-    let out = testnet(
-        &["run", "--emulate", "gpt-1.5b", "--sync", "diloco:20"],
-        dir.path(),
-    );
-    assert_error(&out, &["--sync diloco:20 with --emulate", "pace"]);
 }
 
 /// DiLoCo through preemptions with notice and a leader killed without one (issue 68): slots

@@ -171,7 +171,7 @@ impl NodeConfig {
                 "train.peak_lr and train.peer_timeout_secs must be > 0".into(),
             ));
         }
-        check_sync(t, self.device.kind)?;
+        check_sync(t)?;
         if let Some([d, p]) = self.planner.pin
             && (d == 0 || p == 0 || d > t.global_batch)
         {
@@ -303,23 +303,13 @@ impl NodeConfig {
 }
 
 /// Refuses a sync mode the node does not run, and an outer step no round should take.
-fn check_sync(t: &TrainConfig, device: DeviceKind) -> Result<(), ConfigError> {
+fn check_sync(t: &TrainConfig) -> Result<(), ConfigError> {
     if t.sync == parcae_outer::SyncMode::Auto {
         return Err(ConfigError::Invalid(
             "train.sync \"auto\": the node does not choose the mode yet; say \"step\" or \
          \"diloco:H\" (parcae-testnet simulate --sync auto compares them)"
                 .into(),
         ));
-    }
-    // An emulated cluster's every wait comes from the profile; a round's exchange between zones
-    // has no paced time yet, so the run would report DiLoCo's rounds as free.
-    if t.sync.inner_steps().is_some() && device == DeviceKind::Emulated {
-        return Err(ConfigError::Invalid(format!(
-            "train.sync \"{}\" on an emulated device: its rounds between zones are not paced \
-             to the profile yet, so the run would take them as free; train DiLoCo on a real \
-             device (cpu, cuda)",
-            t.sync
-        )));
     }
     t.job_spec()
         .outer

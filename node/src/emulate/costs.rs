@@ -5,10 +5,12 @@ use std::ops::Range;
 use std::time::Duration;
 
 use parcae_consensus::state::LinkTime;
+use parcae_outer::Wire;
 use parcae_strategies::ParallelConfig;
 use parcae_strategies::cost::analytic::{Hardware, MIB, stage_allreduce_ms};
 use parcae_strategies::cost::links::Links;
 use parcae_strategies::cost::profile::{ProfileError, emulated};
+use parcae_strategies::cost::rounds::bytes_per_value;
 use parcae_strategies::cost::spec::{ModelSpec, RestartKind};
 use parcae_strategies::cost::traffic::{by_zone_time, share};
 use parcae_strategies::cost::transfer::TransferModel;
@@ -71,6 +73,18 @@ pub struct Crossings {
     pub ring: bool,
     /// They all-reduce by zone: how they spread over the zones.
     pub by_zone: Option<ZoneSpread>,
+    /// Under DiLoCo, the round's all-reduce of the stage's pseudo-gradient (`None`: no rounds).
+    pub round: Option<RoundCrossing>,
+}
+
+/// A DiLoCo round's all-reduce of a stage's pseudo-gradient over every replica: by zone, f32
+/// inside each zone and the job's wire form between zones, as the data plane sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundCrossing {
+    /// How the stage's replicas spread over the zones.
+    pub spread: ZoneSpread,
+    /// The pseudo-gradient's form between zones.
+    pub wire: Wire,
 }
 
 /// How a stage's replicas spread over zones, as the all-reduce by zone's time depends on it.
@@ -136,6 +150,8 @@ pub struct EmulatedStage {
     pub to_prev: Duration,
     /// The ring all-reduce of the stage's gradients among its replicas.
     pub all_reduce: Duration,
+    /// A DiLoCo round's all-reduce of the stage's pseudo-gradient (zero without rounds).
+    pub round: Duration,
     /// The stage's whole state (weights and optimizer moments) over the link.
     pub state: Duration,
 }
@@ -334,6 +350,7 @@ impl Emulation {
                 first_of_several,
                 self.allreduce_mb_per_ms(crossings),
             )),
+            round: self.ms(self.round_ms(params, crossings.round)),
             state: self.ms(self.link.cost_ms(self.spec.state_bytes(params))),
         })
     }
@@ -363,6 +380,24 @@ impl Emulation {
             None if crossings.ring => across,
             None => within,
         }
+    }
+
+    /// A round's all-reduce by zone of `params` pseudo-gradient values, ms: the reduce-scatter
+    /// and all-gather inside the zone of the most replicas at the hardware's ring rate, in f32,
+    /// and each zone's shard across the zones on the cloud's link between them, in the wire form
+    /// (what `dataplane::collective::all_reduce_mean_by_zone` sends). Nothing without rounds or
+    /// replicas. The outer step's own arithmetic (one elementwise pass over the stage's values,
+    /// no profile has it) is not paced.
+    fn round_ms(&self, params: f64, round: Option<RoundCrossing>) -> f64 {
+        let Some(RoundCrossing { spread, wire }) = round else {
+            return 0.0;
+        };
+        let wire_mib = params * bytes_per_value(wire) / MIB;
+        // `by_zone_time` is per byte of one form; the f32 parts inside weigh 4 / wire bytes as much.
+        let inside =
+            share(spread.most) / self.hardware.allreduce_mb_per_ms * 4.0 / bytes_per_value(wire);
+        let across = Links::default().across.mib_per_ms();
+        wire_mib * by_zone_time(inside, spread.zones, spread.fewest, across)
     }
 
     /// The link within a zone, or the one between zones.

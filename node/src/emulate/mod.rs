@@ -24,8 +24,8 @@ pub mod pacing;
 
 pub use accelerator::{Accelerator, reactive_restart_kind, restart_kind};
 pub use costs::{
-    Crossings, EmulatedStage, Emulation, EmulationError, Fetched, Rebuild, STAND_IN, StandInWidth,
-    ZoneSpread,
+    Crossings, EmulatedStage, Emulation, EmulationError, Fetched, Rebuild, RoundCrossing, STAND_IN,
+    StandInWidth, ZoneSpread,
 };
 pub use paced::{PacedCollective, PacedNeighbours};
 pub use pacer::{Overrun, OverrunSnapshot, Pacer};

@@ -36,14 +36,26 @@ impl<'a> StepPacing<'a> {
         }
     }
 
-    /// `inner` as this step's device reduces.
+    /// `inner` as this step's device reduces its gradients.
     pub fn collective<'n, C>(&self, inner: &'n mut C) -> PacedCollective<'n, C>
     where
         'a: 'n,
     {
         PacedCollective {
             inner,
-            clock: self.clock,
+            clock: self.clock.map(|(stage, pacer)| (stage.all_reduce, pacer)),
+        }
+    }
+
+    /// `inner` as this step's device averages a DiLoCo round's pseudo-gradients (the stage's
+    /// `round`: by zone, in the job's wire form between zones).
+    pub fn round<'n, C>(&self, inner: &'n mut C) -> PacedCollective<'n, C>
+    where
+        'a: 'n,
+    {
+        PacedCollective {
+            inner,
+            clock: self.clock.map(|(stage, pacer)| (stage.round, pacer)),
         }
     }
 
@@ -193,18 +205,18 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
     }
 }
 
-/// `inner` with the reduction taking what the ring all-reduce takes on the emulated link.
+/// `inner` with the reduction taking what its all-reduce takes on the emulated links.
 pub struct PacedCollective<'a, C> {
     inner: &'a mut C,
-    clock: Option<(EmulatedStage, &'a Pacer)>,
+    clock: Option<(Duration, &'a Pacer)>,
 }
 
 impl<'a, C> PacedCollective<'a, C> {
-    /// Paces `inner` to `stage` through `pacer`.
-    pub fn new(inner: &'a mut C, stage: EmulatedStage, pacer: &'a Pacer) -> Self {
+    /// Paces `inner` through `pacer` to an all-reduce that `takes` on the emulated links.
+    pub fn new(inner: &'a mut C, takes: Duration, pacer: &'a Pacer) -> Self {
         Self {
             inner,
-            clock: Some((stage, pacer)),
+            clock: Some((takes, pacer)),
         }
     }
 }
@@ -213,12 +225,12 @@ impl<C: Collective> Collective for PacedCollective<'_, C> {
     type Error = C::Error;
 
     fn all_reduce_mean(&mut self, values: &mut [f32]) -> Result<(), Self::Error> {
-        let Some((stage, pacer)) = self.clock else {
+        let Some((takes, pacer)) = self.clock else {
             return self.inner.all_reduce_mean(values);
         };
         let latest = self.inner.all_reduce_mean_entered(values, pacer.stamp())?;
         pacer.received(latest);
-        pacer.after_sync(stage.all_reduce);
+        pacer.after_sync(takes);
         Ok(())
     }
 }
@@ -276,6 +288,7 @@ mod tests {
             to_next: ms(20),
             to_prev: ms(20),
             all_reduce: ms(25),
+            round: ms(0),
             state: ms(0),
         }
     }
@@ -361,7 +374,7 @@ mod tests {
         // to the next waits (waiting out the ring from now would lose 100 ms a step).
         let entered = wall_nanos() - 100_000_000;
         std::thread::sleep(Duration::from_millis(100));
-        PacedCollective::new(&mut EnteredAt(entered), stage(), &pacer)
+        PacedCollective::new(&mut EnteredAt(entered), stage().all_reduce, &pacer)
             .all_reduce_mean(&mut [1.0])
             .unwrap();
         let owed = Duration::from_nanos(wall_nanos().saturating_sub(pacer.stamp()));
@@ -411,10 +424,38 @@ mod tests {
         let mut inner = Clocked::default();
         let mut values = [2.0f32, 4.0];
         let started = Instant::now();
-        PacedCollective::new(&mut inner, stage(), &pacer)
+        PacedCollective::new(&mut inner, stage().all_reduce, &pacer)
             .all_reduce_mean(&mut values)
             .unwrap();
         assert_eq!(values, [1.0, 2.0]);
         assert!(started.elapsed() >= Duration::from_millis(25));
+    }
+
+    #[test]
+    fn a_round_waits_out_its_own_exchange_and_a_real_device_none() {
+        let pacer = Pacer::new(Arc::new(Overrun::default()));
+        let slow_round = EmulatedStage {
+            round: Duration::from_millis(300),
+            ..stage()
+        };
+        let emulated = StepPacing {
+            clock: Some((slow_round, &pacer)),
+        };
+        let mut inner = Clocked::default();
+        let mut values = [2.0f32, 4.0];
+        let started = Instant::now();
+        emulated
+            .round(&mut inner)
+            .all_reduce_mean(&mut values)
+            .unwrap();
+        assert_eq!(values, [1.0, 2.0]);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        let started = Instant::now();
+        StepPacing::default()
+            .round(&mut inner)
+            .all_reduce_mean(&mut values)
+            .unwrap();
+        assert_eq!(values, [0.5, 1.0]);
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

@@ -76,7 +76,12 @@ pub fn train_step<M: PipelineModel>(
         micro_batch: setup.spec.micro_batch,
         batch_shares: plan.batch_shares.clone(),
         digest: current.digest,
-        crossings: super::zones::crossings(state, plan, current.slot, setup.spec.sync),
+        crossings: super::zones::crossings(
+            state,
+            plan,
+            current.slot,
+            (setup.spec.sync, setup.spec.outer.wire),
+        ),
         step_replicas: super::zones::step_replicas(state, plan, current.slot, setup.spec.sync),
         sync: setup.spec.sync,
         outer: setup.spec.outer,

@@ -93,19 +93,18 @@ impl<'w, 'l> ReduceIo<'w, 'l> {
 }
 
 /// Closes a round at the stage: the pseudo-gradient averaged over every replica (`links`;
-/// none when the stage has no replica; in the outer optimizer's wire form between zones), then
-/// the outer step, which the stage's weights become.
+/// none when the stage has no replica; in the outer optimizer's wire form between zones, paced
+/// as the emulated links take it), then the outer step, which the stage's weights become.
 pub(crate) fn close_round<M: PipelineModel>(
     stage: &mut Stage<M>,
     links: Option<&mut ReduceLink>,
-    io: &ReduceIo<'_, '_>,
+    (io, pacing): (&ReduceIo<'_, '_>, StepPacing<'_>),
     outer: &OuterSettings,
 ) -> Result<(), TrainError> {
     let mut mean = stage.pseudo_gradient()?;
     if let Some(links) = links {
-        io.over(Reach::Replicas(links))
-            .across_as(outer.wire)
-            .all_reduce_mean(&mut mean)?;
+        let mut all = io.over(Reach::Replicas(links)).across_as(outer.wire);
+        pacing.round(&mut all).all_reduce_mean(&mut mean)?;
     }
     stage.outer_step(&mean, outer)?;
     Ok(())

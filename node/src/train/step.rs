@@ -183,7 +183,12 @@ fn run_inner<M: PipelineModel>(
         metrics: io.metrics,
     };
     let outer = if sync.opens_round() {
-        close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
+        close_round(
+            stage,
+            links.reduce.as_mut(),
+            (&reduce_io, pacing),
+            &spec.outer,
+        )?;
         stage.outer_digest()
     } else {
         None
@@ -220,7 +225,12 @@ fn run_inner<M: PipelineModel>(
     let applied = sync.closes_job();
     if applied {
         stage.optimizer_step(global_sq_norm)?;
-        close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
+        close_round(
+            stage,
+            links.reduce.as_mut(),
+            (&reduce_io, pacing),
+            &spec.outer,
+        )?;
     }
     let last = position.is_last();
     // Where a step's wall time goes outside its paced work: the exchanges after the schedule

@@ -7,10 +7,10 @@ use parcae_consensus::{ControlState, NodeId};
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use parcae_outer::SyncMode;
+use parcae_outer::{SyncMode, Wire};
 use parcae_pool::AllReduce;
 
-use crate::emulate::{Crossings, ZoneSpread};
+use crate::emulate::{Crossings, RoundCrossing, ZoneSpread};
 use crate::planner::zones::{zone_of, zones_differ};
 
 /// Whether `a` and `b` said zones and they differ.
@@ -21,8 +21,14 @@ pub fn crosses(state: &ControlState, a: &NodeId, b: &NodeId) -> bool {
 /// The transfers of `slot` under `plan` that leave its node's zone: activations to the next
 /// stage of its pipeline, gradients to the previous one, and the ring of the stage's replicas
 /// (crossing when any two of them are in different zones; never under DiLoCo, whose steps
-/// average inside a zone).
-pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot, sync: SyncMode) -> Crossings {
+/// average inside a zone); under DiLoCo, how a round's all-reduce of the stage's
+/// pseudo-gradient spreads over the zones, `wire` between them.
+pub fn crossings(
+    state: &ControlState,
+    plan: &Plan,
+    slot: StageSlot,
+    (sync, wire): (SyncMode, Wire),
+) -> Crossings {
     let node_at = |pipeline: u32, stage: u32| {
         plan.assignment
             .iter()
@@ -48,6 +54,10 @@ pub fn crossings(state: &ControlState, plan: &Plan, slot: StageSlot, sync: SyncM
             .is_some_and(|s| crosses_to(node_at(slot.pipeline, s))),
         ring,
         by_zone: (ring && plan.all_reduce == AllReduce::ByZone).then(|| spread(state, &replicas)),
+        round: sync.inner_steps().map(|_| RoundCrossing {
+            spread: spread(state, &replicas),
+            wire,
+        }),
     }
 }
 
@@ -142,6 +152,9 @@ mod tests {
         (state, plan)
     }
 
+    /// A synchronous job's steps (its wire form unused).
+    const STEP: (SyncMode, Wire) = (SyncMode::Step, Wire::F32);
+
     fn slot(pipeline: u32, stage: u32) -> StageSlot {
         StageSlot { pipeline, stage }
     }
@@ -150,9 +163,9 @@ mod tests {
     fn a_pipeline_over_two_zones_crosses_at_its_boundary_only() {
         // Stage 0 of both pipelines in a, stage 1 in b: each ring inside a zone.
         let (state, plan) = planned(&["a", "b", "a", "b"]);
-        let first = crossings(&state, &plan, slot(0, 0), SyncMode::Step);
+        let first = crossings(&state, &plan, slot(0, 0), STEP);
         assert_eq!((first.next, first.prev, first.ring), (true, false, false));
-        let last = crossings(&state, &plan, slot(1, 1), SyncMode::Step);
+        let last = crossings(&state, &plan, slot(1, 1), STEP);
         assert_eq!((last.next, last.prev, last.ring), (false, true, false));
     }
 
@@ -160,7 +173,7 @@ mod tests {
     fn pipelines_in_two_zones_cross_in_their_rings_only() {
         let (state, plan) = planned(&["a", "a", "b", "b"]);
         for s in [slot(0, 0), slot(0, 1), slot(1, 0), slot(1, 1)] {
-            let c = crossings(&state, &plan, s, SyncMode::Step);
+            let c = crossings(&state, &plan, s, STEP);
             assert_eq!((c.next, c.prev, c.ring), (false, false, true), "{s:?}");
         }
     }
@@ -168,10 +181,7 @@ mod tests {
     #[test]
     fn a_plan_by_zone_says_how_each_ring_spreads_over_zones() {
         let (state, mut plan) = planned(&["a", "a", "b", "b"]);
-        assert_eq!(
-            crossings(&state, &plan, slot(0, 1), SyncMode::Step).by_zone,
-            None
-        );
+        assert_eq!(crossings(&state, &plan, slot(0, 1), STEP).by_zone, None);
         plan.all_reduce = AllReduce::ByZone;
         let spread = ZoneSpread {
             replicas: 2,
@@ -180,16 +190,13 @@ mod tests {
             most: 1,
         };
         assert_eq!(
-            crossings(&state, &plan, slot(0, 1), SyncMode::Step).by_zone,
+            crossings(&state, &plan, slot(0, 1), STEP).by_zone,
             Some(spread)
         );
         // A ring inside one zone is one ring whatever the plan says.
         let (state, mut plan) = planned(&["a", "b", "a", "b"]);
         plan.all_reduce = AllReduce::ByZone;
-        assert_eq!(
-            crossings(&state, &plan, slot(1, 0), SyncMode::Step).by_zone,
-            None
-        );
+        assert_eq!(crossings(&state, &plan, slot(1, 0), STEP).by_zone, None);
     }
 
     /// Under DiLoCo a step's ring stays inside the zone: nothing of it crosses, and it
@@ -198,8 +205,21 @@ mod tests {
     fn diloco_steps_average_inside_the_zone() {
         let (state, plan) = planned(&["a", "a", "b", "b"]);
         let diloco = SyncMode::Diloco(20);
-        let c = crossings(&state, &plan, slot(0, 1), diloco);
+        let c = crossings(&state, &plan, slot(0, 1), (diloco, Wire::Int8));
         assert_eq!((c.ring, c.by_zone), (false, None));
+        // Its rounds meet every replica, by zone, in the job's wire form between zones.
+        let spread = ZoneSpread {
+            replicas: 2,
+            zones: 2,
+            fewest: 1,
+            most: 1,
+        };
+        let round = RoundCrossing {
+            spread,
+            wire: Wire::Int8,
+        };
+        assert_eq!(c.round, Some(round));
+        assert_eq!(crossings(&state, &plan, slot(0, 1), STEP).round, None);
         assert_eq!(step_replicas(&state, &plan, slot(0, 1), SyncMode::Step), 2);
         assert_eq!(step_replicas(&state, &plan, slot(0, 1), diloco), 1);
         let (state, plan) = planned(&["a", "b", "a", "b"]);
@@ -224,12 +244,12 @@ mod tests {
     fn nothing_crosses_without_zones() {
         let (state, plan) = planned(&["", "b", "", "b"]);
         assert_eq!(
-            crossings(&state, &plan, slot(0, 0), SyncMode::Step),
+            crossings(&state, &plan, slot(0, 0), STEP),
             Crossings::default()
         );
         let (state, plan) = planned(&["a", "a", "a", "a"]);
         assert_eq!(
-            crossings(&state, &plan, slot(1, 1), SyncMode::Step),
+            crossings(&state, &plan, slot(1, 1), STEP),
             Crossings::default()
         );
     }

@@ -73,6 +73,7 @@ fn what_crosses_zones_takes_the_link_between_zones() {
         prev: false,
         ring: true,
         by_zone: None,
+        round: None,
     };
     let s = e.stage_crossing(1..9, 1, 3, crossing).unwrap();
     let across = across_zones();
@@ -239,4 +240,61 @@ fn a_ring_by_zone_takes_its_zones_rings_then_a_share_across() {
         "{zoned} vs {expected}"
     );
     assert!(zoned < flat);
+}
+
+#[test]
+fn a_round_sends_f32_inside_each_zone_and_the_wire_form_across() {
+    let e = Emulation::new("gpt-1.5b", 2.0).unwrap();
+    let params = 8.0 * 30_740_800.0;
+    let spread = ZoneSpread {
+        replicas: 4,
+        zones: 2,
+        fewest: 2,
+        most: 2,
+    };
+    let round = |wire: Wire, spread: ZoneSpread| {
+        let crossing = Crossings {
+            round: Some(RoundCrossing { spread, wire }),
+            ..Crossings::default()
+        };
+        ms(e.stage_crossing(1..9, 1, 4, crossing).unwrap().round)
+    };
+    // Inside each zone of two: 2 * 1/2 of the f32 values at the hardware's 1.25 MiB/ms; across
+    // two zones: 2 * 1/2 of each replica's half, at 5 Gb/s; all on a clock twice as fast.
+    let five_gbit = 5e9 / 8.0 / MIB / 1000.0;
+    let f32_mib = params * 4.0 / MIB;
+    let inside = f32_mib / 1.25;
+    let across = |bytes: f64| params * bytes / MIB * 0.5 / five_gbit;
+    for (wire, bytes) in [
+        (Wire::F32, 4.0),
+        (Wire::Bf16, 2.0),
+        (Wire::Int8, 1.0 + 4.0 / 256.0),
+    ] {
+        let expected = (inside + across(bytes)) / 2.0;
+        let got = round(wire, spread);
+        assert!(
+            (got - expected).abs() < 1e-6 * expected,
+            "{wire}: {got} vs {expected}"
+        );
+    }
+    // Replicas in one zone never cross: the zone's ring alone, whatever the form.
+    let one_zone = ZoneSpread {
+        zones: 1,
+        fewest: 4,
+        most: 4,
+        ..spread
+    };
+    let ring_of_four = f32_mib * 1.5 / 1.25 / 2.0;
+    for wire in [Wire::F32, Wire::Int8] {
+        assert!((round(wire, one_zone) - ring_of_four).abs() < 1e-6 * ring_of_four);
+    }
+    // No rounds, or no one to average with: nothing.
+    assert_eq!(e.stage(1..9, 1, 4).unwrap().round, Duration::ZERO);
+    let alone = ZoneSpread {
+        replicas: 1,
+        zones: 1,
+        fewest: 1,
+        most: 1,
+    };
+    assert_eq!(round(Wire::F32, alone), 0.0);
 }
