@@ -441,6 +441,7 @@ fn planned_prices(node: &NodeArgs, zones: &[(String, f64)]) -> Result<Vec<(Strin
 /// `--zones`: each zone's trace planned as `--trace` would be, the zones replayed together;
 /// the pooled counts stand for the run in the report.
 fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<(Planned, Replay)> {
+    check_groups_fit(node, trace.nodes_max)?;
     let mut zones = Vec::with_capacity(texts.len());
     let mut sources = Vec::with_capacity(texts.len());
     let mut speeds = Vec::with_capacity(texts.len());
@@ -487,6 +488,32 @@ fn zoned_replay(texts: &[String], trace: &TraceArgs, node: &NodeArgs) -> Result<
         counts: replay.counts().to_vec(),
     };
     Ok((planned, replay))
+}
+
+/// Refuses an emulated DiLoCo run over zones that can never hold a whole pipeline: under
+/// DiLoCo the planner lays zone pipelines alone, so a zone of fewer nodes than the profile's
+/// shallowest pipeline would never train, and with every zone so the run would plan nothing.
+fn check_groups_fit(node: &NodeArgs, nodes_max: u32) -> Result<()> {
+    let (Some(profile), Some(_)) = (&node.emulate, node.sync.inner_steps()) else {
+        return Ok(());
+    };
+    let shallowest = parcae_strategies::cost::profile::emulated(profile)
+        .with_context(|| format!("--emulate {profile}"))?
+        .spec
+        .depths
+        .iter()
+        .copied()
+        .min()
+        .unwrap_or(1);
+    if nodes_max < shallowest {
+        bail!(
+            "--sync {} with --emulate {profile}: under DiLoCo a zone trains whole pipelines \
+             only, and {profile}'s shallowest is {shallowest} stages; give --nodes-max \
+             {shallowest} or more",
+            node.sync
+        );
+    }
+    Ok(())
 }
 
 /// Prints the table, writes plots of the sessions, and applies `--check` (after the JSON

@@ -663,6 +663,22 @@ fn a_diloco_run_over_two_zones_meets_across_them_once_a_round() {
     assert_error(&out, &["--sync auto"]);
     let out = testnet(&["run", "--pseudo-gradient", "int8"], dir.path());
     assert_error(&out, &["--pseudo-gradient int8", "--sync diloco:H"]);
+    // An emulated gpt-1.5b pipeline has six stages at least: zones of four never train.
+    let out = testnet(
+        &[
+            "run",
+            "--emulate",
+            "gpt-1.5b",
+            "--zones",
+            "a=synthetic:quiet:1,b=synthetic:quiet:2",
+            "--nodes-max",
+            "4",
+            "--sync",
+            "diloco:20",
+        ],
+        dir.path(),
+    );
+    assert_error(&out, &["--sync diloco:20 with --emulate", "--nodes-max 6"]);
 }
 
 /// DiLoCo through preemptions with notice and a leader killed without one (issue 68): slots
