@@ -84,8 +84,11 @@ pub fn decide(
             table_of: &table_of,
         }),
     };
-    let plan = strategy
-        .choose(&situation)
+    let choice = strategy.choose(&situation);
+    if interval_boundary && current.is_none() {
+        warn_if_nothing_fits(n, choice, shape.steps_in_zone);
+    }
+    let plan = choice
         .filter(|target| {
             let restart = broken || strategy.restarts_in_place();
             target.nodes() > 0 && (*target != running || restart)
@@ -117,6 +120,21 @@ pub fn decide(
         fleet: zoned.map(|z| z.advised(in_force)),
         plan,
     }
+}
+
+/// Says why a cluster of `workers` with no plan yet gets none (the strategy chose no
+/// configuration): nothing trains until the workers change, which should not pass in silence.
+fn warn_if_nothing_fits(workers: u32, choice: Option<ParallelConfig>, steps_in_zone: bool) {
+    if workers == 0 || choice.is_some_and(|c| c.nodes() > 0) {
+        return;
+    }
+    let why = if steps_in_zone {
+        "under DiLoCo each pool must hold a whole pipeline of the shallowest depth its \
+         device's memory allows"
+    } else {
+        "no pipeline of a depth the device's memory allows fits them"
+    };
+    tracing::warn!(workers, why, "no configuration fits the workers");
 }
 
 /// The eight fastest configurations for `n` workers, with their nodes per zone over zones.

@@ -65,6 +65,7 @@ pub fn train_step<M: PipelineModel>(
     state: &ControlState,
     (plan, k): (&Plan, u64),
 ) -> Result<StepTimes, TrainError> {
+    let sync = (setup.spec.sync, setup.spec.outer.wire);
     let spec = StepSpec {
         epoch: plan.epoch,
         step: k,
@@ -76,12 +77,7 @@ pub fn train_step<M: PipelineModel>(
         micro_batch: setup.spec.micro_batch,
         batch_shares: plan.batch_shares.clone(),
         digest: current.digest,
-        crossings: super::zones::crossings(
-            state,
-            plan,
-            current.slot,
-            (setup.spec.sync, setup.spec.outer.wire),
-        ),
+        crossings: super::zones::crossings(state, plan, current.slot, sync),
         step_replicas: super::zones::step_replicas(state, plan, current.slot, setup.spec.sync),
         sync: setup.spec.sync,
         outer: setup.spec.outer,

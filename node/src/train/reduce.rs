@@ -70,11 +70,12 @@ pub fn step_sync(sync: SyncMode, step: u64, max_steps: u64) -> StepSync {
     }
 }
 
-/// What a step's all-reduces talk through.
+/// What a step's all-reduces talk through, and how the device paces them.
 pub(crate) struct ReduceIo<'w, 'l> {
     pub(crate) waiter: &'w Waiter<'w>,
     pub(crate) round: Round,
     pub(crate) metrics: &'l Metrics,
+    pub(crate) pacing: StepPacing<'l>,
 }
 
 impl<'w, 'l> ReduceIo<'w, 'l> {
@@ -98,13 +99,13 @@ impl<'w, 'l> ReduceIo<'w, 'l> {
 pub(crate) fn close_round<M: PipelineModel>(
     stage: &mut Stage<M>,
     links: Option<&mut ReduceLink>,
-    (io, pacing): (&ReduceIo<'_, '_>, StepPacing<'_>),
+    io: &ReduceIo<'_, '_>,
     outer: &OuterSettings,
 ) -> Result<(), TrainError> {
     let mut mean = stage.pseudo_gradient()?;
     if let Some(links) = links {
         let mut all = io.over(Reach::Replicas(links)).across_as(outer.wire);
-        pacing.round(&mut all).all_reduce_mean(&mut mean)?;
+        io.pacing.round(&mut all).all_reduce_mean(&mut mean)?;
     }
     stage.outer_step(&mean, outer)?;
     Ok(())
@@ -117,26 +118,25 @@ pub(crate) fn reduce<M: PipelineModel>(
     stage: &mut Stage<M>,
     links: &mut ReduceLink,
     io: &ReduceIo<'_, '_>,
-    pacing: StepPacing<'_>,
     sync: StepSync,
 ) -> Result<(Option<f64>, f64), TrainError> {
     let ReduceLink::ByZone(by_zone) = links else {
         // One ring: every replica, or under DiLoCo the one zone they share.
-        let loss = reduce_gradients(stage, io.over(Reach::Replicas(links)), pacing)?;
+        let loss = reduce_gradients(stage, io.over(Reach::Replicas(links)), io.pacing)?;
         return Ok((loss, stage.grad_sq_norm()?));
     };
     if sync == StepSync::Everywhere {
-        let loss = reduce_gradients(stage, io.over(Reach::Replicas(links)), pacing)?;
+        let loss = reduce_gradients(stage, io.over(Reach::Replicas(links)), io.pacing)?;
         return Ok((loss, stage.grad_sq_norm()?));
     }
     let replicas = by_zone.layout.replicas();
     let (loss, norm) = match by_zone.zone_ring.as_mut() {
         Some(ring) => {
-            let loss = reduce_gradients(stage, io.over(Reach::Zone(ring)), pacing)?;
+            let loss = reduce_gradients(stage, io.over(Reach::Zone(ring)), io.pacing)?;
             (loss, stage.grad_sq_norm()?)
         }
         None => {
-            pacing.reduced_alone();
+            io.pacing.reduced_alone();
             let totals = stage.step_totals()?;
             (totals.loss, totals.grad_sq_norm)
         }

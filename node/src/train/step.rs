@@ -181,14 +181,10 @@ fn run_inner<M: PipelineModel>(
         waiter: &w,
         round,
         metrics: io.metrics,
+        pacing,
     };
     let outer = if sync.opens_round() {
-        close_round(
-            stage,
-            links.reduce.as_mut(),
-            (&reduce_io, pacing),
-            &spec.outer,
-        )?;
+        close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
         stage.outer_digest()
     } else {
         None
@@ -211,7 +207,7 @@ fn run_inner<M: PipelineModel>(
     // Where gradients cross a ring they are read once (joined on the device), then the loss,
     // then the reduced norm; else the norm and the loss are the step's one read.
     let (reduced_loss, local) = match links.reduce.as_mut() {
-        Some(links) => reduce(stage, links, &reduce_io, pacing, sync)?,
+        Some(links) => reduce(stage, links, &reduce_io, sync)?,
         None => {
             pacing.reduced_alone();
             let totals = stage.step_totals()?;
@@ -225,12 +221,7 @@ fn run_inner<M: PipelineModel>(
     let applied = sync.closes_job();
     if applied {
         stage.optimizer_step(global_sq_norm)?;
-        close_round(
-            stage,
-            links.reduce.as_mut(),
-            (&reduce_io, pacing),
-            &spec.outer,
-        )?;
+        close_round(stage, links.reduce.as_mut(), &reduce_io, &spec.outer)?;
     }
     let last = position.is_last();
     // Where a step's wall time goes outside its paced work: the exchanges after the schedule
