@@ -27,6 +27,6 @@ pub use costs::{
     Crossings, EmulatedStage, Emulation, EmulationError, Fetched, Rebuild, RoundCrossing, STAND_IN,
     StandInWidth, ZoneSpread,
 };
-pub use paced::{PacedCollective, PacedNeighbours};
+pub use paced::{PacedCollective, PacedNeighbours, Reduction};
 pub use pacer::{Overrun, OverrunSnapshot, Pacer};
 pub use pacing::{Change, MeasuredFetch, Pacing, RealTime, StepPacing};

@@ -36,26 +36,22 @@ impl<'a> StepPacing<'a> {
         }
     }
 
-    /// `inner` as this step's device reduces its gradients.
-    pub fn collective<'n, C>(&self, inner: &'n mut C) -> PacedCollective<'n, C>
+    /// `inner` as this step's device takes `reduction`.
+    pub fn collective<'n, C>(
+        &self,
+        inner: &'n mut C,
+        reduction: Reduction,
+    ) -> PacedCollective<'n, C>
     where
         'a: 'n,
     {
+        let takes = |stage: EmulatedStage| match reduction {
+            Reduction::Gradients => stage.all_reduce,
+            Reduction::Round => stage.round,
+        };
         PacedCollective {
             inner,
-            clock: self.clock.map(|(stage, pacer)| (stage.all_reduce, pacer)),
-        }
-    }
-
-    /// `inner` as this step's device averages a DiLoCo round's pseudo-gradients (the stage's
-    /// `round`: by zone, in the job's wire form between zones).
-    pub fn round<'n, C>(&self, inner: &'n mut C) -> PacedCollective<'n, C>
-    where
-        'a: 'n,
-    {
-        PacedCollective {
-            inner,
-            clock: self.clock.map(|(stage, pacer)| (stage.round, pacer)),
+            clock: self.clock.map(|(stage, pacer)| (takes(stage), pacer)),
         }
     }
 
@@ -203,6 +199,15 @@ impl<N: Neighbours> Neighbours for PacedNeighbours<'_, N> {
         }
         self.inner.computed(op, real)
     }
+}
+
+/// Which all-reduce of a step is paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// The gradients' ([`EmulatedStage::all_reduce`]).
+    Gradients,
+    /// A DiLoCo round's pseudo-gradients, by zone in the wire form ([`EmulatedStage::round`]).
+    Round,
 }
 
 /// `inner` with the reduction taking what its all-reduce takes on the emulated links.
@@ -445,14 +450,14 @@ mod tests {
         let mut values = [2.0f32, 4.0];
         let started = Instant::now();
         emulated
-            .round(&mut inner)
+            .collective(&mut inner, Reduction::Round)
             .all_reduce_mean(&mut values)
             .unwrap();
         assert_eq!(values, [1.0, 2.0]);
         assert!(started.elapsed() >= Duration::from_millis(300));
         let started = Instant::now();
         StepPacing::default()
-            .round(&mut inner)
+            .collective(&mut inner, Reduction::Round)
             .all_reduce_mean(&mut values)
             .unwrap();
         assert_eq!(values, [0.5, 1.0]);

@@ -20,7 +20,7 @@ use super::neighbours::{Reach, RingCollective};
 use super::waiter::Waiter;
 use crate::dataplane::links::ReduceLink;
 use crate::dataplane::protocol::Round;
-use crate::emulate::StepPacing;
+use crate::emulate::{Reduction, StepPacing};
 use crate::metrics::Metrics;
 
 /// What a step's reduction spans.
@@ -105,7 +105,9 @@ pub(crate) fn close_round<M: PipelineModel>(
     let mut mean = stage.pseudo_gradient()?;
     if let Some(links) = links {
         let mut all = io.over(Reach::Replicas(links)).across_as(outer.wire);
-        io.pacing.round(&mut all).all_reduce_mean(&mut mean)?;
+        io.pacing
+            .collective(&mut all, Reduction::Round)
+            .all_reduce_mean(&mut mean)?;
     }
     stage.outer_step(&mean, outer)?;
     Ok(())
@@ -175,7 +177,9 @@ fn reduce_gradients<M: PipelineModel>(
     if let Some(loss) = loss {
         values.push(loss as f32);
     }
-    pacing.collective(&mut ring).all_reduce_mean(&mut values)?;
+    pacing
+        .collective(&mut ring, Reduction::Gradients)
+        .all_reduce_mean(&mut values)?;
     let loss = loss.map(|_| f64::from(values.pop().unwrap_or_default()));
     let mut bytes = Vec::with_capacity(values.len() * 4);
     values
