@@ -424,6 +424,21 @@ pub struct StepRecord {
     /// weights after it, stage by stage, as raft committed them; empty on other steps.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub outer_digests: Vec<String>,
+    /// Under DiLoCo, the groups that trained the step, in zone order: what a replay in one
+    /// process needs to train each group's share as its replicas did. Empty under `step`, and
+    /// where a pipeline of the step spanned zones.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<StepGroup>,
+}
+
+/// Under DiLoCo, one group's part of a committed step: the zone its replicas share and the
+/// samples each of its pipelines trained.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepGroup {
+    /// The zone (empty where its members said none).
+    pub zone: String,
+    /// Each of its pipelines' samples, `[first, end)`, in pipeline order.
+    pub shares: Vec<[u64; 2]>,
 }
 
 /// What `parcae-node replay` found: a cluster's committed steps trained again in one process,

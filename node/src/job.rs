@@ -190,6 +190,15 @@ impl JobSpec {
         Ok(job)
     }
 
+    /// How a replicated job synchronises its replicas.
+    pub fn sync_of(job: &Job) -> Result<SyncMode, JobError> {
+        // A job written before DiLoCo existed synchronised every step.
+        match job.settings.contains_key(names::SYNC) {
+            true => setting(&job.settings, names::SYNC),
+            false => Ok(SyncMode::Step),
+        }
+    }
+
     /// The spec a replicated job was written with.
     pub fn of(job: &Job) -> Result<JobSpec, JobError> {
         use names::*;
@@ -202,11 +211,7 @@ impl JobSpec {
             checkpoint_every: setting(s, CHECKPOINT_EVERY)?,
             optimizer: json_setting(s, OPTIMIZER)?,
             validation: json_setting(s, VALIDATION)?,
-            // A job written before DiLoCo existed synchronised every step.
-            sync: match s.contains_key(SYNC) {
-                true => setting(s, SYNC)?,
-                false => SyncMode::Step,
-            },
+            sync: Self::sync_of(job)?,
             outer: match s.contains_key(OUTER) {
                 true => json_setting(s, OUTER)?,
                 false => OuterSettings::default(),

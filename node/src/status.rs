@@ -11,13 +11,16 @@ use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
-use parcae_consensus::Command;
+use parcae_consensus::{Command, ControlState};
 
 pub use parcae_api::{
     ClockRefusalView, EmulatedView, EstimateView, FleetView, LatencySummary, MemberState,
     MemberView, MigrationKind, MigrationView, NoticeView, Placement, RoleView, StatusSnapshot,
     StepRecord, TrainingPhase, TrainingView,
 };
+
+use crate::job::JobSpec;
+use crate::train::zones::step_groups;
 
 /// Step records kept for `/steps`.
 const MAX_STEP_RECORDS: usize = 100_000;
@@ -260,9 +263,9 @@ impl Handler<StepsSkipped> for Status {
     }
 }
 
-/// The record of a committed step as `GET /steps` lists it (`None` for other commands);
-/// `history`: the history it was committed in.
-pub fn step_record(command: &Command, history: u64) -> Option<StepRecord> {
+/// The record of a committed step as `GET /steps` lists it (`None` for other commands), in
+/// the state `state` it was applied to (its history, and under DiLoCo its groups).
+pub fn step_record(command: &Command, state: &ControlState) -> Option<StepRecord> {
     let Command::StepCommitted {
         step,
         epoch,
@@ -283,8 +286,14 @@ pub fn step_record(command: &Command, history: u64) -> Option<StepRecord> {
         samples: *samples,
         loss: *loss,
         validation_loss: *validation_loss,
-        history,
+        history: state.progress.history,
         outer_digests: outer_digests.iter().map(hex::encode).collect(),
+        groups: state
+            .job
+            .as_ref()
+            .and_then(|job| JobSpec::sync_of(job).ok())
+            .map(|sync| step_groups(state, sync, *epoch, (*sample_start, *samples)))
+            .unwrap_or_default(),
     })
 }
 

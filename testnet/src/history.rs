@@ -254,6 +254,7 @@ mod tests {
             validation_loss: None,
             history,
             outer_digests: Vec::new(),
+            groups: Vec::new(),
         }
     }
 

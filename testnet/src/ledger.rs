@@ -316,6 +316,7 @@ mod tests {
             validation_loss: None,
             history: 0,
             outer_digests: Vec::new(),
+            groups: Vec::new(),
         }
     }
 

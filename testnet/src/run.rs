@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use parcae_api::StepRecord;
+use parcae_outer::Wire;
 use parcae_strategies::cost::money::{self, OnDemand, Prices};
 use parcae_strategies::sim::StrategyRun;
 
@@ -280,11 +281,13 @@ pub fn verify_history(
     };
     let mut verdict = history::check(&history);
     // An emulated GPT is paced to a large model's profile but is a real model of its layer
-    // count: replaying it on one CPU would take longer than the run. Under DiLoCo the groups
-    // train apart between rounds and a checkpoint holds one group's inner state, which one
-    // process cannot replay a window from: the rounds are checked by the outer weights every
-    // node shows instead (the report's outer_rounds).
-    if node.emulate.is_none() && node.sync.inner_steps().is_none() {
+    // count: replaying it on one CPU would take longer than the run. Under DiLoCo the replay
+    // trains each group apart (from the seeded start, and from checkpoints every group resumed
+    // from), and only where the rounds sent f32: the cluster rounds a lossy form's partial sums
+    // hop by hop; the rounds are checked by the outer weights every node shows besides (the
+    // report's outer_rounds).
+    let rounds_replayable = node.sync.inner_steps().is_none() || node.pseudo_gradient == Wire::F32;
+    if node.emulate.is_none() && rounds_replayable {
         let bin = node_bin::locate(node.node_bin.as_deref())?;
         let device = node.device.devices(gpus::visible).replay_device();
         let replayed = model_replay::run(&bin, outcome.dir.path(), &history.final_seq, &device);

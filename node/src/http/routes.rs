@@ -124,6 +124,7 @@ mod tests {
             validation_loss: None,
             history: 0,
             outer_digests: Vec::new(),
+            groups: Vec::new(),
         };
         json.steps.write().unwrap().extend((0..5).map(record));
         let body = |url| call(&json, Method::GET, url).1;

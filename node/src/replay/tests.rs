@@ -1,11 +1,18 @@
-use parcae_consensus::state::{CutPart, LayerRange, OptimizerScalars, StepEnd};
+use std::ops::Range;
+use std::sync::Arc;
+
+use parcae_api::StepGroup;
+use parcae_consensus::state::{Cut, CutPart, LayerRange, OptimizerScalars, StepEnd};
 use parcae_model::{
-    Batch, Gpt, GptConfig, OptimizerConfig, SyntheticTask, data_parallel_step, default_device,
+    Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, StageConfig, SyntheticTask,
+    data_parallel_step, default_device, token_batch,
 };
+use parcae_outer::SyncMode;
 use sha2::{Digest, Sha256};
 
 use super::*;
-use crate::train::samples::pipeline_share;
+use crate::job::JobSpec;
+use crate::train::samples::{DataSource, micro_batches, pipeline_share};
 
 fn record(step: u64, history: u64) -> StepRecord {
     StepRecord {
@@ -17,6 +24,7 @@ fn record(step: u64, history: u64) -> StepRecord {
         validation_loss: None,
         history,
         outer_digests: Vec::new(),
+        groups: Vec::new(),
     }
 }
 
@@ -119,73 +127,117 @@ fn job() -> ReplayJob<Gpt> {
     }
 }
 
+/// Pipelines of two stages trained in this process as a cluster's replicas train them, and
+/// the job's store their checkpoints are written to as a cluster writes them.
+struct InProcess {
+    replicas: Vec<Pipeline<Gpt>>,
+    data: DataSource,
+    store: JobStore,
+    rt: tokio::runtime::Runtime,
+}
+
+/// The two stages' layers.
+const STAGES: [Range<usize>; 2] = [0..2, 2..4];
+
+impl InProcess {
+    /// `pipelines` replicas of `job`'s seeded model, its store at `location`.
+    fn new(job: &ReplayJob<Gpt>, location: &str, pipelines: usize) -> Self {
+        let what = Identity::of(job.model.as_ref(), job.dataset.as_ref(), None).unwrap();
+        let digest = job.spec.job(&what, &[]).unwrap().digest();
+        let config = StageConfig {
+            optimizer: job.spec.optimizer.clone(),
+            ..StageConfig::default()
+        };
+        Self {
+            replicas: (0..pipelines)
+                .map(|_| {
+                    Pipeline::new(
+                        job.model.clone(),
+                        &STAGES,
+                        SEED,
+                        &job.device,
+                        config.clone(),
+                    )
+                    .unwrap()
+                })
+                .collect(),
+            data: data_source(job.dataset.clone(), &job.spec).unwrap(),
+            store: JobStore::open(location, &digest).unwrap().keeping(0),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// Each pipeline's share of the `batch` samples from `start`, in micro-batches of 2.
+    fn shards(&self, start: u64, batch: u32) -> Vec<Vec<Batch>> {
+        let d = self.replicas.len() as u32;
+        (0..d)
+            .map(|i| {
+                micro_batches(pipeline_share(start, batch, (i, d), &[]), 2)
+                    .into_iter()
+                    .map(|m| {
+                        let (dataset, sampler) = (self.data.dataset.as_ref(), &self.data.sampler);
+                        token_batch(dataset, sampler, m.start, 2, &default_device()).unwrap()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Pipeline 0's state after step `step` stored as the cut of history 0 a cluster writes.
+    fn checkpoint(&self, step: u64) {
+        let parts = STAGES
+            .iter()
+            .enumerate()
+            .map(|(s, r)| {
+                let bytes = self.replicas[0].stages()[s]
+                    .export_state(r.clone())
+                    .unwrap();
+                let digest: [u8; 32] = Sha256::digest(&bytes).into();
+                let layers = r.start as u32..r.end as u32;
+                self.rt
+                    .block_on(
+                        self.store
+                            .put_part(step + 1, layers.clone(), &digest, bytes),
+                    )
+                    .unwrap();
+                CutPart {
+                    layers: LayerRange {
+                        start: layers.start,
+                        end: layers.end,
+                    },
+                    holders: Vec::new(),
+                    digest,
+                    stored: true,
+                }
+            })
+            .collect();
+        let cut = Cut {
+            parts,
+            ..cut(0, step)
+        };
+        self.rt.block_on(self.store.put_cut(&cut)).unwrap();
+    }
+}
+
 /// A 2 x 2 cluster's training, in this process: two pipelines of two stages, each on its
 /// share of the step's samples, gradients averaged; its checkpoints after steps 9 and 19
 /// written to the job's store at `location` as a cluster writes them. Returns the committed
 /// steps.
 fn train_like_a_cluster(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord> {
-    let what = Identity::of(job.model.as_ref(), job.dataset.as_ref(), None).unwrap();
-    let digest = job.spec.job(&what, &[]).unwrap().digest();
-    let store = JobStore::open(location, &digest).unwrap().keeping(0);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let data = data_source(job.dataset.clone(), &job.spec).unwrap();
-    let device = default_device();
-    let ranges = [0..2, 2..4];
-    let config = StageConfig {
-        optimizer: job.spec.optimizer.clone(),
-        ..StageConfig::default()
-    };
-    let mut replicas: Vec<Pipeline<Gpt>> = (0..2)
-        .map(|_| Pipeline::new(job.model.clone(), &ranges, SEED, &device, config.clone()).unwrap())
-        .collect();
+    let mut cluster = InProcess::new(job, location, 2);
     let mut steps = Vec::new();
     for step in 0..20u64 {
-        let start = 16 * step;
-        let shards: Vec<Vec<Batch>> = (0..2)
-            .map(|d| {
-                micro_batches(pipeline_share(start, 16, (d, 2), &[]), 2)
-                    .into_iter()
-                    .map(|m| {
-                        token_batch(data.dataset.as_ref(), &data.sampler, m.start, 2, &device)
-                            .unwrap()
-                    })
-                    .collect()
-            })
-            .collect();
-        let loss = data_parallel_step(&mut replicas, &shards).unwrap();
+        let shards = cluster.shards(16 * step, 16);
+        let loss = data_parallel_step(&mut cluster.replicas, &shards).unwrap();
         steps.push(StepRecord {
             loss: f64::from(loss),
             ..record(step, 0)
         });
         if (step + 1) % 10 == 0 {
-            let parts = ranges
-                .iter()
-                .enumerate()
-                .map(|(s, r)| {
-                    let bytes = replicas[0].stages()[s].export_state(r.clone()).unwrap();
-                    let digest: [u8; 32] = Sha256::digest(&bytes).into();
-                    let layers = r.start as u32..r.end as u32;
-                    rt.block_on(store.put_part(step + 1, layers.clone(), &digest, bytes))
-                        .unwrap();
-                    CutPart {
-                        layers: LayerRange {
-                            start: layers.start,
-                            end: layers.end,
-                        },
-                        holders: Vec::new(),
-                        digest,
-                        stored: true,
-                    }
-                })
-                .collect();
-            let cut = Cut {
-                parts,
-                ..cut(0, step)
-            };
-            rt.block_on(store.put_cut(&cut)).unwrap();
+            cluster.checkpoint(step);
         }
     }
     steps
@@ -244,4 +296,157 @@ fn a_store_without_the_jobs_checkpoints_and_a_broken_steps_file_are_named() {
     std::fs::write(&file, "{").unwrap();
     let e = format!("{:#}", read_steps(&file).unwrap_err());
     assert!(e.contains("not a JSON array of committed steps"), "{e}");
+}
+
+/// Step `step` of a DiLoCo history of 18 samples a step: group `a` holds pipeline 0, group
+/// `b` pipelines 1 and 2, 6 samples each.
+fn diloco_record(step: u64, history: u64) -> StepRecord {
+    let start = 18 * step;
+    let share = |d: u64| [start + 6 * d, start + 6 * (d + 1)];
+    StepRecord {
+        samples: 18,
+        sample_start: start,
+        groups: vec![
+            StepGroup {
+                zone: "a".into(),
+                shares: vec![share(0)],
+            },
+            StepGroup {
+                zone: "b".into(),
+                shares: vec![share(1), share(2)],
+            },
+        ],
+        ..record(step, history)
+    }
+}
+
+#[test]
+fn a_diloco_window_starts_where_every_group_had_the_same_state() {
+    let steps: Vec<StepRecord> = (0..40)
+        .map(|s| diloco_record(s, if s < 20 { 0 } else { 1 }))
+        .collect();
+    // History 1 resumed every group from the cut after step 19; the cut after step 9 holds
+    // group a's state only, and so does the one after step 29.
+    let cuts = [cut(0, 9), cut(0, 19), cut(1, 29), cut(1, 39)];
+    let mut p = plan(&cuts, &steps, 100);
+    groups::keep_replayable(&mut p, &steps);
+    let spans: Vec<Range<u64>> = p.windows.iter().map(|w| w.steps.clone()).collect();
+    assert_eq!(spans, vec![0..10, 20..30]);
+    assert_eq!(p.not_replayed, 20);
+    assert!(p.skipped[0].contains("steps 10..20") && p.skipped[0].contains("one group's state"));
+
+    // Zone b joins at step 3, when group a alone trained: it copied a. Zone c joins at step 22
+    // beside a and b: which group it copied is not known.
+    let mut joined = steps.clone();
+    for r in &mut joined[..3] {
+        r.groups.truncate(1);
+    }
+    joined[22].groups[1].zone = "c".into();
+    let mut p = plan(&cuts, &joined, 100);
+    groups::keep_replayable(&mut p, &joined);
+    let spans: Vec<Range<u64>> = p.windows.iter().map(|w| w.steps.clone()).collect();
+    assert_eq!(spans, vec![0..10]);
+    assert!(
+        p.skipped[1].contains("step 22: group \"c\" joined while 2 groups trained"),
+        "{:?}",
+        p.skipped
+    );
+
+    // A step whose groups are not known.
+    let mut unknown = steps.clone();
+    unknown[5].groups.clear();
+    let mut p = plan(&cuts, &unknown, 100);
+    groups::keep_replayable(&mut p, &unknown);
+    assert!(
+        p.skipped[0].contains("step 5: its groups are not recorded"),
+        "{:?}",
+        p.skipped
+    );
+}
+
+/// The job of [`job`] under `diloco:3`.
+fn diloco_job() -> ReplayJob<Gpt> {
+    let mut job = job();
+    job.spec.global_batch = 18;
+    job.spec.micro_batch = 2;
+    job.spec.sync = SyncMode::Diloco(3);
+    job
+}
+
+/// A DiLoCo cluster's training, in this process: three pipelines of two stages, group `a`
+/// pipeline 0 and group `b` pipelines 1 and 2 ([`diloco_record`]), each group averaging its
+/// gradients inside itself, a round before every third step over the three replicas; its
+/// checkpoint after step 9 (pipeline 0's) written to the job's store at `location`. Returns
+/// the committed steps.
+fn train_like_diloco_groups(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord> {
+    let mut cluster = InProcess::new(job, location, 3);
+    for stage in cluster
+        .replicas
+        .iter_mut()
+        .flat_map(|r| r.stages_mut().iter_mut())
+    {
+        stage.begin_outer().unwrap();
+    }
+    let mut steps = Vec::new();
+    for step in 0..10u64 {
+        if step > 0 && step % 3 == 0 {
+            let replicas = &mut cluster.replicas;
+            for s in 0..STAGES.len() {
+                let pseudo: Vec<Vec<f32>> = replicas
+                    .iter()
+                    .map(|r| r.stages()[s].pseudo_gradient().unwrap())
+                    .collect();
+                let mean: Vec<f32> = (0..pseudo[0].len())
+                    .map(|i| pseudo.iter().map(|p| p[i]).sum::<f32>() / 3.0)
+                    .collect();
+                for r in replicas.iter_mut() {
+                    r.stages_mut()[s]
+                        .outer_step(&mean, &job.spec.outer)
+                        .unwrap();
+                }
+            }
+        }
+        let shards = cluster.shards(18 * step, 18);
+        let (a, b) = cluster.replicas.split_at_mut(1);
+        let loss_a = data_parallel_step(a, &shards[..1]).unwrap();
+        let loss_b = data_parallel_step(b, &shards[1..]).unwrap();
+        steps.push(StepRecord {
+            loss: f64::from(loss_a + 2.0 * loss_b) / 3.0,
+            ..diloco_record(step, 0)
+        });
+    }
+    cluster.checkpoint(9);
+    steps
+}
+
+#[test]
+fn a_replay_of_diloco_groups_matches_and_a_step_given_to_the_wrong_group_does_not() {
+    let job = diloco_job();
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().display().to_string();
+    let steps = train_like_diloco_groups(&job, &location);
+
+    let report = replay(&job, &location, &steps, 1e-4, 200).unwrap();
+    assert!(report.passed, "{report:?}");
+    assert_eq!((report.windows, report.steps_replayed), (1, 10));
+    assert!(report.max_abs_diff < 1e-5, "{report:?}");
+    assert!(report.max_loss_diff < 1e-4, "{report:?}");
+
+    // Step 4's shares swapped between the groups: each group trained the other's samples.
+    let mut wrong = steps.clone();
+    let (a, b) = (wrong[4].groups[0].shares[0], wrong[4].groups[1].shares[0]);
+    wrong[4].groups[0].shares[0] = b;
+    wrong[4].groups[1].shares[0] = a;
+    let report = replay(&job, &location, &wrong, 1e-4, 200).unwrap();
+    assert!(!report.passed);
+    assert!(report.max_abs_diff > 1e-3, "{report:?}");
+
+    // A lossy wire form is refused, naming it.
+    let mut int8 = diloco_job();
+    int8.spec.outer.wire = Wire::Int8;
+    let e = format!(
+        "{:#}",
+        replay(&int8, &location, &steps, 1e-4, 200).unwrap_err()
+    );
+    assert!(e.contains("int8") && e.contains("only f32 rounds"), "{e}");
 }

@@ -1,15 +1,18 @@
 //! Which of a node's transfers leave its zone (issue 37): an emulated fleet over zones paces
 //! what crosses on the slower link between zones, as the planner prices it. A member that did
-//! not say its zone crosses nothing, so a cluster without zones is paced as before.
-
-use parcae_consensus::state::{Plan, StageSlot};
-use parcae_consensus::{ControlState, NodeId};
+//! not say its zone crosses nothing, so a cluster without zones is paced as before. Under
+//! DiLoCo a zone's replicas are a group: which members share a stage's state, and which
+//! groups trained a step.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use parcae_api::StepGroup;
+use parcae_consensus::state::{Plan, StageSlot};
+use parcae_consensus::{ControlState, NodeId};
 use parcae_outer::{SyncMode, Wire};
 use parcae_pool::AllReduce;
 
+use super::samples::pipeline_share;
 use crate::emulate::{Crossings, RoundCrossing, ZoneSpread};
 use crate::planner::zones::{zone_of, zones_differ};
 
@@ -92,6 +95,60 @@ pub fn group(state: &ControlState, node: &NodeId, sync: SyncMode) -> BTreeSet<No
         .keys()
         .filter(|m| zone_of(state, m) == zone)
         .copied()
+        .collect()
+}
+
+/// Under DiLoCo, the groups that trained the step of `epoch` whose `samples` start at
+/// `sample_start` (`StepRecord::groups`): each zone's pipelines' shares of the batch, as its
+/// replicas trained them. Empty under `step`, for an epoch other than the plan's, and where a
+/// pipeline spans zones (its stages then average with different groups).
+pub fn step_groups(
+    state: &ControlState,
+    sync: SyncMode,
+    epoch: u64,
+    (sample_start, samples): (u64, u64),
+) -> Vec<StepGroup> {
+    let Some(plan) = state.plan.as_ref().filter(|p| p.epoch == epoch) else {
+        return Vec::new();
+    };
+    let Ok(batch) = u32::try_from(samples) else {
+        return Vec::new();
+    };
+    if sync.inner_steps().is_none() {
+        return Vec::new();
+    }
+    let mut zones: Vec<Option<&str>> = vec![None; plan.data_parallel as usize];
+    for (id, slot) in &plan.assignment {
+        let Some(zone) = zones.get_mut(slot.pipeline as usize) else {
+            return Vec::new();
+        };
+        match zone {
+            Some(z) if *z != zone_of(state, id) => return Vec::new(),
+            _ => *zone = Some(zone_of(state, id)),
+        }
+    }
+    let mut groups: BTreeMap<&str, Vec<[u64; 2]>> = BTreeMap::new();
+    for (pipeline, zone) in zones.iter().enumerate() {
+        let Some(zone) = zone else {
+            return Vec::new();
+        };
+        let share = pipeline_share(
+            sample_start,
+            batch,
+            (pipeline as u32, plan.data_parallel),
+            &plan.batch_shares,
+        );
+        groups
+            .entry(zone)
+            .or_default()
+            .push([share.start, share.end]);
+    }
+    groups
+        .into_iter()
+        .map(|(zone, shares)| StepGroup {
+            zone: zone.to_string(),
+            shares,
+        })
         .collect()
 }
 
@@ -238,6 +295,46 @@ mod tests {
         assert_eq!(group(&state, &id(2), diloco), BTreeSet::from([id(2)]));
         assert!(group(&state, &id(4), diloco).is_empty(), "no zone said");
         assert!(group(&state, &id(1), SyncMode::Step).is_empty());
+    }
+
+    #[test]
+    fn a_diloco_step_lists_each_zones_pipelines_and_their_samples() {
+        let group = |zone: &str, shares: &[[u64; 2]]| StepGroup {
+            zone: zone.into(),
+            shares: shares.to_vec(),
+        };
+        let diloco = SyncMode::Diloco(5);
+        let (mut state, plan) = planned(&["b", "b", "a", "a"]);
+        state.plan = Some(plan);
+        assert_eq!(
+            step_groups(&state, diloco, 1, (100, 16)),
+            [group("a", &[[108, 116]]), group("b", &[[100, 108]])]
+        );
+        if let Some(plan) = state.plan.as_mut() {
+            plan.batch_shares = vec![10, 6];
+        }
+        assert_eq!(
+            step_groups(&state, diloco, 1, (100, 16)),
+            [group("a", &[[110, 116]]), group("b", &[[100, 110]])]
+        );
+        assert!(step_groups(&state, SyncMode::Step, 1, (100, 16)).is_empty());
+        assert!(
+            step_groups(&state, diloco, 2, (100, 16)).is_empty(),
+            "another epoch's"
+        );
+
+        let (mut state, plan) = planned(&["a", "a", "a", "a"]);
+        state.plan = Some(plan);
+        assert_eq!(
+            step_groups(&state, diloco, 1, (0, 16)),
+            [group("a", &[[0, 8], [8, 16]])]
+        );
+        let (mut state, plan) = planned(&["a", "b", "a", "b"]);
+        state.plan = Some(plan);
+        assert!(
+            step_groups(&state, diloco, 1, (0, 16)).is_empty(),
+            "pipelines across zones: no group holds a whole replica"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ fn report_fields_are_the_issue_contract() {
         validation_loss: (step != 2).then_some(loss + 0.5),
         history: 0,
         outer_digests: Vec::new(),
+        groups: Vec::new(),
     };
     let mut monitor = Monitor::default();
     monitor.steps.observe(&[step(1, 0, 4.0), step(2, 8, 3.0)]);

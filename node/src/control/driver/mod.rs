@@ -241,8 +241,7 @@ impl ControlDriver {
                 outcome,
             } => match (&outcome, command.as_deref()) {
                 (Ok(_), Some(c @ Command::StepCommitted { .. })) => {
-                    let history = self.node.state().progress.history;
-                    if let Some(record) = step_record(c, history) {
+                    if let Some(record) = step_record(c, self.node.state()) {
                         self.out.status.do_send(record);
                     }
                 }
