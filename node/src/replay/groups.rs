@@ -9,11 +9,12 @@
 //!
 //! A window needs every group's state at its start, and a checkpoint holds one group's: a
 //! window starts from the seeded start, or from a checkpoint the cluster rolled back to (every
-//! group then resumed from it). A group that appears after a window's first step fetched its
-//! layers from the replicas of the step before: where those were one group, it starts as a
-//! copy of that group (a cluster whose second zone joins after it began); among several, the
-//! steps do not record which it took from. That, and a rollback inside a window (every group
-//! then took one group's state), skip the window, with the reason.
+//! group then resumed from it). When the plan changes, a slot takes its layers from a holder of
+//! its zone where one holds them, else from any holder: where one group trained before the
+//! change, every group after it holds that group's state (a cluster whose second zone joins
+//! after it began); among several, the steps do not record whose state each group took (a
+//! zone whose holders all died takes another's). That, and a rollback inside a window (every
+//! group then took one group's state), skip the window, with the reason.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -71,17 +72,15 @@ fn why_not(w: &Window, records: &[StepRecord]) -> Option<String> {
                     r.step
                 ));
             }
-            if let Some(g) = r
-                .groups
-                .iter()
-                .find(|g| !b.groups.iter().any(|o| o.zone == g.zone))
-                .filter(|_| b.groups.len() > 1)
-            {
+            let replanned = r.epoch != b.epoch
+                || r.groups
+                    .iter()
+                    .any(|g| !b.groups.iter().any(|o| o.zone == g.zone));
+            if replanned && b.groups.len() > 1 {
                 return Some(format!(
-                    "step {}: group {:?} joined while {} groups trained, and which one it took \
-                     its state from is not recorded",
+                    "step {}: the plan changed while {} groups trained, and whose state each \
+                     group took is not recorded",
                     r.step,
-                    g.zone,
                     b.groups.len()
                 ));
             }
