@@ -223,6 +223,7 @@ mod tests {
             history: 0,
             layers: 4,
             parts,
+            groups: Vec::new(),
         };
         let mut state = ControlState::default();
         state

@@ -134,6 +134,7 @@ mod tests {
                     stored,
                 })
                 .collect(),
+            groups: Vec::new(),
         }
     }
 

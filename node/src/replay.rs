@@ -155,9 +155,11 @@ pub fn replay<M: PipelineModel>(
     };
     let first = steps.first().map_or(0, |r| r.step);
     for w in &plan.windows {
-        let records = &steps[(w.steps.start - first) as usize..(w.steps.end - first) as usize];
+        let at = (w.steps.start - first) as usize;
+        let records = &steps[at..(w.steps.end - first) as usize];
+        let before = at.checked_sub(1).map(|i| &steps[i]);
         let done = replayer
-            .window(w, records)
+            .window(w, records, before)
             .with_context(|| format!("replaying steps {:?}", w.steps))?;
         report.steps_replayed += records.len() as u64;
         report.max_abs_diff = report.max_abs_diff.max(done.max_abs_diff);

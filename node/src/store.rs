@@ -381,9 +381,11 @@ impl JobStore {
             let bytes = self.get_bounded(path, MAX_MANIFEST_BYTES).await?;
             if let Ok(cut) = serde_json::from_slice::<Cut>(&bytes) {
                 let steps = cut.steps_trained();
+                let groups = cut.groups.iter().flat_map(|g| &g.parts);
                 keep_parts.extend(
                     cut.parts
                         .iter()
+                        .chain(groups)
                         .map(|p| self.part_path(steps, &(p.layers.start..p.layers.end), &p.digest)),
                 );
             }

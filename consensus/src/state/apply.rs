@@ -63,10 +63,10 @@ pub(super) fn apply(
             holders,
             digest,
             stored,
+            group,
         } => checkpointed(
             state,
-            *step,
-            *epoch,
+            (*step, *epoch, group.as_deref()),
             CutPart {
                 layers: *layers,
                 holders: holders.clone(),

@@ -14,7 +14,7 @@ use crate::ids::NodeId;
 pub const MAX_COMMAND_BYTES: usize = 1 << 20;
 
 /// Current version of the command encoding.
-pub const COMMAND_VERSION: u16 = 6;
+pub const COMMAND_VERSION: u16 = 7;
 
 /// A change to the control state. Every node applies the committed sequence of commands in the
 /// same order; [`ControlState::apply`](super::ControlState::apply) is deterministic.
@@ -103,6 +103,9 @@ pub enum Command {
         digest: Digest32,
         /// The part is in the job's durable store too.
         stored: bool,
+        /// Under DiLoCo, the zone of the group whose state this is, where it is not pipeline
+        /// 0's group (whose parts make the cut): stored only, for a replay.
+        group: Option<String>,
     },
     /// Some layers have no live holder: the cluster goes back to the newest complete checkpoint
     /// cut, and the steps after it are trained again (the model then always equals a committed

@@ -20,9 +20,9 @@ use sha2::{Digest, Sha256};
 
 pub use command::{COMMAND_VERSION, Command, MAX_COMMAND_BYTES, Rejection, StateEvent};
 pub use types::{
-    AvailabilitySample, Capabilities, Cut, CutPart, Digest32, Job, KeyId, LayerCost, LayerRange,
-    LinkTime, LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars, OuterRound, PeerInfo,
-    Plan, PoolCount, Progress, RaftRole, Retired, StageSlot, StepEnd,
+    AvailabilitySample, Capabilities, Cut, CutPart, Digest32, GroupParts, Job, KeyId, LayerCost,
+    LayerRange, LinkTime, LossRecord, Member, MemberStatus, NodeCosts, OptimizerScalars,
+    OuterRound, PeerInfo, Plan, PoolCount, Progress, RaftRole, Retired, StageSlot, StepEnd,
 };
 
 use crate::codec::{self, CodecError};
@@ -31,7 +31,7 @@ use crate::ids::NodeId;
 /// Largest encoded snapshot of the state (64 MiB); the bounds below keep real states far smaller.
 pub const MAX_SNAPSHOT_BYTES: usize = 64 << 20;
 /// Current version of the snapshot encoding.
-pub const SNAPSHOT_VERSION: u16 = 11;
+pub const SNAPSHOT_VERSION: u16 = 12;
 
 /// Bounds that keep the state (and thus snapshots) small whatever is proposed.
 pub mod limits {
@@ -61,6 +61,8 @@ pub mod limits {
     pub const MAX_OPEN_CUTS: usize = 4;
     /// Holders of one checkpoint part.
     pub const MAX_HOLDERS: usize = 16;
+    /// Groups' states besides its own that one checkpoint cut holds (DiLoCo).
+    pub const MAX_GROUPS: usize = 16;
     /// Committed steps a checkpoint may register against (older ones are refused).
     pub const MAX_STEP_ENDS: usize = 64;
     /// Layers per cost report.

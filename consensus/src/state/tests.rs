@@ -590,7 +590,25 @@ fn part(step: u64, stage: u32, holders: Vec<NodeId>) -> Command {
         holders,
         digest: [step as u8 + stage as u8; 32],
         stored: false,
+        group: None,
     }
+}
+
+/// Group `zone`'s part of stage `stage` after step `step`, stored, on nobody's disk.
+fn group_part(step: u64, stage: u32, zone: &str) -> Command {
+    let mut c = part(step, stage, Vec::new());
+    if let Command::Checkpointed {
+        stored,
+        group,
+        digest,
+        ..
+    } = &mut c
+    {
+        *stored = true;
+        *group = Some(zone.into());
+        digest[0] = 0xaa;
+    }
+    c
 }
 
 /// Nodes 1-4 under a 2 x 2 plan of epoch 1 with steps `0..steps` committed.
@@ -688,6 +706,68 @@ fn a_cut_is_complete_once_every_stage_registered_and_the_newest_complete_ones_st
         rejected(&mut s, &stale),
         Rejection::StaleEpoch { current: 1, got: 2 }
     ));
+}
+
+#[test]
+fn another_groups_state_joins_the_cut_beside_its_parts_and_only_from_the_store() {
+    let mut s = trained(10);
+    s.apply(&part(3, 0, vec![id(1)])).unwrap();
+    s.apply(&group_part(3, 0, "us-east-1b")).unwrap();
+    s.apply(&group_part(3, 0, "us-east-1b")).unwrap();
+    let cut = &s.checkpoints[&3];
+    assert_eq!(
+        cut.parts.len(),
+        1,
+        "the group's part is not one of the cut's own"
+    );
+    assert_eq!(cut.groups.len(), 1);
+    assert_eq!(
+        cut.groups[0].parts.len(),
+        1,
+        "the same part registered once"
+    );
+    assert!(cut.stored_group("us-east-1b").is_none(), "one stage of two");
+    s.apply(&group_part(3, 1, "us-east-1b")).unwrap();
+    assert!(!s.checkpoints[&3].is_complete(), "groups complete no cut");
+    s.apply(&part(3, 1, vec![id(2)])).unwrap();
+    let cut = &s.checkpoints[&3];
+    assert!(cut.is_complete());
+    assert_eq!(cut.stored_group("us-east-1b").map(<[_]>::len), Some(2));
+    assert!(cut.stored_group("us-east-1c").is_none());
+
+    // Held on a disk, not in the store, a zone no zone is named, a different state of the
+    // same layers, and more groups than a cut holds: refused.
+    let mut held = group_part(3, 0, "us-east-1c");
+    if let Command::Checkpointed { holders, .. } = &mut held {
+        holders.push(id(1));
+    }
+    let field = |r: Rejection| match r {
+        Rejection::Invalid { field, .. } => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(rejected(&mut s, &held)), "holders");
+    assert_eq!(field(rejected(&mut s, &group_part(3, 0, "a/b"))), "group");
+    let mut other = group_part(3, 0, "us-east-1b");
+    if let Command::Checkpointed { digest, .. } = &mut other {
+        digest[1] = 1;
+    }
+    assert_eq!(field(rejected(&mut s, &other)), "layers");
+    for g in 1..limits::MAX_GROUPS {
+        s.apply(&group_part(3, 0, &format!("zone-{g}"))).unwrap();
+    }
+    assert_eq!(
+        field(rejected(&mut s, &group_part(3, 0, "one-more"))),
+        "group"
+    );
+
+    // A stored cut adopted by a new cluster resumes every group from its own parts.
+    let mut stored = s.checkpoints[&3].clone();
+    for p in &mut stored.parts {
+        p.stored = true;
+    }
+    let mut fresh = state_with(2);
+    fresh.apply(&Command::AdoptCut { cut: stored }).unwrap();
+    assert!(fresh.checkpoints[&3].groups.is_empty());
 }
 
 #[test]

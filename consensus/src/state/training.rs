@@ -6,7 +6,8 @@ use super::ControlState;
 use super::command::{Rejection, StateEvent};
 use super::limits;
 use super::types::{
-    Cut, CutPart, Digest32, LossRecord, MemberStatus, OptimizerScalars, OuterRound, StepEnd,
+    Cut, CutPart, Digest32, GroupParts, LossRecord, MemberStatus, OptimizerScalars, OuterRound,
+    StepEnd,
 };
 use crate::ids::NodeId;
 
@@ -143,12 +144,57 @@ pub(super) fn step_committed(
     Ok(events)
 }
 
+/// Registers `part` of the cut after `step` (of `epoch`): the cut's own (pipeline 0's group),
+/// or under DiLoCo group `group`'s.
 pub(super) fn checkpointed(
     state: &mut ControlState,
-    step: u64,
-    epoch: u64,
+    (step, epoch, group): (u64, u64, Option<&str>),
     mut part: CutPart,
 ) -> Result<Vec<StateEvent>, Rejection> {
+    let (end, layers) = check_part(state, (step, epoch, group), &part)?;
+    let range = part.layers;
+    part.holders.sort_unstable();
+    part.holders.dedup();
+    let history = state.progress.history;
+    let cut = state.checkpoints.entry(step).or_insert_with(|| Cut {
+        end,
+        history,
+        layers,
+        parts: Vec::new(),
+        groups: Vec::new(),
+    });
+    let parts = match group {
+        None => &mut cut.parts,
+        Some(zone) => {
+            let at = match cut.groups.iter().position(|g| g.zone == zone) {
+                Some(at) => at,
+                None => {
+                    cut.groups.push(GroupParts {
+                        zone: zone.to_string(),
+                        parts: Vec::new(),
+                    });
+                    cut.groups.len() - 1
+                }
+            };
+            &mut cut.groups[at].parts
+        }
+    };
+    register(parts, part);
+    let complete = cut.is_complete();
+    prune_cuts(state);
+    Ok(vec![StateEvent::CheckpointRegistered {
+        layers: range,
+        step,
+        complete,
+    }])
+}
+
+/// The step's end and the model's layers, where `part` may join the cut after `step`.
+fn check_part(
+    state: &ControlState,
+    (step, epoch, group): (u64, u64, Option<&str>),
+    part: &CutPart,
+) -> Result<(StepEnd, u32), Rejection> {
     if state
         .progress
         .last_committed_step
@@ -185,7 +231,12 @@ pub(super) fn checkpointed(
             format!("{}..{} of {layers} layers", range.start, range.end),
         ));
     }
-    if (part.holders.is_empty() && !part.stored) || part.holders.len() > limits::MAX_HOLDERS {
+    let holders_allowed = match group {
+        // Another group's state is for a replay: it is in the store, on nobody's disk.
+        Some(_) => part.holders.is_empty() && part.stored,
+        None => !part.holders.is_empty() || part.stored,
+    };
+    if !holders_allowed || part.holders.len() > limits::MAX_HOLDERS {
         return Err(Rejection::invalid(
             "holders",
             format!("{} holders, stored: {}", part.holders.len(), part.stored),
@@ -193,6 +244,9 @@ pub(super) fn checkpointed(
     }
     if let Some(h) = part.holders.iter().find(|h| !state.members.contains_key(h)) {
         return Err(Rejection::UnknownNode(*h));
+    }
+    if let Some(zone) = group {
+        check_group(state.checkpoints.get(&step), zone)?;
     }
     if state
         .newest_complete_cut()
@@ -204,11 +258,7 @@ pub(super) fn checkpointed(
         ));
     }
     if let Some(cut) = state.checkpoints.get(&step)
-        && let Some(other) = cut.parts.iter().find(|p| {
-            p.layers.start < range.end
-                && range.start < p.layers.end
-                && (p.layers != range || p.digest != part.digest)
-        })
+        && let Some(other) = conflict(parts_of(cut, group), part)
     {
         return Err(Rejection::invalid(
             "layers",
@@ -218,16 +268,47 @@ pub(super) fn checkpointed(
             ),
         ));
     }
-    part.holders.sort_unstable();
-    part.holders.dedup();
-    let history = state.progress.history;
-    let cut = state.checkpoints.entry(step).or_insert_with(|| Cut {
-        end,
-        history,
-        layers,
-        parts: Vec::new(),
-    });
-    match cut.parts.iter_mut().find(|p| p.layers == range) {
+    Ok((end, layers))
+}
+
+/// A group's zone that the cut `cut` (if registered yet) may take parts of: a zone's name, and
+/// no more groups than a fleet has pools.
+fn check_group(cut: Option<&Cut>, zone: &str) -> Result<(), Rejection> {
+    parcae_pool::check_zone(zone).map_err(|e| Rejection::invalid("group", e.to_string()))?;
+    let groups = cut.map_or(&[][..], |c| c.groups.as_slice());
+    if groups.len() >= limits::MAX_GROUPS && !groups.iter().any(|g| g.zone == zone) {
+        return Err(Rejection::invalid(
+            "group",
+            format!("a cut holds at most {} groups' states", limits::MAX_GROUPS),
+        ));
+    }
+    Ok(())
+}
+
+/// The parts of `cut` that a part of `group` joins: the cut's own, or that group's.
+fn parts_of<'c>(cut: &'c Cut, group: Option<&str>) -> &'c [CutPart] {
+    match group {
+        None => &cut.parts,
+        Some(zone) => cut
+            .groups
+            .iter()
+            .find(|g| g.zone == zone)
+            .map_or(&[][..], |g| g.parts.as_slice()),
+    }
+}
+
+/// A registered part of `parts` that `part` overlaps without being it.
+fn conflict<'p>(parts: &'p [CutPart], part: &CutPart) -> Option<&'p CutPart> {
+    parts.iter().find(|p| {
+        p.layers.start < part.layers.end
+            && part.layers.start < p.layers.end
+            && (p.layers != part.layers || p.digest != part.digest)
+    })
+}
+
+/// Adds `part` to `parts` (by first layer), or its holders and storage to the same part's.
+fn register(parts: &mut Vec<CutPart>, part: CutPart) {
+    match parts.iter_mut().find(|p| p.layers == part.layers) {
         Some(same) => {
             same.holders.extend_from_slice(&part.holders);
             same.holders.sort_unstable();
@@ -236,17 +317,10 @@ pub(super) fn checkpointed(
             same.stored |= part.stored;
         }
         None => {
-            cut.parts.push(part);
-            cut.parts.sort_by_key(|p| p.layers.start);
+            parts.push(part);
+            parts.sort_by_key(|p| p.layers.start);
         }
     }
-    let complete = cut.is_complete();
-    prune_cuts(state);
-    Ok(vec![StateEvent::CheckpointRegistered {
-        layers: range,
-        step,
-        complete,
-    }])
 }
 
 /// Keeps the newest complete cuts and at most a few incomplete ones after them.
@@ -427,6 +501,8 @@ fn cleared(cut: &Cut) -> Cut {
     for part in &mut taken.parts {
         part.holders.clear();
     }
+    // Every group resumes from the cut's own parts.
+    taken.groups.clear();
     taken
 }
 

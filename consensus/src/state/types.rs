@@ -364,6 +364,18 @@ pub struct StepEnd {
     pub optimizer: OptimizerScalars,
 }
 
+/// Whether `parts` (by first layer) cover layers `0..layers` end to end.
+fn covers(parts: &[CutPart], layers: u32) -> bool {
+    let mut next = 0;
+    for part in parts {
+        if part.layers.start != next {
+            return false;
+        }
+        next = part.layers.end;
+    }
+    next == layers && layers > 0
+}
+
 /// One stage's part of a checkpoint cut.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CutPart {
@@ -391,6 +403,21 @@ pub struct Cut {
     pub layers: u32,
     /// Parts by first layer (non-overlapping).
     pub parts: Vec<CutPart>,
+    /// Under DiLoCo, the other groups' states after the same step (the parts are pipeline 0's
+    /// group's), by zone: a replay of the history trains every group from them. Never restored
+    /// (a rollback resumes every group from the parts).
+    #[serde(default)]
+    pub groups: Vec<GroupParts>,
+}
+
+/// Under DiLoCo, one group's state after a cut's step: what the first replica of each stage in
+/// its zone stored (in the durable store alone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupParts {
+    /// The group's zone.
+    pub zone: String,
+    /// Parts by first layer (non-overlapping).
+    pub parts: Vec<CutPart>,
 }
 
 impl Cut {
@@ -402,14 +429,16 @@ impl Cut {
 
     /// Whether the parts cover layers `0..layers` end to end.
     pub fn is_complete(&self) -> bool {
-        let mut next = 0;
-        for part in &self.parts {
-            if part.layers.start != next {
-                return false;
-            }
-            next = part.layers.end;
-        }
-        next == self.layers && self.layers > 0
+        covers(&self.parts, self.layers)
+    }
+
+    /// Group `zone`'s parts, where they cover every layer and are all in the durable store.
+    pub fn stored_group(&self, zone: &str) -> Option<&[CutPart]> {
+        self.groups
+            .iter()
+            .find(|g| g.zone == zone)
+            .map(|g| g.parts.as_slice())
+            .filter(|parts| covers(parts, self.layers) && parts.iter().all(|p| p.stored))
     }
 
     /// Whether the cut is complete and every part is in the durable store.

@@ -32,8 +32,11 @@ pub fn authorize(
             .plan
             .as_ref()
             .is_some_and(|p| p.epoch == *epoch && p.assignment.contains_key(&origin_id)),
-        Command::Checkpointed { holders, .. } => {
-            holders.contains(&origin_id) && state.members.contains_key(&origin_id)
+        // A part held on disks names its writer among them; another DiLoCo group's part is in
+        // the store alone, on no disk.
+        Command::Checkpointed { holders, group, .. } => {
+            (holders.contains(&origin_id) || (group.is_some() && holders.is_empty()))
+                && state.members.contains_key(&origin_id)
         }
         // A rollback, or a restore of a stopped cluster, comes from a node of the plan it found
         // layers missing under; a stored cut is adopted by a member of a cluster that has not

@@ -190,6 +190,29 @@ pub async fn all_reduce_mean(
     Ok(ring.reduced)
 }
 
+/// What every member of a ring of `values.len()` members holds after [`all_reduce_mean`],
+/// member `r` bringing `values[r]`: the same steps and the same additions, in one process (a
+/// replay sums as the ring does, bit for bit).
+pub fn ring_mean_in_process(values: &[Vec<f32>]) -> Vec<f32> {
+    let n = values.len();
+    let mut held = values.to_vec();
+    let len = held.first().map_or(0, Vec::len);
+    for step in RingStep::all(n) {
+        let sent: Vec<(Range<usize>, Vec<f32>)> = (0..n)
+            .map(|at| {
+                let range = part(len, n, step.parts(n, at).0);
+                (range.clone(), held[at][range].to_vec())
+            })
+            .collect();
+        for (at, (range, xs)) in sent.into_iter().enumerate() {
+            fold(&mut held[(at + 1) % n][range], xs.into_iter(), step.adds());
+        }
+    }
+    let mut mean = held.into_iter().next().unwrap_or_default();
+    scale(&mut mean, n);
+    mean
+}
+
 /// Replace `values` by their mean over every zone's replicas ([`zones`]: reduce-scatter in
 /// each zone's ring, the zones' sums of each piece meet in a ring over the zones in the
 /// `wire` form, all-gather in each zone's ring); every member ends with identical bytes. As

@@ -1,31 +1,36 @@
 //! A DiLoCo history replayed (issue 68). Between rounds each group (a zone's replicas of the
 //! step, `StepRecord::groups`) trains apart, so the replay keeps one model per group: each
-//! trains its pipelines' shares of every step as its replicas did (their gradients averaged
-//! inside the group); a step that opens a round first takes the outer step on every group
-//! along the mean of the pseudo-gradients over the step's replicas (each group weighted by its
-//! pipelines), and a job's last step closes one more after its update. The checkpoint a window
-//! ends at holds the state of pipeline 0's group (pipeline 0's replicas write it): that group
-//! is compared with it.
+//! trains its pipelines' shares of every step as its replicas did, each pipeline's gradient on
+//! its own and their f32 sum scaled as the zone's ring takes their mean; a step that opens a
+//! round first takes the outer step on every group along the mean of the pseudo-gradients over
+//! the step's replicas, summed zone by zone in f32 as the all-reduce by zone sums them, and a
+//! job's last step closes one more after its update. Summed in the cluster's order, the replay
+//! is exact (a steady two-zone run: 48 windows, every weight equal); in another order, DiLoCo
+//! grows the roundings past any useful tolerance (AdamW on a group's few samples, the outer
+//! momentum). The checkpoint a window ends at holds pipeline 0's group (pipeline 0's replicas
+//! write it): that group is compared with it.
 //!
-//! A window needs every group's state at its start, and a checkpoint holds one group's: a
-//! window starts from the seeded start, or from a checkpoint the cluster rolled back to (every
-//! group then resumed from it). When the plan changes, a slot takes its layers from a holder of
-//! its zone where one holds them, else from any holder: where one group trained before the
-//! change, every group after it holds that group's state (a cluster whose second zone joins
-//! after it began); among several, the steps do not record whose state each group took (a
-//! zone whose holders all died takes another's). That, and a rollback inside a window (every
-//! group then took one group's state), skip the window, with the reason.
+//! A window needs every group's state at its start: the seeded start, a checkpoint the cluster
+//! rolled back to (every group resumed from it), or a checkpoint that holds every group's state
+//! (the first replica of each stage in every other zone stores its group's with it). When the
+//! plan changes, a slot takes its layers from a holder of its zone where one holds them, else
+//! from any holder: where one group trained before the change, every group after it holds that
+//! group's state (a cluster whose second zone joins after it began); among several, the steps
+//! do not record whose state each group took (a zone whose holders all died takes another's).
+//! That, and a rollback inside a window (every group then took one group's state), skip the
+//! window, with the reason.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
 use anyhow::{Context as _, bail};
 use parcae_api::{StepGroup, StepRecord};
+use parcae_consensus::state::CutPart;
 use parcae_model::{Pipeline, PipelineModel};
-use parcae_outer::Contribution;
 
 use super::replayer::{Replayer, WindowResult};
 use super::windows::{Plan, Window};
+use crate::dataplane::collective::ring_mean_in_process;
 use crate::train::reduce::step_sync;
 
 /// Moves the windows of `plan` (over `steps`) that a replay by groups cannot train to its
@@ -33,8 +38,10 @@ use crate::train::reduce::step_sync;
 pub(super) fn keep_replayable(plan: &mut Plan, steps: &[StepRecord]) {
     let first = steps.first().map_or(0, |r| r.step);
     for w in std::mem::take(&mut plan.windows) {
-        let records = &steps[(w.steps.start - first) as usize..(w.steps.end - first) as usize];
-        match why_not(&w, records) {
+        let at = (w.steps.start - first) as usize;
+        let records = &steps[at..(w.steps.end - first) as usize];
+        let before = at.checked_sub(1).map(|i| &steps[i]);
+        match why_not(&w, records, before) {
             None => plan.windows.push(w),
             Some(why) => {
                 plan.skipped.push(format!("steps {:?}: {why}", w.steps));
@@ -44,18 +51,75 @@ pub(super) fn keep_replayable(plan: &mut Plan, steps: &[StepRecord]) {
     }
 }
 
-/// Why window `w` over `records` cannot be replayed group by group; `None` where it can.
-fn why_not(w: &Window, records: &[StepRecord]) -> Option<String> {
-    if let (Some(cut), Some(r)) = (&w.from, records.first())
-        && r.history == cut.history
-    {
-        return Some(format!(
-            "under DiLoCo the checkpoint after step {} holds one group's state (pipeline 0's), \
-             not every group's",
-            cut.end.step
+/// Where each group's model comes from at a window's start.
+#[derive(Debug, PartialEq)]
+pub(super) enum Starts<'w> {
+    /// Every group from the window's start: the seeded start, or a checkpoint every group
+    /// resumed from (the cluster rolled back to it).
+    Shared,
+    /// Each group that trained the checkpoint's step from its state in the checkpoint, by
+    /// zone: the cut's own parts (pipeline 0's group, `None`), or the group's.
+    ByGroup(Vec<(&'w str, Option<&'w [CutPart]>)>),
+}
+
+/// Where each group's model comes from at the start of window `w` over `records` (`before`:
+/// the step before it, which the checkpoint it starts from ends with), or why that is not
+/// known.
+pub(super) fn starts<'w>(
+    w: &'w Window,
+    records: &[StepRecord],
+    before: Option<&'w StepRecord>,
+) -> Result<Starts<'w>, String> {
+    let (Some(cut), Some(first)) = (&w.from, records.first()) else {
+        return Ok(Starts::Shared);
+    };
+    if first.history != cut.history {
+        return Ok(Starts::Shared);
+    }
+    let b = before
+        .filter(|b| b.step == cut.end.step && !b.groups.is_empty())
+        .ok_or_else(|| format!("the groups of step {} are not recorded", cut.end.step))?;
+    if cut.parts.len() != 1 || w.to.parts.len() != 1 {
+        // Each stage's ring cuts its own gradient into parts, and the order of a sum follows
+        // the part: not reproduced yet, and DiLoCo grows a rounding's difference past judging.
+        return Err(format!(
+            "pipelines of {} stages: the replay sums a group's gradients in the ring's order \
+             for pipelines of one stage only",
+            cut.parts.len().max(w.to.parts.len())
         ));
     }
-    let mut before: Option<&StepRecord> = None;
+    let zero = b
+        .groups
+        .iter()
+        .find(|g| first_pipeline(b, g))
+        .map(|g| &g.zone);
+    b.groups
+        .iter()
+        .map(|g| match cut.stored_group(&g.zone) {
+            _ if Some(&g.zone) == zero => Ok((g.zone.as_str(), None)),
+            Some(parts) => Ok((g.zone.as_str(), Some(parts))),
+            None => Err(format!(
+                "the checkpoint after step {} holds no stored state of group {:?}",
+                cut.end.step, g.zone
+            )),
+        })
+        .collect::<Result<_, _>>()
+        .map(Starts::ByGroup)
+}
+
+/// Whether `g` holds pipeline 0 of step `r` (whose share is the step's first samples).
+fn first_pipeline(r: &StepRecord, g: &StepGroup) -> bool {
+    g.shares.first().is_some_and(|s| s[0] == r.sample_start)
+}
+
+/// Why window `w` over `records` (`before`: the step before it) cannot be replayed group by
+/// group; `None` where it can.
+fn why_not(w: &Window, records: &[StepRecord], before: Option<&StepRecord>) -> Option<String> {
+    let mut before = match starts(w, records, before) {
+        Err(why) => return Some(why),
+        Ok(Starts::Shared) => None,
+        Ok(Starts::ByGroup(_)) => before,
+    };
     for r in records {
         if r.groups.is_empty() {
             return Some(format!(
@@ -128,9 +192,22 @@ impl<M: PipelineModel> Replayer<'_, M> {
         &self,
         w: &Window,
         records: &[StepRecord],
+        before: Option<&StepRecord>,
     ) -> anyhow::Result<WindowResult> {
         let spec = &self.job.spec;
         let mut groups: Groups<M> = BTreeMap::new();
+        if let (Starts::ByGroup(starts), Some(cut)) = (
+            starts(w, records, before).map_err(anyhow::Error::msg)?,
+            &w.from,
+        ) {
+            for (zone, parts) in starts {
+                let model = match parts {
+                    None => self.start(w)?,
+                    Some(parts) => self.model_from(Some((cut, parts)), w.steps.start)?,
+                };
+                groups.insert(zone.to_string(), model);
+            }
+        }
         let mut max_loss_diff = 0.0f64;
         let mut first_group = None;
         for r in records {
@@ -164,7 +241,7 @@ impl<M: PipelineModel> Replayer<'_, M> {
             for (g, share) in r.groups.iter().zip(&shares) {
                 let pipe = groups.get_mut(&g.zone).context("a group without a model")?;
                 let n = share.len() as f64;
-                let trained = self.train(pipe, r, share, pipelines as f64 / n)?;
+                let trained = self.train_as_replicas(pipe, r, share, pipelines)?;
                 loss += f64::from(trained) * n / pipelines as f64;
             }
             if sync.closes_job() {
@@ -174,7 +251,7 @@ impl<M: PipelineModel> Replayer<'_, M> {
             first_group = r
                 .groups
                 .iter()
-                .find(|g| g.shares.first().is_some_and(|s| s[0] == r.sample_start))
+                .find(|g| first_pipeline(r, g))
                 .map(|g| g.zone.clone());
         }
         let zone = first_group.context("no step in the window")?;
@@ -185,6 +262,43 @@ impl<M: PipelineModel> Replayer<'_, M> {
             max_abs_diff: self.compare(pipe, w)?,
             max_loss_diff,
         })
+    }
+
+    /// A group's step as its replicas take it: each pipeline's share on its own (micro-batches
+    /// weighted `len * D / G`), their gradients averaged as the zone's ring averages them (its
+    /// members in pipeline order), then the optimizer's step. Returns the group's loss.
+    fn train_as_replicas(
+        &self,
+        pipe: &mut Pipeline<M>,
+        r: &StepRecord,
+        shares: &[Range<u64>],
+        pipelines: usize,
+    ) -> anyhow::Result<f32> {
+        let mut each = Vec::with_capacity(shares.len());
+        let mut with_loss = false;
+        for share in shares {
+            self.accumulate(pipe, r, std::slice::from_ref(share), pipelines as f64)?;
+            let stage = &mut pipe.stages_mut()[0];
+            let mut values: Vec<f32> = stage
+                .export_grads()?
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            // The last stage's loss rides at the end of its ring's buffer.
+            let loss = stage.step_loss()?;
+            with_loss = loss.is_some();
+            values.extend(loss.map(|loss| loss as f32));
+            stage.clear_grads();
+            each.push(values);
+        }
+        let mut mean = ring_mean_in_process(&each);
+        let loss = if with_loss { mean.pop() } else { None };
+        let bytes: Vec<u8> = mean.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let stage = &mut pipe.stages_mut()[0];
+        stage.import_grads(&bytes)?;
+        let norm = stage.grad_sq_norm()?;
+        pipe.optimizer_step(norm)?;
+        Ok(loss.unwrap_or_default())
     }
 
     /// A model in `pipe`'s state.
@@ -212,15 +326,19 @@ impl<M: PipelineModel> Replayer<'_, M> {
                 Ok(pipe.stages()[0].pseudo_gradient()?)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let contributions: Vec<Contribution<'_>> = layout
-            .iter()
-            .zip(&pseudo_gradients)
-            .map(|(g, pseudo_gradient)| Contribution {
-                samples: g.shares.len() as f64,
-                pseudo_gradient,
-            })
-            .collect();
-        let mean = parcae_outer::average(&contributions)?;
+        let replicas: usize = layout.iter().map(|g| g.shares.len()).sum();
+        let mut mean = vec![0.0f32; pseudo_gradients.first().map_or(0, Vec::len)];
+        for (g, pg) in layout.iter().zip(&pseudo_gradients) {
+            for (m, &v) in mean.iter_mut().zip(pg) {
+                let mut zone = v;
+                for _ in 1..g.shares.len() {
+                    zone += v;
+                }
+                *m += zone;
+            }
+        }
+        let scale = 1.0 / replicas.max(1) as f32;
+        mean.iter_mut().for_each(|m| *m *= scale);
         for pipe in groups.values_mut() {
             pipe.stages_mut()[0].outer_step(&mean, &self.job.spec.outer)?;
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, ensure};
 use parcae_api::StepRecord;
-use parcae_consensus::state::Cut;
+use parcae_consensus::state::{Cut, CutPart};
 use parcae_model::{
     Dataset, Pipeline, PipelineModel, Stage, StageConfig, WeightSource, token_batch,
 };
@@ -51,14 +51,16 @@ pub(super) struct Replayer<'a, M: PipelineModel> {
 }
 
 impl<M: PipelineModel> Replayer<'_, M> {
-    /// Trains `records` from the window's start and compares with its end.
+    /// Trains `records` from the window's start and compares with its end (`before`: the
+    /// step before the window, whose groups a DiLoCo window starts from).
     pub(super) fn window(
         &self,
         w: &Window,
         records: &[StepRecord],
+        before: Option<&StepRecord>,
     ) -> anyhow::Result<WindowResult> {
         if self.job.spec.sync.inner_steps().is_some() {
-            return self.window_by_groups(w, records);
+            return self.window_by_groups(w, records, before);
         }
         let mut pipe = self.start(w)?;
         let mut max_loss_diff = 0.0f64;
@@ -76,6 +78,19 @@ impl<M: PipelineModel> Replayer<'_, M> {
     /// The model at the window's start, as one stage: the stored checkpoint it starts from, or
     /// the job's seeded (or given) weights.
     pub(super) fn start(&self, w: &Window) -> anyhow::Result<Pipeline<M>> {
+        self.model_from(
+            w.from.as_ref().map(|c| (c, c.parts.as_slice())),
+            w.steps.start,
+        )
+    }
+
+    /// The model as the stored `parts` of a cut hold it (as a checkpoint the cluster wrote;
+    /// `None`: the job's seeded or given weights), which must be the state after `steps` steps.
+    pub(super) fn model_from(
+        &self,
+        parts: Option<(&Cut, &[CutPart])>,
+        steps: u64,
+    ) -> anyhow::Result<Pipeline<M>> {
         let layers = 0..self.job.model.num_layers();
         let mut pipe = Pipeline::new(
             self.job.model.clone(),
@@ -85,23 +100,22 @@ impl<M: PipelineModel> Replayer<'_, M> {
             self.stage_config.clone(),
         )?;
         let stage = &mut pipe.stages_mut()[0];
-        match &w.from {
+        match parts {
             None => {
                 if let Some(weights) = &self.job.initial_weights {
                     stage.load_weights(weights.as_ref())?;
                 }
             }
-            Some(cut) => {
-                for (range, bytes) in self.parts(cut)? {
+            Some((cut, parts)) => {
+                for (range, bytes) in self.parts(cut, parts)? {
                     stage.import_state(&bytes, range)?;
                 }
             }
         }
         ensure!(
-            stage.step() == w.steps.start,
-            "the checkpoint holds the state after {} steps, not {}",
+            stage.step() == steps,
+            "the checkpoint holds the state after {} steps, not {steps}",
             stage.step(),
-            w.steps.start
         );
         Ok(pipe)
     }
@@ -110,7 +124,7 @@ impl<M: PipelineModel> Replayer<'_, M> {
     /// ends at.
     pub(super) fn compare(&self, pipe: &Pipeline<M>, w: &Window) -> anyhow::Result<f64> {
         let mut max_abs_diff = 0.0f64;
-        for (range, bytes) in self.parts(&w.to)? {
+        for (range, bytes) in self.parts(&w.to, &w.to.parts)? {
             let mut theirs = Stage::new(
                 self.job.model.clone(),
                 range.clone(),
@@ -159,13 +173,13 @@ impl<M: PipelineModel> Replayer<'_, M> {
     /// micro-batches, each weighted by its share of the global batch times `scale` (a group's
     /// replicas average their gradients: `D / (G n)` for `n` of the step's `D` pipelines in
     /// its group, 1 where one all-reduce spans them all). Returns the loss.
-    pub(super) fn train(
+    pub(super) fn accumulate(
         &self,
         pipe: &mut Pipeline<M>,
         r: &StepRecord,
         shares: &[Range<u64>],
         scale: f64,
-    ) -> anyhow::Result<f32> {
+    ) -> anyhow::Result<()> {
         let spec = &self.job.spec;
         let ranges: Vec<Range<u64>> = shares
             .iter()
@@ -189,15 +203,27 @@ impl<M: PipelineModel> Replayer<'_, M> {
             .map(|m| ((m.end - m.start) as f64 * scale / f64::from(spec.global_batch)) as f32)
             .collect();
         pipe.forward_backward_weighted(&batches, &weights)?;
+        Ok(())
+    }
+
+    /// [`Self::accumulate`], then the optimizer's step. Returns the loss.
+    pub(super) fn train(
+        &self,
+        pipe: &mut Pipeline<M>,
+        r: &StepRecord,
+        shares: &[Range<u64>],
+        scale: f64,
+    ) -> anyhow::Result<f32> {
+        self.accumulate(pipe, r, shares, scale)?;
         let totals = pipe.step_totals()?;
         pipe.optimizer_step(totals.grad_sq_norm)?;
         Ok(totals.loss.unwrap_or_default() as f32)
     }
 
-    /// A stored cut's parts, each checked against its digest.
-    pub(super) fn parts(&self, cut: &Cut) -> anyhow::Result<Vec<(Range<usize>, Vec<u8>)>> {
+    /// The stored `parts` of `cut` (its own, or a group's), each checked against its digest.
+    fn parts(&self, cut: &Cut, parts: &[CutPart]) -> anyhow::Result<Vec<(Range<usize>, Vec<u8>)>> {
         let steps = cut.steps_trained();
-        cut.parts
+        parts
             .iter()
             .map(|part| {
                 let range = part.layers.start as usize..part.layers.end as usize;

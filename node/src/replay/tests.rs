@@ -2,7 +2,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use parcae_api::StepGroup;
-use parcae_consensus::state::{Cut, CutPart, LayerRange, OptimizerScalars, StepEnd};
+use parcae_consensus::state::{Cut, CutPart, GroupParts, LayerRange, OptimizerScalars, StepEnd};
 use parcae_model::{
     Batch, Gpt, GptConfig, OptimizerConfig, Pipeline, StageConfig, SyntheticTask,
     data_parallel_step, default_device, token_batch,
@@ -45,6 +45,7 @@ fn cut(history: u64, step: u64) -> Cut {
             digest: [0; 32],
             stored: true,
         }],
+        groups: Vec::new(),
     }
 }
 
@@ -127,21 +128,24 @@ fn job() -> ReplayJob<Gpt> {
     }
 }
 
-/// Pipelines of two stages trained in this process as a cluster's replicas train them, and
+/// Pipelines trained in this process as a cluster's replicas train them, and
 /// the job's store their checkpoints are written to as a cluster writes them.
 struct InProcess {
     replicas: Vec<Pipeline<Gpt>>,
+    stages: Vec<Range<usize>>,
     data: DataSource,
     store: JobStore,
     rt: tokio::runtime::Runtime,
 }
 
-/// The two stages' layers.
-const STAGES: [Range<usize>; 2] = [0..2, 2..4];
-
 impl InProcess {
-    /// `pipelines` replicas of `job`'s seeded model, its store at `location`.
-    fn new(job: &ReplayJob<Gpt>, location: &str, pipelines: usize) -> Self {
+    /// `pipelines` replicas of `job`'s seeded model in `stages`, its store at `location`.
+    fn new(
+        job: &ReplayJob<Gpt>,
+        location: &str,
+        pipelines: usize,
+        stages: &[Range<usize>],
+    ) -> Self {
         let what = Identity::of(job.model.as_ref(), job.dataset.as_ref(), None).unwrap();
         let digest = job.spec.job(&what, &[]).unwrap().digest();
         let config = StageConfig {
@@ -151,16 +155,11 @@ impl InProcess {
         Self {
             replicas: (0..pipelines)
                 .map(|_| {
-                    Pipeline::new(
-                        job.model.clone(),
-                        &STAGES,
-                        SEED,
-                        &job.device,
-                        config.clone(),
-                    )
-                    .unwrap()
+                    Pipeline::new(job.model.clone(), stages, SEED, &job.device, config.clone())
+                        .unwrap()
                 })
                 .collect(),
+            stages: stages.to_vec(),
             data: data_source(job.dataset.clone(), &job.spec).unwrap(),
             store: JobStore::open(location, &digest).unwrap().keeping(0),
             rt: tokio::runtime::Builder::new_current_thread()
@@ -186,13 +185,13 @@ impl InProcess {
             .collect()
     }
 
-    /// Pipeline 0's state after step `step` stored as the cut of history 0 a cluster writes.
-    fn checkpoint(&self, step: u64) {
-        let parts = STAGES
+    /// Replica `replica`'s state after step `step` in the store, as its parts.
+    fn store(&self, replica: usize, step: u64) -> Vec<CutPart> {
+        self.stages
             .iter()
             .enumerate()
             .map(|(s, r)| {
-                let bytes = self.replicas[0].stages()[s]
+                let bytes = self.replicas[replica].stages()[s]
                     .export_state(r.clone())
                     .unwrap();
                 let digest: [u8; 32] = Sha256::digest(&bytes).into();
@@ -213,9 +212,21 @@ impl InProcess {
                     stored: true,
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Pipeline 0's state after step `step` stored as the cut of history 0 a cluster writes,
+    /// with the states of `groups` (zone, the replica that writes it).
+    fn checkpoint(&self, step: u64, groups: &[(&str, usize)]) {
         let cut = Cut {
-            parts,
+            parts: self.store(0, step),
+            groups: groups
+                .iter()
+                .map(|&(zone, replica)| GroupParts {
+                    zone: zone.into(),
+                    parts: self.store(replica, step),
+                })
+                .collect(),
             ..cut(0, step)
         };
         self.rt.block_on(self.store.put_cut(&cut)).unwrap();
@@ -227,7 +238,7 @@ impl InProcess {
 /// written to the job's store at `location` as a cluster writes them. Returns the committed
 /// steps.
 fn train_like_a_cluster(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord> {
-    let mut cluster = InProcess::new(job, location, 2);
+    let mut cluster = InProcess::new(job, location, 2, &[0..2, 2..4]);
     let mut steps = Vec::new();
     for step in 0..20u64 {
         let shards = cluster.shards(16 * step, 16);
@@ -237,7 +248,7 @@ fn train_like_a_cluster(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord>
             ..record(step, 0)
         });
         if (step + 1) % 10 == 0 {
-            cluster.checkpoint(step);
+            cluster.checkpoint(step, &[]);
         }
     }
     steps
@@ -333,7 +344,42 @@ fn a_diloco_window_starts_where_every_group_had_the_same_state() {
     let spans: Vec<Range<u64>> = p.windows.iter().map(|w| w.steps.clone()).collect();
     assert_eq!(spans, vec![0..10, 20..30]);
     assert_eq!(p.not_replayed, 20);
-    assert!(p.skipped[0].contains("steps 10..20") && p.skipped[0].contains("one group's state"));
+    assert!(
+        p.skipped[0].contains("steps 10..20")
+            && p.skipped[0].contains("no stored state of group \"b\""),
+        "{:?}",
+        p.skipped
+    );
+
+    // With group b's state stored beside it, the cut after step 9 starts a window.
+    let stored_b = Cut {
+        groups: vec![GroupParts {
+            zone: "b".into(),
+            parts: cut(0, 9).parts,
+        }],
+        ..cut(0, 9)
+    };
+    let with_b = [stored_b, cut(0, 19), cut(1, 29), cut(1, 39)];
+    let mut p = plan(&with_b, &steps, 100);
+    groups::keep_replayable(&mut p, &steps);
+    let spans: Vec<Range<u64>> = p.windows.iter().map(|w| w.steps.clone()).collect();
+    assert_eq!(spans, vec![0..10, 10..20, 20..30]);
+
+    // Pipelines of two stages: each stage's ring sums in an order the replay does not take.
+    let mut two_stages = with_b.clone();
+    for c in &mut two_stages[..2] {
+        let mut second = c.parts[0].clone();
+        c.parts[0].layers.end = 2;
+        second.layers.start = 2;
+        c.parts.push(second);
+    }
+    let mut p = plan(&two_stages, &steps, 100);
+    groups::keep_replayable(&mut p, &steps);
+    assert!(
+        p.skipped[0].contains("pipelines of 2 stages"),
+        "{:?}",
+        p.skipped
+    );
 
     // Zone b joins at step 3 (epoch 2), when group a alone trained: it took a's state. The
     // plan changes again at step 22 (epoch 3) while both trained: whose state each took (a
@@ -376,13 +422,13 @@ fn diloco_job() -> ReplayJob<Gpt> {
     job
 }
 
-/// A DiLoCo cluster's training, in this process: three pipelines of two stages, group `a`
+/// A DiLoCo cluster's training, in this process: three pipelines of one stage, group `a`
 /// pipeline 0 and group `b` pipelines 1 and 2 ([`diloco_record`]), each group averaging its
 /// gradients inside itself, a round before every third step over the three replicas; its
-/// checkpoint after step 9 (pipeline 0's) written to the job's store at `location`. Returns
-/// the committed steps.
+/// checkpoints after steps 9 and 19 (pipeline 0's, and group b's by pipeline 1) written to the
+/// job's store at `location`. Returns the committed steps.
 fn train_like_diloco_groups(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord> {
-    let mut cluster = InProcess::new(job, location, 3);
+    let mut cluster = InProcess::new(job, location, 3, std::slice::from_ref(&(0..4)));
     for stage in cluster
         .replicas
         .iter_mut()
@@ -391,10 +437,10 @@ fn train_like_diloco_groups(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRec
         stage.begin_outer().unwrap();
     }
     let mut steps = Vec::new();
-    for step in 0..10u64 {
+    for step in 0..20u64 {
         if step > 0 && step % 3 == 0 {
             let replicas = &mut cluster.replicas;
-            for s in 0..STAGES.len() {
+            for s in 0..cluster.stages.len() {
                 let pseudo: Vec<Vec<f32>> = replicas
                     .iter()
                     .map(|r| r.stages()[s].pseudo_gradient().unwrap())
@@ -417,8 +463,10 @@ fn train_like_diloco_groups(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRec
             loss: f64::from(loss_a + 2.0 * loss_b) / 3.0,
             ..diloco_record(step, 0)
         });
+        if (step + 1) % 10 == 0 {
+            cluster.checkpoint(step, &[("b", 1)]);
+        }
     }
-    cluster.checkpoint(9);
     steps
 }
 
@@ -431,18 +479,24 @@ fn a_replay_of_diloco_groups_matches_and_a_step_given_to_the_wrong_group_does_no
 
     let report = replay(&job, &location, &steps, 1e-4, 200).unwrap();
     assert!(report.passed, "{report:?}");
-    assert_eq!((report.windows, report.steps_replayed), (1, 10));
+    // The second window starts from both groups' states in the checkpoint after step 9.
+    assert_eq!((report.windows, report.steps_replayed), (2, 20));
     assert!(report.max_abs_diff < 1e-5, "{report:?}");
     assert!(report.max_loss_diff < 1e-4, "{report:?}");
 
-    // Step 4's shares swapped between the groups: each group trained the other's samples.
+    // Steps 4 and 14 with their shares swapped between the groups: each group trained the
+    // other's samples, in both windows.
     let mut wrong = steps.clone();
-    let (a, b) = (wrong[4].groups[0].shares[0], wrong[4].groups[1].shares[0]);
-    wrong[4].groups[0].shares[0] = b;
-    wrong[4].groups[1].shares[0] = a;
+    for k in [4, 14] {
+        let r = &mut wrong[k];
+        let (a, b) = (r.groups[0].shares[0], r.groups[1].shares[0]);
+        r.groups[0].shares[0] = b;
+        r.groups[1].shares[0] = a;
+    }
     let report = replay(&job, &location, &wrong, 1e-4, 200).unwrap();
     assert!(!report.passed);
     assert!(report.max_abs_diff > 1e-3, "{report:?}");
+    assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
 
     // A lossy wire form is refused, naming it.
     let mut int8 = diloco_job();

@@ -24,6 +24,7 @@ fn cut(history: u64, step: u64, digests: [u8; 2]) -> Cut {
                 stored: true,
             })
             .collect(),
+        groups: Vec::new(),
     }
 }
 

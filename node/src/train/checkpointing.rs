@@ -1,8 +1,10 @@
 //! Checkpoints: the first replica of each stage saves its state every `checkpoint_every` steps
 //! and after a limited job's last step, locally, on one peer outside its stage and in the job's
-//! durable store, then registers its part of the step's cut in raft; the first replica of the
-//! first stage records every complete stored cut's manifest in the store, so a new cluster can
-//! resume from it. The training loop pays only for the snapshot and its digest: the file write,
+//! durable store, then registers its part of the step's cut in raft; under DiLoCo the first
+//! replica of the stage in each other zone stores its group's state too (in the store alone,
+//! registered with the cut for a replay). The first replica of the first stage records every
+//! complete stored cut's manifest in the store, so a new cluster can resume from it (again as
+//! more groups' states are stored). The training loop pays only for the snapshot and its digest: the file write,
 //! fsync, peer copy, upload and registration run in the background, and a part is registered
 //! only once durable.
 
@@ -17,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::context::{Current, Io, WorkerSetup};
 use super::error::TrainError;
+use super::zones::{PartWritten, part_written};
 use crate::checkpoint::registered_steps;
 use crate::dataplane::client::{PeerAddr, peer_addr, put_checkpoint};
 use crate::dataplane::server::Endpoint;
@@ -25,8 +28,9 @@ use crate::metrics::Metrics;
 /// What the manifest recorder remembers.
 #[derive(Debug, Default)]
 pub struct CutRecorder {
-    /// `(history, step)` of the newest cut whose manifest this node wrote to the store.
-    written: Option<(u64, u64)>,
+    /// `(history, step, groups' stored parts)` of the newest cut whose manifest this node
+    /// wrote to the store.
+    written: Option<(u64, u64, usize)>,
 }
 
 impl CutRecorder {
@@ -46,7 +50,12 @@ impl CutRecorder {
         let Some(cut) = state.checkpoints.values().rev().find(|c| c.is_stored()) else {
             return;
         };
-        let key = (cut.history, cut.end.step);
+        let groups = cut.groups.iter().flat_map(|g| &g.parts);
+        let key = (
+            cut.history,
+            cut.end.step,
+            groups.filter(|p| p.stored).count(),
+        );
         if self.written.is_some_and(|w| w >= key) {
             return;
         }
@@ -73,9 +82,10 @@ fn checkpoint_due(every: u64, max_steps: u64, k: u64) -> bool {
     periodic || (max_steps > 0 && k + 1 == max_steps)
 }
 
-/// After step `k`: when a checkpoint is due and this node is pipeline 0's replica of its
-/// stage, snapshots the stage (whose digest the next step carries) and saves it in the
-/// background.
+/// After step `k`: when a checkpoint is due and this node writes a part of it (pipeline 0's
+/// replica of its stage; under DiLoCo also the first replica of the stage in each other zone,
+/// [`part_written`]), snapshots the stage and saves it in the background. The cut's own part's
+/// digest rides the next step.
 pub fn checkpoint_if_due<M: PipelineModel>(
     setup: &WorkerSetup<M>,
     io: &Io,
@@ -83,16 +93,23 @@ pub fn checkpoint_if_due<M: PipelineModel>(
     state: &ControlState,
     (plan, k): (&Plan, u64),
 ) -> Result<(), TrainError> {
-    if !checkpoint_due(setup.spec.checkpoint_every, setup.spec.max_steps, k)
-        || current.slot.pipeline != 0
-    {
+    if !checkpoint_due(setup.spec.checkpoint_every, setup.spec.max_steps, k) {
         return Ok(());
     }
+    let group = match part_written(state, plan, current.slot, setup.spec.sync) {
+        None => return Ok(()),
+        Some(PartWritten::Cut) => None,
+        // Another group's state goes to the store alone (a replay reads it), or nowhere.
+        Some(PartWritten::Group(_)) if io.ep.store.is_none() => return Ok(()),
+        Some(PartWritten::Group(zone)) => Some(zone),
+    };
     let snapshot = Instant::now();
     let range = current.stage.layer_range();
     let bytes = current.stage.export_state(range.clone())?;
     let digest: Digest32 = Sha256::digest(&bytes).into();
-    current.digest = Some(digest);
+    if group.is_none() {
+        current.digest = Some(digest);
+    }
     setup.metrics.checkpoints_total.inc();
     setup
         .metrics
@@ -103,11 +120,15 @@ pub fn checkpoint_if_due<M: PipelineModel>(
         submit: io.submit.clone(),
         metrics: setup.metrics.clone(),
         me: setup.me,
-        peer: checkpoint_peer(state, plan, setup.me, current.slot),
+        peer: group
+            .is_none()
+            .then(|| checkpoint_peer(state, plan, setup.me, current.slot))
+            .flatten(),
         epoch: plan.epoch,
         step: k,
         range,
         digest,
+        group,
     };
     io.rt.spawn(save.run(bytes));
     Ok(())
@@ -125,6 +146,8 @@ struct Save {
     step: u64,
     range: Range<usize>,
     digest: Digest32,
+    /// Under DiLoCo, another group's state (by zone): in the store alone.
+    group: Option<String>,
 }
 
 impl Save {
@@ -134,22 +157,32 @@ impl Save {
     }
 
     /// Saves `bytes` locally, then on the peer and in the store, and registers the part with
-    /// the nodes that hold it; nothing is registered when the local save failed.
+    /// the nodes that hold it; nothing is registered when the local save failed. Another
+    /// group's state goes to the store alone, and is registered once there.
     async fn run(self, bytes: Vec<u8>) {
         let written = Instant::now();
-        let Some(bytes) = self.save_locally(bytes).await else {
-            return;
+        let mut holders = Vec::new();
+        let bytes = if self.group.is_none() {
+            let Some(bytes) = self.save_locally(bytes).await else {
+                return;
+            };
+            holders.push(self.me);
+            holders.extend(self.copy_to_peer(&bytes).await);
+            self.metrics
+                .checkpoint_write_ms_total
+                .inc_by(written.elapsed().as_millis() as u64);
+            bytes
+        } else {
+            bytes
         };
-        let mut holders = vec![self.me];
-        holders.extend(self.copy_to_peer(&bytes).await);
-        self.metrics
-            .checkpoint_write_ms_total
-            .inc_by(written.elapsed().as_millis() as u64);
         let uploaded = Instant::now();
         let stored = self.upload(bytes).await;
         self.metrics
             .checkpoint_upload_ms_total
             .inc_by(uploaded.elapsed().as_millis() as u64);
+        if self.group.is_some() && !stored {
+            return;
+        }
         (self.submit)(Command::Checkpointed {
             step: self.step,
             epoch: self.epoch,
@@ -160,6 +193,7 @@ impl Save {
             holders,
             digest: self.digest,
             stored,
+            group: self.group,
         });
     }
 

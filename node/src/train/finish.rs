@@ -130,6 +130,7 @@ mod tests {
                     history: 0,
                     layers: 4,
                     parts: vec![part],
+                    groups: Vec::new(),
                 },
             );
         }

@@ -527,6 +527,7 @@ mod tests {
                     stored: false,
                 })
                 .collect(),
+            groups: Vec::new(),
         };
         let mut state = ControlState::default();
         for c in [

@@ -152,6 +152,41 @@ pub fn step_groups(
         .collect()
 }
 
+/// Which part of the checkpoint after a step a slot writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartWritten {
+    /// The cut's own part of its stage (pipeline 0's replica: the state every group resumes
+    /// from after a rollback).
+    Cut,
+    /// Under DiLoCo, the state of the stage in this zone's group, for a replay.
+    Group(String),
+}
+
+/// The part of a step's checkpoint that `slot` writes under `plan`: pipeline 0's replica of
+/// each stage the cut's own; under DiLoCo, the first replica of the stage in every other zone
+/// its group's, so that a replay can train every group from the checkpoint. `None`: nothing.
+pub fn part_written(
+    state: &ControlState,
+    plan: &Plan,
+    slot: StageSlot,
+    sync: SyncMode,
+) -> Option<PartWritten> {
+    if slot.pipeline == 0 {
+        return Some(PartWritten::Cut);
+    }
+    sync.inner_steps()?;
+    let zone_at = |pipeline: u32| {
+        plan.assignment
+            .iter()
+            .find(|(_, s)| s.pipeline == pipeline && s.stage == slot.stage)
+            .map(|(id, _)| zone_of(state, id))
+    };
+    let mine = zone_at(slot.pipeline).filter(|z| !z.is_empty())?;
+    let first = (0..plan.data_parallel).find(|&p| zone_at(p) == Some(mine))?;
+    (first == slot.pipeline && zone_at(0) != Some(mine))
+        .then(|| PartWritten::Group(mine.to_string()))
+}
+
 /// How `replicas` spread over their zones.
 fn spread(state: &ControlState, replicas: &[NodeId]) -> ZoneSpread {
     let mut per_zone: BTreeMap<&str, u32> = BTreeMap::new();
@@ -335,6 +370,37 @@ mod tests {
             step_groups(&state, diloco, 1, (0, 16)).is_empty(),
             "pipelines across zones: no group holds a whole replica"
         );
+    }
+
+    #[test]
+    fn pipeline_0_writes_the_cut_and_under_diloco_each_other_zone_its_group() {
+        // Pipelines 0 and 2 in zone a, 1 and 3 in b, one stage each.
+        let (mut state, mut plan) = planned(&["a", "b", "a", "b"]);
+        plan.data_parallel = 4;
+        plan.pipeline_stages = 1;
+        for i in 0..4u8 {
+            plan.assignment
+                .insert(NodeId::from_peer_bytes(&[i + 1]), slot(u32::from(i), 0));
+        }
+        let writes = |state: &ControlState, pipeline, sync| {
+            part_written(state, &plan, slot(pipeline, 0), sync)
+        };
+        let diloco = SyncMode::Diloco(5);
+        assert_eq!(writes(&state, 0, diloco), Some(PartWritten::Cut));
+        assert_eq!(
+            writes(&state, 1, diloco),
+            Some(PartWritten::Group("b".into()))
+        );
+        assert_eq!(writes(&state, 2, diloco), None, "pipeline 0's group");
+        assert_eq!(writes(&state, 3, diloco), None, "b's first replica writes");
+        assert_eq!(writes(&state, 0, SyncMode::Step), Some(PartWritten::Cut));
+        assert_eq!(writes(&state, 1, SyncMode::Step), None);
+        // A member that said no zone is in no group of its own.
+        let b = NodeId::from_peer_bytes(&[2]);
+        if let Some(m) = state.members.get_mut(&b) {
+            m.peer.caps.zone = String::new();
+        }
+        assert_eq!(writes(&state, 1, diloco), None);
     }
 
     #[test]
