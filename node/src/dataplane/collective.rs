@@ -26,7 +26,7 @@ use super::DataplaneError;
 use super::channel::{SecureReader, SecureWriter};
 use super::protocol::{HEADER_LEN, Header, MsgKind, Round};
 
-use zones::{RingStep, part};
+use zones::{RingStep, fold, part, ring_in_process};
 pub use zones::{ZoneLayout, ZoneMember};
 
 /// A member's links in the ring: it sends to its successor and receives from its predecessor.
@@ -158,16 +158,6 @@ fn unframe(
 }
 
 /// Adds `xs` to `into`, or puts them in its place.
-fn fold(into: &mut [f32], xs: impl Iterator<Item = f32>, adds: bool) {
-    for (v, x) in into.iter_mut().zip(xs) {
-        if adds {
-            *v += x;
-        } else {
-            *v = x;
-        }
-    }
-}
-
 fn wire_error(e: codec::CodecError) -> DataplaneError {
     DataplaneError::Protocol(format!("all-reduce by zone: {e}"))
 }
@@ -194,22 +184,25 @@ pub async fn all_reduce_mean(
 /// member `r` bringing `values[r]`: the same steps and the same additions, in one process (a
 /// replay sums as the ring does, bit for bit).
 pub fn ring_mean_in_process(values: &[Vec<f32>]) -> Vec<f32> {
-    let n = values.len();
     let mut held = values.to_vec();
-    let len = held.first().map_or(0, Vec::len);
-    for step in RingStep::all(n) {
-        let sent: Vec<(Range<usize>, Vec<f32>)> = (0..n)
-            .map(|at| {
-                let range = part(len, n, step.parts(n, at).0);
-                (range.clone(), held[at][range].to_vec())
-            })
-            .collect();
-        for (at, (range, xs)) in sent.into_iter().enumerate() {
-            fold(&mut held[(at + 1) % n][range], xs.into_iter(), step.adds());
-        }
-    }
+    let ring: Vec<usize> = (0..held.len()).collect();
+    ring_in_process(&mut held, &ring, RingStep::all(ring.len()));
     let mut mean = held.into_iter().next().unwrap_or_default();
-    scale(&mut mean, n);
+    scale(&mut mean, ring.len());
+    mean
+}
+
+/// What every replica of `layout` holds after [`all_reduce_mean_by_zone`] in f32, replica `r`
+/// bringing `values[r]`: the same additions in the same order, in one process
+/// ([`ZoneLayout::sums_in_process`]; a replay of a round sums as the zones do, bit for bit,
+/// for any number of zones).
+pub fn mean_by_zone_in_process(layout: &ZoneLayout, values: &[Vec<f32>]) -> Vec<f32> {
+    let mut mean = layout
+        .sums_in_process(values)
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    scale(&mut mean, layout.replicas());
     mean
 }
 

@@ -30,7 +30,7 @@ use parcae_model::{Pipeline, PipelineModel};
 
 use super::replayer::{Replayer, WindowResult};
 use super::windows::{Plan, Window};
-use crate::dataplane::collective::ring_mean_in_process;
+use crate::dataplane::collective::{ZoneLayout, mean_by_zone_in_process, ring_mean_in_process};
 use crate::train::reduce::step_sync;
 
 /// Moves the windows of `plan` (over `steps`) that a replay by groups cannot train to its
@@ -163,17 +163,10 @@ fn shares_of(r: &StepRecord, samples: &Range<u64>) -> anyhow::Result<Vec<Vec<Ran
         .collect();
     let mut all: Vec<&Range<u64>> = shares.iter().flatten().collect();
     all.sort_by_key(|s| s.start);
-    let mut next = samples.start;
-    for s in all {
-        if s.start != next || s.end <= s.start {
-            bail!(
-                "step {}: its groups' shares do not cover its samples {samples:?} once",
-                r.step
-            );
-        }
-        next = s.end;
-    }
-    if next != samples.end {
+    let covered = all.iter().try_fold(samples.start, |next, s| {
+        (s.start == next && s.end > s.start).then_some(s.end)
+    });
+    if covered != Some(samples.end) {
         bail!(
             "step {}: its groups' shares do not cover its samples {samples:?} once",
             r.step
@@ -316,29 +309,21 @@ impl<M: PipelineModel> Replayer<'_, M> {
         Ok(copy)
     }
 
-    /// A round over `groups` as the step's `layout` holds them: every group's pseudo-gradient,
-    /// their mean over the step's replicas, and the outer step on every group.
+    /// A round over `groups` as the step's `layout` holds them: every group's pseudo-gradient
+    /// brought by each of its replicas, their mean as the all-reduce by zone takes it, and the
+    /// outer step on every group.
     fn round(&self, groups: &mut Groups<M>, layout: &[StepGroup]) -> anyhow::Result<()> {
-        let pseudo_gradients = layout
-            .iter()
-            .map(|g| {
-                let pipe = groups.get(&g.zone).context("a group without a model")?;
-                Ok(pipe.stages()[0].pseudo_gradient()?)
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let replicas: usize = layout.iter().map(|g| g.shares.len()).sum();
-        let mut mean = vec![0.0f32; pseudo_gradients.first().map_or(0, Vec::len)];
-        for (g, pg) in layout.iter().zip(&pseudo_gradients) {
-            for (m, &v) in mean.iter_mut().zip(pg) {
-                let mut zone = v;
-                for _ in 1..g.shares.len() {
-                    zone += v;
-                }
-                *m += zone;
+        let mut zone_of = Vec::new();
+        let mut values = Vec::new();
+        for g in layout {
+            let pipe = groups.get(&g.zone).context("a group without a model")?;
+            let pseudo_gradient = pipe.stages()[0].pseudo_gradient()?;
+            for _ in &g.shares {
+                zone_of.push(g.zone.as_str());
+                values.push(pseudo_gradient.clone());
             }
         }
-        let scale = 1.0 / replicas.max(1) as f32;
-        mean.iter_mut().for_each(|m| *m *= scale);
+        let mean = mean_by_zone_in_process(&ZoneLayout::new(&zone_of), &values);
         for pipe in groups.values_mut() {
             pipe.stages_mut()[0].outer_step(&mean, &self.job.spec.outer)?;
         }

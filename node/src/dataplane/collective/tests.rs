@@ -155,12 +155,16 @@ async fn by_zone_gives_the_flat_mean_on_every_replica() {
         &[0u8, 0, 1, 1][..],
         &[0, 1, 0, 1, 1],
         &[0, 1, 2, 2],
+        &[3, 0, 1, 2, 2, 0, 3],
         &[1, 0],
     ] {
         let n = zones.len();
         let len = 1001;
         let (data, mean) = buffers_and_mean(n, len);
+        let in_process = mean_by_zone_in_process(&ZoneLayout::new(zones), &data);
         let (out, across) = reduce_by_zone(zones, data, Wire::F32).await;
+        // One process summing as the zones do ends with their very bytes.
+        assert_eq!(out[0], in_process, "{zones:?} in one process");
         for v in &out {
             assert_eq!(v, &out[0], "replicas of {zones:?} differ");
             for (a, b) in v.iter().zip(&mean) {

@@ -264,6 +264,91 @@ impl ZoneLayout {
             })
             .collect()
     }
+
+    /// What every replica holds after the all-reduce by zone in f32 (the sums, not yet
+    /// divided), replica `r` bringing `values[r]`: each zone's reduce-scatter, the pieces' ring
+    /// over the zones, each zone's all-gather, every addition in the order the replicas make
+    /// it, in one process.
+    pub fn sums_in_process(&self, values: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        let n = self.replicas();
+        let mut held = values.to_vec();
+        let len = held.first().map_or(0, Vec::len);
+        for ring in &self.zones {
+            ring_in_process(
+                &mut held,
+                ring,
+                RingStep::all(ring.len()).filter(|s| s.adds()),
+            );
+        }
+        let members: Vec<ZoneMember> = (0..n).filter_map(|r| self.member(r)).collect();
+        let pieces: Vec<Vec<Piece>> = members.iter().map(|m| self.pieces(m, len)).collect();
+        for step in RingStep::all(self.zones()) {
+            let mut sent: Vec<(usize, Vec<Range<usize>>, Vec<f32>)> = Vec::new();
+            for (from, member) in members.iter().enumerate() {
+                for &to in &member.cross_next {
+                    let xs = self
+                        .sends(member, &pieces[from], step, to)
+                        .into_iter()
+                        .flat_map(|range| held[from][range].to_vec())
+                        .collect();
+                    let into = self.receives(&members[to], &pieces[to], step, from);
+                    sent.push((to, into, xs));
+                }
+            }
+            for (to, into, xs) in sent {
+                let mut xs = xs.into_iter();
+                for range in into {
+                    let count = range.len();
+                    fold(&mut held[to][range], xs.by_ref().take(count), step.adds());
+                }
+            }
+        }
+        for ring in &self.zones {
+            ring_in_process(
+                &mut held,
+                ring,
+                RingStep::all(ring.len()).filter(|s| !s.adds()),
+            );
+        }
+        held
+    }
+}
+
+/// `steps` of a ring over the replicas `ring` (in ring order) on the buffers `held`, every
+/// member sending its part of the step at once, in one process.
+pub(super) fn ring_in_process(
+    held: &mut [Vec<f32>],
+    ring: &[usize],
+    steps: impl Iterator<Item = RingStep>,
+) {
+    let n = ring.len();
+    let len = ring.first().map_or(0, |&r| held[r].len());
+    for step in steps {
+        let sent: Vec<(Range<usize>, Vec<f32>)> = (0..n)
+            .map(|at| {
+                let range = part(len, n, step.parts(n, at).0);
+                (range.clone(), held[ring[at]][range].to_vec())
+            })
+            .collect();
+        for (at, (range, xs)) in sent.into_iter().enumerate() {
+            fold(
+                &mut held[ring[(at + 1) % n]][range],
+                xs.into_iter(),
+                step.adds(),
+            );
+        }
+    }
+}
+
+/// What arrives at a ring's step folded into `into`: added, or in place of what was there.
+pub(super) fn fold(into: &mut [f32], xs: impl Iterator<Item = f32>, adds: bool) {
+    for (v, x) in into.iter_mut().zip(xs) {
+        if adds {
+            *v += x;
+        } else {
+            *v = x;
+        }
+    }
 }
 
 #[cfg(test)]
