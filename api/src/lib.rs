@@ -429,6 +429,11 @@ pub struct StepRecord {
     /// where a pipeline of the step spanned zones.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<StepGroup>,
+    /// With `groups`: the layer bounds of the step's stages (`P + 1` of them from 0, stage `s`
+    /// holding layers `partition[s]..partition[s + 1]`), as its plan cut every pipeline: each
+    /// stage's replicas average their own buffer, which a replay reproduces stage by stage.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partition: Vec<u32>,
 }
 
 /// Under DiLoCo, one group's part of a committed step: the zone its replicas share and the

@@ -279,6 +279,13 @@ pub fn step_record(command: &Command, state: &ControlState) -> Option<StepRecord
     else {
         return None;
     };
+    // The groups come from the plan of the step's epoch, which is the plan in force.
+    let groups = state
+        .job
+        .as_ref()
+        .and_then(|job| JobSpec::sync_of(job).ok())
+        .map(|sync| step_groups(state, sync, *epoch, (*sample_start, *samples)))
+        .unwrap_or_default();
     Some(StepRecord {
         step: *step,
         epoch: *epoch,
@@ -288,12 +295,15 @@ pub fn step_record(command: &Command, state: &ControlState) -> Option<StepRecord
         validation_loss: *validation_loss,
         history: state.progress.history,
         outer_digests: outer_digests.iter().map(hex::encode).collect(),
-        groups: state
-            .job
-            .as_ref()
-            .and_then(|job| JobSpec::sync_of(job).ok())
-            .map(|sync| step_groups(state, sync, *epoch, (*sample_start, *samples)))
-            .unwrap_or_default(),
+        partition: match groups.is_empty() {
+            true => Vec::new(),
+            false => state
+                .plan
+                .as_ref()
+                .map(|p| p.partition.clone())
+                .unwrap_or_default(),
+        },
+        groups,
     })
 }
 

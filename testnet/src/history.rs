@@ -255,6 +255,7 @@ mod tests {
             history,
             outer_digests: Vec::new(),
             groups: Vec::new(),
+            partition: Vec::new(),
         }
     }
 

@@ -317,6 +317,7 @@ mod tests {
             history: 0,
             outer_digests: Vec::new(),
             groups: Vec::new(),
+            partition: Vec::new(),
         }
     }
 

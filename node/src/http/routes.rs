@@ -125,6 +125,7 @@ mod tests {
             history: 0,
             outer_digests: Vec::new(),
             groups: Vec::new(),
+            partition: Vec::new(),
         };
         json.steps.write().unwrap().extend((0..5).map(record));
         let body = |url| call(&json, Method::GET, url).1;

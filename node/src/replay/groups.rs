@@ -10,6 +10,9 @@
 //! momentum). The checkpoint a window ends at holds pipeline 0's group (pipeline 0's replicas
 //! write it): that group is compared with it.
 //!
+//! Each group's model is cut into the stages of the step's plan (`StepRecord::partition`): each
+//! stage's ring averages its own buffer, and the norm is the stages' sum in stage order.
+//!
 //! A window needs every group's state at its start: the seeded start, a checkpoint the cluster
 //! rolled back to (every group resumed from it), or a checkpoint that holds every group's state
 //! (the first replica of each stage in every other zone stores its group's with it). When the
@@ -23,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use parcae_api::{StepGroup, StepRecord};
 use parcae_consensus::state::CutPart;
 use parcae_model::{Pipeline, PipelineModel};
@@ -79,15 +82,6 @@ pub(super) fn starts<'w>(
     let b = before
         .filter(|b| b.step == cut.end.step && !b.groups.is_empty())
         .ok_or_else(|| format!("the groups of step {} are not recorded", cut.end.step))?;
-    if cut.parts.len() != 1 || w.to.parts.len() != 1 {
-        // Each stage's ring cuts its own gradient into parts, and the order of a sum follows
-        // the part: not reproduced yet, and DiLoCo grows a rounding's difference past judging.
-        return Err(format!(
-            "pipelines of {} stages: the replay sums a group's gradients in the ring's order \
-             for pipelines of one stage only",
-            cut.parts.len().max(w.to.parts.len())
-        ));
-    }
     let zero = b
         .groups
         .iter()
@@ -125,6 +119,12 @@ fn why_not(w: &Window, records: &[StepRecord], before: Option<&StepRecord>) -> O
             return Some(format!(
                 "step {}: its groups are not recorded (a pipeline spanned zones, or the node \
                  applied it under a plan it did not hold)",
+                r.step
+            ));
+        }
+        if r.partition.is_empty() {
+            return Some(format!(
+                "step {}: its stages are not recorded (a node before the partition's record)",
                 r.step
             ));
         }
@@ -219,10 +219,15 @@ impl<M: PipelineModel> Replayer<'_, M> {
                 groups.insert(g.zone.clone(), model);
             }
             groups.retain(|zone, _| r.groups.iter().any(|g| &g.zone == zone));
+            let ranges = stage_ranges(r)?;
             for pipe in groups.values_mut() {
-                let stage = &mut pipe.stages_mut()[0];
-                if !stage.has_outer() {
-                    stage.begin_outer()?;
+                if !same_cut(pipe, &ranges) {
+                    *pipe = self.recut(pipe, &ranges)?;
+                }
+                for stage in pipe.stages_mut() {
+                    if !stage.has_outer() {
+                        stage.begin_outer()?;
+                    }
                 }
             }
             let sync = step_sync(spec.sync, r.step, spec.max_steps);
@@ -258,8 +263,10 @@ impl<M: PipelineModel> Replayer<'_, M> {
     }
 
     /// A group's step as its replicas take it: each pipeline's share on its own (micro-batches
-    /// weighted `len * D / G`), their gradients averaged as the zone's ring averages them (its
-    /// members in pipeline order), then the optimizer's step. Returns the group's loss.
+    /// weighted `len * D / G`), each stage's gradients averaged as that stage's ring in the
+    /// zone averages them (its members in pipeline order, the last stage's loss at the end of
+    /// its buffer), the stages' squared norms summed in stage order, then the optimizer's step.
+    /// Returns the group's loss.
     fn train_as_replicas(
         &self,
         pipe: &mut Pipeline<M>,
@@ -267,66 +274,127 @@ impl<M: PipelineModel> Replayer<'_, M> {
         shares: &[Range<u64>],
         pipelines: usize,
     ) -> anyhow::Result<f32> {
-        let mut each = Vec::with_capacity(shares.len());
-        let mut with_loss = false;
+        let mut each: Vec<Vec<Vec<f32>>> =
+            vec![Vec::with_capacity(shares.len()); pipe.stages().len()];
+        let mut with_loss = vec![false; each.len()];
         for share in shares {
             self.accumulate(pipe, r, std::slice::from_ref(share), pipelines as f64)?;
-            let stage = &mut pipe.stages_mut()[0];
-            let mut values: Vec<f32> = stage
-                .export_grads()?
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            // The last stage's loss rides at the end of its ring's buffer.
-            let loss = stage.step_loss()?;
-            with_loss = loss.is_some();
-            values.extend(loss.map(|loss| loss as f32));
-            stage.clear_grads();
-            each.push(values);
+            for (s, stage) in pipe.stages_mut().iter_mut().enumerate() {
+                let mut values: Vec<f32> = stage
+                    .export_grads()?
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let loss = stage.step_loss()?;
+                with_loss[s] = loss.is_some();
+                values.extend(loss.map(|loss| loss as f32));
+                stage.clear_grads();
+                each[s].push(values);
+            }
         }
-        let mut mean = ring_mean_in_process(&each);
-        let loss = if with_loss { mean.pop() } else { None };
-        let bytes: Vec<u8> = mean.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let stage = &mut pipe.stages_mut()[0];
-        stage.import_grads(&bytes)?;
-        let norm = stage.grad_sq_norm()?;
+        let mut loss = None;
+        for (s, stage) in pipe.stages_mut().iter_mut().enumerate() {
+            let mut mean = ring_mean_in_process(&each[s]);
+            if with_loss[s] {
+                loss = mean.pop();
+            }
+            let bytes: Vec<u8> = mean.iter().flat_map(|v| v.to_le_bytes()).collect();
+            stage.import_grads(&bytes)?;
+        }
+        let norm = pipe.grad_sq_norm()?;
         pipe.optimizer_step(norm)?;
         Ok(loss.unwrap_or_default())
     }
 
     /// A model in `pipe`'s state.
     fn copy_of(&self, pipe: &Pipeline<M>) -> anyhow::Result<Pipeline<M>> {
-        let stage = &pipe.stages()[0];
-        let state = stage.export_state(stage.layer_range())?;
-        let mut copy = Pipeline::new(
+        let ranges: Vec<Range<usize>> = pipe.stages().iter().map(|s| s.layer_range()).collect();
+        self.recut(pipe, &ranges)
+    }
+
+    /// A model in `pipe`'s state cut into stages of `ranges`: each stage takes its layers'
+    /// state (weights, moments, outer state, random streams) from the stages that held them.
+    fn recut(&self, pipe: &Pipeline<M>, ranges: &[Range<usize>]) -> anyhow::Result<Pipeline<M>> {
+        let states = pipe
+            .stages()
+            .iter()
+            .map(|s| Ok((s.layer_range(), s.export_state(s.layer_range())?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut cut = Pipeline::new(
             self.job.model.clone(),
-            std::slice::from_ref(&stage.layer_range()),
+            ranges,
             self.job.spec.seed,
             &self.device,
             self.stage_config.clone(),
         )?;
-        copy.stages_mut()[0].import_state(&state, stage.layer_range())?;
-        Ok(copy)
-    }
-
-    /// A round over `groups` as the step's `layout` holds them: every group's pseudo-gradient
-    /// brought by each of its replicas, their mean as the all-reduce by zone takes it, and the
-    /// outer step on every group.
-    fn round(&self, groups: &mut Groups<M>, layout: &[StepGroup]) -> anyhow::Result<()> {
-        let mut zone_of = Vec::new();
-        let mut values = Vec::new();
-        for g in layout {
-            let pipe = groups.get(&g.zone).context("a group without a model")?;
-            let pseudo_gradient = pipe.stages()[0].pseudo_gradient()?;
-            for _ in &g.shares {
-                zone_of.push(g.zone.as_str());
-                values.push(pseudo_gradient.clone());
+        for stage in cut.stages_mut() {
+            let mine = stage.layer_range();
+            for (held, bytes) in &states {
+                let both = held.start.max(mine.start)..held.end.min(mine.end);
+                if !both.is_empty() {
+                    stage.import_state(bytes, both)?;
+                }
             }
         }
-        let mean = mean_by_zone_in_process(&ZoneLayout::new(&zone_of), &values);
-        for pipe in groups.values_mut() {
-            pipe.stages_mut()[0].outer_step(&mean, &self.job.spec.outer)?;
+        Ok(cut)
+    }
+
+    /// A round over `groups` as the step's `layout` holds them, stage by stage: every group's
+    /// pseudo-gradient brought by each of its replicas, their mean as the stage's all-reduce by
+    /// zone takes it, and the outer step on every group.
+    fn round(&self, groups: &mut Groups<M>, layout: &[StepGroup]) -> anyhow::Result<()> {
+        let zone_of: Vec<&str> = layout
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g.zone.as_str(), g.shares.len()))
+            .collect();
+        let zones = ZoneLayout::new(&zone_of);
+        let stages = groups.values().next().map_or(0, |p| p.stages().len());
+        for s in 0..stages {
+            let mut values = Vec::with_capacity(zone_of.len());
+            for g in layout {
+                let pipe = groups.get(&g.zone).context("a group without a model")?;
+                let stage = pipe
+                    .stages()
+                    .get(s)
+                    .context("groups cut into unlike stages")?;
+                values.extend(std::iter::repeat_n(
+                    stage.pseudo_gradient()?,
+                    g.shares.len(),
+                ));
+            }
+            let mean = mean_by_zone_in_process(&zones, &values);
+            for pipe in groups.values_mut() {
+                let stage = pipe
+                    .stages_mut()
+                    .get_mut(s)
+                    .context("groups cut into unlike stages")?;
+                stage.outer_step(&mean, &self.job.spec.outer)?;
+            }
         }
         Ok(())
     }
+}
+
+/// The layers of each of step `r`'s stages, from its recorded partition.
+fn stage_ranges(r: &StepRecord) -> anyhow::Result<Vec<Range<usize>>> {
+    ensure!(
+        r.partition.len() >= 2,
+        "step {}: a partition of {} bounds holds no stage",
+        r.step,
+        r.partition.len()
+    );
+    Ok(r.partition
+        .windows(2)
+        .map(|w| w[0] as usize..w[1] as usize)
+        .collect())
+}
+
+/// Whether `pipe`'s stages hold `ranges`.
+fn same_cut<M: PipelineModel>(pipe: &Pipeline<M>, ranges: &[Range<usize>]) -> bool {
+    pipe.stages().len() == ranges.len()
+        && pipe
+            .stages()
+            .iter()
+            .zip(ranges)
+            .all(|(s, r)| s.layer_range() == *r)
 }

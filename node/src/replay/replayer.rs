@@ -140,7 +140,12 @@ impl<M: PipelineModel> Replayer<'_, M> {
                 w.steps.end
             );
             for layer in range {
-                let ours = pipe.stages()[0].param_values(layer)?;
+                let ours = pipe
+                    .stages()
+                    .iter()
+                    .find(|s| s.layer_range().contains(&layer))
+                    .with_context(|| format!("the replay holds no layer {layer}"))?
+                    .param_values(layer)?;
                 let cluster = theirs.param_values(layer)?;
                 let diff = ours
                     .iter()

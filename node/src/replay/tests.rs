@@ -25,6 +25,7 @@ fn record(step: u64, history: u64) -> StepRecord {
         history,
         outer_digests: Vec::new(),
         groups: Vec::new(),
+        partition: Vec::new(),
     }
 }
 
@@ -327,6 +328,7 @@ fn diloco_record(step: u64, history: u64) -> StepRecord {
                 shares: vec![share(1), share(2)],
             },
         ],
+        partition: vec![0, 4],
         ..record(step, history)
     }
 }
@@ -365,7 +367,8 @@ fn a_diloco_window_starts_where_every_group_had_the_same_state() {
     let spans: Vec<Range<u64>> = p.windows.iter().map(|w| w.steps.clone()).collect();
     assert_eq!(spans, vec![0..10, 10..20, 20..30]);
 
-    // Pipelines of two stages: each stage's ring sums in an order the replay does not take.
+    // Pipelines of two stages, each stage's ring summed on its own: the same windows, and
+    // none where the steps do not say how their pipelines were cut.
     let mut two_stages = with_b.clone();
     for c in &mut two_stages[..2] {
         let mut second = c.parts[0].clone();
@@ -373,10 +376,19 @@ fn a_diloco_window_starts_where_every_group_had_the_same_state() {
         second.layers.start = 2;
         c.parts.push(second);
     }
-    let mut p = plan(&two_stages, &steps, 100);
-    groups::keep_replayable(&mut p, &steps);
+    let mut cut_in_two = steps.clone();
+    cut_in_two
+        .iter_mut()
+        .for_each(|r| r.partition = vec![0, 2, 4]);
+    let mut p = plan(&two_stages, &cut_in_two, 100);
+    groups::keep_replayable(&mut p, &cut_in_two);
+    let spans: Vec<Range<u64>> = p.windows.iter().map(|w| w.steps.clone()).collect();
+    assert_eq!(spans, vec![0..10, 10..20, 20..30]);
+    cut_in_two[12].partition.clear();
+    let mut p = plan(&two_stages, &cut_in_two, 100);
+    groups::keep_replayable(&mut p, &cut_in_two);
     assert!(
-        p.skipped[0].contains("pipelines of 2 stages"),
+        p.skipped[0].contains("step 12: its stages are not recorded"),
         "{:?}",
         p.skipped
     );
@@ -427,8 +439,15 @@ fn diloco_job() -> ReplayJob<Gpt> {
 /// gradients inside itself, a round before every third step over the three replicas; its
 /// checkpoints after steps 9 and 19 (pipeline 0's, and group b's by pipeline 1) written to the
 /// job's store at `location`. Returns the committed steps.
-fn train_like_diloco_groups(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRecord> {
-    let mut cluster = InProcess::new(job, location, 3, std::slice::from_ref(&(0..4)));
+fn train_like_diloco_groups(
+    job: &ReplayJob<Gpt>,
+    location: &str,
+    stages: &[Range<usize>],
+) -> Vec<StepRecord> {
+    let mut cluster = InProcess::new(job, location, 3, stages);
+    let partition: Vec<u32> = std::iter::once(0)
+        .chain(stages.iter().map(|r| r.end as u32))
+        .collect();
     for stage in cluster
         .replicas
         .iter_mut()
@@ -461,6 +480,7 @@ fn train_like_diloco_groups(job: &ReplayJob<Gpt>, location: &str) -> Vec<StepRec
         let loss_b = data_parallel_step(b, &shards[1..]).unwrap();
         steps.push(StepRecord {
             loss: f64::from(loss_a + 2.0 * loss_b) / 3.0,
+            partition: partition.clone(),
             ..diloco_record(step, 0)
         });
         if (step + 1) % 10 == 0 {
@@ -475,7 +495,7 @@ fn a_replay_of_diloco_groups_matches_and_a_step_given_to_the_wrong_group_does_no
     let job = diloco_job();
     let dir = tempfile::tempdir().unwrap();
     let location = dir.path().display().to_string();
-    let steps = train_like_diloco_groups(&job, &location);
+    let steps = train_like_diloco_groups(&job, &location, std::slice::from_ref(&(0..4)));
 
     let report = replay(&job, &location, &steps, 1e-4, 200).unwrap();
     assert!(report.passed, "{report:?}");
@@ -483,6 +503,16 @@ fn a_replay_of_diloco_groups_matches_and_a_step_given_to_the_wrong_group_does_no
     assert_eq!((report.windows, report.steps_replayed), (2, 20));
     assert!(report.max_abs_diff < 1e-5, "{report:?}");
     assert!(report.max_loss_diff < 1e-4, "{report:?}");
+
+    // Pipelines of two stages: the groups' models cut as the steps say, the second window
+    // from each group's two stored parts.
+    let two = tempfile::tempdir().unwrap();
+    let two_location = two.path().display().to_string();
+    let two_stages = train_like_diloco_groups(&job, &two_location, &[0..2, 2..4]);
+    let report = replay(&job, &two_location, &two_stages, 1e-4, 200).unwrap();
+    assert!(report.passed, "{report:?}");
+    assert_eq!((report.windows, report.steps_replayed), (2, 20));
+    assert!(report.max_abs_diff < 1e-5, "{report:?}");
 
     // Steps 4 and 14 with their shares swapped between the groups: each group trained the
     // other's samples, in both windows.

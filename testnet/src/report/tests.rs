@@ -15,6 +15,7 @@ fn report_fields_are_the_issue_contract() {
         history: 0,
         outer_digests: Vec::new(),
         groups: Vec::new(),
+        partition: Vec::new(),
     };
     let mut monitor = Monitor::default();
     monitor.steps.observe(&[step(1, 0, 4.0), step(2, 8, 3.0)]);
