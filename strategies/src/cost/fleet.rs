@@ -92,8 +92,8 @@ pub struct Placement {
 pub struct Plans {
     /// Samples per second per configuration.
     pub table: Arc<ThroughputTable>,
-    /// The placement behind each row of the table.
-    pub placements: BTreeMap<ParallelConfig, Placement>,
+    /// The placement behind each row of the table (shared: the layouts' memos hold them too).
+    pub placements: BTreeMap<ParallelConfig, Arc<Placement>>,
 }
 
 /// Why a fleet was refused.
@@ -218,6 +218,11 @@ pub struct Fleet {
     local_stages: FxHashMap<(usize, usize, u32), Option<Stages>>,
     shared: FxHashMap<SharedKey, Option<(f64, Vec<u32>)>>,
     split: FxHashMap<(usize, u32), Option<Vec<usize>>>,
+    /// Copies of this fleet that lay a composition's depths out in parallel, each with its
+    /// own memos (`shards`); made at the first composition, dropped when the plans start over.
+    shards: Vec<Fleet>,
+    /// The depths this fleet lays out: those whose index in the job's is `k` modulo `n`.
+    share: (usize, usize),
 }
 
 /// A pipeline whose 1F1B schedule is memoised: a zone pipeline on zone `z`'s device at zone
@@ -307,6 +312,8 @@ impl Fleet {
             local_stages: FxHashMap::default(),
             shared: FxHashMap::default(),
             split: FxHashMap::default(),
+            shards: Vec::new(),
+            share: (0, 1),
         })
     }
 
@@ -344,6 +351,7 @@ impl Fleet {
             .map(<[f64]>::to_vec);
         if prices != self.prices {
             self.prices = prices;
+            self.shards.clear();
             self.memo.clear();
             self.blind_memo.clear();
         }
@@ -373,6 +381,7 @@ impl Fleet {
         // A leader lives for days and the zones' counts wander: keep the memo bounded.
         if self.memo.len() >= MAX_COMPOSITIONS {
             self.memo.clear();
+            self.shards.clear();
             self.shared.clear();
             self.mixed_found.clear();
             self.zone_placed.clear();
@@ -383,7 +392,7 @@ impl Fleet {
         } else {
             0
         };
-        let plans = self.plans_of(total, |fleet, d, p| fleet.zone_aware(counts, d, p));
+        let plans = self.plans_in_shards(total, counts);
         self.memo.insert(counts.to_vec(), plans.clone());
         plans
     }
@@ -392,10 +401,18 @@ impl Fleet {
     fn plans_of(
         &mut self,
         total: u32,
-        mut place: impl FnMut(&mut Self, u32, u32) -> Option<Placement>,
+        mut place: impl FnMut(&mut Self, u32, u32) -> Option<Arc<Placement>>,
     ) -> Arc<Plans> {
         let mut placements = BTreeMap::new();
-        for p in self.spec.depths.clone() {
+        let (k, n) = self.share;
+        for (_, p) in self
+            .spec
+            .depths
+            .clone()
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % n == k)
+        {
             for d in 1..=total / p.max(1) {
                 if !self.spec.admits(d, p) {
                     continue;
@@ -440,8 +457,9 @@ impl Fleet {
 
     /// The best of zone, mixed and staggered pipelines for `(d, p)`: the fastest, or where the
     /// pools are priced the most samples per dollar.
-    fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
-        let rate = |placed: &Option<Placement>| placed.as_ref().map_or(0.0, |l| l.samples_per_sec);
+    fn zone_aware(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Arc<Placement>> {
+        let rate =
+            |placed: &Option<Arc<Placement>>| placed.as_ref().map_or(0.0, |l| l.samples_per_sec);
         let local = self.zone_pipelines(counts, d, p);
         if self.steps_in_zone {
             return local;
@@ -460,15 +478,15 @@ impl Fleet {
     /// samples, or where the pools are priced the most per dollar; the first on a tie.
     fn best_of(
         &self,
-        placements: impl Iterator<Item = Placement>,
+        placements: impl Iterator<Item = Arc<Placement>>,
         counts: &[u32],
-    ) -> Option<Placement> {
+    ) -> Option<Arc<Placement>> {
         let value = |placed: &Placement| match &self.prices {
             Some(usd) => placed.per_dollar_rate(counts, usd),
             None => placed.samples_per_sec,
         };
         placements
-            .fold(None, |best: Option<(f64, Placement)>, placed| {
+            .fold(None, |best: Option<(f64, Arc<Placement>)>, placed| {
                 let v = value(&placed);
                 match best {
                     Some((b, _)) if b >= v => best,
@@ -590,6 +608,7 @@ fn transfer_over(link: Link) -> TransferModel {
 
 mod blind;
 mod placement;
+mod sharded;
 pub mod shares;
 mod staggered;
 mod two_zones;

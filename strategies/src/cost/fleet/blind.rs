@@ -48,7 +48,12 @@ impl Fleet {
     /// zone-blind layout is, its rings by zone where that is no slower. What a zone-aware
     /// planner does where its zones' links are as good as one zone's and pipelines inside a
     /// zone would leave nodes idle.
-    pub(super) fn packed_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+    pub(super) fn packed_pipelines(
+        &mut self,
+        counts: &[u32],
+        d: u32,
+        p: u32,
+    ) -> Option<Arc<Placement>> {
         let order = self.by_speed(counts);
         // Where whole pipelines fit inside the zones in this order, the zone pipelines are at
         // least as fast: the same nodes, their rings and activations on links no slower.
@@ -77,7 +82,7 @@ impl Fleet {
         bounds: Vec<usize>,
         (d, p): (u32, u32),
         by_zone: bool,
-    ) -> Option<Placement> {
+    ) -> Option<Arc<Placement>> {
         let slots: Vec<usize> = joined
             .get(..(d * p) as usize)?
             .iter()
@@ -105,7 +110,13 @@ impl Fleet {
         for &z in &present {
             rate = rate.min(self.blind_rate(z, &bounds, d, link));
         }
-        Some(self.placement(pipelines, bounds, (rate, d), None, by_zone))
+        Some(Arc::new(self.placement(
+            pipelines,
+            bounds,
+            (rate, d),
+            None,
+            by_zone,
+        )))
     }
 
     /// Samples per second of `d` pipelines on zone `z`'s device split at `bounds`, their ring

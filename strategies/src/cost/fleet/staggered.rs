@@ -27,7 +27,7 @@ impl Fleet {
         d: u32,
         p: u32,
         floor: f64,
-    ) -> Option<Placement> {
+    ) -> Option<Arc<Placement>> {
         if d < 2 {
             return None;
         }
@@ -73,7 +73,14 @@ impl Fleet {
                 count: d - m,
             },
         ];
-        Some(self.placement(pipelines, arranged.bounds.clone(), (rate, d), None, true))
+        let bounds = arranged.bounds.clone();
+        Some(Arc::new(self.placement(
+            pipelines,
+            bounds,
+            (rate, d),
+            None,
+            true,
+        )))
     }
 
     /// Samples per second of `d` pipelines of shares `k`, `m` of them arranged and the others

@@ -440,3 +440,40 @@ fn assert_never_behind(aware: &Plans, blind: &Plans) {
         );
     }
 }
+
+#[test]
+fn plans_laid_out_in_shards_are_one_threads_plans() {
+    let spec = gpt();
+    let v100 = DeviceCosts::profiled(&spec, "v100", V100_MB);
+    let kinds = [(1.0, 16.0), (1.5, 24.0), (0.75, 16.0), (2.0, 40.0)];
+    let pools = kinds
+        .iter()
+        .enumerate()
+        .map(|(z, &(speed, gib))| zone(&format!("z{z}"), v100.derived("k", speed, gib * 1024.0)))
+        .collect();
+    let one = Fleet::new(spec, pools, Links::default()).unwrap();
+    let mut serial = one.clone();
+    let mut sharded = one.clone();
+    sharded.shards = (0..3).filter_map(|k| one.shard(k, 3)).collect();
+    assert_eq!(sharded.shards.len(), 3);
+    let usd = [0.9, 1.2, 0.7, 3.0];
+    for prices in [None, Some(&usd[..])] {
+        serial.set_prices(prices);
+        sharded.set_prices(prices);
+        if prices.is_some() {
+            sharded.shards = (0..2).filter_map(|k| sharded.shard(k, 2)).collect();
+        }
+        for counts in [
+            [16, 16, 16, 16],
+            [17, 16, 16, 16],
+            [15, 16, 16, 16],
+            [3, 40, 0, 9],
+        ] {
+            let total = counts.iter().sum();
+            let alone = serial.plans_of(total, |f, d, p| f.zone_aware(&counts, d, p));
+            let dealt = sharded.plans(&counts);
+            assert!(!alone.placements.is_empty());
+            assert_eq!(*dealt, *alone, "{counts:?} priced {}", prices.is_some());
+        }
+    }
+}

@@ -29,7 +29,7 @@ impl Fleet {
         d: u32,
         p: u32,
         floor: f64,
-    ) -> Option<Placement> {
+    ) -> Option<Arc<Placement>> {
         let caps = caps_of(counts, d);
         let key = (caps, d, p);
         // The fastest of those that reached a lower floor is the fastest at `floor`, if it
@@ -42,11 +42,11 @@ impl Fleet {
             return found
                 .as_ref()
                 .filter(|placed| placed.samples_per_sec >= floor)
-                .map(|placed| (**placed).clone());
+                .cloned();
         }
         let found = self.fastest_mixed(&caps, d, p, floor).map(Arc::new);
         self.mixed_found.insert(key, (floor, found.clone()));
-        found.map(|placed| (*placed).clone())
+        found
     }
 
     /// [`Self::mixed_pipelines`] unmemoised, for `caps[z]` nodes of zone `z` per pipeline.

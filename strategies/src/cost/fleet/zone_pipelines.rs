@@ -24,7 +24,12 @@ impl Fleet {
     /// from the fullest zone first, or, where the pools are priced, from the cheapest work
     /// first (a node-hour's price times the model's pace) or in one pool alone, whichever the
     /// objective prefers.
-    pub(super) fn zone_pipelines(&mut self, counts: &[u32], d: u32, p: u32) -> Option<Placement> {
+    pub(super) fn zone_pipelines(
+        &mut self,
+        counts: &[u32],
+        d: u32,
+        p: u32,
+    ) -> Option<Arc<Placement>> {
         let by_speed = self.by_speed(counts);
         let mut by_count: Vec<usize> = (0..counts.len()).collect();
         by_count.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
@@ -54,9 +59,9 @@ impl Fleet {
                     f
                 }
             });
-            return fastest.map(|placed| (*placed).clone());
+            return fastest;
         }
-        self.best_of(placed.iter().map(|placed| (**placed).clone()), counts)
+        self.best_of(placed.into_iter(), counts)
     }
 
     /// The zones fastest kind first, the fullest first among equals.
