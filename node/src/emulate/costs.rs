@@ -393,9 +393,11 @@ impl Emulation {
             return 0.0;
         };
         let wire_mib = params * bytes_per_value(wire) / MIB;
-        // `by_zone_time` is per byte of one form; the f32 parts inside weigh 4 / wire bytes as much.
-        let inside =
-            share(spread.most) / self.hardware.allreduce_mb_per_ms * 4.0 / bytes_per_value(wire);
+        // `by_zone_time` is per byte of one form; the f32 parts inside weigh f32's bytes over
+        // the wire form's as much.
+        let inside = share(spread.most) / self.hardware.allreduce_mb_per_ms
+            * bytes_per_value(Wire::F32)
+            / bytes_per_value(wire);
         let across = Links::default().across.mib_per_ms();
         wire_mib * by_zone_time(inside, spread.zones, spread.fewest, across)
     }
