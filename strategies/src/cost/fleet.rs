@@ -34,12 +34,11 @@ use rustc_hash::FxHashMap;
 
 use super::analytic::{self, StageCost};
 use super::links::{Link, Links};
-use super::mixed::{self, DeviceCosts, balanced_bounds};
+use super::mixed::{DeviceCosts, balanced_bounds};
 use super::spec::ModelSpec;
 use super::split::Splits;
 use super::throughput::ThroughputTable;
 use super::traffic::{LinkTable, Pipelines, traffic};
-use super::transfer::TransferModel;
 use crate::config::ParallelConfig;
 
 /// The zone pipelines a shared rate is memoised by: `(zone, pipelines)` of each group, the
@@ -430,20 +429,6 @@ impl Fleet {
         })
     }
 
-    /// Samples per second of `d` pipelines over `devices` split at `bounds`, all-reducing over
-    /// `ring` and sending activations over `boundary`.
-    fn rate(
-        &self,
-        devices: &[&DeviceCosts],
-        bounds: &[usize],
-        d: u32,
-        ring: Link,
-        boundary: Link,
-    ) -> Option<f64> {
-        let transfer = transfer_over(boundary);
-        mixed::samples_per_sec(&self.spec, devices, bounds, d, ring.mib_per_ms(), &transfer)
-    }
-
     /// The balanced split of a `p`-stage pipeline on zone `z`'s device (memoised).
     fn zone_split(&mut self, z: usize, p: u32) -> Option<Vec<usize>> {
         if let Some(split) = self.split.get(&(z, p)) {
@@ -496,22 +481,6 @@ impl Fleet {
             .map(|(_, placed)| placed)
     }
 
-    /// Samples per second of `d` copies of `pipeline` over `stages`, all-reducing over `ring`
-    /// and sending activations over `boundary`, its 1F1B schedule memoised by the pipeline and
-    /// the micro-batches each copy runs: the schedule is most of the pricing, and `d` of one
-    /// micro-batch count (every `d` past the global batch's micro-batches, for one) share it.
-    fn scheduled_rate(
-        &mut self,
-        pipeline: Pipeline,
-        stages: &[StageCost],
-        d: u32,
-        ring: Link,
-        boundary: Link,
-    ) -> f64 {
-        let ends = self.schedule(pipeline, stages, boundary, d);
-        mixed::rate_after(&self.spec, stages, &ends, d, ring.mib_per_ms())
-    }
-
     /// What `build` makes of shares `k`, kept in the map `cache` picks (`None` kept too: a
     /// share that holds no pipeline is asked about again and again).
     fn memoised<V>(
@@ -526,36 +495,6 @@ impl Fleet {
         let found = build(self, k).map(Arc::new);
         cache(self).insert(*k, found.clone());
         found
-    }
-
-    /// When each of `pipeline`'s `stages` ends its part of the 1F1B schedule that each of `d`
-    /// copies runs, activations over `boundary` (memoised by the pipeline and its micro-batches).
-    fn schedule(
-        &mut self,
-        pipeline: Pipeline,
-        stages: &[StageCost],
-        boundary: Link,
-        d: u32,
-    ) -> Arc<[f64]> {
-        let m = analytic::micro_batches(&self.spec, d);
-        self.schedule_of(pipeline, stages, boundary, m)
-    }
-
-    /// [`Self::schedule`] of `m` micro-batches.
-    fn schedule_of(
-        &mut self,
-        pipeline: Pipeline,
-        stages: &[StageCost],
-        boundary: Link,
-        m: u32,
-    ) -> Arc<[f64]> {
-        let spec = &self.spec;
-        self.schedules
-            .entry((pipeline, m))
-            .or_insert_with(|| {
-                analytic::schedule_ends(spec, &transfer_over(boundary), stages, m).into()
-            })
-            .clone()
     }
 
     /// A placement with its egress per sample; its rings across zones by zone where `by_zone`
@@ -598,16 +537,9 @@ impl Fleet {
     }
 }
 
-/// Activations and gradients between stages over `link`.
-fn transfer_over(link: Link) -> TransferModel {
-    TransferModel::Linear {
-        latency_ms: link.latency_ms,
-        bytes_per_sec: link.gbit_per_s * 1e9 / 8.0,
-    }
-}
-
 mod blind;
 mod placement;
+mod schedules;
 mod sharded;
 pub mod shares;
 mod staggered;

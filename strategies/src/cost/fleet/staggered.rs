@@ -10,8 +10,9 @@
 
 use std::sync::Arc;
 
+use super::schedules::transfer_over;
 use super::two_zones::fastest_by_bound;
-use super::{Fleet, Pipeline, Placement, Shares, Staggered, transfer_over};
+use super::{Fleet, Pipeline, Placement, Shares, Staggered};
 use crate::cost::analytic;
 use crate::cost::mixed::{self, DeviceCosts};
 use crate::cost::traffic::Pipelines;

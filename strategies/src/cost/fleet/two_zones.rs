@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use super::{Arranged, Fleet, MAX_POOLS, PairShape, Pipeline, Placement, Shares, transfer_over};
+use super::schedules::transfer_over;
+use super::{Arranged, Fleet, MAX_POOLS, PairShape, Pipeline, Placement, Shares};
 use crate::cost::analytic;
 use crate::cost::links::Link;
 use crate::cost::mixed::{self, DeviceCosts};
